@@ -1,0 +1,8 @@
+"""basicsr-ldt: Layer-Decomposition Training for image super-resolution on BasicSR.
+
+Importing this package registers the project's architectures, datasets and models into
+BasicSR's registries (as BasicSR does for its own folders), so ``type:`` names in option files
+resolve. ``basicsr_ldt.ldt`` is the method itself and does not depend on BasicSR.
+"""
+from basicsr_ldt import compat  # noqa: F401  (must precede the first basicsr import)
+from basicsr_ldt import data, models  # noqa: F401,E402  (registration)

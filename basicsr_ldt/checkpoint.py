@@ -1,0 +1,81 @@
+"""Atomic checkpoint writes and safe checkpoint reads.
+
+A job killed while writing must never leave a truncated file where the last good checkpoint
+was, and a checkpoint from elsewhere must never run code when it is opened: writes go to a
+temporary file in the same folder that is renamed into place, reads use ``weights_only=True``.
+"""
+import os
+import pickle
+import tempfile
+from typing import Any
+
+import torch
+
+from basicsr_ldt.errors import InputError
+
+
+def save_atomic(obj: Any, path: str) -> None:
+    """``torch.save`` to ``path`` so that readers see the old file or the complete new one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix='.tmp', dir=folder)
+    try:
+        with os.fdopen(handle, 'wb') as stream:
+            torch.save(obj, stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_safe(path: str, what: str = 'checkpoint') -> Any:
+    """Load a checkpoint on the CPU with ``weights_only=True``; refuse pickled code with a reason."""
+    if not os.path.isfile(path):
+        raise InputError(f"{what} '{path}' does not exist")
+    try:
+        return torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise InputError(f"refusing to load {what} '{path}': it contains pickled objects other than tensors "
+                         f"and plain containers, and loading them could run arbitrary code ({err})".split('\n')[0]
+                         ) from None
+    except (RuntimeError, EOFError, OSError) as err:
+        raise InputError(f"cannot read {what} '{path}': {err}".split('\n')[0]) from None
+
+
+def extract_state_dict(checkpoint: Any, path: str, param_key: str = 'params') -> dict:
+    """The network weights in a BasicSR-style checkpoint (``params``/``params_ema``) or a bare dict."""
+    if isinstance(checkpoint, dict) and param_key in checkpoint:
+        state = checkpoint[param_key]
+    elif isinstance(checkpoint, dict) and param_key is not None and {'params', 'params_ema'} & set(checkpoint):
+        state = checkpoint.get('params_ema', checkpoint.get('params'))
+    elif isinstance(checkpoint, dict) and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
+        state = checkpoint
+    else:
+        keys = list(checkpoint)[:5] if isinstance(checkpoint, dict) else type(checkpoint).__name__
+        raise InputError(f"checkpoint '{path}' has no '{param_key}' weights (top-level keys: {keys})")
+    return {k[7:] if k.startswith('module.') else k: v for k, v in state.items()}
+
+
+def load_weights(network: torch.nn.Module, path: str, param_key: str = 'params', strict: bool = True) -> None:
+    """Load weights into ``network``, naming a few mismatched keys instead of a wall of text."""
+    state = extract_state_dict(load_safe(path), path, param_key)
+    own = network.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong_shape = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    problems = []
+    if strict and missing:
+        problems.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
+    if strict and unexpected:
+        problems.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
+    if wrong_shape:
+        k = wrong_shape[0]
+        problems.append(f'{len(wrong_shape)} with another shape (e.g. {k}: checkpoint {tuple(state[k].shape)}, '
+                        f'network {tuple(own[k].shape)})')
+    if problems:
+        raise InputError(f"checkpoint '{path}' does not fit network {type(network).__name__}: keys "
+                         + '; '.join(problems))
+    network.load_state_dict(state, strict=strict)

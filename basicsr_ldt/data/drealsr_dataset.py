@@ -1,0 +1,195 @@
+"""Paired LR/HR dataset over DRealSR, restricted to chosen cameras.
+
+Source cameras (``train``) and target cameras (``val_*``, ``test_*``) are chosen by name in
+the YAML; a ``subset`` cuts the selection into disjoint, deterministic parts, because LDT warms
+the head up on one part of the source data and profiles gradient variance on another.
+"""
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import cv2
+import numpy as np
+from torch.utils import data
+
+from basicsr.utils import FileClient, img2tensor
+from basicsr.utils.registry import DATASET_REGISTRY
+
+from basicsr_ldt.data.cameras import CameraRule, camera_counts, list_images, pair_keys, select_cameras
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.options import check_known_keys
+
+# Keys BasicSR itself reads or injects into a dataset section.
+_BASICSR_KEYS = ('name', 'type', 'phase', 'scale', 'num_worker_per_gpu', 'batch_size_per_gpu',
+                 'dataset_enlarge_ratio', 'prefetch_mode', 'num_prefetch_queue', 'pin_memory',
+                 'persistent_workers')
+_OWN_KEYS = ('dataroot_gt', 'dataroot_lq', 'io_backend', 'cameras', 'camera_rule', 'filename_tmpl_gt',
+             'filename_tmpl_lq', 'subset', 'gt_size', 'use_hflip', 'use_rot', 'seed')
+
+
+def subset_indices(count: int, parts: int, index: int, seed: int = 0) -> List[int]:
+    """Indices of part ``index`` of ``parts`` disjoint parts of ``range(count)``.
+
+    The parts are contiguous slices of one seeded permutation, so together they cover every item
+    exactly once and the same options always give the same part.
+    """
+    if not (isinstance(parts, int) and parts >= 1 and isinstance(index, int) and 0 <= index < parts):
+        raise InputError(f'subset needs integers parts >= 1 and 0 <= index < parts; got parts={parts}, '
+                         f'index={index}')
+    order = np.random.default_rng(seed).permutation(count)
+    bounds = np.linspace(0, count, parts + 1).round().astype(int)
+    return sorted(order[bounds[index]:bounds[index + 1]].tolist())
+
+
+def _lmdb_keys(root: str) -> List[str]:
+    meta = os.path.join(root, 'meta_info.txt')
+    if not os.path.isfile(meta):
+        raise InputError(f"lmdb folder '{root}' has no meta_info.txt (expected BasicSR's lmdb layout)")
+    with open(meta) as handle:
+        return sorted(os.path.splitext(line.split(' ')[0])[0] for line in handle if line.strip())
+
+
+@DATASET_REGISTRY.register()
+class DRealSRCameraDataset(data.Dataset):
+    """LR/HR pairs of the selected cameras of a DRealSR-style folder or lmdb.
+
+    Each item carries ``lq``, ``gt``, ``lq_path``, ``gt_path`` and ``camera``. Training crops and
+    flips come from a generator seeded by (``seed``, the sampler's draw number), not from global
+    random state, so a resumed run sees exactly the crops an uninterrupted one would have.
+    """
+
+    #: The training sampler may pass draw numbers >= len(self) (see ``basicsr_ldt.train``).
+    accepts_draw_numbers = True
+
+    def __init__(self, opt: Dict) -> None:
+        super().__init__()
+        check_known_keys(f"dataset '{opt.get('name', '?')}'", opt, _BASICSR_KEYS + _OWN_KEYS)
+        self.opt = opt
+        self.name = opt.get('name', 'dataset')
+        self.scale = int(opt.get('scale', 4))
+        self.phase = opt.get('phase', 'test')
+        self.seed = int(opt.get('seed', 0))
+        for key in ('dataroot_gt', 'dataroot_lq'):
+            if not opt.get(key):
+                raise InputError(f"dataset '{self.name}' needs option '{key}'")
+        self.gt_root, self.lq_root = opt['dataroot_gt'], opt['dataroot_lq']
+        self.io_backend_opt = dict(opt.get('io_backend') or {'type': 'disk'})
+        backend = self.io_backend_opt.get('type')
+        if backend not in ('disk', 'lmdb'):
+            raise InputError(f"dataset '{self.name}': io_backend.type must be 'disk' or 'lmdb', got '{backend}'")
+        if self.phase == 'train':
+            if 'gt_size' not in opt:
+                raise InputError(f"training dataset '{self.name}' needs option 'gt_size' (HR patch size)")
+            if opt['gt_size'] % self.scale:
+                raise InputError(f"dataset '{self.name}': gt_size {opt['gt_size']} is not a multiple of "
+                                 f'scale {self.scale}')
+        self.rule = CameraRule.from_options(opt.get('camera_rule'))
+        self.items = self._scan(backend)
+        self.file_client: Optional[FileClient] = None
+
+    # ---------------------------------------------------------------- listing
+    def _scan(self, backend: str) -> List[Dict[str, str]]:
+        where = f"dataset '{self.name}' ({self.gt_root} | {self.lq_root})"
+        for root in (self.gt_root, self.lq_root):
+            if not os.path.isdir(root):
+                raise InputError(f"dataset '{self.name}': folder '{root}' does not exist")
+        if backend == 'lmdb':
+            gt_keys, lq_keys = _lmdb_keys(self.gt_root), _lmdb_keys(self.lq_root)
+            extension = ''
+        else:
+            gt_files, lq_files = list_images(self.gt_root), list_images(self.lq_root)
+            gt_keys = [os.path.splitext(f)[0] for f in gt_files]
+            lq_keys = [os.path.splitext(f)[0] for f in lq_files]
+            extension = dict(zip(gt_keys + lq_keys, [os.path.splitext(f)[1] for f in gt_files + lq_files]))
+        if not gt_keys and not lq_keys:
+            raise InputError(f'{where}: no images found')
+        gt_template = self.opt.get('filename_tmpl_gt', '{}_x1')
+        lq_template = self.opt.get('filename_tmpl_lq', '{}_x%d' % self.scale)
+        pairs = pair_keys(gt_keys, lq_keys, gt_template, lq_template, where)
+        cameras = [self.rule.camera_of(stem) for stem, _, _ in pairs]
+        chosen = select_cameras(cameras, self.opt.get('cameras'), where)
+        subset = self.opt.get('subset')
+        if subset is not None:
+            check_known_keys(f"dataset '{self.name}' subset", subset, ('parts', 'index', 'seed'))
+            part = subset_indices(len(chosen), subset.get('parts', 1), subset.get('index', 0), subset.get('seed', 0))
+            chosen = [chosen[i] for i in part]
+        if not chosen:
+            raise InputError(f'{where}: the selection (cameras={self.opt.get("cameras")}, subset={subset}) is empty')
+        items = []
+        for i in chosen:
+            stem, gt_key, lq_key = pairs[i]
+            if backend == 'lmdb':
+                gt_path, lq_path = gt_key, lq_key
+            else:
+                gt_path = os.path.join(self.gt_root, gt_key + extension[gt_key])
+                lq_path = os.path.join(self.lq_root, lq_key + extension[lq_key])
+            items.append({'stem': stem, 'camera': cameras[i], 'gt_path': gt_path, 'lq_path': lq_path})
+        return items
+
+    @property
+    def cameras(self) -> Dict[str, int]:
+        """Images per camera in this dataset."""
+        return camera_counts(item['camera'] for item in self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    # ---------------------------------------------------------------- reading
+    def _read(self, path: str, client_key: str) -> np.ndarray:
+        if self.file_client is None:
+            backend = dict(self.io_backend_opt)
+            kind = backend.pop('type')
+            if kind == 'lmdb':
+                backend.update(db_paths=[self.lq_root, self.gt_root], client_keys=['lq', 'gt'])
+            self.file_client = FileClient(kind, **backend)
+        try:
+            buffer = self.file_client.get(path, client_key)
+        except Exception as err:  # a missing lmdb key or unreadable file: name it
+            raise InputError(f"cannot read image '{path}' of dataset '{self.name}': {err}") from None
+        if buffer is None:
+            raise InputError(f"cannot read image '{path}' of dataset '{self.name}': no data")
+        image = cv2.imdecode(np.frombuffer(buffer, np.uint8), cv2.IMREAD_COLOR)
+        if image is None:
+            raise InputError(f"image '{path}' of dataset '{self.name}' is corrupt or not an image")
+        return image.astype(np.float32) / 255.0
+
+    def __getitem__(self, index: int) -> Dict:
+        # The sampler may pass a draw number larger than len(self): the image is the draw modulo
+        # the dataset size and the draw number itself seeds this sample's crop and flips.
+        item = self.items[index % len(self.items)]
+        gt = self._read(item['gt_path'], 'gt')
+        lq = self._read(item['lq_path'], 'lq')
+        h, w = lq.shape[:2]
+        if gt.shape[0] != h * self.scale or gt.shape[1] != w * self.scale:
+            raise InputError(f"size mismatch for '{item['stem']}' in dataset '{self.name}': LR {w}x{h} times "
+                             f"scale {self.scale} is {w * self.scale}x{h * self.scale}, HR is "
+                             f'{gt.shape[1]}x{gt.shape[0]}')
+        if self.phase == 'train':
+            rng = np.random.default_rng([self.seed, int(index)])
+            gt, lq = random_crop_and_flip(gt, lq, self.opt['gt_size'], self.scale, rng,
+                                          self.opt.get('use_hflip', True), self.opt.get('use_rot', True),
+                                          item['stem'])
+        gt_t, lq_t = img2tensor([gt, lq], bgr2rgb=True, float32=True)
+        return {'lq': lq_t, 'gt': gt_t, 'lq_path': item['lq_path'], 'gt_path': item['gt_path'],
+                'camera': item['camera']}
+
+
+def random_crop_and_flip(gt: np.ndarray, lq: np.ndarray, gt_size: int, scale: int, rng: np.random.Generator,
+                         hflip: bool, rotate: bool, stem: str) -> Tuple[np.ndarray, np.ndarray]:
+    """Aligned random crop (``gt_size`` on HR, ``gt_size/scale`` on LR) plus flips/transpose."""
+    lq_size = gt_size // scale
+    h, w = lq.shape[:2]
+    if h < lq_size or w < lq_size:
+        raise InputError(f"LR image '{stem}' is {w}x{h}, smaller than the LR patch {lq_size}x{lq_size} "
+                         f'(gt_size {gt_size} / scale {scale})')
+    top, left = int(rng.integers(0, h - lq_size + 1)), int(rng.integers(0, w - lq_size + 1))
+    lq = lq[top:top + lq_size, left:left + lq_size]
+    gt = gt[top * scale:(top + lq_size) * scale, left * scale:(left + lq_size) * scale]
+    flips = rng.random(3)
+    if hflip and flips[0] < 0.5:
+        gt, lq = gt[:, ::-1], lq[:, ::-1]
+    if rotate and flips[1] < 0.5:
+        gt, lq = gt[::-1], lq[::-1]
+    if rotate and flips[2] < 0.5:
+        gt, lq = gt.transpose(1, 0, 2), lq.transpose(1, 0, 2)
+    return np.ascontiguousarray(gt), np.ascontiguousarray(lq)
+

@@ -1,0 +1,179 @@
+"""Per-camera evaluation: ``python test.py -opt options/test.yml``.
+
+Reports PSNR and SSIM the way the LDT paper's Table 1 does: BasicSR's ``calculate_psnr`` and
+``calculate_ssim`` on the Y channel with ``crop_border = scale``, averaged per camera, with one
+column pair per checkpoint so FT, LDT and baselines sit side by side.
+"""
+import csv
+import json
+import logging
+import os
+from collections import OrderedDict
+from os import path as osp
+from typing import Dict, List, Mapping
+
+import torch
+from tqdm import tqdm
+
+from basicsr.archs import build_network
+from basicsr.metrics.psnr_ssim import calculate_psnr, calculate_ssim
+from basicsr.utils import get_root_logger, get_time_str, imwrite, tensor2img
+from basicsr.utils.options import dict2str, parse_options
+from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY
+
+from basicsr_ldt.checkpoint import load_weights
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.inference import tiled_forward
+from basicsr_ldt.options import check_known_keys
+from basicsr_ldt.outputs import OutputFolder, fail
+
+#: The ``test:`` section and its defaults (documented in the README).
+TEST_DEFAULTS = {'tile_size': 0, 'tile_overlap': 16, 'save_img': False, 'crop_border': None,
+                 'test_y_channel': True}
+
+
+def checkpoints_of(opt: Mapping) -> List[Dict]:
+    """The checkpoints to compare: ``checkpoints:`` entries, or ``path.pretrain_network_g``."""
+    entries = opt.get('checkpoints')
+    if entries is None:
+        path = opt.get('path', {}).get('pretrain_network_g')
+        if not path:
+            raise InputError("give the weights to test as 'path: pretrain_network_g' or a 'checkpoints' list")
+        entries = [{'label': osp.splitext(osp.basename(path))[0], 'path': path,
+                    'param_key': opt['path'].get('param_key_g', 'params')}]
+    if not isinstance(entries, list) or not entries:
+        raise InputError("'checkpoints' must be a non-empty list of {label, path[, param_key]} entries")
+    result = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, str):
+            entry = {'path': entry}
+        check_known_keys(f'checkpoints[{i}]', entry, ('label', 'path', 'param_key'))
+        if 'path' not in entry:
+            raise InputError(f'checkpoints[{i}] has no path')
+        label = entry.get('label') or osp.splitext(osp.basename(entry['path']))[0]
+        result.append({'label': label, 'path': entry['path'], 'param_key': entry.get('param_key', 'params')})
+    labels = [e['label'] for e in result]
+    if len(set(labels)) != len(labels):
+        raise InputError(f'checkpoint labels must be unique, got {labels}')
+    return result
+
+
+def evaluate_image(sr: torch.Tensor, gt: torch.Tensor, crop_border: int, test_y_channel: bool) -> Dict[str, float]:
+    """PSNR/SSIM of one image with BasicSR's metric functions on uint8 images."""
+    sr_img, gt_img = tensor2img(sr), tensor2img(gt)
+    return {'psnr': float(calculate_psnr(sr_img, gt_img, crop_border, test_y_channel=test_y_channel)),
+            'ssim': float(calculate_ssim(sr_img, gt_img, crop_border, test_y_channel=test_y_channel))}
+
+
+def summarise(per_image: List[Dict]) -> 'OrderedDict[str, Dict[str, float]]':
+    """Mean PSNR/SSIM per camera and a 'Mean' row over cameras (each camera weighs the same)."""
+    cameras: Dict[str, List[Dict]] = OrderedDict()
+    for row in per_image:
+        cameras.setdefault(row['camera'], []).append(row)
+    table = OrderedDict()
+    for camera in sorted(cameras):
+        rows = cameras[camera]
+        table[camera] = {m: sum(r[m] for r in rows) / len(rows) for m in ('psnr', 'ssim')}
+        table[camera]['images'] = len(rows)
+    table['Mean'] = {m: sum(v[m] for v in table.values()) / len(cameras) for m in ('psnr', 'ssim')}
+    table['Mean']['images'] = len(per_image)
+    return table
+
+
+def format_table(tables: 'OrderedDict[str, OrderedDict]', markdown: bool) -> str:
+    """Cameras as rows, ``<label> PSNR`` / ``<label> SSIM`` columns, like the paper's Table 1."""
+    labels = list(tables)
+    rows = list(next(iter(tables.values())))
+    header = ['Camera', 'Images'] + [f'{label} {m}' for label in labels for m in ('PSNR', 'SSIM')]
+    body = []
+    for row in rows:
+        cells = [row, str(tables[labels[0]][row]['images'])]
+        for label in labels:
+            cells += [f"{tables[label][row]['psnr']:.2f}", f"{tables[label][row]['ssim']:.4f}"]
+        body.append(cells)
+    if markdown:
+        lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+        return '\n'.join(lines + ['| ' + ' | '.join(cells) + ' |' for cells in body])
+    widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
+    return '\n'.join('  '.join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in [header] + body)
+
+
+def write_results(folder: str, tables: 'OrderedDict[str, OrderedDict]', per_image: Dict[str, List[Dict]]) -> None:
+    """Markdown, CSV and JSON copies of the table (JSON also holds every image's values)."""
+    with open(osp.join(folder, 'metrics.md'), 'w') as handle:
+        handle.write(format_table(tables, markdown=True) + '\n')
+    with open(osp.join(folder, 'metrics.csv'), 'w', newline='') as handle:
+        writer = csv.writer(handle)
+        writer.writerow(['checkpoint', 'camera', 'images', 'psnr', 'ssim'])
+        for label, table in tables.items():
+            for camera, values in table.items():
+                writer.writerow([label, camera, values['images'], f"{values['psnr']:.4f}", f"{values['ssim']:.6f}"])
+    with open(osp.join(folder, 'metrics.json'), 'w') as handle:
+        json.dump({'summary': tables, 'images': per_image}, handle, indent=2)
+
+
+def _build(opt: Dict):
+    """Validate everything (datasets, network, checkpoints) before a folder is created."""
+    test_opt = dict(TEST_DEFAULTS)
+    check_known_keys('test', opt.get('test') or {}, TEST_DEFAULTS)
+    test_opt.update(opt.get('test') or {})
+    if test_opt['crop_border'] is None:
+        test_opt['crop_border'] = opt.get('scale', 4)
+    datasets = []
+    for phase, dataset_opt in opt['datasets'].items():
+        try:
+            datasets.append(DATASET_REGISTRY.get(dataset_opt.get('type'))(dataset_opt))
+        except KeyError:
+            raise InputError(f"dataset section '{phase}': unknown type '{dataset_opt.get('type')}'") from None
+    if not datasets:
+        raise InputError("the option file has no 'datasets' section to test on")
+    if 'network_g' not in opt or opt['network_g'].get('type') not in ARCH_REGISTRY:
+        raise InputError(f"network_g.type '{opt.get('network_g', {}).get('type')}' is not a registered architecture")
+    checkpoints = checkpoints_of(opt)
+    for entry in checkpoints:  # fail on the first bad checkpoint before any inference
+        if not osp.isfile(entry['path']):
+            raise InputError(f"checkpoint '{entry['path']}' ({entry['label']}) does not exist")
+    return test_opt, datasets, checkpoints
+
+
+def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
+    """Evaluate every checkpoint on every test dataset; print and write the per-camera table."""
+    opt, _ = parse_options(root_path, is_train=False)
+    outputs = OutputFolder()
+    try:
+        test_opt, datasets, checkpoints = _build(opt)
+        device = torch.device('cuda' if opt['num_gpu'] and torch.cuda.is_available() else 'cpu')
+        networks = []
+        for entry in checkpoints:
+            network = build_network(dict(opt['network_g']))
+            load_weights(network, entry['path'], entry['param_key'], strict=opt['path'].get('strict_load_g', True))
+            networks.append(network.to(device).eval())
+        outputs.create(opt['path']['results_root'])
+    except InputError as err:
+        outputs.rollback()
+        fail(str(err))
+    logger = get_root_logger(logger_name='basicsr', log_level=logging.INFO,
+                             log_file=osp.join(opt['path']['log'], f"test_{opt['name']}_{get_time_str()}.log"))
+    logger.info(dict2str(opt))
+    scale = opt.get('scale', 4)
+    per_image = {entry['label']: [] for entry in checkpoints}
+    images = [(ds, i) for ds in datasets for i in range(len(ds))]
+    for dataset, index in tqdm(images, desc='test', unit='img'):
+        item = dataset[index]
+        stem = osp.splitext(osp.basename(item['lq_path']))[0]
+        lq, gt = item['lq'].unsqueeze(0).to(device), item['gt'].unsqueeze(0)
+        for entry, network in zip(checkpoints, networks):
+            sr = tiled_forward(network, lq, scale, test_opt['tile_size'], test_opt['tile_overlap']).cpu()
+            values = evaluate_image(sr, gt, test_opt['crop_border'], test_opt['test_y_channel'])
+            per_image[entry['label']].append({'camera': item['camera'], 'image': stem, **values})
+            if test_opt['save_img']:
+                folder = osp.join(opt['path']['visualization'], entry['label'], item['camera'])
+                imwrite(tensor2img(sr), osp.join(folder, f'{stem}.png'))
+    tables = OrderedDict((label, summarise(rows)) for label, rows in per_image.items())
+    text = format_table(tables, markdown=False)
+    logger.info('\n' + text)
+    print(text, flush=True)
+    write_results(opt['path']['results_root'], tables, per_image)
+    logger.info(f"Results written to {opt['path']['results_root']}")
+    return tables

@@ -1,0 +1,83 @@
+"""What every model of this project adds to BasicSR's saving and resuming.
+
+BasicSR 1.4.2 writes checkpoints in place (a kill mid-write destroys them), loads training
+states onto CUDA only, and keeps no random-number state, so a resumed run drifts from an
+uninterrupted one. The mixin fixes all three without touching BasicSR.
+"""
+import os
+import random
+from typing import Any, Dict
+
+import numpy as np
+import torch
+
+from basicsr.utils import get_root_logger
+from basicsr.utils.dist_util import master_only
+
+from basicsr_ldt.checkpoint import load_weights, save_atomic
+
+
+def rng_state() -> Dict[str, Any]:
+    """Python, NumPy and torch generator states, in a form ``weights_only`` loading accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {'python': random.getstate(), 'numpy': [kind, torch.from_numpy(keys.copy()), pos, has_gauss, gauss],
+             'torch': torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    """Inverse of :func:`rng_state`."""
+    version, internal, gauss = state['python']
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, gauss = state['numpy']
+    np.random.set_state((kind, keys.numpy(), pos, has_gauss, gauss))
+    torch.set_rng_state(state['torch'])
+    if 'cuda' in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state['cuda'])
+
+
+class ResumableMixin:
+    """Atomic ``net_*.pth`` and ``*.state`` files; training states that also hold RNG state and
+    whatever :meth:`extra_training_state` returns (a subclass's method state)."""
+
+    def save_network(self, net, net_label, current_iter, param_key='params'):
+        label = 'latest' if current_iter == -1 else current_iter
+        nets = net if isinstance(net, list) else [net]
+        keys = param_key if isinstance(param_key, list) else [param_key]
+        payload = {}
+        for one, key in zip(nets, keys):
+            state = self.get_bare_model(one).state_dict()
+            payload[key] = {k[7:] if k.startswith('module.') else k: v.detach().cpu() for k, v in state.items()}
+        save_atomic(payload, os.path.join(self.opt['path']['models'], f'{net_label}_{label}.pth'))
+
+    def load_network(self, net, load_path, strict=True, param_key='params'):
+        load_weights(self.get_bare_model(net), load_path, param_key, strict)
+        get_root_logger().info(f'Loaded {type(self.get_bare_model(net)).__name__} from {load_path} [{param_key}]')
+
+    def extra_training_state(self) -> Dict[str, Any]:
+        """Method state to store beside optimizers and schedulers; subclasses extend it."""
+        return {}
+
+    def load_extra_training_state(self, state: Dict[str, Any]) -> None:
+        """Inverse of :meth:`extra_training_state`."""
+
+    @master_only
+    def save_training_state(self, epoch, current_iter):
+        if current_iter == -1:
+            return
+        state = {'epoch': epoch, 'iter': current_iter,
+                 'optimizers': [o.state_dict() for o in self.optimizers],
+                 'schedulers': [s.state_dict() for s in self.schedulers],
+                 'rng': rng_state(), 'extra': self.extra_training_state()}
+        save_atomic(state, os.path.join(self.opt['path']['training_states'], f'{current_iter}.state'))
+
+    def resume_training(self, resume_state):
+        self.load_extra_training_state(resume_state.get('extra', {}))
+        super().resume_training(resume_state)
+        if 'rng' in resume_state:
+            set_rng_state(resume_state['rng'])
+        else:
+            get_root_logger().warning('training state has no RNG state: the resumed run will not repeat '
+                                      'the random draws of an uninterrupted one')

@@ -1,0 +1,21 @@
+"""Validation helpers shared by every option section the project adds."""
+import difflib
+from typing import Iterable, Mapping
+
+from basicsr_ldt.errors import InputError
+
+
+def closest_key_hint(key: str, valid: Iterable[str]) -> str:
+    """A ' (did you mean ...?)' suffix when a valid key is close to ``key``, else ''."""
+    match = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ''
+
+
+def check_known_keys(section: str, given: Mapping, valid: Iterable[str]) -> None:
+    """Refuse unknown keys up front: a misspelt option silently falling back to its default
+    would cost a whole training run."""
+    valid = set(valid)
+    for key in given:
+        if key not in valid:
+            raise InputError(f"unknown option '{key}' in {section}{closest_key_hint(key, valid)}; "
+                             f"valid keys: {', '.join(sorted(valid))}")

@@ -1,0 +1,212 @@
+"""The training entry point: BasicSR's pipeline, with resuming that works on CPU and repeats itself.
+
+Differences from ``basicsr.train.train_pipeline`` (same options, flags and output folders):
+- training states are loaded on the CPU with ``weights_only=True`` (BasicSR maps them to CUDA);
+- ``--auto_resume`` looks under ``<root>/experiments/<name>`` instead of the current directory;
+- a resumed run continues mid-epoch at the batch where the saved run stopped, with the same crops
+  (the sampler passes draw numbers that seed each sample's augmentation) and RNG state, so it
+  reproduces an uninterrupted run;
+- bad input raises :class:`InputError` before training starts and the new experiment folder is
+  removed again (an archived previous run is put back).
+"""
+import datetime
+import logging
+import math
+import os
+import time
+from os import path as osp
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch.utils.data import Dataset
+
+from basicsr.data import build_dataloader
+from basicsr.data.data_sampler import EnlargedSampler
+from basicsr.data.prefetch_dataloader import CPUPrefetcher, CUDAPrefetcher
+from basicsr.models import build_model
+from basicsr.train import init_tb_loggers
+from basicsr.utils import AvgTimer, MessageLogger, check_resume, get_env_info, get_root_logger, get_time_str
+from basicsr.utils.options import copy_opt_file, dict2str, parse_options
+from basicsr.utils.registry import DATASET_REGISTRY
+
+from basicsr_ldt.checkpoint import load_safe
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.outputs import OutputFolder, fail
+
+
+class ResumableSampler(EnlargedSampler):
+    """BasicSR's ``EnlargedSampler`` that can start mid-epoch and hands out draw numbers.
+
+    For datasets with ``accepts_draw_numbers`` it yields ``epoch * total_size + slot`` instead of
+    ``slot % len(dataset)``; the dataset reads image ``draw % len`` and seeds that sample's
+    augmentation with the draw, so crops depend on the schedule, not on worker RNG state.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, ratio: int = 1, seed: int = 0) -> None:
+        super().__init__(dataset, num_replicas, rank, ratio)
+        self.seed = seed
+        self.skip = 0
+        self.draw_numbers = bool(getattr(dataset, 'accepts_draw_numbers', False))
+
+    def __iter__(self):
+        generator = torch.Generator()
+        generator.manual_seed(self.seed * 1_000_003 + self.epoch)
+        slots = torch.randperm(self.total_size, generator=generator).tolist()
+        slots = slots[self.rank:self.total_size:self.num_replicas][self.skip:]
+        if self.draw_numbers:
+            return iter([self.epoch * self.total_size + s for s in slots])
+        size = len(self.dataset)
+        return iter([s % size for s in slots])
+
+
+def latest_training_state(opt: Dict) -> Optional[str]:
+    """Path of the newest ``<iter>.state`` of this experiment, or ``None``."""
+    folder = opt['path']['training_states']
+    if not osp.isdir(folder):
+        return None
+    iters = [int(f[:-len('.state')]) for f in os.listdir(folder) if f.endswith('.state') and f[:-6].isdigit()]
+    return osp.join(folder, f'{max(iters)}.state') if iters else None
+
+
+def load_resume_state(opt: Dict) -> Optional[Dict]:
+    """The training state to resume from (``--auto_resume`` or ``path.resume_state``), on the CPU."""
+    path = latest_training_state(opt) if opt['auto_resume'] else opt['path'].get('resume_state')
+    if path is None:
+        return None
+    opt['path']['resume_state'] = path
+    state = load_safe(path, 'training state')
+    if not isinstance(state, dict) or 'iter' not in state or 'epoch' not in state:
+        raise InputError(f"training state '{path}' has no epoch/iter: not a BasicSR training state")
+    check_resume(opt, state['iter'])
+    return state
+
+
+def build_datasets(opt: Dict) -> Tuple[Dataset, List[Tuple[Dict, Dataset]]]:
+    """Build every dataset before any folder is created, so bad data options cost nothing."""
+    train_set, val_sets = None, []
+    for phase, dataset_opt in opt['datasets'].items():
+        kind = phase.split('_')[0]
+        if kind not in ('train', 'val'):
+            raise InputError(f"dataset section '{phase}': training accepts 'train' and 'val*' sections")
+        try:
+            dataset_cls = DATASET_REGISTRY.get(dataset_opt.get('type'))
+        except KeyError:
+            raise InputError(f"dataset section '{phase}': unknown type '{dataset_opt.get('type')}'") from None
+        if kind == 'train':
+            if getattr(dataset_cls, 'accepts_draw_numbers', False):
+                dataset_opt.setdefault('seed', opt['manual_seed'])
+            train_set = dataset_cls(dataset_opt)
+        else:
+            val_sets.append((dataset_opt, dataset_cls(dataset_opt)))
+    if train_set is None:
+        raise InputError("the option file has no 'datasets: train' section")
+    return train_set, val_sets
+
+
+def train_pipeline(root_path: str) -> None:
+    """Run training as ``python Train_pip.py -opt X.yml [--auto_resume] [--launcher ...]``."""
+    opt, args = parse_options(root_path, is_train=True)
+    opt['root_path'] = root_path
+    torch.backends.cudnn.benchmark = True
+
+    outputs = OutputFolder()
+    try:
+        resume_state = load_resume_state(opt)
+        train_set, val_sets = build_datasets(opt)
+        if resume_state is None and opt['rank'] == 0:
+            outputs.create(opt['path']['experiments_root'])
+            for key in ('models', 'training_states', 'visualization'):
+                os.makedirs(opt['path'][key], exist_ok=True)
+        copy_opt_file(args.opt, opt['path']['experiments_root'])
+        log_file = osp.join(opt['path']['log'], f"train_{opt['name']}_{get_time_str()}.log")
+        logger = get_root_logger(logger_name='basicsr', log_level=logging.INFO, log_file=log_file)
+        logger.info(get_env_info())
+        logger.info(dict2str(opt))
+        model = build_model(opt)
+        if resume_state is not None:
+            model.resume_training(resume_state)
+    except InputError as err:
+        outputs.rollback()
+        fail(str(err))
+    tb_logger = init_tb_loggers(opt)
+    _train(opt, model, train_set, val_sets, resume_state, tb_logger, logger)
+
+
+def _train(opt: Dict, model, train_set: Dataset, val_sets, resume_state, tb_logger, logger) -> None:
+    train_opt = opt['datasets']['train']
+    sampler = ResumableSampler(train_set, opt['world_size'], opt['rank'], train_opt.get('dataset_enlarge_ratio', 1),
+                               seed=opt['manual_seed'])
+    train_loader = build_dataloader(train_set, train_opt, num_gpu=opt['num_gpu'], dist=opt['dist'],
+                                    sampler=sampler, seed=opt['manual_seed'])
+    val_loaders = [build_dataloader(ds, dopt, num_gpu=opt['num_gpu'], dist=opt['dist'], sampler=None,
+                                    seed=opt['manual_seed']) for dopt, ds in val_sets]
+    iters_per_epoch = len(train_loader)
+    if iters_per_epoch == 0:
+        raise InputError(f"training dataset '{train_opt['name']}' has {len(train_set)} images, fewer than one "
+                         f"batch of {train_opt['batch_size_per_gpu']}")
+    total_iters = int(opt['train']['total_iter'])
+    total_epochs = math.ceil(total_iters / iters_per_epoch)
+    logger.info(f'Training data: {len(train_set)} images {getattr(train_set, "cameras", "")}, '
+                f'{iters_per_epoch} iterations per epoch, {total_epochs} epochs, {total_iters} iterations.')
+    for dopt, ds in val_sets:
+        logger.info(f'Validation data {dopt["name"]}: {len(ds)} images {getattr(ds, "cameras", "")}')
+
+    start_epoch, current_iter = 0, 0
+    if resume_state is not None:
+        start_epoch, current_iter = resume_state['epoch'], resume_state['iter']
+        logger.info(f'Resuming training from epoch: {start_epoch}, iter: {current_iter}.')
+    msg_logger = MessageLogger(opt, current_iter, tb_logger)
+    prefetch_mode = train_opt.get('prefetch_mode')
+    if prefetch_mode in (None, 'cpu'):
+        prefetcher = CPUPrefetcher(train_loader)
+    elif prefetch_mode == 'cuda':
+        prefetcher = CUDAPrefetcher(train_loader, opt)
+    else:
+        raise InputError(f"prefetch_mode must be cpu or cuda, got '{prefetch_mode}'")
+
+    data_timer, iter_timer = AvgTimer(), AvgTimer()
+    start_time = time.time()
+    epoch = start_epoch
+    for epoch in range(start_epoch, total_epochs + 1):
+        sampler.set_epoch(epoch)
+        # Batches of this epoch that the saved run had already consumed.
+        sampler.skip = max(0, current_iter - epoch * iters_per_epoch) * train_loader.batch_size
+        prefetcher.reset()
+        train_data = prefetcher.next()
+        while train_data is not None:
+            data_timer.record()
+            current_iter += 1
+            if current_iter > total_iters:
+                break
+            model.update_learning_rate(current_iter, warmup_iter=opt['train'].get('warmup_iter', -1))
+            model.feed_data(train_data)
+            model.optimize_parameters(current_iter)
+            iter_timer.record()
+            if current_iter == 1:
+                msg_logger.reset_start_time()
+            if current_iter % opt['logger']['print_freq'] == 0:
+                log_vars = {'epoch': epoch, 'iter': current_iter, 'lrs': model.get_current_learning_rate(),
+                            'time': iter_timer.get_avg_time(), 'data_time': data_timer.get_avg_time()}
+                log_vars.update(model.get_current_log())
+                msg_logger(log_vars)
+            if current_iter % opt['logger']['save_checkpoint_freq'] == 0:
+                logger.info('Saving models and training states.')
+                model.save(epoch, current_iter)
+            if opt.get('val') is not None and current_iter % opt['val']['val_freq'] == 0:
+                for val_loader in val_loaders:
+                    model.validation(val_loader, current_iter, tb_logger, opt['val']['save_img'])
+            data_timer.start()
+            iter_timer.start()
+            train_data = prefetcher.next()
+        sampler.skip = 0
+        if current_iter > total_iters:
+            break
+
+    logger.info(f'End of training. Time consumed: {datetime.timedelta(seconds=int(time.time() - start_time))}')
+    logger.info('Save the latest model.')
+    model.save(epoch=-1, current_iter=-1)
+    if opt.get('val') is not None:
+        for val_loader in val_loaders:
+            model.validation(val_loader, current_iter, tb_logger, opt['val']['save_img'])
+    if tb_logger:
+        tb_logger.close()
