@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Install everything the project needs into the current Python environment.
+# torch/torchvision come first so basicsr==1.4.2 can then build without build isolation.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+torch_reqs=$(grep -E '^(torch|torchvision)[<>=]' requirements.txt)
+# shellcheck disable=SC2086
+"$PY" -m pip install --quiet setuptools wheel cython $torch_reqs
+"$PY" -m pip install --quiet --no-build-isolation -r requirements.txt
+"$PY" -c "import basicsr_ldt, torch; print('basicsr-ldt ready: torch', torch.__version__)"

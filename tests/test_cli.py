@@ -1,0 +1,112 @@
+"""End to end through the real entry points: Train_pip.py trains and resumes, test.py reports per camera,
+and bad input stops with one line before anything is written."""
+import json
+
+import torch
+import yaml
+
+from conftest import run_entry
+
+NETWORK = {'type': 'MSRResNet', 'num_in_ch': 3, 'num_out_ch': 3, 'num_feat': 8, 'num_block': 1, 'upscale': 4}
+
+
+def dataset(data, split, cameras, **extra):
+    lower = split.lower()
+    opt = {'name': f'{split}_{"_".join(cameras)}', 'type': 'DRealSRCameraDataset', 'cameras': cameras,
+           'dataroot_gt': str(data / f'{split}_x4' / f'{lower}_HR'),
+           'dataroot_lq': str(data / f'{split}_x4' / f'{lower}_LR'), 'io_backend': {'type': 'disk'}}
+    opt.update(extra)
+    return opt
+
+
+def train_options(data, name='ft', total_iter=6, **overrides):
+    opt = {
+        'name': name, 'model_type': 'FTSRModel', 'scale': 4, 'num_gpu': 0, 'manual_seed': 0,
+        'datasets': {
+            'train': dataset(data, 'Train', ['Olympus'], gt_size=32, use_hflip=True, use_rot=True,
+                             num_worker_per_gpu=0, batch_size_per_gpu=2, dataset_enlarge_ratio=1),
+            'val_targets': dataset(data, 'Test', ['Sony', 'Canon'])},
+        'network_g': NETWORK,
+        'path': {'pretrain_network_g': None, 'strict_load_g': True, 'resume_state': None},
+        'train': {'optim_g': {'type': 'Adam', 'lr': 1e-3, 'betas': [0.9, 0.99]},
+                  'scheduler': {'type': 'MultiStepLR', 'milestones': [4], 'gamma': 0.5},
+                  'total_iter': total_iter, 'warmup_iter': -1,
+                  'pixel_opt': {'type': 'L1Loss', 'loss_weight': 1.0, 'reduction': 'mean'}},
+        'val': {'val_freq': 1000, 'save_img': False,
+                'metrics': {'psnr': {'type': 'calculate_psnr', 'crop_border': 4, 'test_y_channel': True}}},
+        'logger': {'print_freq': 1, 'save_checkpoint_freq': 2, 'use_tb_logger': False},
+    }
+    for key, value in overrides.items():
+        opt[key] = value
+    return opt
+
+
+def write(path, opt):
+    path.write_text(yaml.safe_dump(opt, sort_keys=False))
+    return str(path)
+
+
+def test_train_then_test_writes_checkpoint_log_and_camera_table(project, demo_data):
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'train.yml', train_options(demo_data)))
+    exp = project / 'experiments' / 'ft'
+    assert (exp / 'models' / 'net_g_latest.pth').is_file() and (exp / 'training_states' / '6.state').is_file()
+    log = next(exp.glob('train_ft_*.log')).read_text()
+    assert 'Training data: 6 images' in log and "'Olympus': 6" in log and 'l_pix' in log
+
+    test_opt = {'name': 'eval', 'scale': 4, 'num_gpu': 0,
+                'datasets': {'test_1': dataset(demo_data, 'Test', ['Olympus', 'Sony', 'Canon'])},
+                'network_g': NETWORK, 'path': {},
+                'checkpoints': [{'label': 'iter2', 'path': str(exp / 'models' / 'net_g_2.pth')},
+                                {'label': 'final', 'path': str(exp / 'models' / 'net_g_latest.pth')}],
+                'test': {'tile_size': 16, 'tile_overlap': 4, 'save_img': True}}
+    result = run_entry(project, 'test.py', '-opt', write(project / 'test.yml', test_opt))
+    out = project / 'results' / 'eval'
+    lines = (out / 'metrics.md').read_text().splitlines()
+    assert lines[0] == '| Camera | Images | iter2 PSNR | iter2 SSIM | final PSNR | final SSIM |'
+    assert [line.split(' | ')[0] for line in lines[2:]] == ['| Canon', '| Olympus', '| Sony', '| Mean']
+    summary = json.loads((out / 'metrics.json').read_text())
+    assert summary['summary']['final']['Mean']['images'] == 6 and len(summary['images']['final']) == 6
+    assert 'Camera' in result.stdout and (out / 'metrics.csv').read_text().startswith('checkpoint,camera,')
+    assert len(list((out / 'visualization' / 'final' / 'Sony').glob('*.png'))) == 2
+
+
+def test_auto_resume_reproduces_uninterrupted_run(project, demo_data):
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'a.yml', train_options(demo_data, 'full')))
+    # Interrupted twin: stop after iteration 2 (its last state), then resume to the end.
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'b.yml', train_options(demo_data, 'cut', total_iter=3)))
+    states = project / 'experiments' / 'cut' / 'training_states'
+    (states / '3.state').unlink(missing_ok=True)
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'b.yml', train_options(demo_data, 'cut')), '--auto_resume')
+    full = torch.load(project / 'experiments' / 'full' / 'models' / 'net_g_latest.pth', weights_only=True)['params']
+    cut = torch.load(project / 'experiments' / 'cut' / 'models' / 'net_g_latest.pth', weights_only=True)['params']
+    assert full.keys() == cut.keys()
+    assert all(torch.equal(full[k], cut[k]) for k in full)
+
+
+def test_bad_camera_is_one_line_and_writes_nothing(project, demo_data):
+    opt = train_options(demo_data, 'bad')
+    opt['datasets']['train']['cameras'] = ['Nikon']
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'bad.yml', opt), check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: unknown camera(s) 'Nikon'")
+    assert 'Traceback' not in result.stderr
+    assert not (project / 'experiments' / 'bad').exists()
+
+
+def test_missing_pretrained_file_restores_previous_experiment(project, demo_data):
+    good = train_options(demo_data, 'keep', total_iter=2)
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'keep.yml', good))
+    bad = train_options(demo_data, 'keep', path={'pretrain_network_g': str(project / 'missing.pth')})
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'keep.yml', bad), check=False)
+    assert result.returncode == 2 and "missing.pth' does not exist" in result.stderr
+    assert (project / 'experiments' / 'keep' / 'models' / 'net_g_latest.pth').is_file()
+    assert not list((project / 'experiments').glob('keep_archived_*'))
+
+
+def test_test_py_bad_checkpoint_is_one_line(project, demo_data):
+    test_opt = {'name': 'eval_bad', 'scale': 4, 'num_gpu': 0,
+                'datasets': {'test_1': dataset(demo_data, 'Test', ['Sony'])}, 'network_g': NETWORK, 'path': {},
+                'checkpoints': [{'label': 'x', 'path': str(project / 'nope.pth')}]}
+    result = run_entry(project, 'test.py', '-opt', write(project / 't.yml', test_opt), check=False)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith('error: checkpoint')
+    assert not (project / 'results' / 'eval_bad').exists()

@@ -1,0 +1,166 @@
+"""DRealSRCameraDataset and camera rules: what a user selects is exactly what the loader yields."""
+import os
+import shutil
+
+import cv2
+import numpy as np
+import pytest
+
+from basicsr_ldt.data.cameras import CameraRule, pair_keys, strip_template
+from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset, subset_indices
+from basicsr_ldt.errors import InputError
+
+
+def options(root, split='Train', **extra):
+    lower = split.lower()
+    opt = {'name': 'd', 'type': 'DRealSRCameraDataset', 'phase': 'train' if split == 'Train' else 'val', 'scale': 4,
+           'dataroot_gt': str(root / f'{split}_x4' / f'{lower}_HR'),
+           'dataroot_lq': str(root / f'{split}_x4' / f'{lower}_LR'), 'io_backend': {'type': 'disk'}}
+    if split == 'Train':
+        opt.update(gt_size=32, use_hflip=True, use_rot=True)
+    opt.update(extra)
+    return opt
+
+
+def test_default_rule_names_drealsr_cameras():
+    rule = CameraRule()
+    assert rule.camera_of('DSC_1412') == 'DSC'
+    assert rule.camera_of('IMG_0031') == 'IMG'
+    assert rule.camera_of('P1010042') == 'Pan'
+    assert rule.camera_of('Sony/DSC01234') == 'Sony'  # per-camera subfolder wins in 'auto'
+
+
+def test_custom_rule_and_aliases():
+    rule = CameraRule.from_options({'source': 'filename', 'pattern': r'_(?P<camera>[a-z]+)$',
+                                    'aliases': {'nik': 'Nikon'}})
+    assert rule.camera_of('x/0001_nik') == 'Nikon'
+    with pytest.raises(InputError, match="did you mean 'pattern'"):
+        CameraRule.from_options({'patern': 'x'})
+    with pytest.raises(InputError, match='not a valid regular expression'):
+        CameraRule(pattern='(')
+
+
+def test_strip_template_and_pairing():
+    assert strip_template('Sony/DSC_1_x4', '{}_x4') == 'Sony/DSC_1'
+    assert strip_template('DSC_1_x1', '{}_x4') is None
+    pairs = pair_keys(['A_1_x1', 'B_2_x1'], ['B_2_x4', 'A_1_x4'], '{}_x1', '{}_x4', 'here')
+    assert pairs == [('A_1', 'A_1_x1', 'A_1_x4'), ('B_2', 'B_2_x1', 'B_2_x4')]
+    with pytest.raises(InputError, match="1 HR image\\(s\\) without an LR partner, e.g. 'C_3_x1'"):
+        pair_keys(['A_1_x1', 'C_3_x1'], ['A_1_x4'], '{}_x1', '{}_x4', 'here')
+
+
+def test_camera_selection_and_items(demo_data):
+    dataset = DRealSRCameraDataset(options(demo_data, cameras=['Sony', 'Canon']))
+    assert dataset.cameras == {'Canon': 6, 'Sony': 6}
+    item = dataset[0]
+    assert item['camera'] in ('Sony', 'Canon')
+    assert tuple(item['gt'].shape) == (3, 32, 32) and tuple(item['lq'].shape) == (3, 8, 8)
+    full = DRealSRCameraDataset(options(demo_data))
+    assert full.cameras == {'Canon': 6, 'Olympus': 6, 'Sony': 6}
+
+
+def test_validation_items_are_whole_images(demo_data):
+    dataset = DRealSRCameraDataset(options(demo_data, 'Test', cameras='Olympus'))
+    item = dataset[0]
+    assert item['camera'] == 'Olympus'
+    assert item['gt'].shape[-1] == 4 * item['lq'].shape[-1] and item['gt'].shape[-2] == 96
+
+
+def test_unknown_camera_lists_found_cameras(demo_data):
+    with pytest.raises(InputError) as err:
+        DRealSRCameraDataset(options(demo_data, cameras=['Nikon']))
+    message = str(err.value)
+    assert "'Nikon'" in message and 'Canon (6), Olympus (6), Sony (6)' in message and '\n' not in message
+
+
+def test_subset_parts_are_disjoint_and_deterministic(demo_data):
+    assert subset_indices(10, 3, 0, seed=1) == subset_indices(10, 3, 0, seed=1)
+    parts = [set(subset_indices(10, 3, i, seed=1)) for i in range(3)]
+    assert set().union(*parts) == set(range(10)) and sum(len(p) for p in parts) == 10
+    stems = [{it['stem'] for it in DRealSRCameraDataset(options(demo_data, subset={'parts': 2, 'index': i})).items}
+             for i in (0, 1)]
+    assert not stems[0] & stems[1] and len(stems[0] | stems[1]) == 18
+    with pytest.raises(InputError, match='subset'):
+        DRealSRCameraDataset(options(demo_data, subset={'parts': 2, 'index': 2}))
+
+
+def test_crops_follow_draw_numbers(demo_data):
+    dataset = DRealSRCameraDataset(options(demo_data, seed=3))
+    a, b = dataset[5], dataset[5]
+    assert np.array_equal(a['gt'].numpy(), b['gt'].numpy())
+    # Same image (draw 5 + len), another crop/flip: augmentation depends on the draw, not the image.
+    c = dataset[5 + len(dataset)]
+    assert c['gt_path'] == a['gt_path'] and not np.array_equal(a['gt'].numpy(), c['gt'].numpy())
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(InputError, match=f"folder '{tmp_path / 'nope'}' does not exist"):
+        DRealSRCameraDataset(options(tmp_path, dataroot_gt=str(tmp_path / 'nope'), dataroot_lq=str(tmp_path)))
+
+
+def test_empty_folder(tmp_path):
+    (tmp_path / 'hr').mkdir()
+    (tmp_path / 'lr').mkdir()
+    with pytest.raises(InputError, match='no images found'):
+        DRealSRCameraDataset(options(tmp_path, dataroot_gt=str(tmp_path / 'hr'), dataroot_lq=str(tmp_path / 'lr')))
+
+
+def test_empty_selection(demo_data):
+    with pytest.raises(InputError, match='is empty'):
+        DRealSRCameraDataset(options(demo_data, cameras=['Sony'], subset={'parts': 13, 'index': 0}))
+
+
+def copy_split(demo_data, tmp_path):
+    root = tmp_path / 'copy'
+    shutil.copytree(demo_data / 'Train_x4', root / 'Train_x4')
+    return root
+
+
+def test_unpaired_files(demo_data, tmp_path):
+    root = copy_split(demo_data, tmp_path)
+    os.remove(root / 'Train_x4' / 'train_LR' / 'Sony_000_x4.png')
+    with pytest.raises(InputError, match="HR image\\(s\\) without an LR partner, e.g. 'Sony_000_x1'"):
+        DRealSRCameraDataset(options(root))
+
+
+def test_size_mismatch(demo_data, tmp_path):
+    root = copy_split(demo_data, tmp_path)
+    path = root / 'Train_x4' / 'train_LR' / 'Sony_000_x4.png'
+    cv2.imwrite(str(path), cv2.imread(str(path))[:-1])
+    dataset = DRealSRCameraDataset(options(root, cameras=['Sony']))
+    index = [it['stem'] for it in dataset.items].index('Sony_000')
+    with pytest.raises(InputError, match="size mismatch for 'Sony_000'.*LR 16x15 times scale 4 is 64x60, HR is 64x64"):
+        dataset[index]
+
+
+def test_corrupt_image_is_named(demo_data, tmp_path):
+    root = copy_split(demo_data, tmp_path)
+    path = root / 'Train_x4' / 'train_HR' / 'Canon_000_x1.png'
+    path.write_bytes(b'not a png')
+    dataset = DRealSRCameraDataset(options(root, cameras=['Canon']))
+    index = [it['stem'] for it in dataset.items].index('Canon_000')
+    with pytest.raises(InputError, match='Canon_000_x1.png.*corrupt'):
+        dataset[index]
+
+
+def test_unknown_dataset_key_suggests(demo_data):
+    with pytest.raises(InputError, match="unknown option 'camera'.*did you mean 'cameras'"):
+        DRealSRCameraDataset(options(demo_data, camera=['Sony']))
+
+
+def test_lmdb_backend_matches_disk(demo_data, tmp_path):
+    from basicsr.utils.lmdb_util import make_lmdb_from_imgs
+    from basicsr_ldt.data.cameras import list_images
+    for side in ('HR', 'LR'):
+        folder = demo_data / 'Test_x4' / f'test_{side}'
+        files = list_images(str(folder))
+        make_lmdb_from_imgs(str(folder), str(tmp_path / f'{side}.lmdb'), files,
+                            [os.path.splitext(f)[0] for f in files], multiprocessing_read=False)
+    disk = DRealSRCameraDataset(options(demo_data, 'Test', cameras=['Canon']))
+    lmdb = DRealSRCameraDataset(options(demo_data, 'Test', cameras=['Canon'], io_backend={'type': 'lmdb'},
+                                        dataroot_gt=str(tmp_path / 'HR.lmdb'), dataroot_lq=str(tmp_path / 'LR.lmdb')))
+    assert len(lmdb) == len(disk) == 2
+    for i in range(len(disk)):
+        assert np.array_equal(disk[i]['gt'].numpy(), lmdb[i]['gt'].numpy())
+        assert np.array_equal(disk[i]['lq'].numpy(), lmdb[i]['lq'].numpy())
+        assert lmdb[i]['camera'] == 'Canon'
