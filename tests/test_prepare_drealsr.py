@@ -1,0 +1,53 @@
+"""scripts/prepare_drealsr.py: camera report, per-camera copy, aligned sub-images, lmdb the dataset reads."""
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
+from conftest import REPO
+
+
+@pytest.fixture(scope='module')
+def prepare():
+    spec = importlib.util.spec_from_file_location('prepare_drealsr', REPO / 'scripts' / 'prepare_drealsr.py')
+    module = importlib.util.module_from_spec(spec)
+    sys.modules['prepare_drealsr'] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_report_counts_cameras(prepare, demo_data, capsys):
+    assert prepare.main([str(demo_data)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ['camera', 'Train_x4', 'Test_x4']
+    assert lines[1].split() == ['Canon', '6', '2'] and lines[-1].split() == ['total', '18', '6']
+
+
+def test_by_camera_copy_is_read_with_folder_rule(prepare, demo_data, tmp_path):
+    out = tmp_path / 'by_camera'
+    assert prepare.main([str(demo_data), '--by-camera', str(out)]) == 0
+    assert len(list((out / 'Train_x4' / 'train_HR' / 'Sony').glob('*_x1.png'))) == 6
+    dataset = DRealSRCameraDataset({'name': 'x', 'phase': 'val', 'scale': 4, 'cameras': ['Sony'],
+                                    'camera_rule': {'source': 'folder'},
+                                    'dataroot_gt': str(out / 'Test_x4' / 'test_HR'),
+                                    'dataroot_lq': str(out / 'Test_x4' / 'test_LR')})
+    assert dataset.cameras == {'Sony': 2}
+
+
+def test_subimages_and_lmdb(prepare, demo_data, tmp_path, capsys):
+    import shutil
+    root = tmp_path / 'd'
+    shutil.copytree(demo_data / 'Train_x4', root / 'Train_x4')
+    assert prepare.main([str(root), '--crop', '32', '--step', '32', '--lmdb']) == 0
+    hr, lr = root / 'Train_x4' / 'train_HR_sub', root / 'Train_x4' / 'train_LR_sub'
+    assert len(list(hr.glob('*.png'))) == 18 * 4 and (hr.parent / 'train_HR_sub.lmdb' / 'meta_info.txt').is_file()
+    opts = {'name': 'x', 'phase': 'val', 'scale': 4, 'cameras': ['Canon'], 'io_backend': {'type': 'lmdb'},
+            'dataroot_gt': str(hr) + '.lmdb', 'dataroot_lq': str(lr) + '.lmdb'}
+    lmdb = DRealSRCameraDataset(opts)
+    disk = DRealSRCameraDataset(dict(opts, io_backend={'type': 'disk'}, dataroot_gt=str(hr), dataroot_lq=str(lr)))
+    assert len(lmdb) == len(disk) == 24
+    assert np.array_equal(lmdb[3]['gt'].numpy(), disk[3]['gt'].numpy()) and lmdb[3]['gt'].shape[-1] == 32
+    assert prepare.main([str(root), '--crop', '30']) == 2
+    assert 'must be multiples of the scale' in capsys.readouterr().err
