@@ -59,6 +59,8 @@ class DRealSRCameraDataset(data.Dataset):
 
     #: The training sampler may pass draw numbers >= len(self) (see ``basicsr_ldt.train``).
     accepts_draw_numbers = True
+    #: Understands the ``subset`` option (LDT's disjoint warm-up / profiling parts).
+    supports_subset = True
 
     def __init__(self, opt: Dict) -> None:
         super().__init__()
