@@ -6,3 +6,4 @@ resolve. ``basicsr_ldt.ldt`` is the method itself and does not depend on BasicSR
 """
 from basicsr_ldt import compat  # noqa: F401  (must precede the first basicsr import)
 from basicsr_ldt import data, models  # noqa: F401,E402  (registration)
+import archs  # noqa: F401,E402  (MambaIR, HAT, SAFMN into ARCH_REGISTRY)

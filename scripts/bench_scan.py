@@ -1,0 +1,98 @@
+"""Forward+backward time of our selective scan against a step-by-step loop, at MambaIR's shapes.
+
+MambaIR's SS2D calls the scan once per block with u, delta of shape (batch, K*d_inner, H*W),
+K=4 scan directions, grouped B, C of shape (batch, K, d_state, H*W), D and delta_bias of shape
+(K*d_inner,) and delta_softplus=True. The classic SR config (embed_dim 180, mlp_ratio 2) has
+d_inner 360 and d_state 16; a 48x48 LR training patch gives L=2304.
+
+The loop baseline is a fair one: decays and inputs are precomputed in time-major contiguous
+layout and unbound once (indexing a big tensor inside the loop would make its backward O(L^2)).
+
+    python scripts/bench_scan.py                 # classic x4 shapes, batch 4, 48x48
+    python scripts/bench_scan.py --side 24 --threads 1
+"""
+import argparse
+import os
+import sys
+import time
+from typing import Callable, Tuple
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from archs.selective_scan import selective_scan  # noqa: E402
+
+
+def loop_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+              D: torch.Tensor, delta_bias: torch.Tensor) -> torch.Tensor:
+    """Sequential reference: one recurrence step per token, autograd through every step."""
+    batch, dim, length = u.shape
+    groups, dstate = B.shape[1], A.shape[1]
+    delta = F.softplus(delta + delta_bias[:, None])
+    dl = delta.permute(2, 0, 1).reshape(length, batch, groups, dim // groups, 1)
+    ul = u.permute(2, 0, 1).reshape(length, batch, groups, dim // groups, 1)
+    Bl = B.permute(3, 0, 1, 2).unsqueeze(3)  # (L, b, G, 1, n)
+    Cl = C.permute(3, 0, 1, 2).unsqueeze(3)
+    decay = torch.exp(dl * A.view(1, 1, groups, dim // groups, dstate))
+    inputs = dl * ul * Bl
+    state = u.new_zeros(batch, groups, dim // groups, dstate)
+    ys = []
+    for a_t, x_t, c_t in zip(decay.unbind(0), inputs.unbind(0), Cl.unbind(0)):
+        state = a_t * state + x_t
+        ys.append((state * c_t).sum(-1))
+    y = torch.stack(ys, dim=-1).reshape(batch, dim, length)
+    return y + u * D[:, None]
+
+
+def make_inputs(batch: int, d_inner: int, d_state: int, side: int, seed: int = 0) -> Tuple[torch.Tensor, ...]:
+    """Random tensors with MambaIR's shapes and value ranges (A = -[1..d_state], S4D-real init)."""
+    gen = torch.Generator().manual_seed(seed)
+    k, length = 4, side * side
+    u = torch.randn(batch, k * d_inner, length, generator=gen)
+    delta = torch.randn(batch, k * d_inner, length, generator=gen) * 0.5
+    A = -torch.arange(1, d_state + 1, dtype=torch.float32).repeat(k * d_inner, 1)
+    B = torch.randn(batch, k, d_state, length, generator=gen)
+    C = torch.randn(batch, k, d_state, length, generator=gen)
+    D = torch.ones(k * d_inner)
+    delta_bias = torch.rand(k * d_inner, generator=gen) * 4 - 6  # softplus -> dt in [0.0025, 0.13]
+    return tuple(t.requires_grad_() for t in (u, delta, A, B, C, D, delta_bias))
+
+
+def time_fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Tuple[torch.Tensor, ...], repeats: int) -> float:
+    """Best-of-``repeats`` seconds for one forward and backward pass."""
+    best = float('inf')
+    for _ in range(repeats):
+        for t in inputs:
+            t.grad = None
+        start = time.perf_counter()
+        fn(*inputs).sum().backward()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--batch', type=int, default=4)
+    parser.add_argument('--d-inner', type=int, default=360, help='embed_dim * mlp_ratio (classic: 180*2)')
+    parser.add_argument('--d-state', type=int, default=16)
+    parser.add_argument('--side', type=int, default=48, help='LR patch side; L = side**2')
+    parser.add_argument('--repeats', type=int, default=2, help='runs of our scan (best is kept)')
+    parser.add_argument('--threads', type=int, default=0, help='torch threads (0: leave default)')
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    inputs = make_inputs(args.batch, args.d_inner, args.d_state, args.side)
+    ours = time_fwd_bwd(lambda u, dl, A, B, C, D, db: selective_scan(
+        u, dl, A, B, C, D, None, db, True, backend='torch'), inputs, args.repeats)
+    loop = time_fwd_bwd(loop_scan, inputs, 1)
+    print(f'shapes: u/delta ({args.batch}, {4 * args.d_inner}, {args.side ** 2}), B/C ({args.batch}, 4, '
+          f'{args.d_state}, {args.side ** 2}); torch threads {torch.get_num_threads()}')
+    print(f'chunked scan (ours) fwd+bwd: {ours:.3f} s')
+    print(f'sequential loop     fwd+bwd: {loop:.3f} s')
+    print(f'speed-up: {loop / ours:.1f}x')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,188 @@
+"""Selective scan: equal to a sequential float64 reference (outputs, last state, gradients),
+stable for strong decays, and the kernel choice ('auto' | 'torch' | 'cuda') is explicit."""
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import basicsr_ldt  # noqa: F401
+import archs  # noqa: F401  (registers; imports basicsr in the right order)
+import archs.selective_scan as scan_module
+from archs import scan_torch
+from archs.linear_scan import chunk_length
+from archs.selective_scan import BACKEND_ENV, select_kernel, selective_scan
+
+
+def sequential_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
+    """One step per position, in float64: the semantics of mamba's selective_scan_ref."""
+    u, delta, A = u.double(), delta.double(), A.double()
+    if delta_bias is not None:
+        delta = delta + delta_bias.double()[:, None]
+    if delta_softplus:
+        delta = F.softplus(delta)
+    batch, dim, length = u.shape
+
+    def per_channel(m):  # -> (batch, dim, dstate, length)
+        m = m.double()
+        if m.dim() == 2:
+            return m[None, :, :, None].expand(batch, dim, m.shape[1], length)
+        if m.dim() == 3:
+            m = m[:, None]
+        return m.repeat_interleave(dim // m.shape[1], dim=1)
+
+    Bx, Cx = per_channel(B), per_channel(C)
+    state = u.new_zeros(batch, dim, A.shape[1])
+    ys = []
+    for t in range(length):
+        state = torch.exp(delta[:, :, t, None] * A) * state + (delta[:, :, t] * u[:, :, t])[..., None] * Bx[..., t]
+        ys.append((state * Cx[..., t]).sum(-1))
+    out = torch.stack(ys, dim=-1)
+    if D is not None:
+        out = out + u * D.double()[:, None]
+    if z is not None:
+        out = out * F.silu(z.double())
+    return out, state
+
+
+def make_inputs(bc: str, length: int, options: str, batch: int = 2, dim: int = 6, dstate: int = 3,
+                groups: int = 3, seed: int = 0, delta_scale: float = 0.5):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    bc_shape = {'const': (dim, dstate), 'shared': (batch, dstate, length),
+                'grouped': (batch, groups, dstate, length)}[bc]
+    args = dict(u=rnd(batch, dim, length), delta=rnd(batch, dim, length).abs() * delta_scale,
+                A=-torch.rand(dim, dstate, generator=gen) * 3, B=rnd(*bc_shape), C=rnd(*bc_shape))
+    if 'D' in options:
+        args['D'] = rnd(dim)
+    if 'z' in options:
+        args['z'] = rnd(batch, dim, length)
+    if 'bias' in options:
+        args['delta_bias'] = rnd(dim) * 0.5
+    for t in args.values():
+        t.requires_grad_()
+    return args, 'softplus' in options
+
+
+@pytest.mark.parametrize('options', ['', 'D', 'z', 'bias+softplus', 'D+z+bias+softplus'])
+@pytest.mark.parametrize('bc', ['const', 'shared', 'grouped'])
+def test_matches_sequential_reference_forward_and_backward(bc, options):
+    args, softplus = make_inputs(bc, 37, options)
+    out, last = selective_scan(**args, delta_softplus=softplus, return_last_state=True, backend='torch')
+    ref_out, ref_last = sequential_reference(**args, delta_softplus=softplus)
+    torch.testing.assert_close(out, ref_out.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(last, ref_last.float(), rtol=1e-5, atol=1e-5)
+    w_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    w_last = torch.randn(last.shape, generator=torch.Generator().manual_seed(6))
+    ours = torch.autograd.grad((out * w_out).sum() + (last * w_last).sum(), list(args.values()))
+    refs = torch.autograd.grad((ref_out * w_out.double()).sum() + (ref_last * w_last.double()).sum(),
+                               list(args.values()))
+    for name, g, r in zip(args, ours, refs):
+        torch.testing.assert_close(g, r.float(), rtol=1e-4, atol=1e-4, msg=f'gradient of {name}')
+
+
+@pytest.mark.parametrize('length', [1, 2, 16, 17, 50])
+def test_chunk_and_channel_block_boundaries(monkeypatch, length):
+    """Tiny blocks split channels inside a B/C group; lengths hit exact and padded chunking."""
+    monkeypatch.setattr(scan_torch, 'BLOCK_ELEMENTS', 40)
+    args, _ = make_inputs('grouped', length, 'D+bias', dim=8, groups=2)
+    out = selective_scan(**args, backend='torch')
+    ref, _ = sequential_reference(**args)
+    torch.testing.assert_close(out, ref.float(), rtol=1e-5, atol=1e-5)
+    ours = torch.autograd.grad(out.sum(), [args['u'], args['B'], args['A']])
+    refs = torch.autograd.grad(ref.sum(), [args['u'], args['B'], args['A']])
+    for g, r in zip(ours, refs):
+        torch.testing.assert_close(g, r.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_chunk_length_balances_the_two_loops():
+    assert [chunk_length(n) for n in (1, 2, 4, 5, 2304)] == [1, 2, 2, 3, 48]
+    with pytest.raises(ValueError, match='sequence length'):
+        chunk_length(0)
+
+
+def test_strong_decay_stays_finite_and_exact():
+    """delta*A down to about -150 per step: exp(-cumsum) would overflow float32; we never form it."""
+    args, _ = make_inputs('grouped', 64, 'D', delta_scale=50.0)
+    out, last = selective_scan(**args, return_last_state=True, backend='torch')
+    ref, ref_last = sequential_reference(**args)
+    assert torch.isfinite(out).all() and torch.isfinite(last).all()
+    torch.testing.assert_close(out, ref.float(), rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(out.sum(), [args['delta'], args['A']])
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_low_precision_input_keeps_its_dtype():
+    args, softplus = make_inputs('grouped', 20, 'D+bias+softplus')
+    half = {k: (v.detach().bfloat16() if k in ('u', 'delta') else v.detach()) for k, v in args.items()}
+    out = selective_scan(**half, delta_softplus=softplus, backend='torch')
+    ref, _ = sequential_reference(**half, delta_softplus=softplus)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.fixture
+def no_mamba(monkeypatch):
+    """Make ``import mamba_ssm`` fail and forget any cached kernel."""
+    monkeypatch.setitem(sys.modules, 'mamba_ssm', None)
+    monkeypatch.setattr(scan_module, '_cuda_fn', None)
+    monkeypatch.setattr(scan_module, '_cuda_error', None)
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+
+
+def test_forcing_cuda_without_mamba_ssm_names_the_package(no_mamba, monkeypatch):
+    args, _ = make_inputs('const', 5, '')
+    with pytest.raises(ImportError, match='mamba-ssm'):
+        selective_scan(**args, backend='cuda')
+    monkeypatch.setenv(BACKEND_ENV, 'cuda')
+    with pytest.raises(ImportError, match='mamba-ssm'):
+        selective_scan(**args)
+    assert selective_scan(**args, backend='torch').shape == (2, 6, 5)  # the argument wins
+
+
+def test_auto_falls_back_to_torch_and_bad_names_are_rejected(no_mamba, monkeypatch):
+    assert select_kernel(None, torch.device('cpu')) == 'torch'
+    assert select_kernel('auto', torch.device('cuda')) == 'torch'  # mamba-ssm missing
+    monkeypatch.setenv(BACKEND_ENV, 'gpu')
+    with pytest.raises(ValueError, match=BACKEND_ENV):
+        select_kernel(None, torch.device('cpu'))
+    with pytest.raises(ValueError, match='scan_backend'):
+        select_kernel('fast', torch.device('cpu'))
+
+
+def test_available_kernel_is_used_on_cuda_tensors_only(no_mamba, monkeypatch):
+    calls = []
+    monkeypatch.setattr(scan_module, '_cuda_fn', lambda *a: calls.append(a) or 'cuda-result')
+    assert select_kernel('auto', torch.device('cuda')) == 'cuda'
+    assert select_kernel('auto', torch.device('cpu')) == 'torch'
+    with pytest.raises(ValueError, match='CUDA tensors'):
+        select_kernel('cuda', torch.device('cpu'))
+    args, _ = make_inputs('const', 5, '')
+    assert selective_scan(**args).shape == (2, 6, 5) and not calls  # CPU tensors: torch path
+
+
+def test_mambair_forced_cuda_backend_fails_clearly_on_cpu(no_mamba):
+    net = archs.MambaIR(upscale=2, img_size=8, embed_dim=30, depths=[1], d_state=2, mlp_ratio=1,
+                        upsampler='pixelshuffle', scan_backend='cuda')
+    with pytest.raises(ImportError, match='mamba-ssm'):
+        net(torch.rand(1, 3, 4, 4))
+
+
+@pytest.mark.parametrize('change, message', [
+    (dict(delta=torch.zeros(2, 6, 4)), 'u and delta'),
+    (dict(A=torch.zeros(5, 3)), 'A must be'),
+    (dict(B=torch.zeros(2, 4, 3, 5)), 'B must be'),
+    (dict(C=torch.zeros(6, 2)), 'C must be'),
+    (dict(D=torch.zeros(5)), 'D must'),
+    (dict(z=torch.zeros(2, 6, 4)), 'z must'),
+    (dict(delta_bias=torch.zeros(6, 1)), 'delta_bias must'),
+])
+def test_bad_shapes_name_the_argument(change, message):
+    args, _ = make_inputs('const', 5, '')
+    args = {k: v.detach() for k, v in args.items()}
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        selective_scan(**args, backend='torch')
