@@ -27,7 +27,7 @@ from basicsr.models import build_model
 from basicsr.train import init_tb_loggers
 from basicsr.utils import AvgTimer, MessageLogger, check_resume, get_env_info, get_root_logger, get_time_str
 from basicsr.utils.options import copy_opt_file, dict2str, parse_options
-from basicsr.utils.registry import DATASET_REGISTRY
+from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY, MODEL_REGISTRY
 
 from basicsr_ldt.checkpoint import load_safe
 from basicsr_ldt.errors import InputError
@@ -103,6 +103,16 @@ def build_datasets(opt: Dict) -> Tuple[Dataset, List[Tuple[Dict, Dataset]]]:
     return train_set, val_sets
 
 
+def _build_model(opt: Dict):
+    """BasicSR's ``build_model`` with unknown registry names reported as bad input."""
+    for key, registry in (('model_type', MODEL_REGISTRY), ('network_g', ARCH_REGISTRY)):
+        name = opt.get(key) if key == 'model_type' else (opt.get(key) or {}).get('type')
+        if name not in registry:
+            raise InputError(f"{key}{'' if key == 'model_type' else '.type'} '{name}' is not registered "
+                             f"(known: {', '.join(sorted(k for k, _ in registry))})")
+    return build_model(opt)
+
+
 def train_pipeline(root_path: str) -> None:
     """Run training as ``python Train_pip.py -opt X.yml [--auto_resume] [--launcher ...]``."""
     opt, args = parse_options(root_path, is_train=True)
@@ -122,7 +132,7 @@ def train_pipeline(root_path: str) -> None:
         logger = get_root_logger(logger_name='basicsr', log_level=logging.INFO, log_file=log_file)
         logger.info(get_env_info())
         logger.info(dict2str(opt))
-        model = build_model(opt)
+        model = _build_model(opt)
         if resume_state is not None:
             model.resume_training(resume_state)
     except InputError as err:

@@ -1,0 +1,202 @@
+"""LDT as one small algorithm object (DomainBed style): ``update`` shows the whole method.
+
+Phases are driven by the (1-based) iteration: head warm-up -> gradient profiling -> training
+(dual = cross-frozen pair with EMA exchange, single = plain fine-tuning for FT / LP-FT). The
+caller supplies the loss of one batch as a closure over the network, so the same object drives
+an SR model, a classifier or anything else with a scalar loss.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from basicsr_ldt.ldt.config import LDTConfig
+from basicsr_ldt.ldt.freezing import clear_routing, set_trainable
+from basicsr_ldt.ldt.pair import BatchLoss, CrossFrozenPair, OptimizerFactory, optimizer_step
+from basicsr_ldt.ldt.partition import Partition, build_partition, select
+from basicsr_ldt.ldt.statistics import GradientStatistics, all_reduce_statistics, random_statistic
+
+PHASES = ('warmup', 'profile', 'train')
+STATE_FORMAT = 1
+
+
+class LDT:
+    """Layer-Decomposition Training driven one iteration at a time.
+
+    ``network`` becomes the primary branch in place (its ``requires_grad`` flags change with
+    the phase). ``optimizer_factory(params, role)`` is called whenever a phase starts (also
+    inside :meth:`load_state_dict`), with role ``warmup``, ``finetune``, ``primary`` or
+    ``auxiliary``.
+    """
+
+    def __init__(self, network: nn.Module, config: LDTConfig, optimizer_factory: OptimizerFactory) -> None:
+        self.config = config
+        self.primary = network
+        self.optimizer_factory = optimizer_factory
+        self.names: List[str] = [n for n, _ in network.named_parameters()]
+        self.statistics: Optional[GradientStatistics] = None
+        self.partition: Optional[Partition] = None
+        self.pair: Optional[CrossFrozenPair] = None
+        self.optimizers: Dict[str, torch.optim.Optimizer] = {}
+        self.current_phase: Optional[str] = None
+        self.last_iteration = 0
+        self.dual_steps = 0
+
+    # -- the algorithm -------------------------------------------------------------------------
+    def phase(self, iteration: int) -> str:
+        """'warmup' for 1..head_warmup_iters, then 'profile' for profile_iters, then 'train'."""
+        if iteration <= self.config.head_warmup_iters:
+            return 'warmup'
+        if iteration <= self.config.head_warmup_iters + self.config.profile_iters:
+            return 'profile'
+        return 'train'
+
+    def enter(self, iteration: int) -> str:
+        """Start the phase of ``iteration`` without training (idempotent).
+
+        Lets a caller see the new optimizers (to attach schedulers) and, on entering 'train',
+        the partition, before the first step of the phase; :meth:`update` calls it too.
+        """
+        phase = self.phase(iteration)
+        self._enter(phase)
+        return phase
+
+    def update(self, batch_loss: BatchLoss, iteration: int) -> Dict[str, float]:
+        """One training iteration; returns the losses to log (none while profiling)."""
+        if iteration <= self.last_iteration:
+            raise ValueError(f'LDT.update: iteration {iteration} does not follow {self.last_iteration}')
+        phase = self.enter(iteration)
+        self.last_iteration = iteration
+        if phase == 'warmup':                                   # Alg. 1 lines 1-6: head only
+            return {'l_warmup': optimizer_step(self.primary, self.optimizers['warmup'], batch_loss)}
+        if phase == 'profile':                                  # Alg. 1 line 8: no step
+            self.primary.zero_grad(set_to_none=True)
+            batch_loss(self.primary).backward()
+            self.statistics.accumulate_module(self.primary)
+            self.primary.zero_grad(set_to_none=True)
+            return {}
+        if self.pair is None:                                   # FT / LP-FT
+            return {'l_finetune': optimizer_step(self.primary, self.optimizers['finetune'], batch_loss)}
+        l_primary = self.pair.step('primary', batch_loss)       # eq. 4, 6, 7: P's stable layers
+        l_auxiliary = self.pair.step('auxiliary', batch_loss)   # eq. 5, 6, 7: A's unstable layers
+        self.dual_steps += 1
+        if self.dual_steps % self.config.ema_every == 0:
+            self.pair.exchange()                                # eq. 8 / 11 (DPU coefficients)
+        return {'l_primary': l_primary, 'l_auxiliary': l_auxiliary}
+
+    # -- results -------------------------------------------------------------------------------
+    @property
+    def auxiliary(self) -> Optional[nn.Module]:
+        return None if self.pair is None else self.pair.auxiliary
+
+    def composite_state_dict(self) -> Dict[str, torch.Tensor]:
+        """Eq. 12 in dual training; the (single) primary network otherwise."""
+        if self.pair is None:
+            return self.primary.state_dict()
+        return self.pair.composite_state_dict()
+
+    def composite(self) -> nn.Module:
+        """A standalone copy of the network holding the composite weights (for validation/saving)."""
+        network = copy.deepcopy(self.primary)
+        clear_routing(network)
+        network.load_state_dict(self.composite_state_dict())
+        network.requires_grad_(True)
+        return network
+
+    # -- phases --------------------------------------------------------------------------------
+    def _enter(self, phase: str, saved_partition: Optional[Partition] = None) -> None:
+        if phase == self.current_phase:
+            return
+        start = -1 if self.current_phase is None else PHASES.index(self.current_phase)
+        target = PHASES.index(phase)
+        if target < start:
+            raise ValueError(f'LDT: cannot go back from phase {self.current_phase} to {phase}')
+        skipped = [p for p in PHASES[start + 1:target] if self._length(p) > 0]
+        if skipped and self.current_phase is not None:
+            raise ValueError(f'LDT: phase(s) {skipped} would be skipped; load the saved LDT state '
+                             'when resuming')
+        if skipped and saved_partition is None and 'profile' in skipped:
+            raise ValueError('LDT: training would start without the profiling phase; resume with '
+                             'LDT.load_state_dict or start at iteration 1')
+        self.optimizers = {}
+        self.pair = None
+        if phase == 'warmup':
+            head = select(self.names, self.config.head_patterns)
+            if not head:
+                raise ValueError(f'head_patterns {list(self.config.head_patterns)} match no '
+                                 f'parameter of the network (first names: {self.names[:4]})')
+            set_trainable(self.primary, set(head))
+            self.optimizers['warmup'] = self.optimizer_factory(
+                [p for n, p in self.primary.named_parameters() if n in set(head)], 'warmup')
+        elif phase == 'profile':
+            set_trainable(self.primary, set(self.names))
+            device = next(self.primary.parameters()).device
+            self.statistics = GradientStatistics(self.names, device=device)
+        elif self.config.mode == 'single':
+            set_trainable(self.primary, set(self.names))
+            self.optimizers['finetune'] = self.optimizer_factory(list(self.primary.parameters()), 'finetune')
+        else:
+            self.partition = saved_partition or self._make_partition()
+            self.statistics = None
+            self.pair = CrossFrozenPair(self.primary, self.partition, self.optimizer_factory,
+                                        self.config.buffers_from)
+            self.optimizers = dict(self.pair.optimizers)
+        self.current_phase = phase
+
+    def _length(self, phase: str) -> int:
+        return {'warmup': self.config.head_warmup_iters, 'profile': self.config.profile_iters}.get(phase, 0)
+
+    def _make_partition(self) -> Partition:
+        cfg = self.config
+        if cfg.partition_file is not None:
+            return Partition.load(cfg.partition_file, self.names)
+        values = None
+        if self.statistics is not None and self.statistics.samples:
+            values = all_reduce_statistics(self.statistics).criterion(cfg.criterion, cfg.seed)
+        elif cfg.criterion == 'random':
+            values = random_statistic(len(self.names), cfg.seed)
+        return build_partition(
+            self.names, values, partition=cfg.partition, ratio_u=cfg.ratio_u,
+            head_patterns=cfg.head_patterns, force_stable=cfg.force_stable,
+            force_unstable=cfg.force_unstable, dpu=cfg.dpu, w_base_stable=cfg.w_base_stable,
+            r_base_stable=cfg.r_base_stable, w_base_unstable=cfg.w_base_unstable,
+            r_base_unstable=cfg.r_base_unstable, w_fixed=cfg.w_fixed, criterion=cfg.criterion)
+
+    # -- resume --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to continue bit-exactly in any phase (weights_only-loadable)."""
+        return {
+            'format': STATE_FORMAT, 'config': self.config.to_dict(), 'phase': self.current_phase,
+            'last_iteration': self.last_iteration, 'dual_steps': self.dual_steps,
+            'primary': self.primary.state_dict(),
+            'auxiliary': None if self.pair is None else self.pair.auxiliary.state_dict(),
+            'statistics': None if self.statistics is None else self.statistics.state_dict(),
+            'partition': None if self.partition is None else self.partition.to_dict(),
+            'optimizers': {k: o.state_dict() for k, o in self.optimizers.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get('format') != STATE_FORMAT:
+            raise ValueError(f"LDT state has format {state.get('format')!r}, expected {STATE_FORMAT}")
+        ours = self.config.to_dict()
+        changed = sorted(k for k in set(ours) | set(state['config']) if ours.get(k) != state['config'].get(k))
+        if changed:
+            raise ValueError(f'LDT state was saved with different options: {changed} '
+                             f"(saved {[state['config'].get(k) for k in changed]}, now {[ours.get(k) for k in changed]})")
+        self.primary.load_state_dict(state['primary'])
+        self.current_phase, self.pair, self.optimizers = None, None, {}
+        self.partition = None if state['partition'] is None else Partition.from_dict(state['partition'])
+        if state['phase'] is not None:
+            self._enter(state['phase'], saved_partition=self.partition)
+        if state['statistics'] is not None:
+            self.statistics = GradientStatistics(self.names, device=next(self.primary.parameters()).device)
+            self.statistics.load_state_dict(state['statistics'])
+        if self.pair is not None:
+            self.pair.auxiliary.load_state_dict(state['auxiliary'])
+        for key, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state['optimizers'][key])
+        self.last_iteration = int(state['last_iteration'])
+        self.dual_steps = int(state['dual_steps'])

@@ -1,0 +1,164 @@
+"""Streaming per-layer gradient statistics (Algorithm 1, lines 8-11) in O(layers) memory.
+
+The official code keeps every profiled gradient and stacks them (N x model size of RAM). The
+criteria only need, per layer, the count, sum, sum of squares and sum of magnitudes of all
+gradient entries over all samples (one sample = one batch's gradient, as in the official code),
+so that is all we keep.
+
+Numerical stability: sums are float64 and *shifted* by a per-layer constant (the first
+sample's mean gradient of that layer), the classic shifted-data variance algorithm: the
+cancellation in ``sumsq - sum^2/n`` then depends on the spread around the shift, not on how far
+the gradients sit from zero.
+
+Distribution: the state is plain tensors, so an all-reduce (SUM) of ``count``, ``sum``,
+``sumsq``, ``abs_sum`` over ranks with a common ``shift`` yields the statistics of the union of
+all ranks' samples; :func:`all_reduce_statistics` first moves every rank to rank 0's shift.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from basicsr_ldt.ldt.config import CRITERIA
+
+_SUM_KEYS = ('count', 'sum', 'sumsq', 'abs_sum')
+
+
+class GradientStatistics:
+    """Running per-layer moments of gradient entries; see the module docstring for why."""
+
+    def __init__(self, names: Sequence[str], device: torch.device | str = 'cpu') -> None:
+        self.names: List[str] = list(names)
+        self._index = {n: i for i, n in enumerate(self.names)}
+        if len(self._index) != len(self.names):
+            raise ValueError('GradientStatistics: layer names must be unique')
+        zeros = lambda: torch.zeros(len(self.names), dtype=torch.float64, device=device)  # noqa: E731
+        self.count = zeros()
+        self.shift = zeros()
+        self.sum = zeros()       # sum of (g - shift)
+        self.sumsq = zeros()     # sum of (g - shift)^2
+        self.abs_sum = zeros()   # sum of |g|
+        self.samples = 0
+        self.shift_set = False
+
+    @torch.no_grad()
+    def accumulate(self, named_grads: Iterable[Tuple[str, Optional[torch.Tensor]]]) -> None:
+        """Add one sample: the gradient of every layer after one backward.
+
+        A layer missing from ``named_grads`` or with grad ``None`` contributes zeros: it really
+        had zero gradient, and it keeps every layer's count equal to samples x numel.
+        """
+        grads: Dict[str, Optional[torch.Tensor]] = dict(named_grads)
+        first = not self.shift_set
+        for name, i in self._index.items():
+            g = grads.get(name)
+            if g is None:
+                raise KeyError(f"GradientStatistics: no tensor given for layer '{name}'")
+            g = g.detach().reshape(-1).to(device=self.count.device, dtype=torch.float64)
+            if first:
+                self.shift[i] = g.mean() if g.numel() else 0.0
+            centered = g - self.shift[i]
+            self.count[i] += g.numel()
+            self.sum[i] += centered.sum()
+            self.sumsq[i] += torch.dot(centered, centered)
+            self.abs_sum[i] += g.abs().sum()
+        self.shift_set = True
+        self.samples += 1
+
+    def accumulate_module(self, module: torch.nn.Module) -> None:
+        """Add one sample from ``module``'s ``.grad`` fields (``None`` counts as zeros)."""
+        self.accumulate((n, p.grad if p.grad is not None else torch.zeros_like(p))
+                        for n, p in module.named_parameters() if n in self._index)
+
+    def merge_(self, other: 'GradientStatistics') -> 'GradientStatistics':
+        """Fold another accumulator (e.g. another rank's) into this one, exactly."""
+        if other.names != self.names:
+            raise ValueError('GradientStatistics.merge_: layer names differ')
+        if not other.shift_set:
+            return self
+        if not self.shift_set:
+            self.load_state_dict(other.state_dict())
+            return self
+        count, s, sq = _reshift(other.count, other.sum, other.sumsq, other.shift, self.shift)
+        self.count += count
+        self.sum += s
+        self.sumsq += sq
+        self.abs_sum += other.abs_sum
+        self.samples += other.samples
+        return self
+
+    # -- statistics ----------------------------------------------------------------------------
+    def variance(self) -> torch.Tensor:
+        """Unbiased variance of all entries of the stacked [N, *shape] gradients (= torch.var)."""
+        n = self.count
+        return (self.sumsq - self.sum * self.sum / n).clamp_min(0.0) / (n - 1)
+
+    def mean_magnitude(self) -> torch.Tensor:
+        """Mean |gradient entry|: the paper's "mean gradient magnitude" criterion."""
+        return self.abs_sum / self.count
+
+    def criterion(self, name: str, seed: int = 0) -> List[float]:
+        """Per-layer values of a partition criterion, in layer order (higher = less stable)."""
+        if name not in CRITERIA:
+            raise ValueError(f"unknown criterion '{name}', expected one of {CRITERIA}")
+        if name == 'random':
+            return random_statistic(len(self.names), seed)
+        if self.samples < 2:
+            raise ValueError(f"criterion '{name}' needs at least 2 profiled samples, have {self.samples}")
+        if name == 'var':
+            values = self.variance()
+        elif name == 'mean':
+            values = self.mean_magnitude()
+        else:
+            mean = self.mean_magnitude()
+            values = torch.where(mean > 0, self.variance() / mean.clamp_min(1e-300), torch.zeros_like(mean))
+        return values.tolist()
+
+    # -- persistence ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {'names': list(self.names), 'samples': self.samples, 'shift_set': self.shift_set,
+                'shift': self.shift.clone(), **{k: getattr(self, k).clone() for k in _SUM_KEYS}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if list(state['names']) != self.names:
+            raise ValueError('GradientStatistics.load_state_dict: layer names differ from the model')
+        for key in ('shift',) + _SUM_KEYS:
+            getattr(self, key).copy_(state[key])
+        self.samples = int(state['samples'])
+        self.shift_set = bool(state['shift_set'])
+
+
+def random_statistic(n_layers: int, seed: int) -> List[float]:
+    """The ``random`` criterion: seeded uniform values, independent of global RNG state."""
+    generator = torch.Generator().manual_seed(int(seed))
+    return torch.rand(n_layers, generator=generator, dtype=torch.float64).tolist()
+
+
+def _reshift(count: torch.Tensor, s: torch.Tensor, sq: torch.Tensor, old: torch.Tensor,
+             new: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Express shifted sums around ``old`` as sums around ``new`` (exact algebra)."""
+    d = old - new
+    return count.clone(), s + count * d, sq + 2.0 * d * s + count * d * d
+
+
+def all_reduce_statistics(stats: GradientStatistics) -> GradientStatistics:
+    """Make every rank hold the statistics of all ranks' samples (no-op without a process group)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return stats
+    flags = torch.tensor([float(stats.shift_set)], dtype=torch.float64, device=stats.count.device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+    if flags.item() == 0:
+        raise RuntimeError('all_reduce_statistics: some rank profiled no sample')
+    common = stats.shift.clone()
+    dist.broadcast(common, src=0)
+    _, stats.sum, stats.sumsq = _reshift(stats.count, stats.sum, stats.sumsq, stats.shift, common)
+    stats.shift = common
+    packed = torch.stack([getattr(stats, k) for k in _SUM_KEYS]
+                         + [torch.full_like(stats.count, float(stats.samples))])
+    dist.all_reduce(packed)
+    for i, key in enumerate(_SUM_KEYS):
+        setattr(stats, key, packed[i].clone())
+    stats.samples = int(round(packed[len(_SUM_KEYS), 0].item()))
+    return stats

@@ -1,0 +1,244 @@
+"""LDTSRModel: BasicSR's SRModel trained by Layer-Decomposition Training.
+
+A thin adapter: the method lives in ``basicsr_ldt.ldt`` (plain PyTorch). This file turns BasicSR's
+options into an ``LDTConfig``, gives LDT an optimizer factory that attaches BasicSR's LR schedulers,
+feeds it the loss of each batch, and makes everything BasicSR does with ``net_g`` (validation,
+``net_g_*.pth``) use the composite network of eq. 12. Head warm-up and variance profiling read
+disjoint halves of the source data (D_S1, D_S2) through their own loaders.
+"""
+import os
+from collections import OrderedDict
+from typing import Dict, List, Optional
+
+import torch
+from torch.utils.data import DataLoader
+
+from basicsr.losses import build_loss
+from basicsr.models import lr_scheduler
+from basicsr.models.sr_model import SRModel
+from basicsr.utils import get_root_logger
+from basicsr.utils.dist_util import get_dist_info
+from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
+
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.ldt import LDT, LDTConfig, Partition, preset
+from basicsr_ldt.models.partition_report import write_partition_report
+from basicsr_ldt.models.resumable import ResumableMixin
+
+#: Keys of the ``ldt:`` section handled here rather than by ``LDTConfig``.
+ADAPTER_KEYS = ('method',)
+
+
+def ldt_config_from_options(opt: Dict) -> LDTConfig:
+    """``LDTConfig`` from the ``ldt:`` section: ``method`` picks a preset, other keys override it."""
+    section = dict(opt.get('ldt') or {})
+    method = section.pop('method', 'ldt')
+    try:
+        config = preset(method, **section)
+    except (TypeError, ValueError) as err:
+        raise InputError(f'ldt: {err}') from None
+    total = int(opt['train']['total_iter'])
+    if config.head_warmup_iters + config.profile_iters >= total:
+        raise InputError(f'ldt: head_warmup_iters ({config.head_warmup_iters}) + profile_iters ({config.profile_iters}) '
+                         f'must be smaller than train.total_iter ({total}), or no training would remain')
+    return config
+
+
+class PhaseBatches:
+    """Batches for warm-up (D_S1) or profiling (D_S2) from a disjoint part of the training data.
+
+    Position ``k`` of a phase is a pure function of ``k`` (epoch = k // batches per epoch,
+    skipped batches = the remainder), so a resumed run reads the same batches.
+    """
+
+    def __init__(self, dataset_opt: Dict, part: int, parts: int, seed: int, device: torch.device) -> None:
+        from basicsr_ldt.train import ResumableSampler
+        options = dict(dataset_opt)
+        if parts > 1:
+            options['subset'] = {'parts': parts, 'index': part, 'seed': seed}
+        dataset_cls = DATASET_REGISTRY.get(options['type'])
+        if parts > 1 and not getattr(dataset_cls, 'supports_subset', False):
+            raise InputError(f"ldt: head warm-up and profiling need disjoint parts of the training data; dataset "
+                             f"type '{options['type']}' cannot split itself (use DRealSRCameraDataset)")
+        self.dataset = dataset_cls(options)
+        rank, world = get_dist_info()
+        self.sampler = ResumableSampler(self.dataset, world, rank, 1, seed=seed)
+        self.batch_size = int(options['batch_size_per_gpu'])
+        self.per_epoch = len(self.sampler) // self.batch_size
+        if self.per_epoch == 0:
+            raise InputError(f"ldt: part {part + 1}/{parts} of '{options.get('name')}' has {len(self.dataset)} "
+                             f'images, fewer than one batch of {self.batch_size}')
+        self.workers = int(options.get('num_worker_per_gpu', 0))
+        self.device = device
+        self._iterator, self._position = None, None
+
+    def batch(self, position: int) -> Dict[str, torch.Tensor]:
+        """The ``position``-th batch (0-based) of this phase."""
+        if self._iterator is None or self._position != position:
+            self.sampler.set_epoch(position // self.per_epoch)
+            self.sampler.skip = (position % self.per_epoch) * self.batch_size
+            loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=self.sampler,
+                                num_workers=self.workers, drop_last=True)
+            self._iterator, self._position = iter(loader), position
+        try:
+            data = next(self._iterator)
+        except StopIteration:
+            self._iterator = None
+            return self.batch(position)
+        self._position = position + 1
+        if self._position % self.per_epoch == 0:
+            self._iterator = None
+        return {'lq': data['lq'].to(self.device), 'gt': data['gt'].to(self.device)}
+
+
+@MODEL_REGISTRY.register()
+class LDTSRModel(ResumableMixin, SRModel):
+    """SR model trained with LDT; ``net_g`` checkpoints hold the composite network (eq. 12)."""
+
+    def model_to_device(self, net):
+        # The branches synchronise gradients themselves (``average_gradients``): a DDP wrapper
+        # cannot be deep-copied into the auxiliary branch.
+        return net.to(self.device)
+
+    def init_training_settings(self) -> None:
+        train_opt = self.opt['train']
+        if train_opt.get('ema_decay', 0):
+            raise InputError('train.ema_decay: LDTSRModel keeps its own EMA between branches; remove ema_decay')
+        self.net_g.train()
+        self.ema_decay = 0
+        self.cri_pix = build_loss(dict(train_opt['pixel_opt'])).to(self.device) if train_opt.get('pixel_opt') else None
+        if self.cri_pix is None:
+            raise InputError('train.pixel_opt is required for LDTSRModel (the paper uses L1Loss)')
+        self.config = ldt_config_from_options(self.opt)
+        self._lr_iter = 0
+        self._schedulers: Dict[int, object] = {}
+        self._phase: Optional[str] = None
+        self.ldt = LDT(self.get_bare_model(self.net_g), self.config, self._make_optimizer)
+        seed, parts = self.opt.get('manual_seed', 0), 2 if self.config.head_warmup_iters else 1
+        train_data = self.opt['datasets']['train']
+        self._phase_data = {
+            'warmup': PhaseBatches(train_data, 0, parts, seed, self.device) if self.config.head_warmup_iters else None,
+            'profile': PhaseBatches(train_data, parts - 1, parts, seed, self.device) if self.config.profile_iters
+            else None}
+        self.log_dict = OrderedDict()
+
+    # ------------------------------------------------------------------ optimizers/schedulers
+    def _make_optimizer(self, params: List[torch.nn.Parameter], role: str) -> torch.optim.Optimizer:
+        options = dict(self.opt['train']['optim_g'])
+        optimizer = self.get_optimizer(options.pop('type'), params, **options)
+        sched_opt = dict(self.opt['train']['scheduler'])
+        kind = sched_opt.pop('type')
+        if kind in ('MultiStepLR', 'MultiStepRestartLR'):
+            scheduler = lr_scheduler.MultiStepRestartLR(optimizer, **sched_opt)
+        elif kind == 'CosineAnnealingRestartLR':
+            scheduler = lr_scheduler.CosineAnnealingRestartLR(optimizer, **sched_opt)
+        else:
+            raise InputError(f"train.scheduler.type '{kind}' is not one of MultiStepLR, CosineAnnealingRestartLR")
+        # A branch created at iteration k follows the global schedule: BasicSR has stepped every
+        # scheduler k-1 times by the end of update_learning_rate(k), which steps once more.
+        for _ in range(max(0, self._lr_iter - 2)):
+            scheduler.step()
+        self._schedulers[id(optimizer)] = scheduler
+        return optimizer
+
+    def _sync_optimizer_lists(self) -> None:
+        self.optimizers = list(self.ldt.optimizers.values())
+        self.schedulers = [self._schedulers[id(o)] for o in self.optimizers]
+
+    def setup_optimizers(self) -> None:  # optimizers are created per phase by LDT
+        self.optimizers = []
+
+    def setup_schedulers(self) -> None:
+        self.schedulers = []
+
+    def update_learning_rate(self, current_iter: int, warmup_iter: int = -1) -> None:
+        self._lr_iter = current_iter
+        self._enter_phase(current_iter)
+        super().update_learning_rate(current_iter, warmup_iter)
+
+    def get_current_learning_rate(self) -> List[float]:
+        return [g['lr'] for g in self.optimizers[0].param_groups] if self.optimizers else [0.0]
+
+    # ------------------------------------------------------------------ training
+    def _enter_phase(self, current_iter: int) -> None:
+        phase = self.ldt.phase(current_iter)
+        if phase == self._phase:
+            return
+        self.ldt.enter(current_iter)
+        self._sync_optimizer_lists()
+        logger = get_root_logger()
+        descriptions = {'warmup': f'head warm-up on D_S1 ({self.config.head_warmup_iters} iterations)',
+                        'profile': f'gradient profiling on D_S2 ({self.config.profile_iters} batches, '
+                                   f"criterion '{self.config.criterion}')",
+                        'train': 'dual training (cross-frozen primary/auxiliary)' if self.config.mode == 'dual'
+                        else 'fine-tuning'}
+        logger.info(f'LDT phase: {descriptions[phase]} from iteration {current_iter}')
+        if phase == 'train' and self.ldt.partition is not None:
+            self._report_partition(self.ldt.partition)
+        self._phase = phase
+
+    def _report_partition(self, partition: Partition) -> None:
+        logger = get_root_logger()
+        ranked = sorted((r for r in partition.layers if r.statistic is not None), key=lambda r: -r.statistic)
+        top = ', '.join(f'{r.name} ({r.statistic:.3g})' for r in ranked[:3]) or 'by name'
+        logger.info(f'LDT partition ({partition.criterion}): {len(partition.stable)} stable, '
+                    f'{len(partition.unstable)} unstable layers; highest statistic: {top}')
+        if self.opt['rank'] == 0 and self.is_train and 'experiments_root' in self.opt['path']:
+            write_partition_report(partition, self.opt['path']['experiments_root'])
+
+    def optimize_parameters(self, current_iter: int) -> None:
+        self._enter_phase(current_iter)
+        phase = self._phase
+        data = self._phase_data.get(phase)
+        if data is not None:
+            start = 0 if phase == 'warmup' else self.config.head_warmup_iters
+            batch = data.batch(current_iter - 1 - start)
+            lq, gt = batch['lq'], batch['gt']
+        else:
+            lq, gt = self.lq, self.gt
+        losses = self.ldt.update(lambda network: self.cri_pix(network(lq), gt), current_iter)
+        self._check_finite(losses, current_iter)
+        self.log_dict = self.reduce_loss_dict(OrderedDict((k, torch.tensor(v)) for k, v in losses.items()))
+
+    def _check_finite(self, losses: Dict[str, float], current_iter: int) -> None:
+        for name, value in losses.items():
+            if not torch.isfinite(torch.tensor(value)):
+                branch = name[2:] if name.startswith('l_') else name
+                raise FloatingPointError(f'non-finite loss {value} at iteration {current_iter} in the {branch} '
+                                         'branch; the last saved checkpoint is intact')
+
+    # ------------------------------------------------------------------ composite network
+    def composite_network(self) -> torch.nn.Module:
+        """The network validation and ``net_g_*.pth`` use: eq. 12 while dual training."""
+        return self.ldt.composite().to(self.device).eval()
+
+    def validation(self, dataloader, current_iter, tb_logger, save_img=False):
+        # One composite per validation run, not one per image.
+        self._composite = self.composite_network()
+        try:
+            super().validation(dataloader, current_iter, tb_logger, save_img)
+        finally:
+            self._composite = None
+
+    def test(self) -> None:
+        network = getattr(self, '_composite', None) or self.composite_network()
+        with torch.no_grad():
+            self.output = network(self.lq)
+
+    def save(self, epoch: int, current_iter: int) -> None:
+        self.save_network(self.composite_network(), 'net_g', current_iter)
+        self.save_training_state(epoch, current_iter)
+
+    # ------------------------------------------------------------------ resume
+    def extra_training_state(self) -> Dict:
+        return {'ldt': self.ldt.state_dict()}
+
+    def load_extra_training_state(self, state: Dict) -> None:
+        if 'ldt' not in state:
+            raise InputError('the training state holds no LDT state: it was not written by LDTSRModel')
+        try:
+            self.ldt.load_state_dict(state['ldt'])
+        except ValueError as err:
+            raise InputError(f'cannot resume LDT: {err}') from None
+        self._phase = self.ldt.current_phase
+        self._sync_optimizer_lists()

@@ -1,0 +1,283 @@
+#!/usr/bin/env python
+"""Cost of an LDT dual step against an ordinary fine-tuning step, and profiling memory vs N.
+
+    python scripts/bench_ldt.py [--arch msrresnet] [--device cpu|cuda] [--iters 5]
+
+Time: FT and dual steps alternate in one process on the same batches (so machine load hits
+both alike), reported as wall time and as process CPU time (steadier on a shared CPU); the dual
+time includes the EMA exchange amortised over ``ema_every`` steps.
+Memory: on CUDA, torch.cuda.max_memory_allocated after a reset, per configuration; on CPU,
+each configuration runs in a fresh subprocess and reports the growth of the resident-set
+high-water mark (/proc VmHWM, reset through /proc/self/clear_refs after imports, batch creation
+and backend warm-up; getrusage ru_maxrss where that is unavailable) over the RSS at that point.
+tracemalloc does not see torch's CPU allocations, so it is not used.
+The partition is a real variance partition (ratio_u 0.5) from a short profiling pass.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import basicsr_ldt  # noqa: E402,F401  (torchvision shim before basicsr)
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from basicsr_ldt.ldt import LDT, GradientStatistics, LDTConfig, optimizer_step  # noqa: E402
+
+
+def build_network(arch: str, scale: int) -> nn.Module:
+    if arch == 'msrresnet':
+        from basicsr.archs.srresnet_arch import MSRResNet
+        return MSRResNet(upscale=scale)
+    if arch == 'edsr':
+        from basicsr.archs.edsr_arch import EDSR
+        return EDSR(num_in_ch=3, num_out_ch=3, upscale=scale, num_block=16)
+    if arch == 'rrdbnet':
+        from basicsr.archs.rrdbnet_arch import RRDBNet
+        return RRDBNet(3, 3, scale=scale, num_block=6)
+    raise ValueError(f"unknown --arch '{arch}' (msrresnet, edsr, rrdbnet)")
+
+
+def batches(args: argparse.Namespace, count: int, patch: int, batch: int, device: str) -> list:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.rand(batch, 3, patch, patch, generator=g).to(device),
+             torch.rand(batch, 3, patch * args.scale, patch * args.scale, generator=g).to(device))
+            for _ in range(count)]
+
+
+def l1(lq: torch.Tensor, gt: torch.Tensor):
+    return lambda net: (net(lq) - gt).abs().mean()
+
+
+def adam(params, role):
+    return torch.optim.Adam(params, lr=1e-4)
+
+
+def rss_bytes() -> int:
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+def reset_rss_peak() -> bool:
+    """Reset the kernel's RSS high-water mark (VmHWM) so import-time peaks do not count."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+        return True
+    except OSError:
+        return False
+
+
+def rss_peak_bytes() -> int:
+    """VmHWM from /proc (resettable); getrusage's ru_maxrss when /proc is unavailable."""
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith('VmHWM:'):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def make_ldt(args, partition_file: str | None, device: str) -> LDT:
+    torch.manual_seed(0)
+    net = build_network(args.arch, args.scale).to(device)
+    cfg = LDTConfig(profile_iters=0, partition_file=partition_file, ema_every=args.ema_every)
+    algo = LDT(net, cfg, adam)
+    return algo
+
+
+def sync(device: str) -> None:
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+
+
+# -- workers (one configuration each; fresh process on CPU) --------------------------------------
+def worker(args: argparse.Namespace) -> dict:
+    device = args.device
+    if args.worker == 'profile':
+        data = batches(args, 2, args.profile_patch, args.profile_batch, device)
+    else:
+        data = batches(args, 2, args.patch, args.batch, device)
+    warm = nn.Conv2d(3, 3, 3).to(device)   # lazy backend init (oneDNN, pools) is not ours
+    warm(data[0][0][:1]).sum().backward()
+    del warm
+    base = rss_bytes()
+    reset_rss_peak()
+    if device.startswith('cuda'):
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    torch.manual_seed(0)
+    if args.worker == 'ft':
+        net = build_network(args.arch, args.scale).to(device)
+        opt = adam(list(net.parameters()), 'finetune')
+        for i in range(args.mem_iters):
+            optimizer_step(net, opt, l1(*data[i % 2]))
+    elif args.worker == 'dual':
+        algo = make_ldt(args, args.partition, device)
+        for i in range(args.mem_iters):
+            algo.update(l1(*data[i % 2]), i + 1)
+        algo.pair.exchange()
+    else:
+        net = build_network(args.arch, args.scale).to(device)
+        stats = GradientStatistics([n for n, _ in net.named_parameters()], device=device)
+        for i in range(args.samples[0]):
+            net.zero_grad(set_to_none=True)
+            l1(*data[i % 2])(net).backward()
+            stats.accumulate_module(net)
+            net.zero_grad(set_to_none=True)
+        stats.variance()
+    sync(device)
+    if device.startswith('cuda'):
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = rss_peak_bytes() - base
+    return {'peak_bytes': peak}
+
+
+def peak_of(args: argparse.Namespace, kind: str, **extra) -> list:
+    """Peak bytes of ``--mem-reps`` fresh runs (CPU RSS varies run to run with the allocator)."""
+    reps = 1 if args.device.startswith('cuda') else args.mem_reps
+    return sorted(run_worker(args, kind, **extra)['peak_bytes'] for _ in range(reps))
+
+
+def mib(values: list) -> str:
+    med = statistics.median(values) / 2**20
+    return f'{med:.1f} MiB' + ('' if len(values) == 1 else
+                               f' [{values[0] / 2**20:.0f}-{values[-1] / 2**20:.0f}]')
+
+
+def run_worker(args: argparse.Namespace, kind: str, **extra) -> dict:
+    if args.device.startswith('cuda'):
+        ns = argparse.Namespace(**{**vars(args), 'worker': kind, **extra})
+        return worker(ns)
+    cmd = [sys.executable, os.path.abspath(__file__), '--worker', kind, '--arch', args.arch,
+           '--device', args.device, '--patch', str(args.patch), '--batch', str(args.batch),
+           '--scale', str(args.scale), '--mem-iters', str(args.mem_iters),
+           '--profile-patch', str(args.profile_patch), '--profile-batch', str(args.profile_batch),
+           '--ema-every', str(args.ema_every)]
+    for key, value in extra.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+# -- main ------------------------------------------------------------------------------------
+def profile_partition(args: argparse.Namespace, path: str) -> LDT:
+    """A short real profiling pass -> variance partition at ratio_u 0.5, saved to ``path``."""
+    torch.manual_seed(0)
+    net = build_network(args.arch, args.scale).to(args.device)
+    cfg = LDTConfig(profile_iters=args.profile_passes, ratio_u=0.5, ema_every=args.ema_every)
+    algo = LDT(net, cfg, adam)
+    data = batches(args, args.profile_passes, args.patch, args.batch, args.device)
+    for i, (lq, gt) in enumerate(data):
+        algo.update(l1(lq, gt), i + 1)
+    algo.enter(args.profile_passes + 1)   # entering 'train' builds the partition and the pair
+    algo.partition.save(path)
+    return algo
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--arch', default='msrresnet')
+    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--patch', type=int, default=48, help='LR patch size')
+    p.add_argument('--batch', type=int, default=4)
+    p.add_argument('--scale', type=int, default=4)
+    p.add_argument('--iters', type=int, default=5, help='timed FT and dual steps each')
+    p.add_argument('--warm', type=int, default=1, help='untimed steps of each first')
+    p.add_argument('--ema-every', type=int, default=10)
+    p.add_argument('--profile-passes', type=int, default=3, help='batches profiled for the partition')
+    p.add_argument('--samples', type=int, nargs='+', default=[10, 200], help='profiling sample counts')
+    p.add_argument('--profile-patch', type=int, default=12, help='LR patch for the profiling-memory runs')
+    p.add_argument('--profile-batch', type=int, default=1)
+    p.add_argument('--mem-iters', type=int, default=2, help='steps per memory run')
+    p.add_argument('--mem-reps', type=int, default=3, help='fresh runs per configuration (CPU)')
+    p.add_argument('--worker', choices=['ft', 'dual', 'profile'], help=argparse.SUPPRESS)
+    p.add_argument('--partition', help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+
+    device = args.device
+    print(f'bench_ldt: arch={args.arch} device={device} LR patch {args.patch} batch {args.batch} '
+          f'x{args.scale}, torch {torch.__version__}, threads {torch.get_num_threads()}')
+    with tempfile.TemporaryDirectory() as tmp:
+        part_path = os.path.join(tmp, 'partition.json')
+        algo = profile_partition(args, part_path)
+        n_u, n = len(algo.partition.unstable), len(algo.partition.names)
+        split = sum(1 for m in algo.primary.modules() if '_conv_forward' in m.__dict__) + \
+            sum(1 for m in algo.auxiliary.modules() if '_conv_forward' in m.__dict__)
+        print(f'partition: {n_u}/{n} layers unstable (variance, ratio_u 0.5, {args.profile_passes} '
+              f'profiled batches); convs with frozen weight + trainable bias (split bias): {split}')
+
+        # time: alternate FT and dual steps on the same batches
+        torch.manual_seed(0)
+        ft_net = build_network(args.arch, args.scale).to(device)
+        ft_opt = adam(list(ft_net.parameters()), 'finetune')
+        data = batches(args, args.warm + args.iters, args.patch, args.batch, device)
+        wall = {'ft': [], 'primary': [], 'auxiliary': []}
+        cpu = {'ft': [], 'primary': [], 'auxiliary': []}
+
+        def timed(key: str, fn, keep: bool) -> None:
+            sync(device); w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            sync(device)
+            if keep:
+                wall[key].append(time.perf_counter() - w0); cpu[key].append(time.process_time() - c0)
+
+        for i, (lq, gt) in enumerate(data):
+            keep = i >= args.warm
+            timed('ft', lambda: optimizer_step(ft_net, ft_opt, l1(lq, gt)), keep)
+            timed('primary', lambda: algo.pair.step('primary', l1(lq, gt)), keep)
+            timed('auxiliary', lambda: algo.pair.step('auxiliary', l1(lq, gt)), keep)
+        ema = []
+        for _ in range(5):
+            sync(device); t0 = time.perf_counter(); algo.pair.exchange(); sync(device)
+            ema.append(time.perf_counter() - t0)
+        ema_per_step = statistics.median(ema) / args.ema_every
+        for label, t in (('wall', wall), ('process CPU', cpu)):
+            dual_list = [p_ + a_ + ema_per_step for p_, a_ in zip(t['primary'], t['auxiliary'])]
+            ratios = [d / f for d, f in zip(dual_list, t['ft'])]
+            print(f'{label} time/iter (median of {args.iters}): FT {statistics.median(t["ft"]) * 1e3:.1f} ms'
+                  f' | dual {statistics.median(dual_list) * 1e3:.1f} ms (primary '
+                  f"{statistics.median(t['primary']) * 1e3:.1f} + auxiliary "
+                  f"{statistics.median(t['auxiliary']) * 1e3:.1f} + EMA {ema_per_step * 1e3:.3f})")
+            # FT and dual of one iteration run back to back: their ratio cancels slow load drift
+            print(f'  step ratio dual/FT = {statistics.median(ratios):.3f} (median of per-iteration '
+                  f'ratios {[round(r, 2) for r in ratios]}; target <= 1.7)')
+        del algo, ft_net, ft_opt
+
+        how = ('torch.cuda.max_memory_allocated' if device.startswith('cuda') else
+               'RSS high-water (VmHWM, reset via clear_refs; else ru_maxrss) growth over the RSS '
+               'before the model is built, fresh subprocess per configuration')
+        m_ft = peak_of(args, 'ft')
+        m_dual = peak_of(args, 'dual', partition=part_path)
+        print(f'peak memory ({how}; median [min-max] of {len(m_ft)} runs): FT {mib(m_ft)} | '
+              f'dual {mib(m_dual)}')
+        print(f'  memory ratio dual/FT = {statistics.median(m_dual) / statistics.median(m_ft):.3f}'
+              '  (target <= 1.15)')
+
+        runs = {n: peak_of(args, 'profile', samples=n) for n in args.samples}
+        peaks = {n: statistics.median(v) for n, v in runs.items()}
+        params = sum(p.numel() * p.element_size() for p in build_network(args.arch, args.scale).parameters())
+        desc = ', '.join(f'N={n}: {mib(v)}' for n, v in runs.items())
+        lo, hi = min(args.samples), max(args.samples)
+        print(f'profiling peak memory (LR patch {args.profile_patch}, batch {args.profile_batch}): {desc}')
+        print(f'  ratio N={hi}/N={lo} = {peaks[hi] / peaks[lo]:.3f}  (flat = 1; keeping the '
+              f'gradients would add {(hi - lo) * params / 2**20:.0f} MiB)')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,149 @@
+"""The LDT algorithm object: phases, exact resume in every phase, baselines as configurations."""
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from basicsr_ldt.ldt import LDT, LDTConfig, preset
+
+TOTAL = 9
+
+
+def _net(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1))
+
+
+def _loss(iteration):
+    g = torch.Generator().manual_seed(iteration)
+    x, y = torch.randn(2, 2, 6, 6, generator=g), torch.randn(2, 2, 6, 6, generator=g)
+    return lambda m: (m(x) - y).abs().mean()
+
+
+def _factory(params, role):
+    return torch.optim.Adam(params, lr=1e-2)
+
+
+CFG = dict(head_warmup_iters=2, head_patterns=('5',), profile_iters=3, ratio_u=0.5, ema_every=2)
+
+
+def _run(algo, start, stop):
+    return [algo.update(_loss(i), i) for i in range(start, stop + 1)]
+
+
+def test_phases_and_logged_losses():
+    algo = LDT(_net(), LDTConfig(**CFG), _factory)
+    assert [algo.phase(i) for i in range(1, 8)] == ['warmup'] * 2 + ['profile'] * 3 + ['train'] * 2
+    logs = _run(algo, 1, 7)
+    assert set(logs[0]) == {'l_warmup'} and logs[2] == {} and set(logs[6]) == {'l_primary', 'l_auxiliary'}
+    assert algo.partition is not None and len(algo.partition.unstable) == 4   # of 8 tensors
+    with pytest.raises(ValueError, match='does not follow'):
+        algo.update(_loss(7), 7)
+
+
+def test_enter_builds_the_phase_without_training():
+    net = _net()
+    algo = LDT(net, LDTConfig(**CFG), _factory)
+    _run(algo, 1, 5)
+    before = {n: p.clone() for n, p in net.named_parameters()}
+    assert algo.enter(6) == 'train' and algo.enter(6) == 'train'
+    assert set(algo.optimizers) == {'primary', 'auxiliary'} and algo.partition is not None
+    assert all(torch.equal(p, before[n]) for n, p in net.named_parameters())
+    assert set(_run(algo, 6, 6)[0]) == {'l_primary', 'l_auxiliary'}
+
+
+def test_warmup_trains_only_the_head():
+    net = _net()
+    before = {n: p.clone() for n, p in net.named_parameters()}
+    algo = LDT(net, LDTConfig(**CFG), _factory)
+    _run(algo, 1, 2)
+    changed = {n for n, p in net.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == {'5.weight', '5.bias'}
+
+
+@pytest.mark.parametrize('k', [1, 3, 5, 7])   # warm-up, mid-profiling, end of profiling, dual
+def test_resume_continues_bitwise(k):
+    full = LDT(_net(), LDTConfig(**CFG), _factory)
+    _run(full, 1, TOTAL)
+    first = LDT(_net(), LDTConfig(**CFG), _factory)
+    _run(first, 1, k)
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = LDT(_net(seed=123), LDTConfig(**CFG), _factory)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    _run(resumed, k + 1, TOTAL)
+    for key in ('primary', 'auxiliary'):
+        want, got = full.state_dict()[key], resumed.state_dict()[key]
+        assert all(torch.equal(want[n], got[n]) for n in want), key
+    assert resumed.partition == full.partition
+    assert resumed.dual_steps == full.dual_steps
+    want, got = full.composite_state_dict(), resumed.composite_state_dict()
+    assert all(torch.equal(want[n], got[n]) for n in want)
+
+
+def test_resume_rejects_other_options():
+    algo = LDT(_net(), LDTConfig(**CFG), _factory)
+    _run(algo, 1, 1)
+    other = LDT(_net(), LDTConfig(**{**CFG, 'ema_every': 3}), _factory)
+    with pytest.raises(ValueError, match=r"different options: \['ema_every'\]"):
+        other.load_state_dict(algo.state_dict())
+
+
+def test_training_cannot_start_without_profiling():
+    algo = LDT(_net(), LDTConfig(**CFG), _factory)
+    with pytest.raises(ValueError, match='without the profiling phase'):
+        algo.update(_loss(6), 6)
+
+
+def test_composite_network_holds_eq12_weights():
+    algo = LDT(_net(), LDTConfig(**CFG), _factory)
+    _run(algo, 1, 8)
+    comp = algo.composite()
+    assert comp is not algo.primary and '_conv_forward' not in comp[0].__dict__
+    p, a = dict(algo.primary.named_parameters()), dict(algo.auxiliary.named_parameters())
+    for n, t in comp.named_parameters():
+        src = a if n in algo.partition.stable else p
+        assert torch.equal(t, src[n]) and t.requires_grad
+
+
+@pytest.mark.parametrize('name, overrides', [
+    ('ft', {}),
+    ('lp_ft', {'head_warmup_iters': 2, 'head_patterns': ('5',)}),
+    ('deft', {'head_warmup_iters': 2, 'head_patterns': ('5',)}),
+    ('ldt', {'profile_iters': 2, 'ema_every': 2}),
+    ('ldt_no_dpu', {'profile_iters': 2, 'ema_every': 2}),
+    ('ldt_mean', {'profile_iters': 2, 'ema_every': 2}),
+    ('ldt_var_over_mean', {'profile_iters': 2, 'ema_every': 2}),
+    ('ldt_random', {'profile_iters': 0, 'ema_every': 2}),
+])
+def test_each_baseline_configuration_trains(name, overrides):
+    cfg = preset(name, **overrides)
+    net = _net()
+    before = {n: p.clone() for n, p in net.named_parameters()}
+    algo = LDT(net, cfg, _factory)
+    logs = _run(algo, 1, cfg.head_warmup_iters + cfg.profile_iters + 3)
+    assert logs[-1] and all(v == v for v in logs[-1].values())
+    comp = algo.composite_state_dict()
+    assert any(not torch.equal(comp[n], before[n]) for n in before)
+    if name == 'deft':
+        assert algo.partition.unstable == ['5.weight', '5.bias']
+        assert set(algo.partition.dpu_coefficients.values()) == {0.9999}
+    if cfg.mode == 'single':
+        assert algo.pair is None and set(algo.optimizers) == {'finetune'}
+
+
+def test_partition_file_is_used_and_checked(tmp_path):
+    algo = LDT(_net(), LDTConfig(**CFG), _factory)
+    _run(algo, 1, 6)
+    path = str(tmp_path / 'p.json')
+    algo.partition.save(path)
+    cfg = LDTConfig(partition_file=path, profile_iters=0)
+    again = LDT(_net(), cfg, _factory)
+    again.update(_loss(1), 1)
+    assert again.partition == algo.partition
+    wrong = LDT(nn.Sequential(nn.Linear(2, 2)), cfg, _factory)
+    with pytest.raises(ValueError, match='does not match the model'):
+        wrong.update(_loss(1), 1)

@@ -1,0 +1,50 @@
+"""LDTConfig validation: typos and out-of-range values fail with a useful message."""
+import pytest
+
+from basicsr_ldt.ldt import PRESETS, LDTConfig, preset
+
+
+def test_defaults_are_the_paper_settings():
+    cfg = LDTConfig()
+    assert (cfg.criterion, cfg.ema_every, cfg.w_fixed, cfg.profile_iters) == ('var', 10, 0.99, 300)
+    assert (cfg.w_base_stable, cfg.r_base_stable, cfg.w_base_unstable, cfg.r_base_unstable) == (
+        0.99, 0.01, 0.999, 0.001)
+
+
+def test_unknown_key_suggests_the_closest():
+    with pytest.raises(ValueError, match="unknown LDT option 'ratio_U'; did you mean 'ratio_u'"):
+        LDTConfig.from_dict({'ratio_U': 0.5})
+    with pytest.raises(ValueError, match="did you mean 'ema_every'"):
+        LDTConfig.from_dict({'ema_evry': 5})
+    with pytest.raises(ValueError, match='valid keys'):
+        LDTConfig.from_dict({'zzzz': 1})
+
+
+@pytest.mark.parametrize('options, message', [
+    ({'ratio_u': 0.0}, 'ratio_u'),
+    ({'ratio_u': 1.2}, 'ratio_u'),
+    ({'ema_every': 0}, 'ema_every'),
+    ({'criterion': 'variance'}, 'criterion'),
+    ({'mode': 'triple'}, 'mode'),
+    ({'head_warmup_iters': -1}, 'head_warmup_iters'),
+    ({'w_fixed': 1.0}, 'w_fixed'),
+    ({'w_base_unstable': 0.999, 'r_base_unstable': 0.01}, 'w_base_unstable'),
+    ({'profile_iters': 1}, 'profile_iters'),
+    ({'partition_file': 'p.json'}, 'profile_iters'),
+    ({'mode': 'single', 'profile_iters': 5}, 'single'),
+    ({'head_warmup_iters': 3, 'head_patterns': []}, 'head_patterns'),
+])
+def test_invalid_values_raise(options, message):
+    with pytest.raises(ValueError, match=message):
+        LDTConfig.from_dict(options)
+
+
+def test_presets_and_round_trip():
+    for name in PRESETS:
+        cfg = preset(name)
+        assert LDTConfig.from_dict(cfg.to_dict()) == cfg
+    deft = preset('deft')
+    assert (deft.partition, deft.dpu, deft.w_fixed, deft.ema_every) == ('name', False, 0.9999, 1)
+    assert not preset('ldt_random', dpu=False, profile_iters=0).needs_profiling()
+    with pytest.raises(ValueError, match="did you mean 'deft'"):
+        preset('deft_')

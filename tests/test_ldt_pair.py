@@ -1,0 +1,82 @@
+"""EMA algebra (eq. 8/11), composite (eq. 12), freezing of the cross-frozen pair."""
+import torch
+from torch import nn
+
+from basicsr_ldt.ldt import (CrossFrozenPair, build_partition, composite_state, ema_exchange_,
+                             route_bias_only_convs, set_trainable)
+
+
+def test_ema_exchange_known_numbers():
+    frozen = [torch.tensor([4.0, 8.0]), torch.tensor([1.0])]
+    trained = [torch.tensor([0.0, 0.0]), torch.tensor([3.0])]
+    ema_exchange_(frozen, trained, [0.75, 0.5])
+    assert frozen[0].tolist() == [3.0, 6.0]        # 0.75*4 + 0.25*0, 0.75*8
+    assert frozen[1].tolist() == [2.0]             # 0.5*1 + 0.5*3
+    assert trained[1].tolist() == [3.0]
+
+
+def test_composite_takes_each_tensor_from_the_right_branch():
+    p = {'s': torch.tensor(1.0), 'u': torch.tensor(2.0), 'buf': torch.tensor(3.0)}
+    a = {'s': torch.tensor(10.0), 'u': torch.tensor(20.0), 'buf': torch.tensor(30.0)}
+    groups = {'s': 'stable', 'u': 'unstable'}
+    out = composite_state(p, a, groups)
+    assert {k: v.item() for k, v in out.items()} == {'s': 10.0, 'u': 2.0, 'buf': 3.0}
+    assert composite_state(p, a, groups, buffers_from='auxiliary')['buf'].item() == 30.0
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.Conv2d(4, 2, 3, padding=1))
+
+
+def test_frozen_tensors_change_only_through_the_ema():
+    net = _net()
+    names = [n for n, _ in net.named_parameters()]
+    part = build_partition(names, [float(i) for i in range(len(names))], partition='criterion',
+                           ratio_u=0.5, dpu=False, w_fixed=0.5)
+    pair = CrossFrozenPair(net, part, lambda ps, role: torch.optim.Adam(ps, lr=0.1))
+    p, a = dict(pair.primary.named_parameters()), dict(pair.auxiliary.named_parameters())
+    assert all(not p[n].requires_grad and a[n].requires_grad for n in part.unstable)
+    assert all(p[n].requires_grad and not a[n].requires_grad for n in part.stable)
+    for opt, branch in ((pair.optimizers['primary'], p), (pair.optimizers['auxiliary'], a)):
+        assert {id(t) for g in opt.param_groups for t in g['params']} == {
+            id(t) for t in branch.values() if t.requires_grad}
+    frozen_before = {('P', n): p[n].clone() for n in part.unstable}
+    frozen_before.update({('A', n): a[n].clone() for n in part.stable})
+    x, y = torch.randn(2, 2, 5, 5), torch.randn(2, 2, 5, 5)
+    loss = lambda m: (m(x) - y).pow(2).mean()   # noqa: E731
+    for _ in range(3):
+        pair.step('primary', loss)
+        pair.step('auxiliary', loss)
+    for (branch, n), before in frozen_before.items():
+        assert torch.equal((p if branch == 'P' else a)[n], before)
+    assert all(t.grad is None for t in list(p.values()) + list(a.values()))
+    expected = {n: 0.5 * a[n] + 0.5 * p[n] for n in part.stable}
+    expected.update({n: 0.5 * p[n] + 0.5 * a[n] for n in part.unstable})
+    pair.exchange()
+    for n in part.stable:
+        assert torch.allclose(a[n], expected[n], atol=1e-7)
+    for n in part.unstable:
+        assert torch.allclose(p[n], expected[n], atol=1e-7)
+    comp = pair.composite_state_dict()
+    for n in part.stable:
+        assert comp[n] is pair.auxiliary.state_dict()[n] or torch.equal(comp[n], a[n])
+    for n in part.unstable:
+        assert torch.equal(comp[n], p[n])
+    assert torch.equal(comp['1.running_mean'], pair.primary.state_dict()['1.running_mean'])
+
+
+def test_bias_only_conv_matches_fused_conv_and_skips_weight_grad():
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 6, 6)
+    reference = conv(x)
+    set_trainable(conv, {'bias'})
+    assert '_conv_forward' in conv.__dict__
+    out = conv(x)
+    assert torch.allclose(out, reference, atol=1e-6)
+    out.sum().backward()
+    assert conv.weight.grad is None
+    assert torch.allclose(conv.bias.grad, torch.full((4,), 2 * 6 * 6.0))
+    set_trainable(conv, {'weight', 'bias'})
+    assert route_bias_only_convs(conv) == 0 and '_conv_forward' not in conv.__dict__

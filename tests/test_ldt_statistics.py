@@ -1,0 +1,108 @@
+"""Streaming gradient statistics against hand-computed values."""
+import math
+
+import pytest
+import torch
+
+from basicsr_ldt.ldt import GradientStatistics, random_statistic
+
+
+def _feed(stats, samples):
+    for sample in samples:
+        stats.accumulate(sample.items())
+
+
+def test_two_known_samples_give_exact_var_and_mean():
+    # layer a: samples [1, 3] and [5, 7] -> entries 1,3,5,7: mean 4, unbiased var 20/3
+    # layer b: samples [-2] and [2] -> entries -2, 2: var 8, mean |g| 2
+    stats = GradientStatistics(['a', 'b'])
+    _feed(stats, [{'a': torch.tensor([1., 3.]), 'b': torch.tensor([-2.])},
+                  {'a': torch.tensor([5., 7.]), 'b': torch.tensor([2.])}])
+    assert stats.criterion('var') == pytest.approx([20 / 3, 8.0], rel=1e-15)
+    assert stats.criterion('mean') == pytest.approx([4.0, 2.0], rel=1e-15)
+    assert stats.criterion('var_over_mean') == pytest.approx([20 / 12, 4.0], rel=1e-15)
+    assert stats.samples == 2
+
+
+def test_var_equals_torch_var_of_the_stacked_gradients():
+    torch.manual_seed(0)
+    grads = [torch.randn(3, 4) * 1e-3 + 2e-3 for _ in range(7)]
+    stats = GradientStatistics(['w'])
+    _feed(stats, [{'w': g} for g in grads])
+    expected = torch.stack(grads).double().var().item()
+    assert stats.criterion('var')[0] == pytest.approx(expected, rel=1e-12)
+
+
+def test_shifted_sums_stay_accurate_far_from_zero():
+    # entries 1e9 + {0, 1, 2, 3}: var 5/3; naive float64 sum of squares loses it entirely
+    stats = GradientStatistics(['w'])
+    _feed(stats, [{'w': torch.tensor([1e9, 1e9 + 1], dtype=torch.float64)},
+                  {'w': torch.tensor([1e9 + 2, 1e9 + 3], dtype=torch.float64)}])
+    assert stats.criterion('var')[0] == pytest.approx(5 / 3, rel=1e-12)
+
+
+def test_state_size_does_not_grow_with_samples():
+    stats = GradientStatistics(['w', 'b'])
+    sizes = []
+    for n in (1, 50):
+        while stats.samples < n:
+            stats.accumulate([('w', torch.randn(16, 16)), ('b', torch.randn(16))])
+        sizes.append(sum(t.numel() for t in stats.state_dict().values() if torch.is_tensor(t)))
+    assert sizes[0] == sizes[1] == 5 * 2
+
+
+def test_merge_equals_single_accumulator_over_the_union():
+    torch.manual_seed(1)
+    samples = [{'w': torch.randn(5) + 3.0} for _ in range(6)]
+    whole, left, right = (GradientStatistics(['w']) for _ in range(3))
+    _feed(whole, samples)
+    _feed(left, samples[:2])
+    _feed(right, samples[2:])
+    left.merge_(right)
+    assert left.criterion('var') == pytest.approx(whole.criterion('var'), rel=1e-12)
+    assert left.criterion('mean') == pytest.approx(whole.criterion('mean'), rel=1e-12)
+    assert left.samples == 6
+
+
+def test_state_dict_round_trip_resumes_exactly():
+    samples = [{'w': torch.tensor([float(i), -2.0 * i])} for i in range(5)]
+    whole, first = GradientStatistics(['w']), GradientStatistics(['w'])
+    _feed(whole, samples)
+    _feed(first, samples[:3])
+    resumed = GradientStatistics(['w'])
+    resumed.load_state_dict(first.state_dict())
+    _feed(resumed, samples[3:])
+    assert resumed.criterion('var') == whole.criterion('var')
+    with pytest.raises(ValueError, match='layer names'):
+        GradientStatistics(['x']).load_state_dict(first.state_dict())
+
+
+def test_missing_gradient_counts_as_zeros_and_unknown_layer_raises():
+    net = torch.nn.Linear(2, 1)
+    stats = GradientStatistics(['weight', 'bias'])
+    net.weight.grad = torch.tensor([[2.0, 2.0]])
+    stats.accumulate_module(net)   # bias.grad is None -> zeros
+    stats.accumulate_module(net)
+    assert stats.criterion('var') == [0.0, 0.0]
+    assert stats.criterion('mean') == [2.0, 0.0]
+    with pytest.raises(KeyError, match='bias'):
+        stats.accumulate([('weight', torch.ones(1, 2))])
+
+
+def test_random_criterion_is_seeded_and_needs_no_samples():
+    stats = GradientStatistics(['a', 'b', 'c'])
+    assert stats.criterion('random', seed=3) == random_statistic(3, 3)
+    assert random_statistic(3, 3) != random_statistic(3, 4)
+    with pytest.raises(ValueError, match='at least 2'):
+        stats.criterion('var')
+    with pytest.raises(ValueError, match='unknown criterion'):
+        stats.criterion('variance')
+
+
+def test_all_reduce_without_process_group_is_identity():
+    from basicsr_ldt.ldt import all_reduce_statistics
+    stats = GradientStatistics(['w'])
+    _feed(stats, [{'w': torch.tensor([1.0, 2.0])}, {'w': torch.tensor([3.0, 4.0])}])
+    before = stats.criterion('var')
+    assert all_reduce_statistics(stats).criterion('var') == before
+    assert math.isclose(before[0], 5 / 3)
