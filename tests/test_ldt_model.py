@@ -1,0 +1,95 @@
+"""LDTSRModel through the real entry points: all three phases, the partition report, a composite
+checkpoint test.py reads, exact resume from every phase, and the baselines as configurations."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from conftest import run_entry
+from test_cli import dataset, train_options, write
+
+NETWORK = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscaling_factor': 4}
+
+
+def ldt_options(data, name, total_iter=8, **ldt):
+    opt = train_options(data, name, total_iter=total_iter, model_type='LDTSRModel', network_g=NETWORK)
+    opt['ldt'] = {'head_warmup_iters': 2, 'profile_iters': 2, 'ema_every': 2, **ldt}
+    opt['logger']['save_checkpoint_freq'] = 1
+    return opt
+
+
+def weights(path):
+    return torch.load(path, weights_only=True)['params']
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory, demo_data):
+    """One full LDT run (warm-up 1-2, profiling 3-4, dual 5-8) saving a state every iteration."""
+    from conftest import REPO
+    project = tmp_path_factory.mktemp('ldt_project')
+    for script in ('Train_pip.py', 'test.py'):
+        shutil.copy(REPO / script, project / script)
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'ldt.yml', ldt_options(demo_data, 'ldt')))
+    return project, result
+
+
+def test_three_phases_partition_report_and_composite_checkpoint(uninterrupted, demo_data):
+    project, result = uninterrupted
+    exp = project / 'experiments' / 'ldt'
+    log = next(exp.glob('train_ldt_*.log')).read_text()
+    for text in ('head warm-up on D_S1 (2 iterations) from iteration 1', "profiling on D_S2 (2 batches, criterion 'var')",
+                 'dual training (cross-frozen primary/auxiliary) from iteration 5', 'l_primary', 'l_auxiliary'):
+        assert text in log
+    partition = json.loads((exp / 'ldt_partition.json').read_text())
+    layers = partition['layers']
+    params = dict(torch.load(exp / 'models' / 'net_g_latest.pth', weights_only=True)['params'])
+    assert [layer['name'] for layer in layers] == [k for k in params if k in {l['name'] for l in layers}]
+    unstable = [layer for layer in layers if layer['group'] == 'unstable']
+    assert len(unstable) == round(0.4 * len(layers))
+    assert min(l['statistic'] for l in unstable) >= max(l['statistic'] for l in layers if l['group'] == 'stable')
+    assert (exp / 'ldt_partition.png').stat().st_size > 1000
+    # The saved net_g is a plain network state (the composite) that test.py and SRModel load.
+    test_opt = {'name': 'eval_ldt', 'scale': 4, 'num_gpu': 0, 'network_g': NETWORK, 'path': {},
+                'datasets': {'test_1': dataset(demo_data, 'Test', ['Sony', 'Canon'])},
+                'checkpoints': [{'label': 'LDT', 'path': str(exp / 'models' / 'net_g_latest.pth')}]}
+    run_entry(project, 'test.py', '-opt', write(project / 'test.yml', test_opt))
+    assert '| Mean | 4 |' in (project / 'results' / 'eval_ldt' / 'metrics.md').read_text()
+
+
+@pytest.mark.parametrize('stop', [1, 3, 6], ids=['warmup', 'profile', 'dual'])
+def test_resume_in_each_phase_reproduces_the_uninterrupted_run(uninterrupted, demo_data, stop):
+    project, _ = uninterrupted
+    full = project / 'experiments' / 'ldt'
+    # A run killed right after iteration `stop`: only what existed then.
+    cut = project / 'experiments' / f'cut{stop}'
+    (cut / 'training_states').mkdir(parents=True)
+    (cut / 'models').mkdir()
+    shutil.copy(full / 'training_states' / f'{stop}.state', cut / 'training_states')
+    shutil.copy(full / 'models' / f'net_g_{stop}.pth', cut / 'models')
+    run_entry(project, 'Train_pip.py', '-opt', write(project / f'cut{stop}.yml', ldt_options(demo_data, f'cut{stop}')),
+              '--auto_resume')
+    expected, got = weights(full / 'models' / 'net_g_latest.pth'), weights(cut / 'models' / 'net_g_latest.pth')
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected), f'resume from iteration {stop} diverged'
+
+
+@pytest.mark.parametrize('method', ['lp_ft', 'deft', 'ldt_no_dpu', 'ldt_mean', 'ldt_var_over_mean', 'ldt_random'])
+def test_baselines_run_as_configurations(project, demo_data, method):
+    extra = {'method': method}
+    if method in ('lp_ft', 'deft', 'ldt_random'):  # nothing to profile: partition by name / by seed
+        extra['profile_iters'] = 0
+    opt = ldt_options(demo_data, method, total_iter=6, **extra)
+    run_entry(project, 'Train_pip.py', '-opt', write(project / f'{method}.yml', opt))
+    exp = project / 'experiments' / method
+    assert (exp / 'models' / 'net_g_latest.pth').is_file()
+    log = next(exp.glob(f'train_{method}_*.log')).read_text()
+    assert ('l_finetune' in log) if method == 'lp_ft' else ('l_auxiliary' in log)
+    if method != 'lp_ft':
+        partition = json.loads((exp / 'ldt_partition.json').read_text())
+        groups = {layer['group'] for layer in partition['layers']}
+        assert groups == {'stable', 'unstable'}
+        if method == 'deft':  # head (upsampler) unstable, backbone stable, one fixed coefficient
+            assert all((layer['group'] == 'unstable') == layer['name'].startswith('to_img')
+                       for layer in partition['layers'])
+            assert {layer['coefficient'] for layer in partition['layers']} == {0.9999}

@@ -1,0 +1,40 @@
+"""Every shipped option file is valid: registered types, known dataset keys, a valid ldt: section."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from basicsr.utils.registry import ARCH_REGISTRY, MODEL_REGISTRY
+
+from basicsr_ldt.data.drealsr_dataset import _BASICSR_KEYS, _OWN_KEYS
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.models.ldt_model import ldt_config_from_options
+from basicsr_ldt.options import check_known_keys
+
+OPTIONS = sorted((Path(__file__).resolve().parents[1] / 'options').rglob('*.yml'))
+
+
+@pytest.mark.parametrize('path', OPTIONS, ids=[p.name for p in OPTIONS])
+def test_option_file_is_valid(path):
+    opt = yaml.safe_load(path.read_text())
+    assert opt['network_g']['type'] in ARCH_REGISTRY
+    for section in opt['datasets'].values():
+        assert section['type'] == 'DRealSRCameraDataset'
+        check_known_keys(path.name, section, _BASICSR_KEYS + _OWN_KEYS)
+    if path.name.startswith('train'):
+        assert opt['model_type'] in MODEL_REGISTRY
+        assert set(opt['datasets']) - {'train'} and all(k == 'train' or k.startswith('val') for k in opt['datasets'])
+    if opt.get('model_type') == 'LDTSRModel':
+        ldt_config_from_options(opt)
+
+
+def test_ldt_section_errors_are_one_line():
+    base = {'train': {'total_iter': 100}}
+    with pytest.raises(InputError, match="unknown LDT option 'ratio'; did you mean 'ratio_u'"):
+        ldt_config_from_options({**base, 'ldt': {'ratio': 0.5}})
+    with pytest.raises(InputError, match="'ratio_u' must lie strictly between 0 and 1"):
+        ldt_config_from_options({**base, 'ldt': {'ratio_u': 1.0}})
+    with pytest.raises(InputError, match=r'head_warmup_iters \(50\) \+ profile_iters \(60\) must be smaller'):
+        ldt_config_from_options({**base, 'ldt': {'head_warmup_iters': 50, 'profile_iters': 60}})
+    with pytest.raises(InputError, match="unknown LDT preset 'dft'.*did you mean 'deft'"):
+        ldt_config_from_options({**base, 'ldt': {'method': 'dft'}})
