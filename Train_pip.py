@@ -15,3 +15,5 @@ if __name__ == '__main__':
         train_pipeline(osp.dirname(osp.abspath(__file__)))
     except InputError as err:
         fail(str(err))
+    except FloatingPointError as err:
+        fail(str(err), code=3)

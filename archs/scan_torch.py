@@ -18,10 +18,10 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from archs.linear_scan import chunk_length, scan_forward, scan_reverse, times_previous_state
+from archs.linear_scan import chunk_length, decayed_previous_state_, scan_forward, scan_reverse
 
 # Target size (in float32 elements) of one (T, b, d_block, nc, n) temporary.
-BLOCK_ELEMENTS = 1 << 22
+BLOCK_ELEMENTS = 1 << 21
 
 
 @dataclass
@@ -60,13 +60,25 @@ def _make_layout(u: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Ten
 
 
 def _to_chunks(t: torch.Tensor, lay: _Layout) -> torch.Tensor:
-    """(b, d, L) -> (T, b, d, nc), zero-padded at the end (zero delta = identity step)."""
-    t = F.pad(t, (0, lay.padded - lay.length))
-    return t.view(*t.shape[:2], lay.chunks, lay.steps).permute(3, 0, 1, 2).contiguous()
+    """(b, d, L) -> (T, b, d, nc), zero-padded at the end (zero delta = identity step).
+
+    A permuted view of a (b, d, nc*T) tensor, not a transposed copy: the block kernels read it
+    broadcast over the state dimension, so its strides cost little, while a transposing copy
+    of every (b, d, L) tensor would cost a sizeable share of the whole scan.
+    """
+    if lay.padded != lay.length:
+        t = F.pad(t, (0, lay.padded - lay.length))
+    return t.reshape(*t.shape[:2], lay.chunks, lay.steps).permute(3, 0, 1, 2)
+
+
+def _chunk_buffer(lay: _Layout, ref: torch.Tensor) -> torch.Tensor:
+    """An uninitialised (T, b, d, nc) view laid out like :func:`_to_chunks` output."""
+    t = ref.new_empty(lay.batch, lay.dim, lay.chunks, lay.steps)
+    return t.permute(3, 0, 1, 2)
 
 
 def _from_chunks(t: torch.Tensor, lay: _Layout) -> torch.Tensor:
-    """(T, b, d, nc) -> (b, d, L)."""
+    """(T, b, d, nc) -> (b, d, L); a view for tensors made by :func:`_chunk_buffer`."""
     return t.permute(1, 2, 3, 0).reshape(t.shape[1], t.shape[2], lay.padded)[..., :lay.length]
 
 
@@ -99,14 +111,62 @@ def _delta(delta: torch.Tensor, delta_bias: Optional[torch.Tensor], softplus: bo
     return F.softplus(delta) if softplus else delta
 
 
-def _block_states(dc: torch.Tensor, uc: torch.Tensor, A: torch.Tensor, Bb: torch.Tensor,
-                  d0: int, d1: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Decays ``a``, inputs ``delta*u`` and states ``h`` of one channel block (chunk layout)."""
+class _Workspace:
+    """Block-sized buffers, allocated once per call and reused by every channel block.
+
+    Fresh large allocations are page-faulted in by the OS on first touch, which costs more than
+    the arithmetic done on them; reusing the same memory also keeps it warm in the caches.
+    """
+
+    def __init__(self, lay: _Layout, ref: torch.Tensor, count: int):
+        width = max(d1 - d0 for d0, d1 in lay.blocks())
+        self.lay = lay
+        self.size = lay.steps * lay.batch * width * lay.chunks * lay.dstate
+        self.flat = [ref.new_empty(self.size) for _ in range(count)]
+
+    def get(self, index: int, width: int) -> torch.Tensor:
+        lay = self.lay
+        shape = (lay.steps, lay.batch, width, lay.chunks, lay.dstate)
+        return self.flat[index][:math.prod(shape)].view(shape)
+
+
+def _block_states(dc: torch.Tensor, uc: torch.Tensor, dsum: torch.Tensor, A: torch.Tensor,
+                  Bb: torch.Tensor, d0: int, d1: int, work: _Workspace,
+                  carry: Optional[torch.Tensor] = None
+                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decays ``a``, inputs ``delta*u`` and states ``h`` of one channel block (chunk layout).
+
+    ``a`` and ``h`` live in workspace buffers 0 and 1. Each chunk's total decay is
+    ``exp(A * sum(delta))`` (a product of decays <= 1, never exp of a positive sum).
+    """
     blk = dc[:, :, d0:d1]
-    a = torch.exp(blk.unsqueeze(-1) * A[d0:d1].view(1, 1, -1, 1, A.shape[1]))
+    Ab = A[d0:d1]
+    a = torch.mul(blk.unsqueeze(-1), Ab.view(1, 1, -1, 1, Ab.shape[1]), out=work.get(0, d1 - d0))
+    a.exp_()
     du = blk * uc[:, :, d0:d1]
-    h, last = scan_forward(a, du.unsqueeze(-1) * Bb)
-    return a, du, h, last
+    x = torch.mul(du.unsqueeze(-1), Bb, out=work.get(1, d1 - d0))
+    if carry is None:
+        decay = torch.exp(dsum[:, d0:d1].unsqueeze(-1) * Ab.unsqueeze(1))
+        h, last, carry = scan_forward(a, x, decay)
+    else:
+        h, last, carry = scan_forward(a, x, carry=carry)
+    return a, du, h, last, carry
+
+
+def _accumulate_bc(acc: torch.Tensor, d0: int, d1: int, weight: torch.Tensor, t: torch.Tensor,
+                   lay: _Layout) -> None:
+    """Add ``sum over the block's channels of weight * t`` into the gradient of B or C.
+
+    ``weight`` is (T, b, db, nc), ``t`` (T, b, db, nc, n). Grouped B/C: one fused multiply-add
+    per channel into the group's (T, b, nc, n) slice, so no block-sized product is formed.
+    """
+    if acc.dim() == 2:
+        acc[d0:d1] += torch.einsum('tbdc,tbdcn->dn', weight, t)
+        return
+    g = d0 // (lay.dim // acc.shape[2])
+    target = acc[:, :, g]
+    for k in range(d1 - d0):
+        target.addcmul_(weight[:, :, k].unsqueeze(-1), t[:, :, k])
 
 
 class SelectiveScanTorch(torch.autograd.Function):
@@ -120,18 +180,27 @@ class SelectiveScanTorch(torch.autograd.Function):
         bias32 = None if delta_bias is None else delta_bias.float()
         lay = _make_layout(u32, A32, B32, C32)
         dc = _to_chunks(_delta(delta32, bias32, softplus), lay)
+        dsum = dc.sum(0)
         uc = _to_chunks(u32, lay)
         Bc, Cc = _bc_to_chunks(B32, lay), _bc_to_chunks(C32, lay)
-        y = u32.new_empty(lay.batch, lay.dim, lay.length)
+        yc = _chunk_buffer(lay, u32)
         last = u32.new_empty(lay.batch, lay.dim, lay.dstate)
+        entry = u32.new_empty(lay.batch, lay.dim, lay.chunks, lay.dstate)
+        work = _Workspace(lay, u32, 2)
         for d0, d1 in lay.blocks():
-            _, _, h, last[:, d0:d1] = _block_states(dc, uc, A32, _bc_block(Bc, d0, d1, lay), d0, d1)
-            y[:, d0:d1] = _from_chunks((h * _bc_block(Cc, d0, d1, lay)).sum(-1), lay)
-        out = y if D is None else y + u32 * D.float()[:, None]
+            _, _, h, last[:, d0:d1], entry[:, d0:d1] = _block_states(
+                dc, uc, dsum, A32, _bc_block(Bc, d0, d1, lay), d0, d1, work)
+            torch.sum(h.mul_(_bc_block(Cc, d0, d1, lay)), -1, out=yc[:, :, d0:d1])
+        del work
+        y = _from_chunks(yc, lay)
+        out = y if D is None else torch.addcmul(y, u32, D.float()[:, None])
         if z is not None:
             out = out * F.silu(z.float())
         ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias)
         ctx.softplus = softplus
+        # The state entering every chunk (1/T of the states' size): backward rebuilds the states
+        # from it in one pass instead of rerunning the two-level scan.
+        ctx.entry = entry
         return out.to(dtype_in), last
 
     @staticmethod
@@ -144,36 +213,40 @@ class SelectiveScanTorch(torch.autograd.Function):
         raw = delta32 if bias32 is None else delta32 + bias32[:, None]
         delta_pos = F.softplus(raw) if ctx.softplus else raw
         dc, uc = _to_chunks(delta_pos, lay), _to_chunks(u32, lay)
+        dsum = dc.sum(0)
+        dsum_rev = dsum - dc[0]  # decay a[1] * ... * a[T-1] of the reverse scan
         Bc, Cc = _bc_to_chunks(B32, lay), _bc_to_chunks(C32, lay)
         dout = dout.float()
         dy = dout if z is None else dout * F.silu(z.float())
         dyc = _to_chunks(dy, lay)
         dA = torch.zeros_like(A32)
         dBc, dCc = torch.zeros_like(Bc), torch.zeros_like(Cc)
-        ddc, duc = torch.zeros_like(dc), torch.zeros_like(uc)
-        y = u32.new_empty(lay.batch, lay.dim, lay.length) if z is not None else None
+        ddc, duc = _chunk_buffer(lay, u32), _chunk_buffer(lay, u32)
+        yc = _chunk_buffer(lay, u32) if z is not None else None
+        work = _Workspace(lay, u32, 3)
         for d0, d1 in lay.blocks():
             Bb, Cb = _bc_block(Bc, d0, d1, lay), _bc_block(Cc, d0, d1, lay)
-            a, du, h, _ = _block_states(dc, uc, A32, Bb, d0, d1)
-            if y is not None:
-                y[:, d0:d1] = _from_chunks((h * Cb).sum(-1), lay)
-            dyb = dyc[:, :, d0:d1].unsqueeze(-1)
-            _accumulate_bc(dCc, d0, d1, dyb * h, lay)
-            g = dyb * Cb
+            Ab = A32[d0:d1]
+            a, du, h, _, _ = _block_states(dc, uc, dsum, A32, Bb, d0, d1, work, ctx.entry[:, d0:d1])
+            if yc is not None:
+                yc[:, :, d0:d1] = torch.mul(h, Cb, out=work.get(2, d1 - d0)).sum(-1)
+            dyb = dyc[:, :, d0:d1]
+            _accumulate_bc(dCc, d0, d1, dyb, h, lay)
+            g = torch.mul(dyb.unsqueeze(-1), Cb, out=work.get(2, d1 - d0))
             if dlast is not None:
                 g[-1, :, :, -1] += dlast[:, d0:d1].float()
-            g = scan_reverse(a, g)
-            da = times_previous_state(g, h).mul_(a)  # gradient w.r.t. delta * A
-            del h
+            decay = torch.exp(dsum_rev[:, d0:d1].unsqueeze(-1) * Ab.unsqueeze(1))
+            g = scan_reverse(a, g, decay)
+            da = decayed_previous_state_(h, a).mul_(g)  # gradient w.r.t. delta * A, in h's buffer
             blk = dc[:, :, d0:d1]
-            # Batched matmuls over views of da: no permuted copy of the big tensor.
-            ddc[:, :, d0:d1] += (da @ A32[d0:d1].unsqueeze(-1)).squeeze(-1)
             dA[d0:d1] += (blk.unsqueeze(-2) @ da).sum(dim=(0, 1)).squeeze(-2)
-            del da
-            _accumulate_bc(dBc, d0, d1, g * du.unsqueeze(-1), lay)
-            ddu = (g * Bb).sum(-1)  # gradient w.r.t. delta * u
-            ddc[:, :, d0:d1] += ddu * uc[:, :, d0:d1]
-            duc[:, :, d0:d1] += ddu * blk
+            ddelta_b = da.mul_(Ab.view(1, 1, -1, 1, Ab.shape[1])).sum(-1)
+            _accumulate_bc(dBc, d0, d1, du, g, lay)
+            ddu = g.mul_(Bb).sum(-1)  # gradient w.r.t. delta * u
+            ddc[:, :, d0:d1] = ddelta_b.addcmul_(ddu, uc[:, :, d0:d1])
+            torch.mul(ddu, blk, out=duc[:, :, d0:d1])
+        del work
+        y = None if yc is None else _from_chunks(yc, lay)
         ddelta = _from_chunks(ddc, lay)
         du_total = _from_chunks(duc, lay)
         grads = _outer_grads(ctx, dout, du_total, ddelta, raw, y, u32, z, D)
@@ -184,15 +257,6 @@ class SelectiveScanTorch(torch.autograd.Function):
                 dC.to(C.dtype), None if D is None else dD.to(D.dtype),
                 None if z is None else dz.to(z.dtype),
                 None if delta_bias is None else dbias.to(delta_bias.dtype), None)
-
-
-def _accumulate_bc(acc: torch.Tensor, d0: int, d1: int, prod: torch.Tensor, lay: _Layout) -> None:
-    """Add a block's (T, b, db, nc, n) product into the gradient of B or C."""
-    if acc.dim() == 2:
-        acc[d0:d1] += prod.sum(dim=(0, 1, 3))
-    else:
-        g = d0 // (lay.dim // acc.shape[2])
-        acc[:, :, g] += prod.sum(dim=2)
 
 
 def _outer_grads(ctx, dout: torch.Tensor, du: torch.Tensor, ddelta: torch.Tensor,
@@ -208,8 +272,8 @@ def _outer_grads(ctx, dout: torch.Tensor, du: torch.Tensor, ddelta: torch.Tensor
         dout = dout * z32 * sig
     if D is not None:
         dD = (dout * u).sum(dim=(0, 2))
-        du = du + dout * D.float()[:, None]
+        du = du.addcmul_(dout, D.float()[:, None])  # du and ddelta are this call's own buffers
     if ctx.softplus:
-        ddelta = ddelta * torch.sigmoid(raw)
+        ddelta = ddelta.mul_(torch.sigmoid(raw))
     dbias = ddelta.sum(dim=(0, 2))
     return [dD, dz, du, ddelta, dbias]

@@ -26,10 +26,11 @@ from basicsr.data.prefetch_dataloader import CPUPrefetcher, CUDAPrefetcher
 from basicsr.models import build_model
 from basicsr.train import init_tb_loggers
 from basicsr.utils import AvgTimer, MessageLogger, check_resume, get_env_info, get_root_logger, get_time_str
-from basicsr.utils.options import copy_opt_file, dict2str, parse_options
+from basicsr.utils.options import copy_opt_file, dict2str
 from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY, MODEL_REGISTRY
 
 from basicsr_ldt.checkpoint import load_safe
+from basicsr_ldt.distributed import parse_training_options
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.outputs import OutputFolder, fail
 
@@ -115,7 +116,7 @@ def _build_model(opt: Dict):
 
 def train_pipeline(root_path: str) -> None:
     """Run training as ``python Train_pip.py -opt X.yml [--auto_resume] [--launcher ...]``."""
-    opt, args = parse_options(root_path, is_train=True)
+    opt, args = parse_training_options(root_path, is_train=True)
     opt['root_path'] = root_path
     torch.backends.cudnn.benchmark = True
 

@@ -13,9 +13,11 @@ layout and unbound once (indexing a big tensor inside the loop would make its ba
 """
 import argparse
 import os
+import resource
+import statistics
 import sys
 import time
-from typing import Callable, Tuple
+from typing import Callable, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -60,16 +62,21 @@ def make_inputs(batch: int, d_inner: int, d_state: int, side: int, seed: int = 0
     return tuple(t.requires_grad_() for t in (u, delta, A, B, C, D, delta_bias))
 
 
-def time_fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Tuple[torch.Tensor, ...], repeats: int) -> float:
-    """Best-of-``repeats`` seconds for one forward and backward pass."""
-    best = float('inf')
+def time_fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Tuple[torch.Tensor, ...], repeats: int) -> List[float]:
+    """Seconds for one forward and backward pass, ``repeats`` times."""
+    times = []
     for _ in range(repeats):
         for t in inputs:
             t.grad = None
         start = time.perf_counter()
         fn(*inputs).sum().backward()
-        best = min(best, time.perf_counter() - start)
-    return best
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:
@@ -78,21 +85,28 @@ def main() -> None:
     parser.add_argument('--d-inner', type=int, default=360, help='embed_dim * mlp_ratio (classic: 180*2)')
     parser.add_argument('--d-state', type=int, default=16)
     parser.add_argument('--side', type=int, default=48, help='LR patch side; L = side**2')
-    parser.add_argument('--repeats', type=int, default=2, help='runs of our scan (best is kept)')
+    parser.add_argument('--repeats', type=int, default=3, help='runs of our scan (median and best shown)')
+    parser.add_argument('--skip-loop', action='store_true', help='time our scan only')
     parser.add_argument('--threads', type=int, default=0, help='torch threads (0: leave default)')
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     inputs = make_inputs(args.batch, args.d_inner, args.d_state, args.side)
+    rss_inputs = peak_rss_mb()
     ours = time_fwd_bwd(lambda u, dl, A, B, C, D, db: selective_scan(
         u, dl, A, B, C, D, None, db, True, backend='torch'), inputs, args.repeats)
-    loop = time_fwd_bwd(loop_scan, inputs, 1)
+    rss_ours = peak_rss_mb()
     print(f'shapes: u/delta ({args.batch}, {4 * args.d_inner}, {args.side ** 2}), B/C ({args.batch}, 4, '
           f'{args.d_state}, {args.side ** 2}); torch threads {torch.get_num_threads()}')
-    print(f'chunked scan (ours) fwd+bwd: {ours:.3f} s')
-    print(f'sequential loop     fwd+bwd: {loop:.3f} s')
-    print(f'speed-up: {loop / ours:.1f}x')
-
+    print(f'chunked scan (ours) fwd+bwd: median {statistics.median(ours):.3f} s, best {min(ours):.3f} s '
+          f'({", ".join(f"{t:.3f}" for t in ours)})')
+    print(f'peak RSS: {rss_inputs:.0f} MB after making inputs, {rss_ours:.0f} MB after our scan', flush=True)
+    if args.skip_loop:
+        return
+    loop = time_fwd_bwd(loop_scan, inputs, 1)[0]
+    print(f'sequential loop     fwd+bwd: {loop:.3f} s (peak RSS {peak_rss_mb():.0f} MB)')
+    print(f'speed-up: {loop / statistics.median(ours):.1f}x (vs our median), '
+          f'{loop / min(ours):.1f}x (vs our best)')
 
 if __name__ == '__main__':
     main()

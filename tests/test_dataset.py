@@ -123,23 +123,28 @@ def test_unpaired_files(demo_data, tmp_path):
         DRealSRCameraDataset(options(root))
 
 
-def test_size_mismatch(demo_data, tmp_path):
+def test_size_mismatch_is_found_before_training(demo_data, tmp_path):
     root = copy_split(demo_data, tmp_path)
     path = root / 'Train_x4' / 'train_LR' / 'Sony_000_x4.png'
     cv2.imwrite(str(path), cv2.imread(str(path))[:-1])
-    dataset = DRealSRCameraDataset(options(root, cameras=['Sony']))
-    index = [it['stem'] for it in dataset.items].index('Sony_000')
     with pytest.raises(InputError, match="size mismatch for 'Sony_000'.*LR 16x15 times scale 4 is 64x60, HR is 64x64"):
-        dataset[index]
+        DRealSRCameraDataset(options(root, cameras=['Sony']))
 
 
-def test_corrupt_image_is_named(demo_data, tmp_path):
+def test_unreadable_image_is_named_before_training(demo_data, tmp_path):
     root = copy_split(demo_data, tmp_path)
-    path = root / 'Train_x4' / 'train_HR' / 'Canon_000_x1.png'
-    path.write_bytes(b'not a png')
+    (root / 'Train_x4' / 'train_HR' / 'Canon_000_x1.png').write_bytes(b'not a png')
+    with pytest.raises(InputError, match="Canon_000_x1.png' of dataset 'd' is corrupt or not an image"):
+        DRealSRCameraDataset(options(root, cameras=['Canon']))
+
+
+def test_truncated_image_is_named_when_read(demo_data, tmp_path):
+    root = copy_split(demo_data, tmp_path)
+    path = root / 'Train_x4' / 'train_HR' / 'Canon_001_x1.png'
+    path.write_bytes(path.read_bytes()[:200])  # header intact, pixels missing
     dataset = DRealSRCameraDataset(options(root, cameras=['Canon']))
-    index = [it['stem'] for it in dataset.items].index('Canon_000')
-    with pytest.raises(InputError, match='Canon_000_x1.png.*corrupt'):
+    index = [it['stem'] for it in dataset.items].index('Canon_001')
+    with pytest.raises(InputError, match='Canon_001_x1.png.*corrupt'):
         dataset[index]
 
 

@@ -186,3 +186,29 @@ def test_bad_shapes_name_the_argument(change, message):
     args.update(change)
     with pytest.raises(ValueError, match=message):
         selective_scan(**args, backend='torch')
+
+
+def test_linear_scan_helpers_match_a_sequential_recurrence():
+    """scan_forward with a given chunk decay or saved entry states, and decayed_previous_state_,
+    agree with a step-by-step float64 recurrence (chunk layout (T, b, d, nc, n))."""
+    from archs.linear_scan import decayed_previous_state_, scan_forward
+    gen = torch.Generator().manual_seed(3)
+    steps, chunks = 5, 4
+    a = torch.rand(steps, 2, 3, chunks, 2, generator=gen)
+    x = torch.randn(steps, 2, 3, chunks, 2, generator=gen)
+    seq_a = a.permute(1, 2, 4, 3, 0).reshape(2, 3, 2, -1).double()  # (b, d, n, L)
+    seq_x = x.permute(1, 2, 4, 3, 0).reshape(2, 3, 2, -1).double()
+    h, prev, states, prevs = torch.zeros(2, 3, 2, dtype=torch.float64), [], [], []
+    for t in range(seq_a.shape[-1]):
+        prevs.append(seq_a[..., t] * h)
+        h = prevs[-1] + seq_x[..., t]
+        states.append(h)
+    ref = torch.stack(states, -1).view(2, 3, 2, chunks, steps).permute(4, 0, 1, 3, 2).float()
+    ref_prev = torch.stack(prevs, -1).view(2, 3, 2, chunks, steps).permute(4, 0, 1, 3, 2).float()
+    plain, last, carry = scan_forward(a, x.clone())
+    given_decay, _, _ = scan_forward(a, x.clone(), decay=a.prod(0))
+    given_carry, _, _ = scan_forward(a, x.clone(), carry=carry)
+    for out in (plain, given_decay, given_carry):
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(last, ref[-1, ..., -1, :], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(decayed_previous_state_(plain.clone(), a), ref_prev, rtol=1e-5, atol=1e-6)

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
+from PIL import Image
 from torch.utils import data
 
 from basicsr.utils import FileClient, img2tensor
@@ -86,6 +87,8 @@ class DRealSRCameraDataset(data.Dataset):
                                  f'scale {self.scale}')
         self.rule = CameraRule.from_options(opt.get('camera_rule'))
         self.items = self._scan(backend)
+        if backend == 'disk':
+            self._check_headers()
         self.file_client: Optional[FileClient] = None
 
     # ---------------------------------------------------------------- listing
@@ -127,6 +130,22 @@ class DRealSRCameraDataset(data.Dataset):
             items.append({'stem': stem, 'camera': cameras[i], 'gt_path': gt_path, 'lq_path': lq_path})
         return items
 
+    def _check_headers(self) -> None:
+        """Read every image's header (not its pixels) so that an unreadable file or an LR/HR size
+        mismatch stops the run before it starts, not hours into training."""
+        for item in self.items:
+            sizes = []
+            for key in ('gt_path', 'lq_path'):
+                try:
+                    with Image.open(item[key]) as image:
+                        sizes.append(image.size)
+                except (OSError, ValueError) as err:
+                    raise InputError(f"image '{item[key]}' of dataset '{self.name}' is corrupt or not an image "
+                                     f'({type(err).__name__})') from None
+            (gw, gh), (lw, lh) = sizes
+            if (gw, gh) != (lw * self.scale, lh * self.scale):
+                raise InputError(_size_mismatch(item['stem'], self.name, lw, lh, gw, gh, self.scale))
+
     @property
     def cameras(self) -> Dict[str, int]:
         """Images per camera in this dataset."""
@@ -162,9 +181,7 @@ class DRealSRCameraDataset(data.Dataset):
         lq = self._read(item['lq_path'], 'lq')
         h, w = lq.shape[:2]
         if gt.shape[0] != h * self.scale or gt.shape[1] != w * self.scale:
-            raise InputError(f"size mismatch for '{item['stem']}' in dataset '{self.name}': LR {w}x{h} times "
-                             f"scale {self.scale} is {w * self.scale}x{h * self.scale}, HR is "
-                             f'{gt.shape[1]}x{gt.shape[0]}')
+            raise InputError(_size_mismatch(item['stem'], self.name, w, h, gt.shape[1], gt.shape[0], self.scale))
         if self.phase == 'train':
             rng = np.random.default_rng([self.seed, int(index)])
             gt, lq = random_crop_and_flip(gt, lq, self.opt['gt_size'], self.scale, rng,
@@ -173,6 +190,11 @@ class DRealSRCameraDataset(data.Dataset):
         gt_t, lq_t = img2tensor([gt, lq], bgr2rgb=True, float32=True)
         return {'lq': lq_t, 'gt': gt_t, 'lq_path': item['lq_path'], 'gt_path': item['gt_path'],
                 'camera': item['camera']}
+
+
+def _size_mismatch(stem: str, name: str, lw: int, lh: int, gw: int, gh: int, scale: int) -> str:
+    return (f"size mismatch for '{stem}' in dataset '{name}': LR {lw}x{lh} times scale {scale} is "
+            f'{lw * scale}x{lh * scale}, HR is {gw}x{gh}')
 
 
 def random_crop_and_flip(gt: np.ndarray, lq: np.ndarray, gt_size: int, scale: int, rng: np.random.Generator,

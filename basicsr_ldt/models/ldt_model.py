@@ -21,7 +21,7 @@ from basicsr.utils.dist_util import get_dist_info
 from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
 
 from basicsr_ldt.errors import InputError
-from basicsr_ldt.ldt import LDT, LDTConfig, Partition, preset
+from basicsr_ldt.ldt import LDT, LDTConfig, Partition, preset, select
 from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.models.resumable import ResumableMixin
 
@@ -114,6 +114,7 @@ class LDTSRModel(ResumableMixin, SRModel):
         self._schedulers: Dict[int, object] = {}
         self._phase: Optional[str] = None
         self.ldt = LDT(self.get_bare_model(self.net_g), self.config, self._make_optimizer)
+        self._check_head_patterns()
         seed, parts = self.opt.get('manual_seed', 0), 2 if self.config.head_warmup_iters else 1
         train_data = self.opt['datasets']['train']
         self._phase_data = {
@@ -121,6 +122,15 @@ class LDTSRModel(ResumableMixin, SRModel):
             'profile': PhaseBatches(train_data, parts - 1, parts, seed, self.device) if self.config.profile_iters
             else None}
         self.log_dict = OrderedDict()
+
+    def _check_head_patterns(self) -> None:
+        """Fail before training when the head patterns a phase needs match no parameter."""
+        if not (self.config.head_warmup_iters or self.config.partition == 'name'):
+            return
+        names = self.ldt.names
+        if not select(names, self.config.head_patterns):
+            raise InputError(f'ldt.head_patterns {list(self.config.head_patterns)} match no parameter of '
+                             f"{self.opt['network_g']['type']} (its last parameters: {', '.join(names[-4:])})")
 
     # ------------------------------------------------------------------ optimizers/schedulers
     def _make_optimizer(self, params: List[torch.nn.Parameter], role: str) -> torch.optim.Optimizer:
@@ -197,15 +207,8 @@ class LDTSRModel(ResumableMixin, SRModel):
         else:
             lq, gt = self.lq, self.gt
         losses = self.ldt.update(lambda network: self.cri_pix(network(lq), gt), current_iter)
-        self._check_finite(losses, current_iter)
         self.log_dict = self.reduce_loss_dict(OrderedDict((k, torch.tensor(v)) for k, v in losses.items()))
-
-    def _check_finite(self, losses: Dict[str, float], current_iter: int) -> None:
-        for name, value in losses.items():
-            if not torch.isfinite(torch.tensor(value)):
-                branch = name[2:] if name.startswith('l_') else name
-                raise FloatingPointError(f'non-finite loss {value} at iteration {current_iter} in the {branch} '
-                                         'branch; the last saved checkpoint is intact')
+        self.check_finite_losses(current_iter)
 
     # ------------------------------------------------------------------ composite network
     def composite_network(self) -> torch.nn.Module:
@@ -225,7 +228,16 @@ class LDTSRModel(ResumableMixin, SRModel):
         with torch.no_grad():
             self.output = network(self.lq)
 
+    def replica_tensors(self) -> List[torch.Tensor]:
+        tensors = list(self.ldt.primary.parameters())
+        if self.ldt.auxiliary is not None:
+            tensors += list(self.ldt.auxiliary.parameters())
+        if self.ldt.partition is not None:
+            tensors.append(torch.tensor(list(self.ldt.partition.dpu_coefficients.values()), dtype=torch.float64))
+        return tensors
+
     def save(self, epoch: int, current_iter: int) -> None:
+        self.check_replicas_agree(current_iter)
         self.save_network(self.composite_network(), 'net_g', current_iter)
         self.save_training_state(epoch, current_iter)
 

@@ -6,10 +6,11 @@ uninterrupted one. The mixin fixes all three without touching BasicSR.
 """
 import os
 import random
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from basicsr.utils import get_root_logger
 from basicsr.utils.dist_util import master_only
@@ -42,6 +43,27 @@ class ResumableMixin:
     """Atomic ``net_*.pth`` and ``*.state`` files; training states that also hold RNG state and
     whatever :meth:`extra_training_state` returns (a subclass's method state)."""
 
+    def model_to_device(self, net):
+        # BasicSR's DDP wrapper pins a CUDA device; on CPU (gloo) DDP takes no device ids.
+        if self.opt['dist'] and self.device.type == 'cpu':
+            from torch.nn.parallel import DistributedDataParallel
+            return DistributedDataParallel(net.to(self.device),
+                                           find_unused_parameters=self.opt.get('find_unused_parameters', False))
+        return super().model_to_device(net)
+
+    def optimize_parameters(self, current_iter):
+        super().optimize_parameters(current_iter)
+        self.check_finite_losses(current_iter)
+
+    def check_finite_losses(self, current_iter: int) -> None:
+        """Stop on a NaN/inf loss before it reaches a checkpoint (the last saved one stays good)."""
+        for name, value in self.log_dict.items():
+            if not torch.isfinite(torch.as_tensor(value)).all():
+                where = f'the {name[2:]} branch' if name in ('l_primary', 'l_auxiliary') else f'loss {name}'
+                raise FloatingPointError(f'non-finite loss ({float(value)}) at iteration {current_iter} in {where}; '
+                                         'training stopped, the last saved checkpoint is intact')
+
+    @master_only
     def save_network(self, net, net_label, current_iter, param_key='params'):
         label = 'latest' if current_iter == -1 else current_iter
         nets = net if isinstance(net, list) else [net]
@@ -55,6 +77,29 @@ class ResumableMixin:
     def load_network(self, net, load_path, strict=True, param_key='params'):
         load_weights(self.get_bare_model(net), load_path, param_key, strict)
         get_root_logger().info(f'Loaded {type(self.get_bare_model(net)).__name__} from {load_path} [{param_key}]')
+
+    def replica_tensors(self) -> List[torch.Tensor]:
+        """Tensors every rank must hold identically (checked at each checkpoint under torchrun)."""
+        return list(self.get_bare_model(self.net_g).parameters())
+
+    def check_replicas_agree(self, current_iter: int) -> None:
+        """Under torchrun, fail loudly if the ranks' weights diverged instead of saving rank 0's copy
+        of a silently broken run; logs the check so users see it held."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        with torch.no_grad():
+            fingerprint = torch.stack([t.detach().double().sum() for t in self.replica_tensors()]).cpu()
+            low, high = fingerprint.clone(), fingerprint.clone()
+            dist.all_reduce(low, op=dist.ReduceOp.MIN)
+            dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        if not torch.equal(low, high):
+            raise RuntimeError(f'ranks hold different weights at iteration {current_iter} '
+                               f'({int((low != high).sum())} tensors differ)')
+        get_root_logger().info(f'replicas identical on {dist.get_world_size()} ranks at iteration {current_iter}')
+
+    def save(self, epoch, current_iter):
+        self.check_replicas_agree(current_iter)
+        super().save(epoch, current_iter)
 
     def extra_training_state(self) -> Dict[str, Any]:
         """Method state to store beside optimizers and schedulers; subclasses extend it."""
