@@ -11,6 +11,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from basicsr.losses import build_loss
@@ -97,8 +98,14 @@ class LDTSRModel(ResumableMixin, SRModel):
 
     def model_to_device(self, net):
         # The branches synchronise gradients themselves (``average_gradients``): a DDP wrapper
-        # cannot be deep-copied into the auxiliary branch.
-        return net.to(self.device)
+        # cannot be deep-copied into the auxiliary branch. What DDP would do at construction,
+        # starting every rank from rank 0's weights (seeds differ per rank), is done here.
+        net = net.to(self.device)
+        if self.opt['dist']:
+            with torch.no_grad():
+                for tensor in list(net.parameters()) + list(net.buffers()):
+                    dist.broadcast(tensor, src=0)
+        return net
 
     def init_training_settings(self) -> None:
         train_opt = self.opt['train']
@@ -207,7 +214,8 @@ class LDTSRModel(ResumableMixin, SRModel):
         else:
             lq, gt = self.lq, self.gt
         losses = self.ldt.update(lambda network: self.cri_pix(network(lq), gt), current_iter)
-        self.log_dict = self.reduce_loss_dict(OrderedDict((k, torch.tensor(v)) for k, v in losses.items()))
+        losses = OrderedDict((k, torch.tensor(v)) for k, v in losses.items())
+        self.log_dict = self.reduce_loss_dict(losses) if losses else losses  # profiling has no loss to log
         self.check_finite_losses(current_iter)
 
     # ------------------------------------------------------------------ composite network

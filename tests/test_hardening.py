@@ -1,0 +1,147 @@
+"""When things go wrong: bad input stops in one line and writes nothing, a killed run resumes to the
+same weights, checkpoints with code are refused, a NaN stops training, torchrun works on CPU."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, run_entry
+from test_cli import NETWORK as TINY_RESNET
+from test_cli import dataset, train_options, write
+from test_ldt_model import ldt_options, uninterrupted, weights  # noqa: F401  (module fixture)
+
+
+def last_line(result):
+    return result.stderr.strip().splitlines()[-1]
+
+
+def assert_one_line_failure(project, result, name, code=2):
+    assert result.returncode == code, result.stderr[-2000:]
+    assert 'Traceback' not in result.stderr
+    assert not (project / 'experiments' / name).exists()
+
+
+@pytest.mark.parametrize('change, message', [
+    (lambda o: o['ldt'].update(ratio=0.5), "error: ldt: unknown LDT option 'ratio'; did you mean 'ratio_u'?"),
+    (lambda o: o['ldt'].update(ratio_u=1.5), "error: ldt: LDT option 'ratio_u' must lie strictly between 0 and 1"),
+    (lambda o: o['ldt'].update(head_patterns=['tail']), "error: ldt.head_patterns ['tail'] match no parameter of SAFMN"),
+    (lambda o: o['ldt'].update(profile_iters=20), 'error: ldt: head_warmup_iters (2) + profile_iters (20) must be smaller'),
+    (lambda o: o['datasets']['train'].pop('dataroot_gt'), "error: dataset 'Train_Olympus' needs option 'dataroot_gt'"),
+    (lambda o: o['datasets']['val_targets'].update(cameras=['Leica']), "error: unknown camera(s) 'Leica'"),
+], ids=['ldt_key', 'ratio_u', 'head_patterns', 'phase_lengths', 'dataroot', 'camera'])
+def test_bad_options_fail_in_one_line_and_write_nothing(project, demo_data, change, message):
+    opt = ldt_options(demo_data, 'bad')
+    change(opt)
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'bad.yml', opt), check=False)
+    assert_one_line_failure(project, result, 'bad')
+    assert last_line(result).startswith(message)
+
+
+def test_corrupt_image_fails_before_training(project, demo_data, tmp_path):
+    import shutil
+    data = tmp_path / 'data'
+    shutil.copytree(demo_data, data)
+    (data / 'Train_x4' / 'train_LR' / 'Olympus_003_x4.png').write_bytes(b'\x89PNG broken')
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'c.yml', train_options(data, 'bad')), check=False)
+    assert_one_line_failure(project, result, 'bad')
+    assert 'Olympus_003_x4.png' in last_line(result) and 'corrupt' in last_line(result)
+
+
+def test_mismatched_pretrained_keys_are_listed(project, demo_data):
+    other = torch.nn.Conv2d(3, 3, 3)
+    torch.save({'params': other.state_dict()}, project / 'other.pth')
+    opt = train_options(demo_data, 'bad', path={'pretrain_network_g': str(project / 'other.pth')})
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'p.yml', opt), check=False)
+    assert_one_line_failure(project, result, 'bad')
+    line = last_line(result)
+    assert "does not fit network MSRResNet: keys" in line and '14 missing (e.g. body.0.conv1.bias' in line
+    assert '2 unexpected (e.g. bias, weight)' in line
+
+
+class CodeInCheckpoint:
+    """Anything that is not tensors and plain containers: unpickling it could run code."""
+
+    def __reduce__(self):
+        return (os.system, ('echo pwned',))
+
+
+def test_checkpoint_carrying_code_is_refused(project, demo_data):
+    torch.save({'params': {}, 'payload': CodeInCheckpoint()}, project / 'evil.pth')
+    test_opt = {'name': 'evil', 'scale': 4, 'num_gpu': 0, 'network_g': TINY_RESNET, 'path': {},
+                'datasets': {'test_1': dataset(demo_data, 'Test', ['Sony'])},
+                'checkpoints': [{'label': 'x', 'path': str(project / 'evil.pth')}]}
+    result = run_entry(project, 'test.py', '-opt', write(project / 'e.yml', test_opt), check=False)
+    assert result.returncode == 2 and 'pwned' not in result.stdout
+    assert last_line(result).startswith(f"error: refusing to load checkpoint '{project / 'evil.pth'}': it contains "
+                                        'pickled objects')
+    assert not (project / 'results' / 'evil').exists()
+
+
+@pytest.mark.parametrize('model', ['FTSRModel', 'LDTSRModel'])
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(project, demo_data, model):
+    make = (lambda **kw: ldt_options(demo_data, 'nan', **kw)) if model == 'LDTSRModel' else \
+        (lambda **kw: train_options(demo_data, 'nan', **kw))
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'n.yml', make(total_iter=6)))
+    models = project / 'experiments' / 'nan' / 'models'
+    before = (models / 'net_g_6.pth').read_bytes()
+    opt = make(total_iter=8)
+    opt['train']['pixel_opt']['loss_weight'] = float('nan')
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'n.yml', opt), '--auto_resume', check=False)
+    assert result.returncode == 3 and 'Traceback' not in result.stderr
+    where = 'in the primary branch' if model == 'LDTSRModel' else 'in loss l_pix'
+    assert last_line(result) == (f'error: non-finite loss (nan) at iteration 7 {where}; training stopped, '
+                                 'the last saved checkpoint is intact')
+    assert (models / 'net_g_6.pth').read_bytes() == before and not (models / 'net_g_7.pth').exists()
+
+
+@pytest.mark.parametrize('after_state', [1, 3, 6], ids=['warmup', 'profile', 'dual'])
+def test_sigkill_then_auto_resume_gives_the_uninterrupted_weights(uninterrupted, demo_data, after_state):  # noqa: F811
+    project, _ = uninterrupted
+    name = f'killed{after_state}'
+    yml = write(project / f'{name}.yml', ldt_options(demo_data, name))
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES='')
+    process = subprocess.Popen([sys.executable, 'Train_pip.py', '-opt', yml], cwd=project, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = project / 'experiments' / name / 'training_states' / f'{after_state}.state'
+    deadline = time.time() + 300
+    while not state.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert state.exists(), 'the run ended or timed out before the kill point'
+    run_entry(project, 'Train_pip.py', '-opt', yml, '--auto_resume')
+    expected = weights(project / 'experiments' / 'ldt' / 'models' / 'net_g_latest.pth')
+    got = weights(project / 'experiments' / name / 'models' / 'net_g_latest.pth')
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize('model', ['FTSRModel', 'LDTSRModel'])
+def test_torchrun_two_cpu_processes(project, demo_data, model):
+    opt = ldt_options(demo_data, 'ddp') if model == 'LDTSRModel' else train_options(demo_data, 'ddp')
+    opt['datasets']['train']['batch_size_per_gpu'] = 1
+    opt['logger']['save_checkpoint_freq'] = 4
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1')
+    command = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', f'--master_port={free_port()}',
+               'Train_pip.py', '-opt', write(project / 'ddp.yml', opt), '--launcher', 'pytorch']
+    result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    exp = project / 'experiments' / 'ddp'
+    log = next(exp.glob('train_ddp_*.log')).read_text()
+    assert 'World size (gpu number)' not in log and 'replicas identical on 2 ranks at iteration 4' in log
+    assert 'replicas identical on 2 ranks at iteration 8' in log or model == 'FTSRModel'
+    assert len(list(exp.glob('train_ddp_*.log'))) == 1 and (exp / 'models' / 'net_g_latest.pth').is_file()
+    if model == 'LDTSRModel':
+        partition = json.loads((exp / 'ldt_partition.json').read_text())
+        assert {layer['group'] for layer in partition['layers']} == {'stable', 'unstable'}
