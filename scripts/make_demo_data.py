@@ -133,7 +133,14 @@ CAMERA_PROFILES: Dict[str, CameraProfile] = {
                            (1.04, 1.0, 0.97), 1.02, 1.05, 'gaussian', 2.8, 2.8, 0.0, 0,
                            0.0010, 0.010, 0.2, 0.0, 88),
 }
+#: The DRealSR branches: the default build.
 DEFAULT_CAMERAS = tuple(CAMERA_PROFILES)
+#: Not a DRealSR camera: a clean, bicubic-like degradation standing in for the synthetic DF2K
+#: pretraining of released SR weights, so the demo can fine-tune from a pretrained network as
+#: the paper does. Built only when asked for (``--cameras ... Clean``).
+CAMERA_PROFILES['Clean'] = CameraProfile('synthetic pretraining data: neutral colour, mild blur, no noise, JPEG quality 100',
+                                         (1.0, 1.0, 1.0), 1.0, 1.0, 'gaussian', 0.8, 0.8, 0.0, 0,
+                                         0.0, 0.0, 0.0, 0.0, 100)
 
 
 def skimage_data_dir() -> Path:
