@@ -13,17 +13,18 @@ import basicsr_ldt  # noqa: F401  (torchvision shim + registration before any ba
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load_make_demo_data():
-    spec = importlib.util.spec_from_file_location('make_demo_data', REPO / 'scripts' / 'make_demo_data.py')
+def load_script(name: str):
+    """Import ``scripts/<name>.py`` as a module (scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / 'scripts' / f'{name}.py')
     module = importlib.util.module_from_spec(spec)
-    sys.modules['make_demo_data'] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
 @pytest.fixture(scope='session')
 def demo_module():
-    return _load_make_demo_data()
+    return load_script('make_demo_data')
 
 
 @pytest.fixture(scope='session')

@@ -1,21 +1,14 @@
 """scripts/prepare_drealsr.py: camera report, per-camera copy, aligned sub-images, lmdb the dataset reads."""
-import importlib.util
-import sys
-
 import numpy as np
 import pytest
 
 from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
-from conftest import REPO
+from conftest import load_script
 
 
 @pytest.fixture(scope='module')
 def prepare():
-    spec = importlib.util.spec_from_file_location('prepare_drealsr', REPO / 'scripts' / 'prepare_drealsr.py')
-    module = importlib.util.module_from_spec(spec)
-    sys.modules['prepare_drealsr'] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script('prepare_drealsr')
 
 
 def test_report_counts_cameras(prepare, demo_data, capsys):
