@@ -82,6 +82,16 @@ def load_resume_state(opt: Dict) -> Optional[Dict]:
     return state
 
 
+def remove_partial_writes(opt: Dict) -> None:
+    """Delete temporary files of checkpoints whose writing a killed run left unfinished."""
+    for key in ('models', 'training_states'):
+        folder = opt['path'][key]
+        for name in os.listdir(folder) if osp.isdir(folder) else []:
+            if name.startswith('.') and name.endswith('.tmp'):
+                os.remove(osp.join(folder, name))
+                get_root_logger().info(f'Removed the unfinished write {name} of the interrupted run.')
+
+
 def build_datasets(opt: Dict) -> Tuple[Dataset, List[Tuple[Dict, Dataset]]]:
     """Build every dataset before any folder is created, so bad data options cost nothing."""
     train_set, val_sets = None, []
@@ -136,6 +146,8 @@ def train_pipeline(root_path: str) -> None:
         model = _build_model(opt)
         if resume_state is not None:
             model.resume_training(resume_state)
+            if opt['rank'] == 0:
+                remove_partial_writes(opt)
     except InputError as err:
         outputs.rollback()
         fail(str(err))

@@ -76,11 +76,14 @@ def test_auto_resume_reproduces_uninterrupted_run(project, demo_data):
     run_entry(project, 'Train_pip.py', '-opt', write(project / 'b.yml', train_options(demo_data, 'cut', total_iter=3)))
     states = project / 'experiments' / 'cut' / 'training_states'
     (states / '3.state').unlink(missing_ok=True)
+    partial = states / '.3.state.x1y2.tmp'  # what a kill during the write of 3.state leaves
+    partial.write_bytes(b'half a checkpoint')
     run_entry(project, 'Train_pip.py', '-opt', write(project / 'b.yml', train_options(demo_data, 'cut')), '--auto_resume')
     full = torch.load(project / 'experiments' / 'full' / 'models' / 'net_g_latest.pth', weights_only=True)['params']
     cut = torch.load(project / 'experiments' / 'cut' / 'models' / 'net_g_latest.pth', weights_only=True)['params']
     assert full.keys() == cut.keys()
     assert all(torch.equal(full[k], cut[k]) for k in full)
+    assert not partial.exists()
 
 
 def test_bad_camera_is_one_line_and_writes_nothing(project, demo_data):
