@@ -7,7 +7,6 @@ column pair per checkpoint so FT, LDT and baselines sit side by side.
 import csv
 import json
 import logging
-import os
 from collections import OrderedDict
 from os import path as osp
 from typing import Dict, List, Mapping

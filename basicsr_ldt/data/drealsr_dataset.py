@@ -5,7 +5,7 @@ the YAML; a ``subset`` cuts the selection into disjoint, deterministic parts, be
 the head up on one part of the source data and profiles gradient variance on another.
 """
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import cv2
 import numpy as np

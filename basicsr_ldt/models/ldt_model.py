@@ -6,7 +6,6 @@ feeds it the loss of each batch, and makes everything BasicSR does with ``net_g`
 ``net_g_*.pth``) use the composite network of eq. 12. Head warm-up and variance profiling read
 disjoint halves of the source data (D_S1, D_S2) through their own loaders.
 """
-import os
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
@@ -26,8 +25,6 @@ from basicsr_ldt.ldt import LDT, LDTConfig, Partition, preset, select
 from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.models.resumable import ResumableMixin
 
-#: Keys of the ``ldt:`` section handled here rather than by ``LDTConfig``.
-ADAPTER_KEYS = ('method',)
 
 
 def ldt_config_from_options(opt: Dict) -> LDTConfig:
