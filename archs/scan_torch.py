@@ -7,6 +7,10 @@ recomputes the states in backward. Work is split into blocks of channels so that
 ``(T, b, d_block, nc, n)`` temporaries stay near :data:`BLOCK_ELEMENTS` floats, which bounds
 memory and keeps the data cache-friendly.
 
+Two kernels share the autograd function. Variable (grouped) B and C, MambaIR's case, run
+:class:`_TimeMajor`: one loop over the positions with the whole state cache-resident and saved
+checkpoints every :data:`CHECKPOINT_STEPS` positions. Constant B or C run the chunked scan below.
+
 Shapes (mamba's convention): u, delta, z ``(b, d, L)``; A ``(d, n)``; B, C either ``(d, n)``
 (constant) or ``(b, G, n, L)`` with G dividing d (a 3-D ``(b, n, L)`` is G=1, normalised by the
 caller); D, delta_bias ``(d,)``.
@@ -22,6 +26,11 @@ from archs.linear_scan import chunk_length, decayed_previous_state_, scan_forwar
 
 # Target size (in float32 elements) of one (T, b, d_block, nc, n) temporary.
 BLOCK_ELEMENTS = 1 << 21
+# Variable (grouped) B and C use the time-major step loop (:class:`_TimeMajor`); constant B or C
+# the chunked scan. Tests switch this off to exercise the chunked scan on grouped B/C too.
+TIME_MAJOR = True
+# Time-major path: positions between two saved states; backward recomputes that many at a time.
+CHECKPOINT_STEPS = 16
 
 
 @dataclass
@@ -174,6 +183,9 @@ class SelectiveScanTorch(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus: bool):  # type: ignore[override]
+        ctx.time_major = TIME_MAJOR and B.dim() == 4 and C.dim() == 4
+        if ctx.time_major:
+            return _TimeMajor.forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus)
         dtype_in = u.dtype
         u32, delta32 = u.float(), delta.float()
         A32, B32, C32 = A.float(), B.float(), C.float()
@@ -205,6 +217,8 @@ class SelectiveScanTorch(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlast):  # type: ignore[override]
+        if ctx.time_major:
+            return _TimeMajor.backward(ctx, dout, dlast)
         u, delta, A, B, C, D, z, delta_bias = ctx.saved_tensors
         u32, delta32, A32 = u.float(), delta.float(), A.float()
         B32, C32 = B.float(), C.float()
@@ -277,3 +291,197 @@ def _outer_grads(ctx, dout: torch.Tensor, du: torch.Tensor, ddelta: torch.Tensor
         ddelta = ddelta.mul_(torch.sigmoid(raw))
     dbias = ddelta.sum(dim=(0, 2))
     return [dD, dz, du, ddelta, dbias]
+
+
+class _TimeMajor:
+    """Selective scan for variable B, C ``(b, G, n, L)``: one step per position, time-major.
+
+    The chunked scan above streams every ``(T, b, d_block, nc, n)`` block through memory about
+    twenty times, which makes it memory-bound. Here the state of *all* channels, ``(b, G, n, d/G)``
+    (``b*d*n`` floats, 368 KB at MambaIR's classic shapes), fits in a 1 MB L2 cache, and one loop
+    over the L positions applies every operation of a step to it: the decay ``exp(delta*A)``, the
+    update, and ``y = C h`` as a batched ``(1, n) @ (n, d/G)`` product. Nothing of size ``b*d*n*L``
+    is ever stored. Laying the state out with the channel innermost turns every reduction over the
+    state or channel dimension into a batched matrix-vector product. As in the sequential
+    recurrence, only the decays ``exp(delta*A) <= 1`` are formed, so strong decay cannot overflow.
+    ``(b, d, L)`` tensors are moved to and from the time-major ``(L, b, d)`` layout as 2-D
+    transposes, which ATen copies in tiles.
+
+    Forward saves the state every :data:`CHECKPOINT_STEPS` positions, and delta (after bias and
+    softplus) and u time-major. Backward walks the checkpoint intervals from the end: it recomputes
+    the interval's decays and states from its checkpoint (``2 * CHECKPOINT_STEPS`` state-sized
+    buffers), then runs the adjoint recurrence ``g[l] = C[l] dy[l] + a[l+1] g[l+1]`` back
+    through the interval. Large ``(L, b, d)`` buffers are reused where possible: fresh ones are
+    slow to page in.
+    """
+
+    @staticmethod
+    def _groups(dim: int, B: torch.Tensor, C: torch.Tensor, A: torch.Tensor) -> Tuple[int, int, int]:
+        """(G, d/G, n) with G the finer of the groupings of B and C."""
+        groups = B.shape[1] * C.shape[1] // math.gcd(B.shape[1], C.shape[1])
+        return groups, dim // groups, A.shape[1]
+
+    @staticmethod
+    def _bc(m: torch.Tensor, groups: int) -> torch.Tensor:
+        """(b, G', n, L) -> float32 (L, b, G, n, 1), each of the G' groups repeated G/G' times."""
+        m = m.float().repeat_interleave(groups // m.shape[1], dim=1)
+        return m.permute(3, 0, 1, 2).contiguous().unsqueeze(-1)
+
+    @staticmethod
+    def _a_log2e(A: torch.Tensor, groups: int) -> torch.Tensor:
+        """A * log2(e) as (G, n, dg): the decay is formed as exp2(delta * A * log2(e)), because
+        ATen's float32 exp2 is about 2.7x faster than its exp on CPU. Rounding the product costs
+        at most about |delta*A| * 6e-8 relative error in a decay (below 2e-7 for |delta*A| < 3)."""
+        dim, n = A.shape
+        a2 = A.float() * math.log2(math.e)
+        return a2.view(groups, dim // groups, n).transpose(1, 2).contiguous()
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus):
+        dtype_in = u.dtype
+        batch, dim, length = u.shape
+        groups, dg, n = _TimeMajor._groups(dim, B, C, A)
+        bg, steps = batch * groups, CHECKPOINT_STEPS
+        dl = _to_time_major(delta)  # (L, b, d) float32
+        if delta_bias is not None:
+            dl.add_(delta_bias.float())
+        raw, dl = dl, (F.softplus(dl) if softplus else dl)
+        ul = _to_time_major(u)
+        shape = (length, batch, groups, 1, dg)
+        # delta*u, in the pre-softplus buffer when that is free (fresh large buffers are slow to
+        # page in); y overwrites it one position behind.
+        du = torch.mul(dl, ul, out=raw if softplus else None).view(shape)
+        del raw
+        At2 = _TimeMajor._a_log2e(A, groups)
+        Bt, Ct = _TimeMajor._bc(B, groups), _TimeMajor._bc(C, groups)
+        h = dl.new_zeros(batch, groups, n, dg)
+        a = torch.empty_like(h)
+        keep = any(ctx.needs_input_grad)  # no checkpoints under no_grad / for constant inputs
+        saved = h.new_empty(-(-length // steps) if keep else 0, *h.shape)
+        hb = h.view(bg, n, dg)
+        for t, (dl_t, du_t, B_t, C_t) in enumerate(zip(dl.view(shape).unbind(0), du.unbind(0),
+                                                       Bt.unbind(0), Ct.unbind(0))):
+            if keep and t % steps == 0:
+                saved[t // steps].copy_(h)
+            torch.mul(dl_t, At2, out=a).exp2_()  # exp(delta*A)
+            h.mul_(a).addcmul_(du_t, B_t)
+            torch.bmm(C_t.view(bg, 1, n), hb, out=du_t.view(bg, 1, dg))  # y[t]
+        last = h.transpose(2, 3).reshape(batch, dim, n)
+        out = _from_time_major(du, batch, dim)
+        del du
+        if D is not None:
+            out.addcmul_(u.float(), D.float()[:, None])
+        if z is not None:
+            out.mul_(F.silu(z.float()))
+        # Backward needs delta only after bias and softplus, and u time-major: keep those
+        # (the raw delta is not kept; sigmoid(raw) = 1 - exp(-softplus(raw))).
+        ctx.save_for_backward(u, A, B, C, D, z, dl, ul)
+        ctx.delta_dtype = delta.dtype
+        ctx.has_bias = delta_bias is not None
+        ctx.bias_dtype = None if delta_bias is None else delta_bias.dtype
+        ctx.softplus = softplus
+        ctx.entry = saved
+        return out.to(dtype_in), last
+
+    @staticmethod
+    def backward(ctx, dout, dlast):
+        u, A, B, C, D, z, dl, ul = ctx.saved_tensors
+        batch, dim, length = u.shape
+        groups, dg, n = _TimeMajor._groups(dim, B, C, A)
+        bg, steps, saved = batch * groups, CHECKPOINT_STEPS, ctx.entry
+        shape = (length, batch, groups, 1, dg)
+        du = torch.mul(dl, ul).view(shape)  # the gradient w.r.t. delta overwrites it
+        At = A.float().view(groups, dg, n).transpose(1, 2).contiguous()
+        At2 = _TimeMajor._a_log2e(A, groups)
+        Bt, Ct = _TimeMajor._bc(B, groups), _TimeMajor._bc(C, groups)
+        dout = dout.float()
+        dy = dout if z is None else dout * F.silu(z.float())
+        dyt = _to_time_major(dy).view(shape)  # the gradient w.r.t. delta*u overwrites it
+        if dlast is not None:
+            g = dlast.float().view(batch, groups, dg, n).transpose(2, 3).contiguous()
+        else:
+            g = saved.new_zeros(saved.shape[1:])
+        gb = g.view(bg, n, dg)
+        dA = torch.zeros_like(g)  # sum over batch and time of delta * (gradient w.r.t. delta*A)
+        p = torch.empty_like(g)
+        hs = saved.new_empty(steps, *g.shape)
+        decays = torch.empty_like(hs)
+        dB = Bt.new_empty(length, batch, groups, n)
+        dC = torch.empty_like(dB)
+        y = None if z is None else dl.new_empty(shape)
+        dl_s, du_s, dy_s = dl.view(shape).unbind(0), du.unbind(0), dyt.unbind(0)
+        B_s, C_s, h_s, a_s = Bt.unbind(0), Ct.unbind(0), hs.unbind(0), decays.unbind(0)
+        hbt_s = [h.view(bg, n, dg).transpose(1, 2) for h in h_s]
+        gbt = gb.transpose(1, 2)
+        for c in range(saved.shape[0] - 1, -1, -1):
+            s0, s1 = c * steps, min(length, (c + 1) * steps)
+            prev = saved[c]
+            for j in range(s1 - s0):
+                torch.mul(dl_s[s0 + j], At2, out=a_s[j]).exp2_()
+                torch.mul(a_s[j], prev, out=h_s[j]).addcmul_(du_s[s0 + j], B_s[s0 + j])
+                prev = h_s[j]
+                if y is not None:  # the gate's gradient needs y
+                    torch.bmm(C_s[s0 + j].view(bg, 1, n), prev.view(bg, n, dg),
+                              out=y[s0 + j].view(bg, 1, dg))
+            for j in range(s1 - s0 - 1, -1, -1):
+                t = s0 + j
+                dy_t, du_t = dy_s[t], du_s[t]
+                g.addcmul_(dy_t, C_s[t])  # now the gradient w.r.t. h[t]
+                torch.bmm(dy_t.view(bg, 1, dg), hbt_s[j], out=dC[t].view(bg, 1, n))
+                torch.bmm(du_t.view(bg, 1, dg), gbt, out=dB[t].view(bg, 1, n))
+                torch.bmm(B_s[t].view(bg, 1, n), gb, out=dy_t.view(bg, 1, dg))  # d(delta*u)
+                g.mul_(a_s[j])  # a[t] * g: gradient w.r.t. h[t-1] from this step
+                torch.mul(g, h_s[j - 1] if j else saved[c], out=p)  # gradient w.r.t. delta*A
+                dA.addcmul_(p, dl_s[t])
+                torch.sum(p.mul_(At), 2, keepdim=True, out=du_t)  # d(delta) through the decay
+        del hs, decays, p, h_s, a_s, hbt_s
+        ddu, ddl = dyt.view(length, batch, dim), du.view(length, batch, dim)
+        ddl.addcmul_(ddu, ul)  # gradient w.r.t. delta (after softplus)
+        ddu.mul_(dl)  # gradient w.r.t. u through delta*u
+        du_total = _from_time_major(ddu, batch, dim)
+        spare = ddu  # free now; reused below instead of fresh (slow to page in) buffers
+        if ctx.softplus:  # times softplus' = sigmoid(raw) = -expm1(-softplus(raw))
+            ddl.mul_(torch.neg(dl, out=spare).expm1_()).neg_()
+        dbias = ddl.view(length * batch, dim).sum(0) if ctx.has_bias else None
+        ddelta = _from_time_major(ddl, batch, dim)
+        spare = spare.view(batch, dim, length)
+        del du, dyt, ddl, ddu
+        dD = dz = None
+        if z is not None:
+            z32 = z.float()
+            out = _from_time_major(y, batch, dim)
+            if D is not None:
+                out.addcmul_(u.float(), D.float()[:, None])
+            sig = torch.sigmoid(z32)
+            dz = dout * out * sig * (1 + z32 * (1 - sig))
+            dout = dout * z32 * sig
+        if D is not None:
+            dD = torch.mul(dout, u.float(), out=spare).sum(dim=(0, 2))
+            du_total.addcmul_(dout, D.float()[:, None])
+        dA = dA.sum(0).transpose(1, 2).reshape(dim, n)
+
+        def bc_grad(m, dm):  # (L, b, G, n) -> (b, G', n, L), summed over the finer grouping
+            dm = dm.permute(1, 2, 3, 0)
+            return dm.reshape(batch, m.shape[1], groups // m.shape[1], n, length).sum(2)
+
+        return (du_total.to(u.dtype), ddelta.to(ctx.delta_dtype), dA.to(A.dtype),
+                bc_grad(B, dB).to(B.dtype), bc_grad(C, dC).to(C.dtype),
+                None if D is None else dD.to(D.dtype), None if z is None else dz.to(z.dtype),
+                None if dbias is None else dbias.to(ctx.bias_dtype), None)
+
+
+def _to_time_major(t: torch.Tensor) -> torch.Tensor:
+    """float32 (b, d, L) -> contiguous (L, b, d), as one 2-D transpose (ATen copies those in
+    cache-sized tiles; a general permute copy is about six times slower)."""
+    batch, dim, length = t.shape
+    out = torch.empty(length, batch, dim, dtype=torch.float32, device=t.device)
+    out.view(length, batch * dim).copy_(t.reshape(batch * dim, length).t())
+    return out
+
+
+def _from_time_major(t: torch.Tensor, batch: int, dim: int) -> torch.Tensor:
+    """(L, b, d) (any view of it) -> contiguous float32 (b, d, L), as one 2-D transpose."""
+    length = t.shape[0]
+    out = t.new_empty(batch, dim, length)
+    out.view(batch * dim, length).copy_(t.reshape(length, batch * dim).t())
+    return out

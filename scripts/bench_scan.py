@@ -98,7 +98,7 @@ def main() -> None:
     rss_ours = peak_rss_mb()
     print(f'shapes: u/delta ({args.batch}, {4 * args.d_inner}, {args.side ** 2}), B/C ({args.batch}, 4, '
           f'{args.d_state}, {args.side ** 2}); torch threads {torch.get_num_threads()}')
-    print(f'chunked scan (ours) fwd+bwd: median {statistics.median(ours):.3f} s, best {min(ours):.3f} s '
+    print(f'our scan (torch)    fwd+bwd: median {statistics.median(ours):.3f} s, best {min(ours):.3f} s '
           f'({", ".join(f"{t:.3f}" for t in ours)})')
     print(f'peak RSS: {rss_inputs:.0f} MB after making inputs, {rss_ours:.0f} MB after our scan', flush=True)
     if args.skip_loop:
