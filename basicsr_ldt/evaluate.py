@@ -23,7 +23,7 @@ from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY
 from basicsr_ldt.checkpoint import load_weights
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.inference import tiled_forward
-from basicsr_ldt.options import check_known_keys
+from basicsr_ldt.options import check_known_keys, registered
 from basicsr_ldt.outputs import OutputFolder, fail
 
 #: The ``test:`` section and its defaults (documented in the README).
@@ -113,27 +113,18 @@ def write_results(folder: str, tables: 'OrderedDict[str, OrderedDict]', per_imag
 
 
 def _build(opt: Dict):
-    """Validate everything (datasets, network, checkpoints) before a folder is created."""
+    """Validate options, datasets and the network type; checkpoints are loaded before a folder is created."""
     test_opt = dict(TEST_DEFAULTS)
     check_known_keys('test', opt.get('test') or {}, TEST_DEFAULTS)
     test_opt.update(opt.get('test') or {})
     if test_opt['crop_border'] is None:
         test_opt['crop_border'] = opt.get('scale', 4)
-    datasets = []
-    for phase, dataset_opt in opt['datasets'].items():
-        try:
-            datasets.append(DATASET_REGISTRY.get(dataset_opt.get('type'))(dataset_opt))
-        except KeyError:
-            raise InputError(f"dataset section '{phase}': unknown type '{dataset_opt.get('type')}'") from None
+    datasets = [registered(DATASET_REGISTRY, dataset_opt.get('type'), f'datasets.{phase}.type')(dataset_opt)
+                for phase, dataset_opt in (opt.get('datasets') or {}).items()]
     if not datasets:
         raise InputError("the option file has no 'datasets' section to test on")
-    if 'network_g' not in opt or opt['network_g'].get('type') not in ARCH_REGISTRY:
-        raise InputError(f"network_g.type '{opt.get('network_g', {}).get('type')}' is not a registered architecture")
-    checkpoints = checkpoints_of(opt)
-    for entry in checkpoints:  # fail on the first bad checkpoint before any inference
-        if not osp.isfile(entry['path']):
-            raise InputError(f"checkpoint '{entry['path']}' ({entry['label']}) does not exist")
-    return test_opt, datasets, checkpoints
+    registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), 'network_g.type')
+    return test_opt, datasets, checkpoints_of(opt)
 
 
 def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':

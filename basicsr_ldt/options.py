@@ -19,3 +19,10 @@ def check_known_keys(section: str, given: Mapping, valid: Iterable[str]) -> None
         if key not in valid:
             raise InputError(f"unknown option '{key}' in {section}{closest_key_hint(key, valid)}; "
                              f"valid keys: {', '.join(sorted(valid))}")
+
+
+def registered(registry, name, what: str):
+    """``registry.get(name)`` with an unknown name reported as bad input, listing the known ones."""
+    if name not in registry:
+        raise InputError(f"{what} '{name}' is not registered (known: {', '.join(sorted(k for k, _ in registry))})")
+    return registry.get(name)

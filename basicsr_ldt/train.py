@@ -21,7 +21,6 @@ import torch
 from torch.utils.data import Dataset
 
 from basicsr.data import build_dataloader
-from basicsr.data.data_sampler import EnlargedSampler
 from basicsr.data.prefetch_dataloader import CPUPrefetcher, CUDAPrefetcher
 from basicsr.models import build_model
 from basicsr.train import init_tb_loggers
@@ -30,34 +29,11 @@ from basicsr.utils.options import copy_opt_file, dict2str
 from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY, MODEL_REGISTRY
 
 from basicsr_ldt.checkpoint import load_safe
+from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.distributed import parse_training_options
 from basicsr_ldt.errors import InputError
+from basicsr_ldt.options import registered
 from basicsr_ldt.outputs import OutputFolder, fail
-
-
-class ResumableSampler(EnlargedSampler):
-    """BasicSR's ``EnlargedSampler`` that can start mid-epoch and hands out draw numbers.
-
-    For datasets with ``accepts_draw_numbers`` it yields ``epoch * total_size + slot`` instead of
-    ``slot % len(dataset)``; the dataset reads image ``draw % len`` and seeds that sample's
-    augmentation with the draw, so crops depend on the schedule, not on worker RNG state.
-    """
-
-    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, ratio: int = 1, seed: int = 0) -> None:
-        super().__init__(dataset, num_replicas, rank, ratio)
-        self.seed = seed
-        self.skip = 0
-        self.draw_numbers = bool(getattr(dataset, 'accepts_draw_numbers', False))
-
-    def __iter__(self):
-        generator = torch.Generator()
-        generator.manual_seed(self.seed * 1_000_003 + self.epoch)
-        slots = torch.randperm(self.total_size, generator=generator).tolist()
-        slots = slots[self.rank:self.total_size:self.num_replicas][self.skip:]
-        if self.draw_numbers:
-            return iter([self.epoch * self.total_size + s for s in slots])
-        size = len(self.dataset)
-        return iter([s % size for s in slots])
 
 
 def latest_training_state(opt: Dict) -> Optional[str]:
@@ -99,10 +75,7 @@ def build_datasets(opt: Dict) -> Tuple[Dataset, List[Tuple[Dict, Dataset]]]:
         kind = phase.split('_')[0]
         if kind not in ('train', 'val'):
             raise InputError(f"dataset section '{phase}': training accepts 'train' and 'val*' sections")
-        try:
-            dataset_cls = DATASET_REGISTRY.get(dataset_opt.get('type'))
-        except KeyError:
-            raise InputError(f"dataset section '{phase}': unknown type '{dataset_opt.get('type')}'") from None
+        dataset_cls = registered(DATASET_REGISTRY, dataset_opt.get('type'), f"datasets.{phase}.type")
         if kind == 'train':
             if getattr(dataset_cls, 'accepts_draw_numbers', False):
                 dataset_opt.setdefault('seed', opt['manual_seed'])
@@ -116,11 +89,8 @@ def build_datasets(opt: Dict) -> Tuple[Dataset, List[Tuple[Dict, Dataset]]]:
 
 def _build_model(opt: Dict):
     """BasicSR's ``build_model`` with unknown registry names reported as bad input."""
-    for key, registry in (('model_type', MODEL_REGISTRY), ('network_g', ARCH_REGISTRY)):
-        name = opt.get(key) if key == 'model_type' else (opt.get(key) or {}).get('type')
-        if name not in registry:
-            raise InputError(f"{key}{'' if key == 'model_type' else '.type'} '{name}' is not registered "
-                             f"(known: {', '.join(sorted(k for k, _ in registry))})")
+    registered(MODEL_REGISTRY, opt.get('model_type'), 'model_type')
+    registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), 'network_g.type')
     return build_model(opt)
 
 

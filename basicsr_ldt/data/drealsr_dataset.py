@@ -58,7 +58,7 @@ class DRealSRCameraDataset(data.Dataset):
     random state, so a resumed run sees exactly the crops an uninterrupted one would have.
     """
 
-    #: The training sampler may pass draw numbers >= len(self) (see ``basicsr_ldt.train``).
+    #: The training sampler may pass draw numbers >= len(self) (see ``basicsr_ldt.data.sampler``).
     accepts_draw_numbers = True
     #: Understands the ``subset`` option (LDT's disjoint warm-up / profiling parts).
     supports_subset = True

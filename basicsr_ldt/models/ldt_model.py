@@ -20,9 +20,11 @@ from basicsr.utils import get_root_logger
 from basicsr.utils.dist_util import get_dist_info
 from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
 
+from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.ldt import LDT, LDTConfig, Partition, preset, select
 from basicsr_ldt.models.partition_report import write_partition_report
+from basicsr_ldt.options import registered
 from basicsr_ldt.models.resumable import ResumableMixin
 
 
@@ -50,11 +52,10 @@ class PhaseBatches:
     """
 
     def __init__(self, dataset_opt: Dict, part: int, parts: int, seed: int, device: torch.device) -> None:
-        from basicsr_ldt.train import ResumableSampler
         options = dict(dataset_opt)
         if parts > 1:
             options['subset'] = {'parts': parts, 'index': part, 'seed': seed}
-        dataset_cls = DATASET_REGISTRY.get(options['type'])
+        dataset_cls = registered(DATASET_REGISTRY, options['type'], 'datasets.train.type')
         if parts > 1 and not getattr(dataset_cls, 'supports_subset', False):
             raise InputError(f"ldt: head warm-up and profiling need disjoint parts of the training data; dataset "
                              f"type '{options['type']}' cannot split itself (use DRealSRCameraDataset)")
