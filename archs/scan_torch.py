@@ -29,8 +29,10 @@ BLOCK_ELEMENTS = 1 << 21
 # Variable (grouped) B and C use the time-major step loop (:class:`_TimeMajor`); constant B or C
 # the chunked scan. Tests switch this off to exercise the chunked scan on grouped B/C too.
 TIME_MAJOR = True
-# Time-major path: positions between two saved states; backward recomputes that many at a time.
+# Time-major path: positions per interval (between two saved states).
 CHECKPOINT_STEPS = 16
+# Time-major path: side of the square tiles in which (b, d, L) <-> (L, b, d) are transposed.
+TRANSPOSE_TILE = 512
 
 
 @dataclass
@@ -294,25 +296,27 @@ def _outer_grads(ctx, dout: torch.Tensor, du: torch.Tensor, ddelta: torch.Tensor
 
 
 class _TimeMajor:
-    """Selective scan for variable B, C ``(b, G, n, L)``: one step per position, time-major.
+    """Selective scan for variable B, C ``(b, G, n, L)``: time-major, one interval at a time.
 
     The chunked scan above streams every ``(T, b, d_block, nc, n)`` block through memory about
     twenty times, which makes it memory-bound. Here the state of *all* channels, ``(b, G, n, d/G)``
-    (``b*d*n`` floats, 368 KB at MambaIR's classic shapes), fits in a 1 MB L2 cache, and one loop
-    over the L positions applies every operation of a step to it: the decay ``exp(delta*A)``, the
-    update, and ``y = C h`` as a batched ``(1, n) @ (n, d/G)`` product. Nothing of size ``b*d*n*L``
-    is ever stored. Laying the state out with the channel innermost turns every reduction over the
-    state or channel dimension into a batched matrix-vector product. As in the sequential
-    recurrence, only the decays ``exp(delta*A) <= 1`` are formed, so strong decay cannot overflow.
-    ``(b, d, L)`` tensors are moved to and from the time-major ``(L, b, d)`` layout as 2-D
-    transposes, which ATen copies in tiles.
+    (``b*d*n`` floats, 368 KB at MambaIR's classic shapes), is small enough to stay in cache, and
+    the positions are walked in intervals of :data:`CHECKPOINT_STEPS` (:class:`_Interval`). Work
+    that does not depend on the previous state is done once per interval, as a few large
+    operations that split well across threads: the decays ``exp(delta*A)``, the inputs
+    ``delta*u*B``, ``y = C h`` and the gradient of C as batched matrix-vector products (laying the
+    state out with the channel innermost turns every reduction over the state or channel
+    dimension into one). Only the recurrence and its adjoint run position by position. Nothing of
+    size ``b*d*n*L`` is ever stored. As in the sequential recurrence, only the decays
+    ``exp(delta*A) <= 1`` are formed, so strong decay cannot overflow. ``(b, d, L)`` tensors are
+    moved to and from the time-major ``(L, b, d)`` layout by :func:`_transpose_into`.
 
-    Forward saves the state every :data:`CHECKPOINT_STEPS` positions, and delta (after bias and
-    softplus) and u time-major. Backward walks the checkpoint intervals from the end: it recomputes
-    the interval's decays and states from its checkpoint (``2 * CHECKPOINT_STEPS`` state-sized
-    buffers), then runs the adjoint recurrence ``g[l] = C[l] dy[l] + a[l+1] g[l+1]`` back
-    through the interval. Large ``(L, b, d)`` buffers are reused where possible: fresh ones are
-    slow to page in.
+    Forward saves the state entering every interval, and delta (after bias and softplus) and u
+    time-major. Backward walks the intervals from the end: it recomputes the interval's decays
+    and states from its saved state (``2 * CHECKPOINT_STEPS`` state-sized buffers), then runs
+    the adjoint recurrence ``g[l] = C[l] dy[l] + a[l+1] g[l+1]`` back through the interval with
+    ``g`` and the per-position gradients cache-resident. Large ``(L, b, d)`` buffers are reused
+    where possible: fresh ones are slow to page in.
     """
 
     @staticmethod
@@ -341,7 +345,7 @@ class _TimeMajor:
         dtype_in = u.dtype
         batch, dim, length = u.shape
         groups, dg, n = _TimeMajor._groups(dim, B, C, A)
-        bg, steps = batch * groups, CHECKPOINT_STEPS
+        steps = CHECKPOINT_STEPS
         dl = _to_time_major(delta)  # (L, b, d) float32
         if delta_bias is not None:
             dl.add_(delta_bias.float())
@@ -349,23 +353,23 @@ class _TimeMajor:
         ul = _to_time_major(u)
         shape = (length, batch, groups, 1, dg)
         # delta*u, in the pre-softplus buffer when that is free (fresh large buffers are slow to
-        # page in); y overwrites it one position behind.
+        # page in); y overwrites it one interval at a time.
         du = torch.mul(dl, ul, out=raw if softplus else None).view(shape)
         del raw
         At2 = _TimeMajor._a_log2e(A, groups)
         Bt, Ct = _TimeMajor._bc(B, groups), _TimeMajor._bc(C, groups)
         h = dl.new_zeros(batch, groups, n, dg)
-        a = torch.empty_like(h)
         keep = any(ctx.needs_input_grad)  # no checkpoints under no_grad / for constant inputs
         saved = h.new_empty(-(-length // steps) if keep else 0, *h.shape)
-        hb = h.view(bg, n, dg)
-        for t, (dl_t, du_t, B_t, C_t) in enumerate(zip(dl.view(shape).unbind(0), du.unbind(0),
-                                                       Bt.unbind(0), Ct.unbind(0))):
-            if keep and t % steps == 0:
-                saved[t // steps].copy_(h)
-            torch.mul(dl_t, At2, out=a).exp2_()  # exp(delta*A)
-            h.mul_(a).addcmul_(du_t, B_t)
-            torch.bmm(C_t.view(bg, 1, n), hb, out=du_t.view(bg, 1, dg))  # y[t]
+        work = _Interval(h, steps)
+        for c in range(-(-length // steps)):
+            s0, s1 = c * steps, min(length, (c + 1) * steps)
+            if keep:
+                saved[c].copy_(h)
+            hs = work.states(dl.view(shape)[s0:s1], du[s0:s1], At2, Bt[s0:s1], h)
+            y = du[s0:s1].view(-1, 1, dg)  # y overwrites delta*u, which the states no longer need
+            torch.bmm(Ct[s0:s1].view(-1, 1, n), hs.view(-1, n, dg), out=y)
+            h.copy_(hs[-1])
         last = h.transpose(2, 3).reshape(batch, dim, n)
         out = _from_time_major(du, batch, dim)
         del du
@@ -404,37 +408,33 @@ class _TimeMajor:
         gb = g.view(bg, n, dg)
         dA = torch.zeros_like(g)  # sum over batch and time of delta * (gradient w.r.t. delta*A)
         p = torch.empty_like(g)
-        hs = saved.new_empty(steps, *g.shape)
-        decays = torch.empty_like(hs)
+        work = _Interval(g, steps)
         dB = Bt.new_empty(length, batch, groups, n)
         dC = torch.empty_like(dB)
         y = None if z is None else dl.new_empty(shape)
         dl_s, du_s, dy_s = dl.view(shape).unbind(0), du.unbind(0), dyt.unbind(0)
-        B_s, C_s, h_s, a_s = Bt.unbind(0), Ct.unbind(0), hs.unbind(0), decays.unbind(0)
-        hbt_s = [h.view(bg, n, dg).transpose(1, 2) for h in h_s]
+        B_s, C_s, h_s, a_s = Bt.unbind(0), Ct.unbind(0), work.h_s, work.a_s
         gbt = gb.transpose(1, 2)
         for c in range(saved.shape[0] - 1, -1, -1):
             s0, s1 = c * steps, min(length, (c + 1) * steps)
-            prev = saved[c]
-            for j in range(s1 - s0):
-                torch.mul(dl_s[s0 + j], At2, out=a_s[j]).exp2_()
-                torch.mul(a_s[j], prev, out=h_s[j]).addcmul_(du_s[s0 + j], B_s[s0 + j])
-                prev = h_s[j]
-                if y is not None:  # the gate's gradient needs y
-                    torch.bmm(C_s[s0 + j].view(bg, 1, n), prev.view(bg, n, dg),
-                              out=y[s0 + j].view(bg, 1, dg))
+            hs = work.states(dl.view(shape)[s0:s1], du[s0:s1], At2, Bt[s0:s1], saved[c])
+            hf = hs.view(-1, n, dg)
+            if y is not None:  # the gate's gradient needs y
+                torch.bmm(Ct[s0:s1].view(-1, 1, n), hf, out=y[s0:s1].view(-1, 1, dg))
+            # dy as transposed (1, dg) rows: MKL's batched product is about 10x slower when given
+            # the same numbers as contiguous (dg, 1) columns.
+            torch.bmm(hf, dyt[s0:s1].view(-1, 1, dg).transpose(1, 2), out=dC[s0:s1].view(-1, n, 1))
             for j in range(s1 - s0 - 1, -1, -1):
                 t = s0 + j
                 dy_t, du_t = dy_s[t], du_s[t]
                 g.addcmul_(dy_t, C_s[t])  # now the gradient w.r.t. h[t]
-                torch.bmm(dy_t.view(bg, 1, dg), hbt_s[j], out=dC[t].view(bg, 1, n))
                 torch.bmm(du_t.view(bg, 1, dg), gbt, out=dB[t].view(bg, 1, n))
                 torch.bmm(B_s[t].view(bg, 1, n), gb, out=dy_t.view(bg, 1, dg))  # d(delta*u)
                 g.mul_(a_s[j])  # a[t] * g: gradient w.r.t. h[t-1] from this step
                 torch.mul(g, h_s[j - 1] if j else saved[c], out=p)  # gradient w.r.t. delta*A
                 dA.addcmul_(p, dl_s[t])
                 torch.sum(p.mul_(At), 2, keepdim=True, out=du_t)  # d(delta) through the decay
-        del hs, decays, p, h_s, a_s, hbt_s
+        del work, p, h_s, a_s
         ddu, ddl = dyt.view(length, batch, dim), du.view(length, batch, dim)
         ddl.addcmul_(ddu, ul)  # gradient w.r.t. delta (after softplus)
         ddu.mul_(dl)  # gradient w.r.t. u through delta*u
@@ -470,18 +470,61 @@ class _TimeMajor:
                 None if dbias is None else dbias.to(ctx.bias_dtype), None)
 
 
+class _Interval:
+    """Decays and states of up to ``steps`` consecutive positions, in buffers reused by every
+    interval, with each position's view made once (indexing inside the step loop would cost
+    as much as the step itself)."""
+
+    def __init__(self, state: torch.Tensor, steps: int):
+        self.decays = state.new_empty(steps, *state.shape)
+        self.hs = torch.empty_like(self.decays)
+        self.a_s, self.h_s = self.decays.unbind(0), self.hs.unbind(0)
+
+    def states(self, dl: torch.Tensor, du: torch.Tensor, At2: torch.Tensor, Bt: torch.Tensor,
+               entry: torch.Tensor) -> torch.Tensor:
+        """States h[t] = a[t] h[t-1] + delta[t] u[t] B[t] of k positions from the state entering
+        them, as a view of this object's (k, b, G, n, d/G) buffer; the decays a[t] = exp(delta A)
+        stay in ``self.decays``. dl, du: (k, b, G, 1, d/G); Bt: (k, b, G, n, 1).
+
+        The decays and inputs of all k positions are each one operation over the interval (one
+        large operation splits across threads far better than k small ones); only the
+        recurrence runs position by position, one fused operation each.
+        """
+        k = dl.shape[0]
+        torch.mul(dl, At2, out=self.decays[:k]).exp2_()
+        torch.mul(du, Bt, out=self.hs[:k])
+        prev = entry
+        for a, h in zip(self.a_s[:k], self.h_s[:k]):
+            prev = h.addcmul_(a, prev)
+        return self.hs[:k]
+
+
 def _to_time_major(t: torch.Tensor) -> torch.Tensor:
-    """float32 (b, d, L) -> contiguous (L, b, d), as one 2-D transpose (ATen copies those in
-    cache-sized tiles; a general permute copy is about six times slower)."""
+    """(b, d, L) -> new contiguous float32 (L, b, d)."""
     batch, dim, length = t.shape
     out = torch.empty(length, batch, dim, dtype=torch.float32, device=t.device)
-    out.view(length, batch * dim).copy_(t.reshape(batch * dim, length).t())
+    _transpose_into(out.view(length, batch * dim), t.float().reshape(batch * dim, length))
     return out
 
 
 def _from_time_major(t: torch.Tensor, batch: int, dim: int) -> torch.Tensor:
-    """(L, b, d) (any view of it) -> contiguous float32 (b, d, L), as one 2-D transpose."""
+    """(L, b, d) (any view of it) -> new contiguous float32 (b, d, L)."""
     length = t.shape[0]
     out = t.new_empty(batch, dim, length)
-    out.view(batch * dim, length).copy_(t.reshape(length, batch * dim).t())
+    _transpose_into(out.view(batch * dim, length), t.reshape(length, batch * dim))
     return out
+
+
+def _transpose_into(out: torch.Tensor, t: torch.Tensor) -> None:
+    """``out[:] = t.t()`` for 2-D tensors, copied in square tiles of :data:`TRANSPOSE_TILE`.
+
+    ATen copies a whole transposed matrix on one thread, walking one side across thousands of
+    pages at a time. Tiles touch few pages on both sides and are large enough for ATen to split
+    each one across threads: at the benchmark's 5760 x 2304 into a fresh buffer, 38 ms -> 22 ms
+    with 2 threads (the same 38 ms with 1).
+    """
+    rows, cols = out.shape
+    tile = TRANSPOSE_TILE
+    for i in range(0, rows, tile):
+        for j in range(0, cols, tile):
+            out[i:i + tile, j:j + tile].copy_(t[j:j + tile, i:i + tile].t())

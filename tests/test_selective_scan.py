@@ -227,10 +227,12 @@ def _grads_match(args, softplus, out, last, ref_out, ref_last, rtol=1e-4, atol=1
 @pytest.mark.parametrize('length, steps', [(1, 4), (4, 4), (45, 4), (130, 16), (300, 7)])
 @pytest.mark.parametrize('options', ['D+bias+softplus', 'D+z+bias+softplus', ''])
 def test_time_major_path_over_many_checkpoint_intervals(monkeypatch, length, steps, options):
-    """Grouped B/C run the time-major step loop; backward recomputes the states one checkpoint
-    interval at a time. Long sequences with moderate decay, lengths that are and are not a
-    multiple of the interval, and the last state's gradient."""
+    """Grouped B/C run the time-major path; backward recomputes the states one interval at a
+    time. Long sequences with moderate decay, lengths that are and are not a multiple of the
+    interval, and the last state's gradient. Tiles of 5 make every (b, d, L) <-> (L, b, d)
+    transpose run over several tiles, with partial ones at both edges."""
     monkeypatch.setattr(scan_torch, 'CHECKPOINT_STEPS', steps)
+    monkeypatch.setattr(scan_torch, 'TRANSPOSE_TILE', 5)
     args, softplus = make_inputs('grouped', length, options, dim=8, groups=4, delta_scale=0.2)
     out, last = selective_scan(**args, delta_softplus=softplus, return_last_state=True, backend='torch')
     ref_out, ref_last = sequential_reference(**args, delta_softplus=softplus)
