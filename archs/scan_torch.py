@@ -358,19 +358,20 @@ class _TimeMajor:
         del raw
         At2 = _TimeMajor._a_log2e(A, groups)
         Bt, Ct = _TimeMajor._bc(B, groups), _TimeMajor._bc(C, groups)
-        h = dl.new_zeros(batch, groups, n, dg)
-        keep = any(ctx.needs_input_grad)  # no checkpoints under no_grad / for constant inputs
-        saved = h.new_empty(-(-length // steps) if keep else 0, *h.shape)
-        work = _Interval(h, steps)
-        for c in range(-(-length // steps)):
+        intervals = -(-length // steps)
+        keep = any(ctx.needs_input_grad)  # under no_grad only the running state is kept
+        # The state entering each interval, from which backward recomputes the interval.
+        saved = dl.new_empty(intervals if keep else 1, batch, groups, n, dg)
+        entry = saved[0].zero_()
+        work = _Interval(entry, steps)
+        for c in range(intervals):
             s0, s1 = c * steps, min(length, (c + 1) * steps)
-            if keep:
-                saved[c].copy_(h)
-            hs = work.states(dl.view(shape)[s0:s1], du[s0:s1], At2, Bt[s0:s1], h)
+            hs = work.states(dl.view(shape)[s0:s1], du[s0:s1], At2, Bt[s0:s1], entry)
             y = du[s0:s1].view(-1, 1, dg)  # y overwrites delta*u, which the states no longer need
             torch.bmm(Ct[s0:s1].view(-1, 1, n), hs.view(-1, n, dg), out=y)
-            h.copy_(hs[-1])
-        last = h.transpose(2, 3).reshape(batch, dim, n)
+            if c + 1 < intervals:
+                entry = saved[c + 1 if keep else 0].copy_(hs[-1])
+        last = hs[-1].transpose(2, 3).reshape(batch, dim, n)
         out = _from_time_major(du, batch, dim)
         del du
         if D is not None:
