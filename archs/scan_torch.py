@@ -8,8 +8,8 @@ recomputes the states in backward. Work is split into blocks of channels so that
 memory and keeps the data cache-friendly.
 
 Two kernels share the autograd function. Variable (grouped) B and C, MambaIR's case, run
-:class:`_TimeMajor`: one loop over the positions with the whole state cache-resident and saved
-checkpoints every :data:`CHECKPOINT_STEPS` positions. Constant B or C run the chunked scan below.
+:class:`_TimeMajor`: the positions in intervals of :data:`CHECKPOINT_STEPS`, the whole state
+cache-resident, and the state entering each interval saved for backward. Constant B or C run the chunked scan below.
 
 Shapes (mamba's convention): u, delta, z ``(b, d, L)``; A ``(d, n)``; B, C either ``(d, n)``
 (constant) or ``(b, G, n, L)`` with G dividing d (a 3-D ``(b, n, L)`` is G=1, normalised by the
