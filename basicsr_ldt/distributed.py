@@ -40,6 +40,18 @@ def start_process_group() -> None:
         dist.init_process_group(backend='gloo')
 
 
+def end_process_group() -> None:
+    """Wait for every rank, then shut the process group down.
+
+    Ranks other than 0 skip validation and would otherwise exit while rank 0 still works; a
+    process that exits with Gloo's threads still running can abort ("terminate called without
+    an active exception"), which torchrun reports as a failed run.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def parse_training_options(root_path: str, is_train: bool = True) -> Tuple[Dict, object]:
     """``basicsr.utils.options.parse_options`` with a CPU-capable ``--launcher pytorch``."""
     argv = sys.argv

@@ -30,7 +30,7 @@ from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY, MODEL_REGIST
 
 from basicsr_ldt.checkpoint import load_safe
 from basicsr_ldt.data.sampler import ResumableSampler
-from basicsr_ldt.distributed import parse_training_options
+from basicsr_ldt.distributed import end_process_group, parse_training_options
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.options import registered
 from basicsr_ldt.outputs import OutputFolder, fail
@@ -123,6 +123,7 @@ def train_pipeline(root_path: str) -> None:
         fail(str(err))
     tb_logger = init_tb_loggers(opt)
     _train(opt, model, train_set, val_sets, resume_state, tb_logger, logger)
+    end_process_group()
 
 
 def _train(opt: Dict, model, train_set: Dataset, val_sets, resume_state, tb_logger, logger) -> None:
