@@ -9,7 +9,8 @@ memory and keeps the data cache-friendly.
 
 Two kernels share the autograd function. Variable (grouped) B and C, MambaIR's case, run
 :class:`_TimeMajor`: the positions in intervals of :data:`CHECKPOINT_STEPS`, the whole state
-cache-resident, and the state entering each interval saved for backward. Constant B or C run the chunked scan below.
+cache-resident, and the state entering each interval saved for backward. Constant B or C run the
+chunked scan below.
 
 Shapes (mamba's convention): u, delta, z ``(b, d, L)``; A ``(d, n)``; B, C either ``(d, n)``
 (constant) or ``(b, G, n, L)`` with G dividing d (a 3-D ``(b, n, L)`` is G=1, normalised by the
@@ -504,7 +505,7 @@ def _to_time_major(t: torch.Tensor) -> torch.Tensor:
     """(b, d, L) -> new contiguous float32 (L, b, d)."""
     batch, dim, length = t.shape
     out = torch.empty(length, batch, dim, dtype=torch.float32, device=t.device)
-    _transpose_into(out.view(length, batch * dim), t.float().reshape(batch * dim, length))
+    _transpose_into(out.view(length, batch * dim), t.reshape(batch * dim, length))
     return out
 
 
