@@ -67,6 +67,16 @@ def make_inputs(bc: str, length: int, options: str, batch: int = 2, dim: int = 6
     return args, 'softplus' in options
 
 
+def _grads_match(args, softplus, out, last, ref_out, ref_last, rtol=1e-4, atol=1e-4):
+    w_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    w_last = torch.randn(last.shape, generator=torch.Generator().manual_seed(8))
+    ours = torch.autograd.grad((out * w_out).sum() + (last * w_last).sum(), list(args.values()))
+    refs = torch.autograd.grad((ref_out * w_out.double()).sum() + (ref_last * w_last.double()).sum(),
+                               list(args.values()))
+    for name, g, r in zip(args, ours, refs):
+        torch.testing.assert_close(g, r.float(), rtol=rtol, atol=atol, msg=f'gradient of {name}')
+
+
 @pytest.mark.parametrize('options', ['', 'D', 'z', 'bias+softplus', 'D+z+bias+softplus'])
 @pytest.mark.parametrize('bc', ['const', 'shared', 'grouped'])
 def test_matches_sequential_reference_forward_and_backward(bc, options):
@@ -75,13 +85,7 @@ def test_matches_sequential_reference_forward_and_backward(bc, options):
     ref_out, ref_last = sequential_reference(**args, delta_softplus=softplus)
     torch.testing.assert_close(out, ref_out.float(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(last, ref_last.float(), rtol=1e-5, atol=1e-5)
-    w_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
-    w_last = torch.randn(last.shape, generator=torch.Generator().manual_seed(6))
-    ours = torch.autograd.grad((out * w_out).sum() + (last * w_last).sum(), list(args.values()))
-    refs = torch.autograd.grad((ref_out * w_out.double()).sum() + (ref_last * w_last.double()).sum(),
-                               list(args.values()))
-    for name, g, r in zip(args, ours, refs):
-        torch.testing.assert_close(g, r.float(), rtol=1e-4, atol=1e-4, msg=f'gradient of {name}')
+    _grads_match(args, softplus, out, last, ref_out, ref_last)
 
 
 @pytest.mark.parametrize('length', [1, 2, 16, 17, 50])
@@ -198,7 +202,7 @@ def test_linear_scan_helpers_match_a_sequential_recurrence():
     x = torch.randn(steps, 2, 3, chunks, 2, generator=gen)
     seq_a = a.permute(1, 2, 4, 3, 0).reshape(2, 3, 2, -1).double()  # (b, d, n, L)
     seq_x = x.permute(1, 2, 4, 3, 0).reshape(2, 3, 2, -1).double()
-    h, prev, states, prevs = torch.zeros(2, 3, 2, dtype=torch.float64), [], [], []
+    h, states, prevs = torch.zeros(2, 3, 2, dtype=torch.float64), [], []
     for t in range(seq_a.shape[-1]):
         prevs.append(seq_a[..., t] * h)
         h = prevs[-1] + seq_x[..., t]
@@ -212,16 +216,6 @@ def test_linear_scan_helpers_match_a_sequential_recurrence():
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(last, ref[-1, ..., -1, :], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(decayed_previous_state_(plain.clone(), a), ref_prev, rtol=1e-5, atol=1e-6)
-
-
-def _grads_match(args, softplus, out, last, ref_out, ref_last, rtol=1e-4, atol=1e-4):
-    w_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
-    w_last = torch.randn(last.shape, generator=torch.Generator().manual_seed(8))
-    ours = torch.autograd.grad((out * w_out).sum() + (last * w_last).sum(), list(args.values()))
-    refs = torch.autograd.grad((ref_out * w_out.double()).sum() + (ref_last * w_last.double()).sum(),
-                               list(args.values()))
-    for name, g, r in zip(args, ours, refs):
-        torch.testing.assert_close(g, r.float(), rtol=rtol, atol=atol, msg=f'gradient of {name}')
 
 
 @pytest.mark.parametrize('length, steps', [(1, 4), (4, 4), (45, 4), (130, 16), (300, 7)])
