@@ -4,26 +4,44 @@ MambaIR needs mamba's ``selective_scan_fn``, whose CUDA extension (package ``mam
 builds on GPU machines. :func:`selective_scan` has the same signature and semantics as mamba's
 ``selective_scan_ref`` and picks a kernel at call time:
 
-* ``'cuda'``: mamba-ssm's fused kernel (CUDA tensors, mamba-ssm installed);
+* ``'cuda'`` (alias ``'mamba_ssm'``): mamba-ssm's fused kernel (CUDA tensors, mamba-ssm installed);
+* ``'triton'``: :mod:`archs.scan_triton`, one forward and one backward Triton kernel (CUDA
+  tensors; CPU tensors too when ``TRITON_INTERPRET=1``, which the tests use);
 * ``'torch'``: :class:`archs.scan_torch.SelectiveScanTorch`, pure PyTorch, any device;
-* ``'auto'`` (default): ``'cuda'`` when mamba-ssm imports and the input is on a GPU, else
-  ``'torch'``.
+* ``'auto'`` (default): for CUDA tensors ``'cuda'`` when mamba-ssm imports, else ``'triton'``
+  when triton imports, else ``'torch'``; for any other device ``'torch'``.
 
 The choice comes from the ``backend`` argument (MambaIR's ``scan_backend`` option), else from
-the environment variable :data:`BACKEND_ENV` (``BASICSR_LDT_SCAN``), else ``'auto'``.
+the environment variable :data:`BACKEND_ENV` (``BASICSR_LDT_SCAN``), else ``'auto'``. mamba-ssm
+and triton are imported only when a call needs them, never on import, so that neither is
+required and tests can set ``TRITON_INTERPRET`` before triton is first imported.
 """
+import logging
 import os
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Optional, Set, Tuple, Union
 
 import torch
 
 from archs.scan_torch import SelectiveScanTorch
+from basicsr_ldt.errors import InputError
 
 BACKEND_ENV = 'BASICSR_LDT_SCAN'
-BACKENDS = ('auto', 'torch', 'cuda')
+BACKENDS = ('auto', 'torch', 'triton', 'cuda')
+ALIASES = {'mamba_ssm': 'cuda', 'mamba-ssm': 'cuda'}
+OPTION_KEY = 'network_g.scan_backend'
+# What 'auto' tries, in order, for CUDA tensors (any other device runs 'torch').
+AUTO_ORDER = ('cuda (mamba-ssm)', 'triton', 'torch')
+
+
+class ScanBackendUnavailable(InputError, ImportError):
+    """A forced backend whose package does not import (an ImportError and an InputError)."""
+
 
 _cuda_fn: Optional[Callable] = None
 _cuda_error: Optional[str] = None
+_triton_module = None
+_triton_error: Optional[str] = None
+_logged: Set[Tuple[str, str, str]] = set()
 
 
 def _load_cuda_kernel() -> Optional[Callable]:
@@ -38,30 +56,80 @@ def _load_cuda_kernel() -> Optional[Callable]:
     return _cuda_fn
 
 
+def _load_triton():
+    """Import :mod:`archs.scan_triton` (and so triton) once; remember why it failed."""
+    global _triton_module, _triton_error
+    if _triton_module is None and _triton_error is None:
+        try:
+            import archs.scan_triton as module
+            _triton_module = module
+        except (ImportError, OSError, RuntimeError) as err:  # no triton, or a broken install
+            _triton_error = f'{type(err).__name__}: {err}'
+    return _triton_module
+
+
+def _source(backend: Optional[str]) -> str:
+    return OPTION_KEY if backend is not None else f'${BACKEND_ENV}'
+
+
 def resolve_backend(backend: Optional[str] = None) -> str:
     """The configured backend name: the argument, else $BASICSR_LDT_SCAN, else 'auto'."""
     name = backend if backend is not None else os.environ.get(BACKEND_ENV, 'auto')
     name = name.strip().lower()
+    name = ALIASES.get(name, name)
     if name not in BACKENDS:
-        source = 'scan_backend' if backend is not None else f'${BACKEND_ENV}'
-        raise ValueError(f'{source}={name!r}: expected one of {", ".join(BACKENDS)}')
+        raise InputError(f'{_source(backend)}={name!r}: expected one of {", ".join(BACKENDS)} '
+                         f'(or mamba_ssm, an alias of cuda)')
     return name
 
 
 def select_kernel(backend: Optional[str], device: torch.device) -> str:
-    """Which kernel runs for tensors on ``device``: 'torch' or 'cuda'."""
+    """Which kernel runs for tensors on ``device``: 'torch', 'triton' or 'cuda'."""
     name = resolve_backend(backend)
+    on_gpu = device.type == 'cuda'
     if name == 'torch':
         return 'torch'
     if name == 'auto':
-        return 'cuda' if device.type == 'cuda' and _load_cuda_kernel() is not None else 'torch'
+        if on_gpu and _load_cuda_kernel() is not None:
+            return 'cuda'
+        if on_gpu and _load_triton() is not None:
+            return 'triton'
+        return 'torch'
+    key = f'{_source(backend)}={name}'
+    if name == 'triton':
+        if _load_triton() is None:
+            raise ScanBackendUnavailable(
+                f'{key}: the Triton selective scan needs the package triton (it ships with the '
+                f'Linux torch wheel), which failed to import: {_triton_error}. Use torch or auto.')
+        if not on_gpu and not _triton_module.interpreting():
+            raise InputError(f'{key}: the Triton selective scan needs CUDA tensors (or '
+                             f'TRITON_INTERPRET=1 set before triton is imported, which runs it '
+                             f'slowly on CPU), got tensors on {device}. Use torch or auto.')
+        return 'triton'
     if _load_cuda_kernel() is None:
-        raise ImportError('selective scan backend "cuda" needs the optional package mamba-ssm '
-                          f'(pip install mamba-ssm; GPU only), which failed to import: {_cuda_error}. '
-                          f'Use backend "torch" or "auto" (scan_backend / ${BACKEND_ENV}).')
-    if device.type != 'cuda':
-        raise ValueError(f'selective scan backend "cuda" needs CUDA tensors, got tensors on {device}')
+        raise ScanBackendUnavailable(
+            f'{key}: selective scan backend "cuda" needs the optional package mamba-ssm '
+            f'(pip install mamba-ssm; GPU only), which failed to import: {_cuda_error}. '
+            f'Use triton, torch or auto.')
+    if not on_gpu:
+        raise InputError(f'{key}: selective scan backend "cuda" needs CUDA tensors, got tensors '
+                         f'on {device}. Use torch or auto.')
     return 'cuda'
+
+
+def describe_auto() -> str:
+    """How 'auto' chooses, for the log line written when a network is built."""
+    return f'for CUDA tensors the first that imports of {" > ".join(AUTO_ORDER)}; otherwise torch'
+
+
+def _log_kernel_once(backend: Optional[str], kernel: str, device: torch.device) -> None:
+    """Log the kernel a configuration actually runs, the first time per process and device type."""
+    name = resolve_backend(backend)
+    key = (name, kernel, device.type)
+    if key not in _logged:
+        _logged.add(key)
+        logging.getLogger('basicsr').info(
+            f'selective scan: backend {name!r} runs the {kernel!r} kernel on {device.type} tensors')
 
 
 def _check_shapes(u, delta, A, B, C, D, z, delta_bias) -> None:
@@ -95,11 +163,18 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     """``y = C h + D u`` (times ``silu(z)``) with ``h[l] = exp(delta[l] A) h[l-1] + delta[l] B[l] u[l]``.
 
     Argument meaning, shapes and return value are those of mamba's ``selective_scan_ref``
-    (real A only); ``backend`` is 'auto' | 'torch' | 'cuda' (see the module docstring).
+    (real A only); ``backend`` is 'auto' | 'torch' | 'triton' | 'cuda' (see the module
+    docstring).
     """
     _check_shapes(u, delta, A, B, C, D, z, delta_bias)
-    if select_kernel(backend, u.device) == 'cuda':
+    kernel = select_kernel(backend, u.device)
+    _log_kernel_once(backend, kernel, u.device)
+    if kernel == 'cuda':
         return _cuda_fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+    if kernel == 'triton':
+        out, last = _triton_module.selective_scan_triton(u, delta, A, B, C, D, z, delta_bias,
+                                                         bool(delta_softplus))
+        return (out, last) if return_last_state else out
     if B.dim() == 3:
         B = B.unsqueeze(1)
     if C.dim() == 3:

@@ -7,8 +7,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch  # (does not import triton)
 
-import basicsr_ldt  # noqa: F401  (torchvision shim + registration before any basicsr import)
+# Triton's CPU interpreter is chosen when triton is first imported, and basicsr_ldt's imports
+# already pull triton in (through torch._dynamo): without a GPU, switch it on now so that
+# tests/test_scan_triton.py can run the Triton scan kernels on CPU tensors.
+if not torch.cuda.is_available():
+    os.environ.setdefault('TRITON_INTERPRET', '1')
+
+import basicsr_ldt  # noqa: E402,F401  (torchvision shim + registration before any basicsr import)
 
 REPO = Path(__file__).resolve().parents[1]
 

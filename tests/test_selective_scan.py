@@ -130,10 +130,11 @@ def test_low_precision_input_keeps_its_dtype():
 
 @pytest.fixture
 def no_mamba(monkeypatch):
-    """Make ``import mamba_ssm`` fail and forget any cached kernel."""
+    """Make ``import mamba_ssm`` and the Triton kernel's import fail; forget cached kernels."""
     monkeypatch.setitem(sys.modules, 'mamba_ssm', None)
-    monkeypatch.setattr(scan_module, '_cuda_fn', None)
-    monkeypatch.setattr(scan_module, '_cuda_error', None)
+    monkeypatch.setitem(sys.modules, 'archs.scan_triton', None)
+    for name in ('_cuda_fn', '_cuda_error', '_triton_module', '_triton_error'):
+        monkeypatch.setattr(scan_module, name, None)
     monkeypatch.delenv(BACKEND_ENV, raising=False)
 
 
@@ -149,7 +150,7 @@ def test_forcing_cuda_without_mamba_ssm_names_the_package(no_mamba, monkeypatch)
 
 def test_auto_falls_back_to_torch_and_bad_names_are_rejected(no_mamba, monkeypatch):
     assert select_kernel(None, torch.device('cpu')) == 'torch'
-    assert select_kernel('auto', torch.device('cuda')) == 'torch'  # mamba-ssm missing
+    assert select_kernel('auto', torch.device('cuda')) == 'torch'  # mamba-ssm and triton missing
     monkeypatch.setenv(BACKEND_ENV, 'gpu')
     with pytest.raises(ValueError, match=BACKEND_ENV):
         select_kernel(None, torch.device('cpu'))

@@ -1,0 +1,238 @@
+"""Triton selective scan, run on CPU tensors by Triton's interpreter: outputs, last state and
+every gradient equal a float64 sequential reference (odd shapes, several chunks including a
+partial one, masked channel and state blocks), float32 state accumulation for half-precision
+inputs, O(L/chunk) saved states, and the backend choice ('auto' order, clear errors, logging)."""
+import importlib
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip('triton', reason='triton is not installed (it ships with the Linux torch wheel)')
+
+import basicsr_ldt  # noqa: E402,F401
+import archs  # noqa: E402,F401
+import archs.selective_scan as scan_module  # noqa: E402
+from archs.selective_scan import (BACKEND_ENV, ScanBackendUnavailable, resolve_backend,  # noqa: E402
+                                  select_kernel, selective_scan)
+from basicsr_ldt.errors import InputError  # noqa: E402
+from tests.test_selective_scan import make_inputs, sequential_reference  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def interpreted():
+    """archs.scan_triton with kernels for Triton's CPU interpreter.
+
+    Triton decorates its own library functions (tl.sum, ...) for the interpreter only when
+    TRITON_INTERPRET=1 is set before triton is first imported; tests/conftest.py sets it on
+    machines without a GPU. Where it was not set in time (a GPU machine, another runner), the
+    whole module runs once in a fresh process with the flag, whose result decides (the
+    in-process tests are then skipped, saying so)."""
+    import archs.scan_triton as module
+    if not module.interpreting():
+        module = importlib.reload(module)  # flag set after this module was imported
+    if not module.interpreting():
+        env = dict(os.environ, TRITON_INTERPRET='1')
+        run = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-x', '-p', 'no:cacheprovider',
+                              os.path.abspath(__file__)], cwd=REPO, env=env, capture_output=True,
+                             text=True)
+        if run.returncode != 0:
+            pytest.fail(f'interpreter tests failed in a fresh process:\n{run.stdout[-4000:]}{run.stderr[-2000:]}')
+        pytest.skip('triton was imported without TRITON_INTERPRET=1 in this process: these tests '
+                    'ran and passed in a fresh process with it')
+    saved = scan_module._triton_module, scan_module._triton_error
+    scan_module._triton_module, scan_module._triton_error = module, None
+    yield module
+    scan_module._triton_module, scan_module._triton_error = saved
+
+
+def test_interpreter_flag_is_honoured(interpreted):
+    assert interpreted.interpreting()
+    assert select_kernel('triton', torch.device('cpu')) == 'triton'
+
+
+def _all_grads(out, last, args):
+    w_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    w_last = torch.randn(last.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    loss = (out.double() * w_out).sum() + (last.double() * w_last).sum()
+    return torch.autograd.grad(loss, list(args.values()))
+
+
+def _check_against_reference(args, softplus, out, last, rtol=1e-4, atol=1e-4):
+    ref_out, ref_last = sequential_reference(**args, delta_softplus=softplus)
+    torch.testing.assert_close(out, ref_out.to(out.dtype), rtol=rtol, atol=atol)
+    torch.testing.assert_close(last, ref_last.float(), rtol=rtol, atol=atol)
+    for name, g, r in zip(args, _all_grads(out, last, args), _all_grads(ref_out, ref_last, args)):
+        assert g.dtype == args[name].dtype, name
+        torch.testing.assert_close(g, r.to(g.dtype), rtol=rtol, atol=atol, msg=f'gradient of {name}')
+
+
+@pytest.mark.parametrize('bc, options, dim, groups', [
+    ('shared', '', 5, 1),
+    ('shared', 'D+z+bias+softplus', 5, 1),
+    ('grouped', 'D+bias+softplus', 10, 2),  # 5 channels per group: a full and a partial block
+    ('grouped', 'z', 10, 2),
+    ('grouped', 'D+z+bias+softplus', 6, 3),
+    ('const', 'D+z+bias+softplus', 5, 1),
+    ('const', 'bias', 5, 1),
+])
+def test_matches_float64_reference_over_several_chunks(interpreted, bc, options, dim, groups):
+    """L=37 with chunks of 8 (four full chunks and a partial one), n=3 (masked to 4), 4-channel
+    blocks that do not divide the channels."""
+    args, softplus = make_inputs(bc, 37, options, batch=2, dim=dim, dstate=3, groups=groups)
+    out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=8, block_d=4)
+    assert out.dtype == torch.float32 and last.shape == (2, dim, 3)
+    _check_against_reference(args, softplus, out, last)
+
+
+@pytest.mark.parametrize('length, chunk', [(1, 4), (16, 16), (9, 1)])
+def test_chunk_edges(interpreted, length, chunk):
+    args, softplus = make_inputs('grouped', length, 'D+bias+softplus', dim=4, groups=2)
+    out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=chunk)
+    _check_against_reference(args, softplus, out, last)
+
+
+def test_b_and_c_with_different_groupings_through_the_public_function(interpreted):
+    """B with 2 groups, C with 3 (of 6 channels): programs follow the finer grouping and the
+    gradients are summed back to each tensor's own groups. Default chunk (longer than L)."""
+    args, softplus = make_inputs('grouped', 23, 'D+z+bias+softplus', dim=6, groups=2)
+    args['C'] = torch.randn(2, 3, 3, 23, generator=torch.Generator().manual_seed(9)).requires_grad_()
+    out, last = selective_scan(**args, delta_softplus=softplus, return_last_state=True, backend='triton')
+    _check_against_reference(args, softplus, out, last)
+
+
+def test_strong_decay_stays_finite_and_exact(interpreted):
+    """delta*A down to about -150 per step: only decays <= 1 are formed."""
+    args, _ = make_inputs('grouped', 30, 'D', dim=4, groups=2, delta_scale=50.0)
+    out, last = interpreted.selective_scan_triton(**args, chunk=8)
+    assert torch.isfinite(out).all() and torch.isfinite(last).all()
+    _check_against_reference(args, False, out, last)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_accumulate_the_state_in_float32(interpreted, dtype):
+    """The state grows to about 9.9 in steps of 0.02. A bfloat16 state (8-bit mantissa) would
+    stall at 8, where its spacing is 0.0625 and a step of 0.02 rounds away; in float32 the
+    output only carries its final rounding to the input dtype."""
+    length, dim = 500, 3
+    u = torch.ones(1, dim, length, dtype=dtype)
+    delta = torch.full((1, dim, length), 0.02, dtype=dtype)
+    A = torch.full((dim, 2), -1e-3)
+    B = torch.ones(1, 2, length, dtype=dtype)
+    C = torch.ones(1, 2, length, dtype=dtype)
+    out, last = interpreted.selective_scan_triton(u, delta, A, B, C, chunk=128)
+    ref_out, ref_last = sequential_reference(u, delta, A, B, C)
+    assert out.dtype == dtype and last.dtype == torch.float32
+    assert ref_last.min() > 9.5  # well past the point where a bfloat16 state stalls
+    torch.testing.assert_close(last, ref_last.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), ref_out, rtol=8e-3, atol=1e-2)
+
+
+def test_half_precision_gradients_keep_each_input_dtype(interpreted):
+    args, softplus = make_inputs('grouped', 21, 'D+z+bias+softplus', dim=4, groups=2)
+    half = {k: v.detach().to(torch.bfloat16 if k in ('u', 'delta', 'B', 'C', 'z') else torch.float32)
+            .requires_grad_() for k, v in args.items()}
+    out, last = interpreted.selective_scan_triton(**half, delta_softplus=softplus, chunk=8)
+    assert out.dtype == torch.bfloat16
+    _check_against_reference(half, softplus, out, last, rtol=3e-2, atol=3e-2)
+
+
+def test_backward_keeps_one_state_per_chunk(interpreted):
+    """What forward saves: the inputs and (b, d, ceil(L/chunk), n) chunk-entry states; nothing
+    of the states' full b*d*n*L size. Under no_grad nothing is saved and the output is equal."""
+    args, softplus = make_inputs('grouped', 37, 'D+bias+softplus', dim=4, groups=2)
+    out, _ = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=8)
+    sizes = [tuple(t.shape) for t in out.grad_fn.saved_tensors if t is not None]
+    assert (2, 4, 5, 3) in sizes
+    assert max(torch.Size(s).numel() for s in sizes) < 2 * 4 * 3 * 37
+    with torch.no_grad():
+        again, _ = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=8)
+    assert again.grad_fn is None
+    torch.testing.assert_close(again, out.detach(), rtol=0, atol=0)
+
+
+def test_mambair_with_the_triton_backend_matches_the_torch_backend(interpreted):
+    def build(backend):
+        torch.manual_seed(0)
+        return archs.MambaIR(upscale=2, img_size=8, embed_dim=30, depths=[1], d_state=3, mlp_ratio=1,
+                             upsampler='pixelshuffle', scan_backend=backend)
+
+    x = torch.rand(1, 3, 5, 3, generator=torch.Generator().manual_seed(1))
+    nets = [build('triton'), build('torch')]
+    outs = [net(x) for net in nets]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-5)
+    grads = []
+    for net, out in zip(nets, outs):
+        out.square().sum().backward()
+        grads.append(net.layers[0].residual_group.blocks[0].self_attention.A_logs.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-3, atol=1e-5)
+
+
+@pytest.fixture
+def without_packages(monkeypatch):
+    """mamba-ssm and the Triton kernel fail to import; cached kernels are forgotten."""
+    def block(*names):
+        for name in names:
+            monkeypatch.setitem(sys.modules, name, None)
+        for attr in ('_cuda_fn', '_cuda_error', '_triton_module', '_triton_error'):
+            monkeypatch.setattr(scan_module, attr, None)
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    return block
+
+
+def test_auto_order_for_cuda_tensors(without_packages, monkeypatch):
+    without_packages('mamba_ssm')
+    assert select_kernel('auto', torch.device('cuda')) == 'triton'  # triton imports here
+    assert select_kernel('auto', torch.device('cpu')) == 'torch'  # the interpreter is for tests only
+    monkeypatch.setattr(scan_module, '_cuda_fn', lambda *a: None)
+    assert select_kernel('auto', torch.device('cuda')) == 'cuda'  # mamba-ssm first when present
+    assert resolve_backend('mamba_ssm') == resolve_backend('CUDA') == 'cuda'
+
+
+def test_forced_backends_that_are_unavailable_name_the_option(without_packages, monkeypatch):
+    without_packages('mamba_ssm', 'archs.scan_triton')
+    args, _ = make_inputs('shared', 5, '')
+    for backend, package in (('triton', 'triton'), ('cuda', 'mamba-ssm'), ('mamba_ssm', 'mamba-ssm')):
+        with pytest.raises(ScanBackendUnavailable, match=f'network_g.scan_backend.*{package}'):
+            selective_scan(**args, backend=backend)
+    monkeypatch.setenv(BACKEND_ENV, 'triton')
+    with pytest.raises(ImportError, match=f'\\${BACKEND_ENV}=triton'):
+        selective_scan(**args)
+    assert select_kernel('auto', torch.device('cuda')) == 'torch'  # neither package: torch
+
+
+def test_forced_triton_on_cpu_without_the_interpreter_asks_for_cuda_tensors(interpreted, monkeypatch):
+    monkeypatch.setattr(interpreted, 'interpreting', lambda: False)
+    with pytest.raises(InputError, match='network_g.scan_backend=triton.*CUDA tensors.*TRITON_INTERPRET'):
+        select_kernel('triton', torch.device('cpu'))
+
+
+def test_backend_is_logged_once_at_build_and_once_at_first_use(interpreted, monkeypatch):
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger('basicsr')
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    monkeypatch.setattr(scan_module, '_logged', set())
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    try:
+        net = archs.MambaIR(upscale=2, img_size=8, embed_dim=30, depths=[2], d_state=2, mlp_ratio=1,
+                            upsampler='pixelshuffle')
+        built = [r.getMessage() for r in records]
+        assert built == ['MambaIR selective scan: scan_backend=auto (for CUDA tensors the first that '
+                         'imports of cuda (mamba-ssm) > triton > torch; otherwise torch)']
+        with torch.no_grad():
+            net(torch.rand(1, 3, 4, 4))
+            net(torch.rand(1, 3, 4, 4))
+        used = [r.getMessage() for r in records[len(built):]]
+        assert used == ["selective scan: backend 'auto' runs the 'torch' kernel on cpu tensors"]
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
