@@ -320,6 +320,8 @@ class SelectiveScanTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: int,
                 block_d: int):  # type: ignore[override]
+        if u.shape[-1] == 0:
+            raise ValueError('the selective scan needs a sequence length of at least 1')
         u, delta = u.contiguous(), delta.contiguous()
         z = None if z is None else z.contiguous()
         Bn, Cn = _normalise_bc(B), _normalise_bc(C)
@@ -358,9 +360,8 @@ class SelectiveScanTriton(torch.autograd.Function):
         dtile = torch.zeros(lay.programs, 3, lay.block_d, lay.block_n, **f32)
         dvec = torch.zeros(lay.programs, 2, lay.block_d, **f32)
         var_b, var_c = Bn.dim() == 4, Cn.dim() == 4
-        empty = torch.empty(0, **f32)
-        dB_part = torch.empty(lay.programs, lay.dstate, lay.length, **f32) if var_b else empty
-        dC_part = torch.empty(lay.programs, lay.dstate, lay.length, **f32) if var_c else empty
+        dB_part = torch.empty(lay.programs, lay.dstate, lay.length, **f32) if var_b else None
+        dC_part = torch.empty(lay.programs, lay.dstate, lay.length, **f32) if var_c else None
         with torch.cuda.device(u.device) if u.is_cuda else _nothing():
             _scan_backward_kernel[(lay.programs,)](
                 u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32),
@@ -390,7 +391,8 @@ class _nothing:
 
 
 def _or(t: Optional[torch.Tensor], fallback: torch.Tensor) -> torch.Tensor:
-    """A real tensor for a pointer argument the kernel never reads (its HAS_* flag is off)."""
+    """A real tensor for a pointer argument the kernel never touches (its flag is off); never an
+    empty one, whose null data pointer Triton's launcher rejects on a GPU."""
     return fallback if t is None else t
 
 

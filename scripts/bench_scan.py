@@ -8,8 +8,14 @@ d_inner 360 and d_state 16; a 48x48 LR training patch gives L=2304.
 The loop baseline is a fair one: decays and inputs are precomputed in time-major contiguous
 layout and unbound once (indexing a big tensor inside the loop would make its backward O(L^2)).
 
+With ``--device cuda`` the scan backends run against each other on CUDA tensors: torch, triton
+and mamba-ssm's kernel (those that import), each checked against the torch path (largest
+absolute difference of the output and of every gradient) and timed with warm-up runs (Triton
+compiles on its first call) and torch.cuda.synchronize() around every timed run.
+
     python scripts/bench_scan.py                 # classic x4 shapes, batch 4, 48x48
     python scripts/bench_scan.py --side 24 --threads 1
+    python scripts/bench_scan.py --device cuda   # backends against each other on a GPU
 """
 import argparse
 import os
@@ -24,7 +30,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from archs.selective_scan import selective_scan  # noqa: E402
+from archs.selective_scan import select_kernel, selective_scan  # noqa: E402
+
+NAMES = ('u', 'delta', 'A', 'B', 'C', 'D', 'delta_bias')
+LABELS = {'torch': 'torch', 'triton': 'triton', 'cuda': 'mamba-ssm'}
 
 
 def loop_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -62,16 +71,94 @@ def make_inputs(batch: int, d_inner: int, d_state: int, side: int, seed: int = 0
     return tuple(t.requires_grad_() for t in (u, delta, A, B, C, D, delta_bias))
 
 
-def time_fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Tuple[torch.Tensor, ...], repeats: int) -> List[float]:
-    """Seconds for one forward and backward pass, ``repeats`` times."""
+def time_fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Tuple[torch.Tensor, ...], repeats: int,
+                 warmup: int = 0) -> List[float]:
+    """Seconds for one forward and backward pass, ``repeats`` times after ``warmup`` untimed
+    runs. On CUDA the clock stops only once the device has finished (kernels run asynchronously)."""
+    cuda = inputs[0].is_cuda
     times = []
-    for _ in range(repeats):
+    for i in range(warmup + repeats):
         for t in inputs:
             t.grad = None
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         fn(*inputs).sum().backward()
-        times.append(time.perf_counter() - start)
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
     return times
+
+
+def backend_fn(backend: str) -> Callable[..., torch.Tensor]:
+    """MambaIR's call of the scan, on one backend."""
+    return lambda u, dl, A, B, C, D, db: selective_scan(u, dl, A, B, C, D, None, db, True, backend=backend)
+
+
+def output_and_grads(fn: Callable[..., torch.Tensor], inputs: Tuple[torch.Tensor, ...]) -> List[torch.Tensor]:
+    """The output and the gradients of every input for a fixed random output gradient."""
+    for t in inputs:
+        t.grad = None
+    out = fn(*inputs)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device)
+    (out * weight).sum().backward()
+    return [out.detach()] + [t.grad.detach().clone() for t in inputs]
+
+
+def available_backends(device: torch.device) -> List[Tuple[str, str]]:
+    """(backend, why not) for triton and cuda (mamba-ssm); why-not is '' when it can run here."""
+    found = []
+    for name in ('triton', 'cuda'):
+        try:
+            select_kernel(name, device)
+            found.append((name, ''))
+        except (ImportError, ValueError) as err:
+            found.append((name, str(err).split('. ')[0]))
+    return found
+
+
+def compare_backends(args: argparse.Namespace, device: torch.device) -> None:
+    """Every backend that can run on ``device`` against the torch path: error and time. Meant
+    for CUDA tensors; the tests run it on CPU tensors with Triton's interpreter."""
+    cuda = device.type == 'cuda'
+    inputs = tuple(t.detach().to(device).requires_grad_()
+                   for t in make_inputs(args.batch, args.d_inner, args.d_state, args.side))
+    device_name = torch.cuda.get_device_name(device) if cuda else str(device)
+    print(f'device: {device_name}; torch {torch.__version__}; shapes: u/delta '
+          f'({args.batch}, {4 * args.d_inner}, {args.side ** 2}), B/C ({args.batch}, 4, {args.d_state}, '
+          f'{args.side ** 2}); {args.warmup} warm-up run(s), {args.repeats} timed')
+    reference = output_and_grads(backend_fn('torch'), inputs)
+    medians = {}
+    for name, missing in [('torch', '')] + available_backends(device):
+        if missing:
+            print(f'{LABELS[name]:10s} not run: {missing}')
+            continue
+        errors = ''
+        if name != 'torch':
+            ours = output_and_grads(backend_fn(name), inputs)
+            worst = [(o - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+                     for o, r in zip(ours, reference)]
+            errors = (f'; max |diff| / max |torch|: output {worst[0]:.1e}, grads ' +
+                      ', '.join(f'{n} {e:.1e}' for n, e in zip(NAMES, worst[1:])))
+        memory = ''
+        if cuda:
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        times = time_fwd_bwd(backend_fn(name), inputs, args.repeats, args.warmup)
+        if cuda:
+            extra = (torch.cuda.max_memory_allocated(device) - base) / 2 ** 20
+            memory = f', peak memory {extra:.0f} MB above the inputs'
+        medians[name] = statistics.median(times)
+        print(f'{LABELS[name]:10s} fwd+bwd: median {medians[name] * 1e3:.2f} ms, best {min(times) * 1e3:.2f} ms'
+              f'{memory}{errors}', flush=True)
+    for name in medians:
+        if name != 'torch':
+            print(f'speed-up of {LABELS[name]} over torch: {medians["torch"] / medians[name]:.1f}x (medians)')
+    if not args.skip_loop:
+        loop = time_fwd_bwd(loop_scan, inputs, 1, 1)[0]
+        print(f'sequential loop fwd+bwd: {loop * 1e3:.1f} ms; torch path {loop / medians["torch"]:.1f}x faster')
 
 
 def peak_rss_mb() -> float:
@@ -88,13 +175,21 @@ def main() -> None:
     parser.add_argument('--repeats', type=int, default=3, help='runs of our scan (median and best shown)')
     parser.add_argument('--skip-loop', action='store_true', help='time our scan only')
     parser.add_argument('--threads', type=int, default=0, help='torch threads (0: leave default)')
+    parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu',
+                        help='cuda: the scan backends against each other on CUDA tensors')
+    parser.add_argument('--warmup', type=int, default=2, help='untimed runs per backend first (cuda only)')
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device == 'cuda':
+        if not torch.cuda.is_available():
+            sys.exit('bench_scan.py --device cuda: no CUDA device is available to torch '
+                     f'{torch.__version__} (torch.cuda.is_available() is False)')
+        compare_backends(args, torch.device('cuda'))
+        return
     inputs = make_inputs(args.batch, args.d_inner, args.d_state, args.side)
     rss_inputs = peak_rss_mb()
-    ours = time_fwd_bwd(lambda u, dl, A, B, C, D, db: selective_scan(
-        u, dl, A, B, C, D, None, db, True, backend='torch'), inputs, args.repeats)
+    ours = time_fwd_bwd(backend_fn('torch'), inputs, args.repeats)
     rss_ours = peak_rss_mb()
     print(f'shapes: u/delta ({args.batch}, {4 * args.d_inner}, {args.side ** 2}), B/C ({args.batch}, 4, '
           f'{args.d_state}, {args.side ** 2}); torch threads {torch.get_num_threads()}')
@@ -107,6 +202,7 @@ def main() -> None:
     print(f'sequential loop     fwd+bwd: {loop:.3f} s (peak RSS {peak_rss_mb():.0f} MB)')
     print(f'speed-up: {loop / statistics.median(ours):.1f}x (vs our median), '
           f'{loop / min(ours):.1f}x (vs our best)')
+
 
 if __name__ == '__main__':
     main()

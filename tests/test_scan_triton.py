@@ -2,9 +2,11 @@
 every gradient equal a float64 sequential reference (odd shapes, several chunks including a
 partial one, masked channel and state blocks), float32 state accumulation for half-precision
 inputs, O(L/chunk) saved states, and the backend choice ('auto' order, clear errors, logging)."""
+import argparse
 import importlib
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -19,6 +21,7 @@ import archs.selective_scan as scan_module  # noqa: E402
 from archs.selective_scan import (BACKEND_ENV, ScanBackendUnavailable, resolve_backend,  # noqa: E402
                                   select_kernel, selective_scan)
 from basicsr_ldt.errors import InputError  # noqa: E402
+from tests.conftest import load_script  # noqa: E402
 from tests.test_selective_scan import make_inputs, sequential_reference  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -236,3 +239,22 @@ def test_backend_is_logged_once_at_build_and_once_at_first_use(interpreted, monk
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
+
+
+def test_benchmark_compares_backends_against_the_torch_path(interpreted, without_packages, capsys):
+    """bench_scan.py's backend comparison (run with --device cuda on a GPU), here on CPU tensors
+    through the interpreter at tiny shapes: triton agrees with torch, a missing mamba-ssm is
+    reported as not run, and every backend gets a time."""
+    without_packages('mamba_ssm')
+    scan_module._triton_module = interpreted
+    bench = load_script('bench_scan')
+    args = argparse.Namespace(batch=1, d_inner=3, d_state=3, side=3, repeats=1, warmup=1, skip_loop=False)
+    bench.compare_backends(args, torch.device('cpu'))
+    out = capsys.readouterr().out
+    assert re.search(r'^torch +fwd\+bwd: median', out, re.M)
+    assert re.search(r'^mamba-ssm +not run: .*mamba-ssm', out, re.M)
+    errors = re.search(r'^triton +fwd\+bwd: .*output (\S+), grads (.*)$', out, re.M)
+    assert errors, out
+    values = [float(errors.group(1))] + [float(v.split()[1]) for v in errors.group(2).split(', ')]
+    assert len(values) == 8 and max(values) < 1e-4, out
+    assert 'speed-up of triton over torch' in out and 'sequential loop fwd+bwd' in out
