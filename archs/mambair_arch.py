@@ -6,7 +6,6 @@ Constructor arguments, defaults, parameter names/shapes and outputs follow the u
 (mamba-ssm is optional; ``scan_backend`` picks the kernel), and ``use_checkpoint`` works
 (upstream passes the wrong arguments to its blocks).
 """
-import logging
 import math
 from functools import partial
 from typing import Optional, Sequence, Tuple
@@ -22,7 +21,7 @@ from torch import nn
 
 from archs.arch_common import (PatchEmbed, PatchUnEmbed, UpsampleOneStep, drop_path_rates,
                                 init_transformer_weights, rgb_mean)
-from archs.selective_scan import describe_auto, resolve_backend, selective_scan
+from archs.selective_scan import log_configuration_once, resolve_backend, selective_scan
 
 SCAN_DIRECTIONS = 4  # row-major, column-major, and both reversed
 
@@ -294,9 +293,7 @@ class MambaIR(nn.Module):
         self.apply(init_transformer_weights)
         # The device is not known yet: log the preference (and how 'auto' chooses) here; the
         # kernel actually run is logged by selective_scan at the first call on each device type.
-        configured = resolve_backend(scan_backend)
-        how = f' ({describe_auto()})' if configured == 'auto' else ''
-        logging.getLogger('basicsr').info(f'MambaIR selective scan: scan_backend={configured}{how}')
+        log_configuration_once(scan_backend)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x_size = (x.shape[2], x.shape[3])

@@ -117,19 +117,26 @@ def select_kernel(backend: Optional[str], device: torch.device) -> str:
     return 'cuda'
 
 
-def describe_auto() -> str:
-    """How 'auto' chooses, for the log line written when a network is built."""
-    return f'for CUDA tensors the first that imports of {" > ".join(AUTO_ORDER)}; otherwise torch'
+def log_configuration_once(backend: Optional[str]) -> None:
+    """Log the configured backend, and for 'auto' how it chooses, once per process and setting:
+    called when a network is built, before the device of its tensors is known."""
+    name = resolve_backend(backend)
+    how = (f' (for CUDA tensors the first that imports of {" > ".join(AUTO_ORDER)}; otherwise torch)'
+           if name == 'auto' else '')
+    _log_once(('configured', name, ''), f'selective scan: scan_backend={name}{how}')
+
+
+def _log_once(key: Tuple[str, str, str], message: str) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        logging.getLogger('basicsr').info(message)
 
 
 def _log_kernel_once(backend: Optional[str], kernel: str, device: torch.device) -> None:
     """Log the kernel a configuration actually runs, the first time per process and device type."""
     name = resolve_backend(backend)
-    key = (name, kernel, device.type)
-    if key not in _logged:
-        _logged.add(key)
-        logging.getLogger('basicsr').info(
-            f'selective scan: backend {name!r} runs the {kernel!r} kernel on {device.type} tensors')
+    _log_once((name, kernel, device.type),
+              f'selective scan: backend {name!r} runs the {kernel!r} kernel on {device.type} tensors')
 
 
 def _check_shapes(u, delta, A, B, C, D, z, delta_bias) -> None:
