@@ -3,9 +3,9 @@
 On a GPU the pure-PyTorch scan is launch-bound: it issues several small kernels per position or
 per interval, for every SS2D layer. Here one kernel launch runs the whole forward and one the
 whole backward. This module imports triton at import time, so :mod:`archs.selective_scan`
-imports it only when the 'triton' backend is used (``TRITON_INTERPRET=1``, which runs the same
-kernels on CPU tensors for the tests, is read when the kernels are decorated, i.e. at that first
-import).
+imports it only when the 'triton' backend is used. ``TRITON_INTERPRET=1`` runs the same kernels
+on CPU tensors (the tests do); it must be set before triton itself is first imported, since
+Triton decorates its own library functions (``tl.sum``, ...) then (:func:`interpreting`).
 
 Work split: one program per (batch, group of channels sharing one slice of B and C, block of
 :data:`BLOCK_D` channels of that group). The program keeps its ``(BLOCK_D, n)`` state tile in
