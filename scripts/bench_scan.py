@@ -151,14 +151,16 @@ def compare_backends(args: argparse.Namespace, device: torch.device) -> None:
             extra = (torch.cuda.max_memory_allocated(device) - base) / 2 ** 20
             memory = f', peak memory {extra:.0f} MB above the inputs'
         medians[name] = statistics.median(times)
-        print(f'{LABELS[name]:10s} fwd+bwd: median {medians[name] * 1e3:.2f} ms, best {min(times) * 1e3:.2f} ms'
+        print(f'{LABELS[name]:10s} fwd+bwd: median {medians[name] * 1e3:.2f} ms, '
+              f'best {min(times) * 1e3:.2f} ms'
               f'{memory}{errors}', flush=True)
     for name in medians:
         if name != 'torch':
             print(f'speed-up of {LABELS[name]} over torch: {medians["torch"] / medians[name]:.1f}x (medians)')
     if not args.skip_loop:
         loop = time_fwd_bwd(loop_scan, inputs, 1, 1)[0]
-        print(f'sequential loop fwd+bwd: {loop * 1e3:.1f} ms; torch path {loop / medians["torch"]:.1f}x faster')
+        print(f'sequential loop fwd+bwd: {loop * 1e3:.1f} ms; '
+              f'torch path {loop / medians["torch"]:.1f}x faster')
 
 
 def peak_rss_mb() -> float:

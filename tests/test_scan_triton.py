@@ -21,7 +21,7 @@ import archs.selective_scan as scan_module  # noqa: E402
 from archs.selective_scan import (BACKEND_ENV, ScanBackendUnavailable, resolve_backend,  # noqa: E402
                                   select_kernel, selective_scan)
 from basicsr_ldt.errors import InputError  # noqa: E402
-from tests.conftest import load_script  # noqa: E402
+from conftest import load_script  # noqa: E402
 from tests.test_selective_scan import make_inputs, sequential_reference  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +45,8 @@ def interpreted():
                               os.path.abspath(__file__)], cwd=REPO, env=env, capture_output=True,
                              text=True)
         if run.returncode != 0:
-            pytest.fail(f'interpreter tests failed in a fresh process:\n{run.stdout[-4000:]}{run.stderr[-2000:]}')
+            pytest.fail('interpreter tests failed in a fresh process:\n'
+                        f'{run.stdout[-4000:]}{run.stderr[-2000:]}')
         pytest.skip('triton was imported without TRITON_INTERPRET=1 in this process: these tests '
                     'ran and passed in a fresh process with it')
     saved = scan_module._triton_module, scan_module._triton_error
