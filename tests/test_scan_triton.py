@@ -22,7 +22,7 @@ from archs.selective_scan import (BACKEND_ENV, ScanBackendUnavailable, resolve_b
                                   select_kernel, selective_scan)
 from basicsr_ldt.errors import InputError  # noqa: E402
 from conftest import load_script  # noqa: E402
-from tests.test_selective_scan import make_inputs, sequential_reference  # noqa: E402
+from test_selective_scan import make_inputs, sequential_reference  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
