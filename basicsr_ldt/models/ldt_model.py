@@ -7,7 +7,7 @@ feeds it the loss of each batch, and makes everything BasicSR does with ``net_g`
 disjoint halves of the source data (D_S1, D_S2) through their own loaders.
 """
 from collections import OrderedDict
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -38,7 +38,7 @@ def ldt_config_from_options(opt: Dict) -> LDTConfig:
     except (TypeError, ValueError) as err:
         raise InputError(f'ldt: {err}') from None
     total = int(opt['train']['total_iter'])
-    if config.head_warmup_iters + config.profile_iters >= total:
+    if config.head_warmup_iters + config.counted_profile_iters >= total:
         raise InputError(f'ldt: head_warmup_iters ({config.head_warmup_iters}) + profile_iters ({config.profile_iters}) '
                          f'must be smaller than train.total_iter ({total}), or no training would remain')
     return config
@@ -51,7 +51,8 @@ class PhaseBatches:
     skipped batches = the remainder), so a resumed run reads the same batches.
     """
 
-    def __init__(self, dataset_opt: Dict, part: int, parts: int, seed: int, device: torch.device) -> None:
+    def __init__(self, dataset_opt: Dict, part: int, parts: int, seed: int, device: torch.device,
+                 file_order: bool = False) -> None:
         options = dict(dataset_opt)
         if parts > 1:
             options['subset'] = {'parts': parts, 'index': part, 'seed': seed}
@@ -64,12 +65,28 @@ class PhaseBatches:
         self.sampler = ResumableSampler(self.dataset, world, rank, 1, seed=seed)
         self.batch_size = int(options['batch_size_per_gpu'])
         self.per_epoch = len(self.sampler) // self.batch_size
-        if self.per_epoch == 0:
+        if self.per_epoch == 0 and not file_order:  # one unshuffled pass may end in a partial batch
             raise InputError(f"ldt: part {part + 1}/{parts} of '{options.get('name')}' has {len(self.dataset)} "
                              f'images, fewer than one batch of {self.batch_size}')
+        if file_order and -(-len(range(rank, len(self.dataset), world)) // self.batch_size) < 2:
+            raise InputError(f"ldt: profile_order 'file_order' reads one pass of '{options.get('name')}' "
+                             f'({len(self.dataset)} images, batch {self.batch_size}): fewer than the 2 batches '
+                             'the statistics need')
         self.workers = int(options.get('num_worker_per_gpu', 0))
         self.device = device
         self._iterator, self._position = None, None
+
+    def first_in_file_order(self, limit: int) -> Iterator[Dict[str, torch.Tensor]]:
+        """The first ``limit`` batches of one unshuffled pass, as the official profiling loader
+        (fewer when the data hold fewer, the last one possibly partial). Under torchrun rank r
+        takes images r, r + world, ... so the ranks' batches together cover the same files."""
+        rank, world = get_dist_info()
+        loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=list(range(len(self.dataset)))[rank::world],
+                            num_workers=self.workers, drop_last=False)
+        for count, data in enumerate(loader):
+            if count == limit:
+                return
+            yield {'lq': data['lq'].to(self.device), 'gt': data['gt'].to(self.device)}
 
     def batch(self, position: int) -> Dict[str, torch.Tensor]:
         """The ``position``-th batch (0-based) of this phase."""
@@ -124,13 +141,13 @@ class LDTSRModel(ResumableMixin, SRModel):
         train_data = self.opt['datasets']['train']
         self._phase_data = {
             'warmup': PhaseBatches(train_data, 0, parts, seed, self.device) if self.config.head_warmup_iters else None,
-            'profile': PhaseBatches(train_data, parts - 1, parts, seed, self.device) if self.config.profile_iters
-            else None}
+            'profile': PhaseBatches(train_data, parts - 1, parts, seed, self.device,
+                                    self.config.profile_order == 'file_order') if self.config.profile_iters else None}
         self.log_dict = OrderedDict()
 
     def _check_head_patterns(self) -> None:
         """Fail before training when the head patterns a phase needs match no parameter."""
-        if not (self.config.head_warmup_iters or self.config.partition == 'name'):
+        if not (self.config.head_warmup_iters or (self.config.partition, self.config.deft_grouping) == ('name', 'head')):
             return
         names = self.ldt.names
         if not select(names, self.config.head_patterns):
@@ -179,6 +196,8 @@ class LDTSRModel(ResumableMixin, SRModel):
         phase = self.ldt.phase(current_iter)
         if phase == self._phase:
             return
+        if phase == 'train' and self.config.profile_iters and not self.config.profile_counts_in_total_iter:
+            self._profile_before_training(current_iter)
         self.ldt.enter(current_iter)
         self._sync_optimizer_lists()
         logger = get_root_logger()
@@ -191,6 +210,19 @@ class LDTSRModel(ResumableMixin, SRModel):
         if phase == 'train' and self.ldt.partition is not None:
             self._report_partition(self.ldt.partition)
         self._phase = phase
+
+    def _profile_before_training(self, current_iter: int) -> None:
+        """Profiling outside ``total_iter`` (``profile_counts_in_total_iter: false``), in one go."""
+        data, limit = self._phase_data['profile'], self.config.profile_iters
+        if self.config.profile_order == 'file_order':
+            batches = data.first_in_file_order(limit)
+        else:
+            batches = (data.batch(k) for k in range(limit))
+        losses = ((lambda network, b=b: self.cri_pix(network(b['lq']), b['gt'])) for b in batches)
+        count = self.ldt.profile(losses)
+        get_root_logger().info(f"LDT phase: gradient profiling on D_S2 ({count} batches, {self.config.profile_order}, "
+                               f"criterion '{self.config.criterion}') before iteration {current_iter}, "
+                               'not counted in total_iter')
 
     def _report_partition(self, partition: Partition) -> None:
         logger = get_root_logger()
