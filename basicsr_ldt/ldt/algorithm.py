@@ -118,9 +118,19 @@ class LDT:
 
     def composite(self) -> nn.Module:
         """A standalone copy of the network holding the composite weights (for validation/saving)."""
+        return self.network('composite')
+
+    def network(self, which: str = 'composite') -> nn.Module:
+        """A standalone copy of the composite (eq. 12), the primary or the auxiliary branch; a branch
+        that does not exist yet (before dual training) is the composite, i.e. the one network."""
+        if which not in ('composite', 'primary', 'auxiliary'):
+            raise ValueError(f"LDT.network: expected 'composite', 'primary' or 'auxiliary', got {which!r}")
         network = copy.deepcopy(self.primary)
         clear_routing(network)
-        network.load_state_dict(self.composite_state_dict())
+        if which == 'composite' or self.pair is None:
+            network.load_state_dict(self.composite_state_dict())
+        else:
+            network.load_state_dict(getattr(self.pair, which).state_dict())
         network.requires_grad_(True)
         return network
 

@@ -25,6 +25,7 @@ from basicsr_ldt.errors import InputError
 from basicsr_ldt.ldt import LDT, LDTConfig, Partition, preset, select
 from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.options import registered
+from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.resumable import ResumableMixin
 
 
@@ -108,8 +109,10 @@ class PhaseBatches:
 
 
 @MODEL_REGISTRY.register()
-class LDTSRModel(ResumableMixin, SRModel):
+class LDTSRModel(BestCheckpointMixin, ResumableMixin, SRModel):
     """SR model trained with LDT; ``net_g`` checkpoints hold the composite network (eq. 12)."""
+
+    validated_networks = ('composite', 'primary', 'auxiliary')  # val.best_network; default first
 
     def model_to_device(self, net):
         # The branches synchronise gradients themselves (``average_gradients``): a DDP wrapper
@@ -254,15 +257,17 @@ class LDTSRModel(ResumableMixin, SRModel):
         return self.ldt.composite().to(self.device).eval()
 
     def validation(self, dataloader, current_iter, tb_logger, save_img=False):
-        # One composite per validation run, not one per image.
-        self._composite = self.composite_network()
+        # One network per validation run, not one per image: the composite unless val.best_network
+        # names a branch (the official script validates one branch); net_g_best.pth is the composite.
+        which = (self.opt.get('val') or {}).get('best_network', 'composite')
+        self._validated = self.ldt.network(which).to(self.device).eval()
         try:
             super().validation(dataloader, current_iter, tb_logger, save_img)
         finally:
-            self._composite = None
+            self._validated = None
 
     def test(self) -> None:
-        network = getattr(self, '_composite', None) or self.composite_network()
+        network = getattr(self, '_validated', None) or self.composite_network()
         with torch.no_grad():
             self.output = network(self.lq)
 
@@ -274,6 +279,9 @@ class LDTSRModel(ResumableMixin, SRModel):
             tensors.append(torch.tensor(list(self.ldt.partition.dpu_coefficients.values()), dtype=torch.float64))
         return tensors
 
+    def best_weights(self):
+        return [self.composite_network()], ['params']
+
     def save(self, epoch: int, current_iter: int) -> None:
         self.check_replicas_agree(current_iter)
         self.save_network(self.composite_network(), 'net_g', current_iter)
@@ -281,11 +289,12 @@ class LDTSRModel(ResumableMixin, SRModel):
 
     # ------------------------------------------------------------------ resume
     def extra_training_state(self) -> Dict:
-        return {'ldt': self.ldt.state_dict()}
+        return {**super().extra_training_state(), 'ldt': self.ldt.state_dict()}
 
     def load_extra_training_state(self, state: Dict) -> None:
         if 'ldt' not in state:
             raise InputError('the training state holds no LDT state: it was not written by LDTSRModel')
+        super().load_extra_training_state(state)
         try:
             self.ldt.load_state_dict(state['ldt'])
         except ValueError as err:
