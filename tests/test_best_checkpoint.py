@@ -101,3 +101,24 @@ def test_selection_defaults_and_lower_is_better():
         'metric': 'psnr', 'dataset': 'a', 'network': 'composite', 'higher': True}
     chosen = best_selection(_opt({'save_best': True, 'best_metric': 'niqe', 'best_dataset': 'b'}))
     assert (chosen['dataset'], chosen['higher'], chosen['network']) == ('b', False, None)
+
+
+def test_param_key_g_chooses_the_starting_weights_of_every_copy(tmp_path, demo_data):
+    """path.param_key_g picks the weights FT starts from (net_g and its EMA copy) and test.py's default."""
+    from basicsr.archs import build_network as build
+    from basicsr.models import build_model
+    from basicsr_ldt.evaluate import checkpoints_of
+    from test_cli import NETWORK
+    torch.manual_seed(0)
+    params, params_ema = build(dict(NETWORK)).state_dict(), build(dict(NETWORK)).state_dict()
+    torch.save({'params': params, 'params_ema': params_ema}, tmp_path / 'both.pth')
+    for key, expected in (('params', params), ('params_ema', params_ema)):
+        opt = train_options(demo_data, 'keys', path={'pretrain_network_g': str(tmp_path / 'both.pth'),
+                                                     'param_key_g': key, 'strict_load_g': True})
+        opt['train']['ema_decay'] = 0.999
+        opt.update(is_train=True, dist=False, rank=0, world_size=1)
+        model = build_model(opt)
+        for network in (model.net_g, model.net_g_ema):
+            assert all(torch.equal(v, expected[k]) for k, v in network.state_dict().items())
+        entry = checkpoints_of({'path': {'param_key_g': key}, 'checkpoints': [{'path': 'x.pth'}]})[0]
+        assert entry['param_key'] == key
