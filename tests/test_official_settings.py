@@ -73,3 +73,19 @@ def test_official_settings_run_on_demo_data(project, pan_data):
     assert not (exp / 'training_states' / '5.state').exists()   # profiling did not use up iterations
     extra = torch.load(exp / 'training_states' / '4.state', weights_only=True)['extra']
     assert extra['best']['iter'] == 4 and extra['ldt']['phase'] == 'train'
+
+    # Killed after iteration 2 and resumed: the best so far comes back with the LDT state, and the
+    # run ends with the uninterrupted run's best weights.
+    cut = project / 'experiments' / 'cut'
+    for folder, name in (('training_states', '2.state'), ('models', 'net_g_2.pth')):
+        (cut / folder).mkdir(parents=True, exist_ok=True)
+        (cut / folder / name).write_bytes((exp / folder / name).read_bytes())
+    # What net_g_best.pth held then: the composite of iteration 2, the best so far.
+    (cut / 'models' / 'net_g_best.pth').write_bytes((exp / 'models' / 'net_g_2.pth').read_bytes())
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', official_on_demo(pan_data, 'cut')),
+              '--auto_resume')
+    resumed_log = next(cut.glob('train_cut_*.log')).read_text()
+    assert 'Resumed best psnr on Pan: ' in resumed_log and 'at iteration 2' in resumed_log
+    expected = torch.load(exp / 'models' / 'net_g_best.pth', weights_only=True)['params']
+    got = torch.load(cut / 'models' / 'net_g_best.pth', weights_only=True)['params']
+    assert all(torch.equal(expected[k], got[k]) for k in expected)

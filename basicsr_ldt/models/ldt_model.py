@@ -23,10 +23,10 @@ from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
 from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.ldt import LDT, LDTConfig, Partition, preset, select
-from basicsr_ldt.models.partition_report import write_partition_report
-from basicsr_ldt.options import registered
 from basicsr_ldt.models.best import BestCheckpointMixin
+from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.models.resumable import ResumableMixin
+from basicsr_ldt.options import registered
 
 
 
