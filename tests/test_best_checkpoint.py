@@ -27,7 +27,8 @@ def weights(path):
 
 
 def best_lines(log):
-    return [(int(i), float(v)) for v, i in re.findall(r'New best psnr on Test_Olympus: ([0-9.]+) at iteration (\d+)', log)]
+    found = re.findall(r'New best psnr on Test_Olympus: ([0-9.]+) at iteration (\d+)', log)
+    return [(int(i), float(v)) for v, i in found]
 
 
 def test_best_iteration_weights_are_saved_and_survive_resume(project, demo_data):
@@ -58,7 +59,8 @@ def test_best_iteration_weights_are_saved_and_survive_resume(project, demo_data)
                            (exp / 'models' / f'net_g_{best_iter}.pth', cut / 'models'),
                            (exp / 'models' / 'net_g_best.pth', cut / 'models')):
         target.joinpath(source.name).write_bytes(source.read_bytes())
-    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', best_options(demo_data, 'cut')), '--auto_resume')
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', best_options(demo_data, 'cut')),
+              '--auto_resume')
     resumed_log = next(cut.glob('train_cut_*.log')).read_text()
     assert f'Resumed best psnr on Test_Olympus: {best[-1][1]:.4f} at iteration {best_iter}' in resumed_log
     assert best_lines(resumed_log) == []   # nothing after the resume point beats the restored best

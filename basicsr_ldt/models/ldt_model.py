@@ -82,8 +82,9 @@ class PhaseBatches:
         (fewer when the data hold fewer, the last one possibly partial). Under torchrun rank r
         takes images r, r + world, ... so the ranks' batches together cover the same files."""
         rank, world = get_dist_info()
-        loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=list(range(len(self.dataset)))[rank::world],
-                            num_workers=self.workers, drop_last=False)
+        shard = list(range(len(self.dataset)))[rank::world]
+        loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=shard, num_workers=self.workers,
+                            drop_last=False)
         for count, data in enumerate(loader):
             if count == limit:
                 return
@@ -150,7 +151,8 @@ class LDTSRModel(BestCheckpointMixin, ResumableMixin, SRModel):
 
     def _check_head_patterns(self) -> None:
         """Fail before training when the head patterns a phase needs match no parameter."""
-        if not (self.config.head_warmup_iters or (self.config.partition, self.config.deft_grouping) == ('name', 'head')):
+        by_head = (self.config.partition, self.config.deft_grouping) == ('name', 'head')
+        if not (self.config.head_warmup_iters or by_head):
             return
         names = self.ldt.names
         if not select(names, self.config.head_patterns):
