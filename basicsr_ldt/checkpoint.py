@@ -4,6 +4,7 @@ A job killed while writing must never leave a truncated file where the last good
 was, and a checkpoint from elsewhere must never run code when it is opened: writes go to a
 temporary file in the same folder that is renamed into place, reads use ``weights_only=True``.
 """
+import logging
 import os
 import pickle
 import tempfile
@@ -50,7 +51,9 @@ def extract_state_dict(checkpoint: Any, path: str, param_key: str = 'params') ->
     if isinstance(checkpoint, dict) and param_key in checkpoint:
         state = checkpoint[param_key]
     elif isinstance(checkpoint, dict) and param_key is not None and {'params', 'params_ema'} & set(checkpoint):
-        state = checkpoint.get('params_ema', checkpoint.get('params'))
+        used = 'params_ema' if 'params_ema' in checkpoint else 'params'
+        logging.getLogger('basicsr').warning(f"checkpoint '{path}' has no '{param_key}' weights: loading '{used}'")
+        state = checkpoint[used]
     elif isinstance(checkpoint, dict) and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
         state = checkpoint
     else:

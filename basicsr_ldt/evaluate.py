@@ -50,7 +50,8 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
         if 'path' not in entry:
             raise InputError(f'checkpoints[{i}] has no path')
         label = entry.get('label') or osp.splitext(osp.basename(entry['path']))[0]
-        result.append({'label': label, 'path': entry['path'], 'param_key': entry.get('param_key', 'params')})
+        result.append({'label': label, 'path': entry['path'],
+                       'param_key': entry.get('param_key', opt.get('path', {}).get('param_key_g', 'params'))})
     labels = [e['label'] for e in result]
     if len(set(labels)) != len(labels):
         raise InputError(f'checkpoint labels must be unique, got {labels}')

@@ -32,6 +32,7 @@ from basicsr_ldt.checkpoint import load_safe
 from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.distributed import end_process_group, parse_training_options
 from basicsr_ldt.errors import InputError
+from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.options import registered
 from basicsr_ldt.outputs import OutputFolder, fail
 
@@ -114,6 +115,9 @@ def train_pipeline(root_path: str) -> None:
         logger.info(get_env_info())
         logger.info(dict2str(opt))
         model = _build_model(opt)
+        if (opt.get('val') or {}).get('save_best') and not isinstance(model, BestCheckpointMixin):
+            raise InputError(f"val.save_best needs a model type of this project (FTSRModel = BasicSR's SRModel with "
+                             f"atomic, resumable checkpoints, or LDTSRModel); got {opt['model_type']}")
         if resume_state is not None:
             model.resume_training(resume_state)
             if opt['rank'] == 0:
@@ -183,12 +187,14 @@ def _train(opt: Dict, model, train_set: Dataset, val_sets, resume_state, tb_logg
                             'time': iter_timer.get_avg_time(), 'data_time': data_timer.get_avg_time()}
                 log_vars.update(model.get_current_log())
                 msg_logger(log_vars)
-            if current_iter % opt['logger']['save_checkpoint_freq'] == 0:
-                logger.info('Saving models and training states.')
-                model.save(epoch, current_iter)
+            # Validate before saving (BasicSR saves first): the training state of this iteration then
+            # holds the best value its validation found, and the RNG draws validation makes.
             if opt.get('val') is not None and current_iter % opt['val']['val_freq'] == 0:
                 for val_loader in val_loaders:
                     model.validation(val_loader, current_iter, tb_logger, opt['val']['save_img'])
+            if current_iter % opt['logger']['save_checkpoint_freq'] == 0:
+                logger.info('Saving models and training states.')
+                model.save(epoch, current_iter)
             data_timer.start()
             iter_timer.start()
             train_data = prefetcher.next()
@@ -196,6 +202,7 @@ def _train(opt: Dict, model, train_set: Dataset, val_sets, resume_state, tb_logg
         if current_iter > total_iters:
             break
 
+    current_iter = min(current_iter, total_iters)  # the loop overshoots by one; the weights are total_iter's
     logger.info(f'End of training. Time consumed: {datetime.timedelta(seconds=int(time.time() - start_time))}')
     logger.info('Save the latest model.')
     model.save(epoch=-1, current_iter=-1)

@@ -8,7 +8,7 @@ an SR model, a classifier or anything else with a scalar loss.
 from __future__ import annotations
 
 import copy
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 import torch
 from torch import nn
@@ -50,7 +50,7 @@ class LDT:
         """'warmup' for 1..head_warmup_iters, then 'profile' for profile_iters, then 'train'."""
         if iteration <= self.config.head_warmup_iters:
             return 'warmup'
-        if iteration <= self.config.head_warmup_iters + self.config.profile_iters:
+        if iteration <= self.config.head_warmup_iters + self.config.counted_profile_iters:
             return 'profile'
         return 'train'
 
@@ -73,10 +73,7 @@ class LDT:
         if phase == 'warmup':                                   # Alg. 1 lines 1-6: head only
             return {'l_warmup': optimizer_step(self.primary, self.optimizers['warmup'], batch_loss)}
         if phase == 'profile':                                  # Alg. 1 line 8: no step
-            self.primary.zero_grad(set_to_none=True)
-            batch_loss(self.primary).backward()
-            self.statistics.accumulate_module(self.primary)
-            self.primary.zero_grad(set_to_none=True)
+            self._profile_one(batch_loss)
             return {}
         if self.pair is None:                                   # FT / LP-FT
             return {'l_finetune': optimizer_step(self.primary, self.optimizers['finetune'], batch_loss)}
@@ -86,6 +83,27 @@ class LDT:
         if self.dual_steps % self.config.ema_every == 0:
             self.pair.exchange()                                # eq. 8 / 11 (DPU coefficients)
         return {'l_primary': l_primary, 'l_auxiliary': l_auxiliary}
+
+    def profile(self, batch_losses: Iterable[BatchLoss]) -> int:
+        """Profile every batch of ``batch_losses`` now, outside the iteration count
+        (``profile_counts_in_total_iter: false``, as the official script); returns how many.
+
+        Call it once, after warm-up and before the first training iteration.
+        """
+        if self.config.profile_counts_in_total_iter:
+            raise ValueError('LDT.profile: profiling counts in the iterations here; update() profiles')
+        self._enter('profile')
+        count = 0
+        for batch_loss in batch_losses:
+            self._profile_one(batch_loss)
+            count += 1
+        return count
+
+    def _profile_one(self, batch_loss: BatchLoss) -> None:
+        self.primary.zero_grad(set_to_none=True)
+        batch_loss(self.primary).backward()
+        self.statistics.accumulate_module(self.primary)
+        self.primary.zero_grad(set_to_none=True)
 
     # -- results -------------------------------------------------------------------------------
     @property
@@ -100,9 +118,19 @@ class LDT:
 
     def composite(self) -> nn.Module:
         """A standalone copy of the network holding the composite weights (for validation/saving)."""
+        return self.network('composite')
+
+    def network(self, which: str = 'composite') -> nn.Module:
+        """A standalone copy of the composite (eq. 12), the primary or the auxiliary branch; a branch
+        that does not exist yet (before dual training) is the composite, i.e. the one network."""
+        if which not in ('composite', 'primary', 'auxiliary'):
+            raise ValueError(f"LDT.network: expected 'composite', 'primary' or 'auxiliary', got {which!r}")
         network = copy.deepcopy(self.primary)
         clear_routing(network)
-        network.load_state_dict(self.composite_state_dict())
+        if which == 'composite' or self.pair is None:
+            network.load_state_dict(self.composite_state_dict())
+        else:
+            network.load_state_dict(getattr(self.pair, which).state_dict())
         network.requires_grad_(True)
         return network
 
@@ -147,20 +175,24 @@ class LDT:
         self.current_phase = phase
 
     def _length(self, phase: str) -> int:
-        return {'warmup': self.config.head_warmup_iters, 'profile': self.config.profile_iters}.get(phase, 0)
+        return {'warmup': self.config.head_warmup_iters, 'profile': self.config.counted_profile_iters}.get(phase, 0)
 
     def _make_partition(self) -> Partition:
         cfg = self.config
         if cfg.partition_file is not None:
             return Partition.load(cfg.partition_file, self.names)
         values = None
+        if cfg.needs_profiling() and not cfg.profile_counts_in_total_iter and not (
+                self.statistics is not None and self.statistics.samples):
+            raise ValueError('LDT: profiling runs outside the iteration count here: call LDT.profile(...) '
+                             'before the first training iteration')
         if self.statistics is not None and self.statistics.samples:
             values = all_reduce_statistics(self.statistics).criterion(cfg.criterion, cfg.seed)
         elif cfg.criterion == 'random':
             values = random_statistic(len(self.names), cfg.seed)
         return build_partition(
-            self.names, values, partition=cfg.partition, ratio_u=cfg.ratio_u,
-            head_patterns=cfg.head_patterns, force_stable=cfg.force_stable,
+            self.names, values, partition=cfg.partition, ratio_u=cfg.ratio_u, ratio_s=cfg.ratio_s,
+            head_patterns=cfg.head_patterns, deft_grouping=cfg.deft_grouping, force_stable=cfg.force_stable,
             force_unstable=cfg.force_unstable, dpu=cfg.dpu, w_base_stable=cfg.w_base_stable,
             r_base_stable=cfg.r_base_stable, w_base_unstable=cfg.w_base_unstable,
             r_base_unstable=cfg.r_base_unstable, w_fixed=cfg.w_fixed, criterion=cfg.criterion)
@@ -181,11 +213,13 @@ class LDT:
     def load_state_dict(self, state: dict) -> None:
         if state.get('format') != STATE_FORMAT:
             raise ValueError(f"LDT state has format {state.get('format')!r}, expected {STATE_FORMAT}")
-        ours = self.config.to_dict()
-        changed = sorted(k for k in set(ours) | set(state['config']) if ours.get(k) != state['config'].get(k))
+        ours, saved = self.config.to_dict(), dict(state['config'])
+        for key, value in LDTConfig().to_dict().items():  # options added after the state was written
+            saved.setdefault(key, value)
+        changed = sorted(k for k in set(ours) | set(saved) if ours.get(k) != saved.get(k))
         if changed:
             raise ValueError(f'LDT state was saved with different options: {changed} '
-                             f"(saved {[state['config'].get(k) for k in changed]}, now {[ours.get(k) for k in changed]})")
+                             f"(saved {[saved.get(k) for k in changed]}, now {[ours.get(k) for k in changed]})")
         self.primary.load_state_dict(state['primary'])
         self.current_phase, self.pair, self.optimizers = None, None, {}
         self.partition = None if state['partition'] is None else Partition.from_dict(state['partition'])

@@ -15,6 +15,8 @@ CRITERIA = ('var', 'mean', 'var_over_mean', 'random')
 MODES = ('dual', 'single')
 PARTITIONS = ('criterion', 'name')
 BUFFER_SOURCES = ('primary', 'auxiliary')
+PROFILE_ORDERS = ('shuffled', 'file_order')   # file_order: the official script's unshuffled loader
+DEFT_GROUPINGS = ('head', 'non_layers')       # non_layers: official DeFT split, `layers.*` vs the rest
 
 # Upsampler / prediction-head module names of the SR networks this project ships (MambaIR, HAT,
 # SAFMN) and of BasicSR's MSRResNet/EDSR/RCAN. A pattern matches a parameter name exactly, by
@@ -39,7 +41,8 @@ class LDTConfig:
     criterion: str = 'var'
     partition: str = 'criterion'       # 'name': head unstable, backbone stable (DeFT)
     partition_file: Optional[str] = None
-    ratio_u: float = 0.4               # paper Table 9 best (0.4 reproduces Tables 1/4); code: 0.5
+    ratio_u: Optional[float] = 0.4     # paper Table 9 best (0.4 reproduces Tables 1/4)
+    ratio_s: Optional[float] = None    # stable share instead (official Par_ratio = 0.5); excludes ratio_u
     force_stable: Tuple[str, ...] = ()
     force_unstable: Tuple[str, ...] = ()
     dpu: bool = True
@@ -51,6 +54,9 @@ class LDTConfig:
     ema_every: int = 10
     seed: int = 0
     buffers_from: str = 'primary'
+    profile_order: str = 'shuffled'
+    profile_counts_in_total_iter: bool = True
+    deft_grouping: str = 'head'
 
     def __post_init__(self) -> None:
         for key in ('head_patterns', 'force_stable', 'force_unstable'):
@@ -69,10 +75,20 @@ class LDTConfig:
                 close = difflib.get_close_matches(str(key), valid, n=1)
                 hint = f"; did you mean '{close[0]}'?" if close else f'; valid keys: {", ".join(valid)}'
                 raise ValueError(f"unknown LDT option '{key}'{hint}")
-        return cls(**dict(options))
+        options = dict(options)
+        if options.get('ratio_s') is not None:  # "given" = present and not null
+            if options.get('ratio_u') is not None:
+                raise ValueError("give either 'ratio_u' (unstable share) or 'ratio_s' (stable share), not both")
+            options['ratio_u'] = None
+        return cls(**options)
 
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+
+    @property
+    def counted_profile_iters(self) -> int:
+        """Iterations of ``total_iter`` the profiling phase occupies (0 when it runs before training)."""
+        return self.profile_iters if self.profile_counts_in_total_iter else 0
 
     def needs_profiling(self) -> bool:
         """Whether the partition or the DPU coefficients depend on gradient statistics."""
@@ -99,8 +115,23 @@ def _validate(cfg: LDTConfig) -> None:
             raise ValueError(f"LDT option '{key}' must be an integer >= 0, got {value!r}")
     if not isinstance(cfg.ema_every, int) or cfg.ema_every < 1:
         raise ValueError(f"LDT option 'ema_every' must be an integer >= 1, got {cfg.ema_every!r}")
-    if not 0.0 < float(cfg.ratio_u) < 1.0:
-        raise ValueError(f"LDT option 'ratio_u' must lie strictly between 0 and 1, got {cfg.ratio_u!r}")
+    if (cfg.ratio_u is None) == (cfg.ratio_s is None):
+        raise ValueError("exactly one of the LDT options 'ratio_u' and 'ratio_s' must be given (ratio_u=None "
+                         f"when constructing with ratio_s), got ratio_u={cfg.ratio_u!r}, ratio_s={cfg.ratio_s!r}")
+    for key in ('ratio_u', 'ratio_s'):
+        value = getattr(cfg, key)
+        if value is not None and not (isinstance(value, (int, float)) and 0.0 < float(value) < 1.0):
+            raise ValueError(f"LDT option '{key}' must lie strictly between 0 and 1, got {value!r}")
+    choice('profile_order', PROFILE_ORDERS)
+    choice('deft_grouping', DEFT_GROUPINGS)
+    if not isinstance(cfg.profile_counts_in_total_iter, bool):
+        raise ValueError("LDT option 'profile_counts_in_total_iter' must be true or false, "
+                         f'got {cfg.profile_counts_in_total_iter!r}')
+    if cfg.profile_order == 'file_order' and cfg.profile_counts_in_total_iter:
+        raise ValueError("profile_order 'file_order' profiles one pass of the data before training (it may hold "
+                         "fewer than profile_iters batches): set 'profile_counts_in_total_iter: false'")
+    if cfg.deft_grouping != 'head' and cfg.partition != 'name':
+        raise ValueError(f"'deft_grouping: {cfg.deft_grouping}' applies to partition 'name' only")
     if not 0.0 <= cfg.w_fixed < 1.0:
         raise ValueError(f"LDT option 'w_fixed' must lie in [0, 1), got {cfg.w_fixed!r}")
     for group in ('stable', 'unstable'):
@@ -119,7 +150,7 @@ def _validate(cfg: LDTConfig) -> None:
         raise ValueError("mode 'single' (FT / LP-FT) does not profile: set 'profile_iters' to 0")
     if cfg.head_warmup_iters and not cfg.head_patterns:
         raise ValueError("'head_warmup_iters' > 0 needs 'head_patterns' naming the head's parameters")
-    if cfg.partition == 'name' and not cfg.head_patterns:
+    if cfg.partition == 'name' and cfg.deft_grouping == 'head' and not cfg.head_patterns:
         raise ValueError("partition 'name' needs 'head_patterns' naming the head's parameters")
 
 

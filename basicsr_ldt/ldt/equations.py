@@ -6,7 +6,7 @@ Eq. 4-7 (forward of each branch, its gradients, its optimizer step) are the body
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Mapping, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -28,14 +28,34 @@ def unstable_count(n_layers: int, ratio_u: float) -> int:
     return min(max(math.floor(ratio_u * n_layers + 0.5), 1), n_layers - 1)
 
 
-def top_n_unstable(statistics: Sequence[float], ratio_u: float) -> List[bool]:
-    """Eq. 1-2: the top ``ratio_u`` share by statistic is unstable, the rest stable.
+def stable_count(n_layers: int, ratio_s: float) -> int:
+    """How many layers are stable when the STABLE share is given (the official ``Par_ratio``).
+
+    The official rule: ``int(n_layers * ratio_s)`` (float64, truncated) lowest-statistic layers are
+    stable, the rest unstable; clamped like :func:`unstable_count`. So ``ratio_s`` and
+    ``ratio_u = 1 - ratio_s`` pick the same sets whenever ``ratio_s * n_layers`` is a whole number
+    and differ by the one boundary layer otherwise (truncation here, round-half-up there).
+    """
+    if n_layers < 2:
+        raise ValueError(f'a stable/unstable partition needs at least 2 layers, got {n_layers}')
+    if not 0.0 < ratio_s < 1.0:
+        raise ValueError(f'ratio_s must lie strictly between 0 and 1, got {ratio_s}')
+    return min(max(int(n_layers * ratio_s), 1), n_layers - 1)
+
+
+def top_n_unstable(statistics: Sequence[float], ratio_u: Optional[float] = None, *,
+                   ratio_s: Optional[float] = None) -> List[bool]:
+    """Eq. 1-2: the top ``ratio_u`` share by statistic is unstable, the rest stable (or, with
+    ``ratio_s``, the bottom ``ratio_s`` share is stable and the rest unstable).
 
     Ties are broken by layer order (``named_parameters`` order): the earlier layer wins the
     higher place, so the result never depends on sort stability or hashing.
     """
     _check_finite(statistics)
-    k = unstable_count(len(statistics), ratio_u)                          # eq. 1: Top_N
+    if (ratio_u is None) == (ratio_s is None):
+        raise ValueError('top_n_unstable: give exactly one of ratio_u and ratio_s')
+    n = len(statistics)
+    k = unstable_count(n, ratio_u) if ratio_s is None else n - stable_count(n, ratio_s)  # eq. 1: Top_N
     order = sorted(range(len(statistics)), key=lambda i: (-statistics[i], i))
     chosen = set(order[:k])
     return [i in chosen for i in range(len(statistics))]                  # eq. 2: complement

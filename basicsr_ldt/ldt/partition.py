@@ -138,7 +138,8 @@ class Partition:
 
 
 def build_partition(names: Sequence[str], statistics: Optional[Sequence[float]], *,
-                    partition: str, ratio_u: float, head_patterns: Sequence[str] = (),
+                    partition: str, ratio_u: Optional[float] = None, ratio_s: Optional[float] = None,
+                    head_patterns: Sequence[str] = (), deft_grouping: str = 'head',
                     force_stable: Sequence[str] = (), force_unstable: Sequence[str] = (),
                     dpu: bool = True, w_base_stable: float = 0.99, r_base_stable: float = 0.01,
                     w_base_unstable: float = 0.999, r_base_unstable: float = 0.001,
@@ -154,7 +155,16 @@ def build_partition(names: Sequence[str], statistics: Optional[Sequence[float]],
     if partition == 'criterion':
         if statistics is None:
             raise ValueError("partition 'criterion' needs per-layer statistics")
-        unstable = top_n_unstable(statistics, ratio_u)
+        unstable = top_n_unstable(statistics, ratio_u, ratio_s=ratio_s)
+    elif partition == 'name' and deft_grouping == 'non_layers':
+        # The official DeFT split: every `layers.*` tensor (the deep feature blocks) is one group,
+        # everything else (shallow conv, patch-embed norm, final norm, conv_after_body, upsampler)
+        # the other. We label the blocks stable and the rest unstable; with DeFT's one fixed EMA
+        # coefficient the labels only decide which branch trains which group.
+        blocks = set(select(names, ['layers.*']))
+        if not blocks:
+            raise ValueError(f"deft_grouping 'non_layers' needs 'layers.*' parameters (first names: {names[:4]})")
+        unstable = [n not in blocks for n in names]
     elif partition == 'name':
         head = set(select(names, head_patterns))
         if not head:

@@ -2,10 +2,21 @@
 from basicsr.models.sr_model import SRModel
 from basicsr.utils.registry import MODEL_REGISTRY
 
+from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.resumable import ResumableMixin
 
 
 @MODEL_REGISTRY.register()
-class FTSRModel(ResumableMixin, SRModel):
+class FTSRModel(BestCheckpointMixin, ResumableMixin, SRModel):
     """BasicSR's ``SRModel``, trained exactly as BasicSR trains it; only checkpoints and training
-    states are written atomically and carry RNG state, so ``--auto_resume`` repeats the run."""
+    states are written atomically and carry RNG state, so ``--auto_resume`` repeats the run, and
+    ``val: save_best`` keeps the best-validating weights."""
+
+    def init_training_settings(self) -> None:
+        super().init_training_settings()
+        # BasicSR starts net_g_ema from the file's 'params_ema' whatever path.param_key_g names; a fresh
+        # run starts both copies from the weights the user chose (a resumed one keeps its EMA copy).
+        path = self.opt['path']
+        if self.ema_decay > 0 and path.get('pretrain_network_g') and not path.get('resume_state') \
+                and path.get('param_key_g', 'params') != 'params_ema':
+            self.net_g_ema.load_state_dict(self.get_bare_model(self.net_g).state_dict())

@@ -7,7 +7,7 @@ feeds it the loss of each batch, and makes everything BasicSR does with ``net_g`
 disjoint halves of the source data (D_S1, D_S2) through their own loaders.
 """
 from collections import OrderedDict
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -23,9 +23,10 @@ from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
 from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.ldt import LDT, LDTConfig, Partition, preset, select
+from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.partition_report import write_partition_report
-from basicsr_ldt.options import registered
 from basicsr_ldt.models.resumable import ResumableMixin
+from basicsr_ldt.options import registered
 
 
 
@@ -38,7 +39,7 @@ def ldt_config_from_options(opt: Dict) -> LDTConfig:
     except (TypeError, ValueError) as err:
         raise InputError(f'ldt: {err}') from None
     total = int(opt['train']['total_iter'])
-    if config.head_warmup_iters + config.profile_iters >= total:
+    if config.head_warmup_iters + config.counted_profile_iters >= total:
         raise InputError(f'ldt: head_warmup_iters ({config.head_warmup_iters}) + profile_iters ({config.profile_iters}) '
                          f'must be smaller than train.total_iter ({total}), or no training would remain')
     return config
@@ -51,7 +52,8 @@ class PhaseBatches:
     skipped batches = the remainder), so a resumed run reads the same batches.
     """
 
-    def __init__(self, dataset_opt: Dict, part: int, parts: int, seed: int, device: torch.device) -> None:
+    def __init__(self, dataset_opt: Dict, part: int, parts: int, seed: int, device: torch.device,
+                 file_order: bool = False) -> None:
         options = dict(dataset_opt)
         if parts > 1:
             options['subset'] = {'parts': parts, 'index': part, 'seed': seed}
@@ -64,12 +66,29 @@ class PhaseBatches:
         self.sampler = ResumableSampler(self.dataset, world, rank, 1, seed=seed)
         self.batch_size = int(options['batch_size_per_gpu'])
         self.per_epoch = len(self.sampler) // self.batch_size
-        if self.per_epoch == 0:
+        if self.per_epoch == 0 and not file_order:  # one unshuffled pass may end in a partial batch
             raise InputError(f"ldt: part {part + 1}/{parts} of '{options.get('name')}' has {len(self.dataset)} "
                              f'images, fewer than one batch of {self.batch_size}')
+        if file_order and -(-len(range(rank, len(self.dataset), world)) // self.batch_size) < 2:
+            raise InputError(f"ldt: profile_order 'file_order' reads one pass of '{options.get('name')}' "
+                             f'({len(self.dataset)} images, batch {self.batch_size}): fewer than the 2 batches '
+                             'the statistics need')
         self.workers = int(options.get('num_worker_per_gpu', 0))
         self.device = device
         self._iterator, self._position = None, None
+
+    def first_in_file_order(self, limit: int) -> Iterator[Dict[str, torch.Tensor]]:
+        """The first ``limit`` batches of one unshuffled pass, as the official profiling loader
+        (fewer when the data hold fewer, the last one possibly partial). Under torchrun rank r
+        takes images r, r + world, ... so the ranks' batches together cover the same files."""
+        rank, world = get_dist_info()
+        shard = list(range(len(self.dataset)))[rank::world]
+        loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=shard, num_workers=self.workers,
+                            drop_last=False)
+        for count, data in enumerate(loader):
+            if count == limit:
+                return
+            yield {'lq': data['lq'].to(self.device), 'gt': data['gt'].to(self.device)}
 
     def batch(self, position: int) -> Dict[str, torch.Tensor]:
         """The ``position``-th batch (0-based) of this phase."""
@@ -91,8 +110,10 @@ class PhaseBatches:
 
 
 @MODEL_REGISTRY.register()
-class LDTSRModel(ResumableMixin, SRModel):
+class LDTSRModel(BestCheckpointMixin, ResumableMixin, SRModel):
     """SR model trained with LDT; ``net_g`` checkpoints hold the composite network (eq. 12)."""
+
+    validated_networks = ('composite', 'primary', 'auxiliary')  # val.best_network; default first
 
     def model_to_device(self, net):
         # The branches synchronise gradients themselves (``average_gradients``): a DDP wrapper
@@ -124,13 +145,14 @@ class LDTSRModel(ResumableMixin, SRModel):
         train_data = self.opt['datasets']['train']
         self._phase_data = {
             'warmup': PhaseBatches(train_data, 0, parts, seed, self.device) if self.config.head_warmup_iters else None,
-            'profile': PhaseBatches(train_data, parts - 1, parts, seed, self.device) if self.config.profile_iters
-            else None}
+            'profile': PhaseBatches(train_data, parts - 1, parts, seed, self.device,
+                                    self.config.profile_order == 'file_order') if self.config.profile_iters else None}
         self.log_dict = OrderedDict()
 
     def _check_head_patterns(self) -> None:
         """Fail before training when the head patterns a phase needs match no parameter."""
-        if not (self.config.head_warmup_iters or self.config.partition == 'name'):
+        by_head = (self.config.partition, self.config.deft_grouping) == ('name', 'head')
+        if not (self.config.head_warmup_iters or by_head):
             return
         names = self.ldt.names
         if not select(names, self.config.head_patterns):
@@ -179,6 +201,8 @@ class LDTSRModel(ResumableMixin, SRModel):
         phase = self.ldt.phase(current_iter)
         if phase == self._phase:
             return
+        if phase == 'train' and self.config.profile_iters and not self.config.profile_counts_in_total_iter:
+            self._profile_before_training(current_iter)
         self.ldt.enter(current_iter)
         self._sync_optimizer_lists()
         logger = get_root_logger()
@@ -191,6 +215,19 @@ class LDTSRModel(ResumableMixin, SRModel):
         if phase == 'train' and self.ldt.partition is not None:
             self._report_partition(self.ldt.partition)
         self._phase = phase
+
+    def _profile_before_training(self, current_iter: int) -> None:
+        """Profiling outside ``total_iter`` (``profile_counts_in_total_iter: false``), in one go."""
+        data, limit = self._phase_data['profile'], self.config.profile_iters
+        if self.config.profile_order == 'file_order':
+            batches = data.first_in_file_order(limit)
+        else:
+            batches = (data.batch(k) for k in range(limit))
+        losses = ((lambda network, b=b: self.cri_pix(network(b['lq']), b['gt'])) for b in batches)
+        count = self.ldt.profile(losses)
+        get_root_logger().info(f"LDT phase: gradient profiling on D_S2 ({count} batches, {self.config.profile_order}, "
+                               f"criterion '{self.config.criterion}') before iteration {current_iter}, "
+                               'not counted in total_iter')
 
     def _report_partition(self, partition: Partition) -> None:
         logger = get_root_logger()
@@ -222,15 +259,17 @@ class LDTSRModel(ResumableMixin, SRModel):
         return self.ldt.composite().to(self.device).eval()
 
     def validation(self, dataloader, current_iter, tb_logger, save_img=False):
-        # One composite per validation run, not one per image.
-        self._composite = self.composite_network()
+        # One network per validation run, not one per image: the composite unless val.best_network
+        # names a branch (the official script validates one branch); net_g_best.pth is the composite.
+        which = (self.opt.get('val') or {}).get('best_network', 'composite')
+        self._validated = self.ldt.network(which).to(self.device).eval()
         try:
             super().validation(dataloader, current_iter, tb_logger, save_img)
         finally:
-            self._composite = None
+            self._validated = None
 
     def test(self) -> None:
-        network = getattr(self, '_composite', None) or self.composite_network()
+        network = getattr(self, '_validated', None) or self.composite_network()
         with torch.no_grad():
             self.output = network(self.lq)
 
@@ -242,6 +281,9 @@ class LDTSRModel(ResumableMixin, SRModel):
             tensors.append(torch.tensor(list(self.ldt.partition.dpu_coefficients.values()), dtype=torch.float64))
         return tensors
 
+    def best_weights(self):
+        return [self.composite_network()], ['params']
+
     def save(self, epoch: int, current_iter: int) -> None:
         self.check_replicas_agree(current_iter)
         self.save_network(self.composite_network(), 'net_g', current_iter)
@@ -249,11 +291,12 @@ class LDTSRModel(ResumableMixin, SRModel):
 
     # ------------------------------------------------------------------ resume
     def extra_training_state(self) -> Dict:
-        return {'ldt': self.ldt.state_dict()}
+        return {**super().extra_training_state(), 'ldt': self.ldt.state_dict()}
 
     def load_extra_training_state(self, state: Dict) -> None:
         if 'ldt' not in state:
             raise InputError('the training state holds no LDT state: it was not written by LDTSRModel')
+        super().load_extra_training_state(state)
         try:
             self.ldt.load_state_dict(state['ldt'])
         except ValueError as err:

@@ -1,0 +1,126 @@
+"""val: save_best keeps the weights of the best-validating iteration in net_g_best.pth, across resumes,
+and its options fail early with one clear line."""
+import re
+
+import pytest
+import torch
+
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.models.best import best_selection
+from conftest import run_entry
+from test_cli import dataset, train_options, write
+
+
+def best_options(data, name, total_iter=6):
+    """FT with a large learning rate (PSNR rises, then falls), validated every iteration on held-out
+    images of the source camera, every iteration saved so each one's weights can be compared."""
+    opt = train_options(data, name, total_iter=total_iter)
+    opt['datasets']['val_source'] = dataset(data, 'Test', ['Olympus'])
+    opt['train']['optim_g']['lr'] = 2e-2
+    opt['logger']['save_checkpoint_freq'] = 1
+    opt['val'].update(val_freq=1, save_best=True, best_metric='psnr', best_dataset='Test_Olympus')
+    return opt
+
+
+def weights(path):
+    return torch.load(path, weights_only=True)['params']
+
+
+def best_lines(log):
+    found = re.findall(r'New best psnr on Test_Olympus: ([0-9.]+) at iteration (\d+)', log)
+    return [(int(i), float(v)) for v, i in found]
+
+
+def test_best_iteration_weights_are_saved_and_survive_resume(project, demo_data):
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'full.yml', best_options(demo_data, 'full')))
+    exp = project / 'experiments' / 'full'
+    log = next(exp.glob('train_full_*.log')).read_text()
+    psnr = [float(v) for v in re.findall(r'Validation Test_Olympus\n\t # psnr: ([0-9.]+)', log)]
+    assert len(psnr) == 7   # iterations 1..6, then the final validation of iteration 6's weights
+    best = best_lines(log)
+    # Every improvement and only improvements (strictly greater) are saved, and the last one is the maximum.
+    running = []
+    for value in psnr:
+        if not running or value > running[-1]:
+            running.append(value)
+    assert [round(v, 4) for _, v in best] == [round(v, 4) for v in running]
+    best_iter = best[-1][0]
+    assert 1 < best_iter < 6, f'the large learning rate was meant to make an early best, PSNRs {psnr}'
+    saved = weights(exp / 'models' / 'net_g_best.pth')
+    assert all(torch.equal(saved[k], v) for k, v in weights(exp / 'models' / f'net_g_{best_iter}.pth').items())
+    state = torch.load(exp / 'training_states' / '6.state', weights_only=True)
+    assert state['extra']['best']['iter'] == best_iter
+
+    # Killed after iteration `best_iter` (only what existed then is kept), then resumed.
+    cut = project / 'experiments' / 'cut'
+    (cut / 'training_states').mkdir(parents=True)
+    (cut / 'models').mkdir()
+    for source, target in ((exp / 'training_states' / f'{best_iter}.state', cut / 'training_states'),
+                           (exp / 'models' / f'net_g_{best_iter}.pth', cut / 'models'),
+                           (exp / 'models' / 'net_g_best.pth', cut / 'models')):
+        target.joinpath(source.name).write_bytes(source.read_bytes())
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', best_options(demo_data, 'cut')),
+              '--auto_resume')
+    resumed_log = next(cut.glob('train_cut_*.log')).read_text()
+    assert f'Resumed best psnr on Test_Olympus: {best[-1][1]:.4f} at iteration {best_iter}' in resumed_log
+    assert best_lines(resumed_log) == []   # nothing after the resume point beats the restored best
+    resumed = weights(cut / 'models' / 'net_g_best.pth')
+    assert all(torch.equal(resumed[k], v) for k, v in saved.items())
+    assert torch.load(cut / 'training_states' / '6.state', weights_only=True)['extra']['best']['iter'] == best_iter
+
+
+def test_plain_srmodel_is_refused_before_training(project, demo_data):
+    opt = best_options(demo_data, 'plain')
+    opt['model_type'] = 'SRModel'
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'plain.yml', opt), check=False)
+    assert result.returncode == 2 and 'val.save_best needs a model type of this project' in result.stderr
+    assert not (project / 'experiments' / 'plain').exists()
+
+
+def _opt(val=None, datasets=('val_a', 'val_b'), model_type='FTSRModel'):
+    return {'model_type': model_type, 'datasets': {'train': {'name': 't'}, **{k: {'name': k[4:]} for k in datasets}},
+            'val': {'metrics': {'psnr': {}, 'niqe': {'better': 'lower'}}, **(val or {})}}
+
+
+@pytest.mark.parametrize('val, datasets, networks, message', [
+    ({'save_best': True}, ('val_a', 'val_b'), (), 'name the one that selects with val.best_dataset'),
+    ({'save_best': True}, (), (), "needs a validation set: add a 'datasets: val_\\*' section"),
+    ({'save_best': True, 'best_dataset': 'c'}, ('val_a',), (), "val.best_dataset 'c' is not a validation set"),
+    ({'save_best': True, 'best_metric': 'ssim'}, ('val_a',), (), "'ssim' is not one of val.metrics \\(psnr, niqe\\)"),
+    ({'save_best': 'yes'}, ('val_a',), (), 'val.save_best must be true or false'),
+    ({'best_metric': 'psnr'}, ('val_a',), (), "no effect without 'val: save_best: true'"),
+    ({'best_network': 'primary'}, ('val_a',), (), "val.best_network 'primary': not used by FTSRModel"),
+    ({'best_network': 'both'}, ('val_a',), ('composite', 'primary'), 'one of composite, primary'),
+])
+def test_selection_option_errors(val, datasets, networks, message):
+    with pytest.raises(InputError, match=message):
+        best_selection(_opt(val, datasets), networks)
+
+
+def test_selection_defaults_and_lower_is_better():
+    assert best_selection(_opt({}, ('val_a',))) is None
+    assert best_selection(_opt({'save_best': True}, ('val_a',)), ('composite', 'primary')) == {
+        'metric': 'psnr', 'dataset': 'a', 'network': 'composite', 'higher': True}
+    chosen = best_selection(_opt({'save_best': True, 'best_metric': 'niqe', 'best_dataset': 'b'}))
+    assert (chosen['dataset'], chosen['higher'], chosen['network']) == ('b', False, None)
+
+
+def test_param_key_g_chooses_the_starting_weights_of_every_copy(tmp_path, demo_data):
+    """path.param_key_g picks the weights FT starts from (net_g and its EMA copy) and test.py's default."""
+    from basicsr.archs import build_network as build
+    from basicsr.models import build_model
+    from basicsr_ldt.evaluate import checkpoints_of
+    from test_cli import NETWORK
+    torch.manual_seed(0)
+    params, params_ema = build(dict(NETWORK)).state_dict(), build(dict(NETWORK)).state_dict()
+    torch.save({'params': params, 'params_ema': params_ema}, tmp_path / 'both.pth')
+    for key, expected in (('params', params), ('params_ema', params_ema)):
+        opt = train_options(demo_data, 'keys', path={'pretrain_network_g': str(tmp_path / 'both.pth'),
+                                                     'param_key_g': key, 'strict_load_g': True})
+        opt['train']['ema_decay'] = 0.999
+        opt.update(is_train=True, dist=False, rank=0, world_size=1)
+        model = build_model(opt)
+        for network in (model.net_g, model.net_g_ema):
+            assert all(torch.equal(v, expected[k]) for k, v in network.state_dict().items())
+        entry = checkpoints_of({'path': {'param_key_g': key}, 'checkpoints': [{'path': 'x.pth'}]})[0]
+        assert entry['param_key'] == key
