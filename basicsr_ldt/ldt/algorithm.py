@@ -21,7 +21,7 @@ from basicsr_ldt.ldt.config import LDTConfig
 from basicsr_ldt.ldt.freezing import clear_routing, set_trainable
 from basicsr_ldt.ldt.pair import BatchLoss, CrossFrozenPair, OptimizerFactory, optimizer_step
 from basicsr_ldt.ldt.partition import Partition, build_partition, select
-from basicsr_ldt.ldt.precision import MixedPrecision, finite_on_all_ranks
+from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, finite_on_all_ranks
 from basicsr_ldt.ldt.statistics import GradientStatistics, all_reduce_statistics, random_statistic
 
 PHASES = ('warmup', 'profile', 'train')
@@ -108,9 +108,11 @@ class LDT:
     def _profile(self, batch_loss: BatchLoss) -> None:
         """One profiling sample from true fp32 gradients (unscaled under fp16 loss scaling)."""
         self.primary.zero_grad(set_to_none=True)
+        running = RunningStatistics(self.primary)
         with self.precision.autocast():
             loss = batch_loss(self.primary)
         if not finite_on_all_ranks(loss):
+            running.restore()
             self.last_skipped = 'profile'
         elif self.precision.backward_unscaled(loss, self.primary.parameters(), 'profile'):
             self.statistics.accumulate_module(self.primary)

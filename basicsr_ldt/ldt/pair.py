@@ -18,7 +18,7 @@ from torch import nn
 from basicsr_ldt.ldt.equations import composite_state, ema_exchange_
 from basicsr_ldt.ldt.freezing import set_trainable
 from basicsr_ldt.ldt.partition import Partition
-from basicsr_ldt.ldt.precision import MixedPrecision, finite_on_all_ranks, reported_loss
+from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, finite_on_all_ranks, reported_loss
 
 BatchLoss = Callable[[nn.Module], torch.Tensor]
 # (trainable parameters, role) -> optimizer; role is 'warmup', 'finetune', 'primary' or
@@ -41,6 +41,7 @@ def optimizer_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_l
     """
     precision = precision or MixedPrecision()
     optimizer.zero_grad(set_to_none=True)
+    running = RunningStatistics(network)
     with precision.autocast():
         loss = batch_loss(network)
     finite = finite_on_all_ranks(loss)
@@ -49,6 +50,8 @@ def optimizer_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_l
         if synchronise:
             average_gradients(optimizer)
         precision.step(optimizer, key)
+    else:
+        running.restore()
     optimizer.zero_grad(set_to_none=True)
     return reported_loss(loss, finite)
 

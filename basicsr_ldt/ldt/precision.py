@@ -13,7 +13,8 @@ sample whose scaled gradients overflowed is left out (the scale is backed off, a
 does). bf16 has fp32's exponent range and needs no scaler.
 
 A non-finite loss skips its step before ``backward``: no optimizer step, no statistics, and the
-caller skips the EMA/DPU exchange. The decision is taken on all ranks together (one tiny
+caller skips the EMA/DPU exchange; batch-norm running statistics the forward pass already
+updated are put back (:class:`RunningStatistics`), so a corrupted batch leaves no trace. The decision is taken on all ranks together (one tiny
 all-reduce), because a rank that skipped ``backward`` while another ran it would deadlock the
 gradient all-reduce.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import ContextManager, Dict, Iterable, Mapping, Optional
+from typing import ContextManager, Dict, Iterable, List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -122,6 +123,23 @@ class MixedPrecision:
             scaler = self.scaler(key)
             if scaler is not None and scaler_state:
                 scaler.load_state_dict(scaler_state)
+
+
+class RunningStatistics:
+    """Snapshot of the buffers a training-mode forward changes (batch-norm running statistics),
+    restorable when the step turns out to be skipped; empty (free) for networks without them."""
+
+    def __init__(self, network: nn.Module) -> None:
+        self.buffers: List[torch.Tensor] = [
+            b for m in network.modules()
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.training and m.track_running_stats
+            for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
+        self.saved = [b.clone() for b in self.buffers]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for buffer, saved in zip(self.buffers, self.saved):
+            buffer.copy_(saved)
 
 
 def finite_on_all_ranks(loss: torch.Tensor) -> bool:
