@@ -41,9 +41,13 @@ run_step() {
     say "[PASS] $name (${took} s)"
   else
     FAILED=$((FAILED + 1))
-    [ "$rc" -eq 124 ] && detail="timed out after ${limit} s"$'\n'"$detail"
     say "[FAIL] $name (${took} s, exit $rc; log: $log)"
-    [ "$rc" -ne 0 ] && detail="$detail"$'\n'"$(tail -n 5 "$log")"
+    if [ "$rc" -eq 124 ]; then
+      detail="timed out after ${limit} s"$'\n'"$(tail -n 5 "$log")"
+    elif [ "$rc" -ne 0 ]; then   # the command's error lines, else its last lines
+      detail="$(grep -E 'error:|Error' "$log" | tail -n 2)"
+      [ -n "$detail" ] || detail="$(tail -n 3 "$log")"
+    fi
   fi
   [ -n "$detail" ] && echo "$detail" | sed 's/^/    /' | tee -a "$REPORT"
 }
@@ -62,7 +66,8 @@ check_train() {
   for file in models/net_g_150.pth models/net_g_latest.pth ldt_partition.json; do
     [ -f "$exp/$file" ] || { echo "missing $exp/$file"; ok=1; }
   done
-  grep -E 'LDT partition|# (psnr|ssim)' "$log" | tail -n 3 | sed 's/^.*INFO: //'
+  grep 'LDT partition' "$log" | tail -n 1 | sed 's/^.*INFO: //'
+  grep -E '# (psnr|ssim)' "$log" | tail -n 2 | sed 's/^\s*//'
   grep -E 'iter:\s*300,' "$log" | tail -n 1 | sed 's/^.*INFO: //'
   return $ok
 }
@@ -120,7 +125,7 @@ run_step test_bf16 90 check_test "$PY" test.py -opt options/demo/test_demo_mamba
 run_step torchrun_ddp_2 150 check_ddp \
   "$PY" -m torch.distributed.run --nproc_per_node=2 --master_port="${GPU_CHECK_PORT:-29511}" Train_pip.py \
   -opt options/demo/train_demo_mambair_ldt_gpu.yml --launcher pytorch --force_yml name=gpu_check_ddp \
-  train:total_iter=60 ldt:head_warmup_iters=10 ldt:profile_iters=10 logger:save_checkpoint_freq=30 \
+  datasets:train:batch_size_per_gpu=2 train:total_iter=60 ldt:head_warmup_iters=10 ldt:profile_iters=10 logger:save_checkpoint_freq=30 \
   logger:print_freq=30 val:val_freq=60
 run_step bench_ldt_mambair_lr48 180 check_bench \
   "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 --iters 5 --samples 10 50

@@ -190,3 +190,22 @@ def test_bf16_ldt_run_through_every_phase_then_bf16_test(project, demo_data):
     assert result.returncode == 2 and 'Traceback' not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == ('error: test.precision: fp16 needs a CUDA device and this run '
                                                       'is on the CPU; use bf16 or fp32')
+
+
+def test_weights_holding_nan_are_never_saved(tmp_path):
+    from basicsr_ldt.models.resumable import ResumableMixin
+
+    class Model(ResumableMixin):
+        opt = {'path': {'models': str(tmp_path)}}
+        net_g = _net()
+
+        @staticmethod
+        def get_bare_model(network):
+            return network
+
+    model = Model()
+    model.check_savable(5)                          # finite weights: nothing to object to
+    with torch.no_grad():
+        model.net_g[3].weight[0, 0, 0, 0] = math.inf
+    with pytest.raises(FloatingPointError, match='1 weight tensors hold NaN/inf at iteration 6: not saving them'):
+        model.check_savable(6)
