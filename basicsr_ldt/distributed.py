@@ -2,7 +2,8 @@
 
 BasicSR's ``init_dist`` always selects a CUDA device and the NCCL backend, so ``torchrun ...
 --launcher pytorch`` dies on a machine without GPUs. Here the process group is started with
-NCCL when CUDA is available and Gloo otherwise; everything else is BasicSR's ``parse_options``.
+NCCL when every local rank has a GPU of its own and Gloo otherwise (CPU machines, or more ranks
+than GPUs: NCCL refuses two ranks on one GPU); everything else is BasicSR's ``parse_options``.
 """
 import os
 import sys
@@ -34,8 +35,12 @@ def _pop_launcher(argv: list) -> str:
 def start_process_group() -> None:
     """``init_process_group`` from torchrun's environment, on GPUs or CPUs."""
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count())
-        dist.init_process_group(backend='nccl')
+        gpus, ranks = torch.cuda.device_count(), int(os.environ.get('LOCAL_WORLD_SIZE', 1))
+        torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)) % gpus)
+        if ranks > gpus and int(os.environ.get('LOCAL_RANK', 0)) == 0:
+            print(f'{ranks} ranks share {gpus} GPU(s): NCCL needs one GPU per rank, using the Gloo backend',
+                  file=sys.stderr, flush=True)
+        dist.init_process_group(backend='nccl' if ranks <= gpus else 'gloo')
     else:
         dist.init_process_group(backend='gloo')
 

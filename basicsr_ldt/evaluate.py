@@ -23,12 +23,13 @@ from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY
 from basicsr_ldt.checkpoint import load_weights
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.inference import tiled_forward
+from basicsr_ldt.ldt.precision import INFERENCE_DTYPES, resolve_dtype
 from basicsr_ldt.options import check_known_keys, registered
 from basicsr_ldt.outputs import OutputFolder, fail
 
 #: The ``test:`` section and its defaults (documented in the README).
 TEST_DEFAULTS = {'tile_size': 0, 'tile_overlap': 16, 'save_img': False, 'crop_border': None,
-                 'test_y_channel': True}
+                 'test_y_channel': True, 'precision': 'fp32'}
 
 
 def checkpoints_of(opt: Mapping) -> List[Dict]:
@@ -113,11 +114,15 @@ def write_results(folder: str, tables: 'OrderedDict[str, OrderedDict]', per_imag
         json.dump({'summary': tables, 'images': per_image}, handle, indent=2)
 
 
-def _build(opt: Dict):
+def _build(opt: Dict, device: torch.device):
     """Validate options, datasets and the network type; checkpoints are loaded before a folder is created."""
     test_opt = dict(TEST_DEFAULTS)
     check_known_keys('test', opt.get('test') or {}, TEST_DEFAULTS)
     test_opt.update(opt.get('test') or {})
+    try:
+        test_opt['dtype'] = resolve_dtype('test.precision', test_opt['precision'], INFERENCE_DTYPES, device.type)
+    except ValueError as err:
+        raise InputError(str(err)) from None
     if test_opt['crop_border'] is None:
         test_opt['crop_border'] = opt.get('scale', 4)
     datasets = [registered(DATASET_REGISTRY, dataset_opt.get('type'), f'datasets.{phase}.type')(dataset_opt)
@@ -133,8 +138,8 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
     opt, _ = parse_options(root_path, is_train=False)
     outputs = OutputFolder()
     try:
-        test_opt, datasets, checkpoints = _build(opt)
         device = torch.device('cuda' if opt['num_gpu'] and torch.cuda.is_available() else 'cpu')
+        test_opt, datasets, checkpoints = _build(opt, device)
         networks = []
         for entry in checkpoints:
             network = build_network(dict(opt['network_g']))
@@ -155,7 +160,8 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
         stem = osp.splitext(osp.basename(item['lq_path']))[0]
         lq, gt = item['lq'].unsqueeze(0).to(device), item['gt'].unsqueeze(0)
         for entry, network in zip(checkpoints, networks):
-            sr = tiled_forward(network, lq, scale, test_opt['tile_size'], test_opt['tile_overlap']).cpu()
+            sr = tiled_forward(network, lq, scale, test_opt['tile_size'], test_opt['tile_overlap'],
+                               test_opt['dtype']).cpu()
             values = evaluate_image(sr, gt, test_opt['crop_border'], test_opt['test_y_channel'])
             per_image[entry['label']].append({'camera': item['camera'], 'image': stem, **values})
             if test_opt['save_img']:

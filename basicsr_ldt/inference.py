@@ -1,14 +1,19 @@
 """Super-resolving whole test images, in tiles when they are too large for memory."""
-from typing import List
+from typing import List, Optional
 
 import torch
 from torch import nn
 
+from basicsr_ldt.ldt.precision import autocast
+
 
 @torch.no_grad()
 def tiled_forward(network: nn.Module, lq: torch.Tensor, scale: int, tile_size: int = 0,
-                  tile_overlap: int = 16) -> torch.Tensor:
+                  tile_overlap: int = 16, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``network(lq)``, computed tile by tile when ``tile_size`` > 0.
+
+    ``dtype`` (bf16/fp16) runs the network under autocast, weights staying fp32; the result is
+    always fp32, so metrics and image writing never see half-precision values.
 
     Tiles are ``tile_size`` LR pixels wide and overlap by ``tile_overlap``. Each tile contributes
     only the part at least ``tile_overlap // 2`` pixels away from its inner borders, so for a
@@ -16,8 +21,12 @@ def tiled_forward(network: nn.Module, lq: torch.Tensor, scale: int, tile_size: i
     inference exactly (no averaged seams). The official LDT evaluation also tiles DRealSR's large
     test images (~200 px), because whole-image inference does not fit in GPU memory.
     """
+    def forward(tile: torch.Tensor) -> torch.Tensor:
+        with autocast(tile.device.type, dtype):
+            return network(tile).float()
+
     if tile_size <= 0:
-        return network(lq)
+        return forward(lq)
     if tile_overlap < 0 or tile_overlap >= tile_size:
         raise ValueError(f'tile_overlap must be in [0, tile_size); got {tile_overlap} with tile_size {tile_size}')
     h, w = lq.shape[-2:]
@@ -25,7 +34,7 @@ def tiled_forward(network: nn.Module, lq: torch.Tensor, scale: int, tile_size: i
     output = None
     for top in _starts(h, tile_size, tile_size - tile_overlap):
         for left in _starts(w, tile_size, tile_size - tile_overlap):
-            sr = network(lq[..., top:top + tile_size, left:left + tile_size])
+            sr = forward(lq[..., top:top + tile_size, left:left + tile_size])
             if output is None:
                 output = sr.new_zeros(*sr.shape[:-2], h * scale, w * scale)
             rows = _kept(top, min(tile_size, h), h, margin)

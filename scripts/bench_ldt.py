@@ -1,11 +1,15 @@
 #!/usr/bin/env python
 """Cost of an LDT dual step against an ordinary fine-tuning step, and profiling memory vs N.
 
-    python scripts/bench_ldt.py [--arch msrresnet] [--device cpu|cuda] [--iters 5]
+    python scripts/bench_ldt.py [--arch msrresnet] [--device cpu|cuda] [--amp none|bf16|fp16] [--iters 5]
+    python scripts/bench_ldt.py --device cuda --arch mambair --amp bf16     # classic MambaIR x4, LR 48
 
 Time: FT and dual steps alternate in one process on the same batches (so machine load hits
 both alike), reported as wall time and as process CPU time (steadier on a shared CPU); the dual
-time includes the EMA exchange amortised over ``ema_every`` steps.
+time includes the EMA exchange amortised over ``ema_every`` steps. On CUDA every timed region
+starts and ends with ``torch.cuda.synchronize`` and ``--warm`` untimed steps of each kind run
+first (kernel selection, autotuning, allocator growth). ``--amp`` runs forward and loss under
+autocast exactly as ``train: amp`` does (fp16 with one GradScaler per optimizer).
 Memory: on CUDA, torch.cuda.max_memory_allocated after a reset, per configuration; on CPU,
 each configuration runs in a fresh subprocess and reports the growth of the resident-set
 high-water mark (/proc VmHWM, reset through /proc/self/clear_refs after imports, batch creation
@@ -31,7 +35,18 @@ import basicsr_ldt  # noqa: E402,F401  (torchvision shim before basicsr)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from basicsr_ldt.ldt import LDT, GradientStatistics, LDTConfig, optimizer_step  # noqa: E402
+from basicsr_ldt.ldt import (AMP_DTYPES, LDT, GradientStatistics, LDTConfig, MixedPrecision,  # noqa: E402
+                             optimizer_step, resolve_dtype)
+
+#: MambaIR configurations: the released classic SR x4 one (the paper's network) and the small
+#: CPU variant of options/train_mambair_ldt.yml.
+MAMBAIR = {
+    'mambair': dict(upscale=4, img_size=64, d_state=16, depths=(6,) * 6, embed_dim=180, mlp_ratio=2.,
+                    upsampler='pixelshuffle', resi_connection='1conv'),
+    'mambair_small': dict(upscale=4, img_size=64, d_state=8, depths=(2, 2), embed_dim=30, mlp_ratio=1.2,
+                          upsampler='pixelshuffledirect', resi_connection='1conv'),
+}
+ARCHS = ('msrresnet', 'edsr', 'rrdbnet') + tuple(MAMBAIR)
 
 
 def build_network(arch: str, scale: int) -> nn.Module:
@@ -44,7 +59,10 @@ def build_network(arch: str, scale: int) -> nn.Module:
     if arch == 'rrdbnet':
         from basicsr.archs.rrdbnet_arch import RRDBNet
         return RRDBNet(3, 3, scale=scale, num_block=6)
-    raise ValueError(f"unknown --arch '{arch}' (msrresnet, edsr, rrdbnet)")
+    if arch in MAMBAIR:
+        from archs.mambair_arch import MambaIR
+        return MambaIR(**{**MAMBAIR[arch], 'upscale': scale})
+    raise ValueError(f"unknown --arch '{arch}' ({', '.join(ARCHS)})")
 
 
 def batches(args: argparse.Namespace, count: int, patch: int, batch: int, device: str) -> list:
@@ -89,11 +107,17 @@ def rss_peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def precision(args: argparse.Namespace) -> MixedPrecision:
+    """What ``train: amp`` gives a training run, for ``--amp``."""
+    device_type = torch.device(args.device).type
+    return MixedPrecision(resolve_dtype('--amp', args.amp, AMP_DTYPES, device_type), device_type)
+
+
 def make_ldt(args, partition_file: str | None, device: str) -> LDT:
     torch.manual_seed(0)
     net = build_network(args.arch, args.scale).to(device)
     cfg = LDTConfig(profile_iters=0, partition_file=partition_file, ema_every=args.ema_every)
-    algo = LDT(net, cfg, adam)
+    algo = LDT(net, cfg, adam, precision(args))
     return algo
 
 
@@ -118,11 +142,12 @@ def worker(args: argparse.Namespace) -> dict:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     torch.manual_seed(0)
+    amp = precision(args)
     if args.worker == 'ft':
         net = build_network(args.arch, args.scale).to(device)
         opt = adam(list(net.parameters()), 'finetune')
         for i in range(args.mem_iters):
-            optimizer_step(net, opt, l1(*data[i % 2]))
+            optimizer_step(net, opt, l1(*data[i % 2]), amp, 'finetune')
     elif args.worker == 'dual':
         algo = make_ldt(args, args.partition, device)
         for i in range(args.mem_iters):
@@ -133,8 +158,10 @@ def worker(args: argparse.Namespace) -> dict:
         stats = GradientStatistics([n for n, _ in net.named_parameters()], device=device)
         for i in range(args.samples[0]):
             net.zero_grad(set_to_none=True)
-            l1(*data[i % 2])(net).backward()
-            stats.accumulate_module(net)
+            with amp.autocast():
+                loss = l1(*data[i % 2])(net)
+            if amp.backward_unscaled(loss, net.parameters(), 'profile'):
+                stats.accumulate_module(net)
             net.zero_grad(set_to_none=True)
         stats.variance()
     sync(device)
@@ -165,7 +192,7 @@ def run_worker(args: argparse.Namespace, kind: str, **extra) -> dict:
            '--device', args.device, '--patch', str(args.patch), '--batch', str(args.batch),
            '--scale', str(args.scale), '--mem-iters', str(args.mem_iters),
            '--profile-patch', str(args.profile_patch), '--profile-batch', str(args.profile_batch),
-           '--ema-every', str(args.ema_every)]
+           '--ema-every', str(args.ema_every), '--amp', args.amp]
     for key, value in extra.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -178,7 +205,7 @@ def profile_partition(args: argparse.Namespace, path: str) -> LDT:
     torch.manual_seed(0)
     net = build_network(args.arch, args.scale).to(args.device)
     cfg = LDTConfig(profile_iters=args.profile_passes, ratio_u=0.5, ema_every=args.ema_every)
-    algo = LDT(net, cfg, adam)
+    algo = LDT(net, cfg, adam, precision(args))
     data = batches(args, args.profile_passes, args.patch, args.batch, args.device)
     for i, (lq, gt) in enumerate(data):
         algo.update(l1(lq, gt), i + 1)
@@ -189,13 +216,15 @@ def profile_partition(args: argparse.Namespace, path: str) -> LDT:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--arch', default='msrresnet')
+    p.add_argument('--arch', default='msrresnet', choices=ARCHS,
+                   help='mambair = classic SR x4 (embed_dim 180, 6x6 blocks); mambair_small for CPU runs')
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--amp', default='none', choices=list(AMP_DTYPES), help='autocast dtype, as train: amp')
     p.add_argument('--patch', type=int, default=48, help='LR patch size')
     p.add_argument('--batch', type=int, default=4)
     p.add_argument('--scale', type=int, default=4)
     p.add_argument('--iters', type=int, default=5, help='timed FT and dual steps each')
-    p.add_argument('--warm', type=int, default=1, help='untimed steps of each first')
+    p.add_argument('--warm', type=int, default=None, help='untimed steps of each first (default 1 on CPU, 3 on CUDA)')
     p.add_argument('--ema-every', type=int, default=10)
     p.add_argument('--profile-passes', type=int, default=3, help='batches profiled for the partition')
     p.add_argument('--samples', type=int, nargs='+', default=[10, 200], help='profiling sample counts')
@@ -206,13 +235,22 @@ def main() -> None:
     p.add_argument('--worker', choices=['ft', 'dual', 'profile'], help=argparse.SUPPRESS)
     p.add_argument('--partition', help=argparse.SUPPRESS)
     args = p.parse_args()
+    if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available():
+        p.error('--device cuda: no CUDA device is available')
+    try:
+        precision(args)
+    except ValueError as err:
+        p.error(str(err))
+    if args.warm is None:
+        args.warm = 3 if args.device.startswith('cuda') else 1
     if args.worker:
         print(json.dumps(worker(args)))
         return
 
     device = args.device
-    print(f'bench_ldt: arch={args.arch} device={device} LR patch {args.patch} batch {args.batch} '
-          f'x{args.scale}, torch {torch.__version__}, threads {torch.get_num_threads()}')
+    where = torch.cuda.get_device_name(device) if device.startswith('cuda') else f'threads {torch.get_num_threads()}'
+    print(f'bench_ldt: arch={args.arch} device={device} amp={args.amp} LR patch {args.patch} batch {args.batch} '
+          f'x{args.scale}, torch {torch.__version__}, {where}')
     with tempfile.TemporaryDirectory() as tmp:
         part_path = os.path.join(tmp, 'partition.json')
         algo = profile_partition(args, part_path)
@@ -226,6 +264,7 @@ def main() -> None:
         torch.manual_seed(0)
         ft_net = build_network(args.arch, args.scale).to(device)
         ft_opt = adam(list(ft_net.parameters()), 'finetune')
+        ft_amp = precision(args)
         data = batches(args, args.warm + args.iters, args.patch, args.batch, device)
         wall = {'ft': [], 'primary': [], 'auxiliary': []}
         cpu = {'ft': [], 'primary': [], 'auxiliary': []}
@@ -239,9 +278,9 @@ def main() -> None:
 
         for i, (lq, gt) in enumerate(data):
             keep = i >= args.warm
-            timed('ft', lambda: optimizer_step(ft_net, ft_opt, l1(lq, gt)), keep)
-            timed('primary', lambda: algo.pair.step('primary', l1(lq, gt)), keep)
-            timed('auxiliary', lambda: algo.pair.step('auxiliary', l1(lq, gt)), keep)
+            timed('ft', lambda: optimizer_step(ft_net, ft_opt, l1(lq, gt), ft_amp, 'finetune'), keep)
+            timed('primary', lambda: algo.pair.step('primary', l1(lq, gt), algo.precision), keep)
+            timed('auxiliary', lambda: algo.pair.step('auxiliary', l1(lq, gt), algo.precision), keep)
         ema = []
         for _ in range(5):
             sync(device); t0 = time.perf_counter(); algo.pair.exchange(); sync(device)

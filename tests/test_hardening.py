@@ -1,5 +1,5 @@
 """When things go wrong: bad input stops in one line and writes nothing, a killed run resumes to the
-same weights, checkpoints with code are refused, a NaN stops training, torchrun works on CPU."""
+same weights, checkpoints with code are refused, NaN losses are skipped and then stop training, torchrun works on CPU."""
 import json
 import os
 import signal
@@ -34,7 +34,11 @@ def assert_one_line_failure(project, result, name, code=2):
     (lambda o: o['ldt'].update(profile_iters=20), 'error: ldt: head_warmup_iters (2) + profile_iters (20) must be smaller'),
     (lambda o: o['datasets']['train'].pop('dataroot_gt'), "error: dataset 'Train_Olympus' needs option 'dataroot_gt'"),
     (lambda o: o['datasets']['val_targets'].update(cameras=['Leica']), "error: unknown camera(s) 'Leica'"),
-], ids=['ldt_key', 'ratio_u', 'head_patterns', 'phase_lengths', 'dataroot', 'camera'])
+    (lambda o: o['train'].update(amp='fp16'), 'error: train.amp: fp16 needs a CUDA device and this run is on the CPU'),
+    (lambda o: o['train'].update(amp='fp8'), "error: train.amp must be one of none, bf16, fp16, got 'fp8'"),
+    (lambda o: o['train'].update(max_bad_steps=0), 'error: train.max_bad_steps must be a positive integer, got 0'),
+], ids=['ldt_key', 'ratio_u', 'head_patterns', 'phase_lengths', 'dataroot', 'camera', 'amp_fp16_cpu', 'amp_value',
+        'max_bad_steps'])
 def test_bad_options_fail_in_one_line_and_write_nothing(project, demo_data, change, message):
     opt = ldt_options(demo_data, 'bad')
     change(opt)
@@ -84,20 +88,29 @@ def test_checkpoint_carrying_code_is_refused(project, demo_data):
 
 
 @pytest.mark.parametrize('model', ['FTSRModel', 'LDTSRModel'])
-def test_non_finite_loss_stops_and_keeps_last_checkpoint(project, demo_data, model):
+def test_consecutive_non_finite_losses_are_skipped_then_stop_the_run(project, demo_data, model):
     make = (lambda **kw: ldt_options(demo_data, 'nan', **kw)) if model == 'LDTSRModel' else \
         (lambda **kw: train_options(demo_data, 'nan', **kw))
     run_entry(project, 'Train_pip.py', '-opt', write(project / 'n.yml', make(total_iter=6)))
     models = project / 'experiments' / 'nan' / 'models'
     before = (models / 'net_g_6.pth').read_bytes()
-    opt = make(total_iter=8)
+    opt = make(total_iter=12)
     opt['train']['pixel_opt']['loss_weight'] = float('nan')
+    opt['train']['max_bad_steps'] = 3
+    opt['logger']['save_checkpoint_freq'] = 1
     result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'n.yml', opt), '--auto_resume', check=False)
     assert result.returncode == 3 and 'Traceback' not in result.stderr
-    where = 'in the primary branch' if model == 'LDTSRModel' else 'in loss l_pix'
-    assert last_line(result) == (f'error: non-finite loss (nan) at iteration 7 {where}; training stopped, '
-                                 'the last saved checkpoint is intact')
-    assert (models / 'net_g_6.pth').read_bytes() == before and not (models / 'net_g_7.pth').exists()
+    where, values = ('the primary branch', 'l_primary=nan') if model == 'LDTSRModel' else ('fine-tuning', 'l_pix=nan')
+    assert last_line(result) == (f'error: non-finite loss at iteration 9 in {where} ({values}): 3 consecutive bad '
+                                 'steps (train.max_bad_steps = 3); training stopped, the last saved checkpoint is intact')
+    log = sorted((project / 'experiments' / 'nan').glob('train_nan_*.log'))[-1].read_text()
+    for iteration, count in ((7, 1), (8, 2)):
+        assert (f'non-finite loss at iteration {iteration} in {where} ({values}): step skipped, weights unchanged '
+                f'({count} consecutive, stop at 3)') in log
+    # Skipped steps leave the weights as they were; the stopping step writes nothing.
+    assert (models / 'net_g_6.pth').read_bytes() == before and not (models / 'net_g_9.pth').exists()
+    assert all(torch.equal(a, b) for a, b in zip(weights(models / 'net_g_6.pth').values(),
+                                                  weights(models / 'net_g_8.pth').values()))
 
 
 @pytest.mark.parametrize('after_state', [1, 3, 6], ids=['warmup', 'profile', 'dual'])

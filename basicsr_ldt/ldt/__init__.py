@@ -10,6 +10,8 @@ from basicsr_ldt.ldt.equations import (STABLE, UNSTABLE, composite_state, dpu_co
 from basicsr_ldt.ldt.freezing import clear_routing, route_bias_only_convs, set_trainable
 from basicsr_ldt.ldt.pair import (BatchLoss, CrossFrozenPair, OptimizerFactory, average_gradients,
                                   optimizer_step, trainable_parameters)
+from basicsr_ldt.ldt.precision import (AMP_DTYPES, INFERENCE_DTYPES, MixedPrecision, autocast,
+                                       finite_on_all_ranks, resolve_dtype)
 from basicsr_ldt.ldt.partition import LayerRecord, Partition, build_partition, matches, select
 from basicsr_ldt.ldt.statistics import GradientStatistics, all_reduce_statistics, random_statistic
 
@@ -19,5 +21,6 @@ __all__ = [
     'unstable_count', 'clear_routing', 'route_bias_only_convs', 'set_trainable', 'BatchLoss',
     'CrossFrozenPair', 'OptimizerFactory', 'average_gradients', 'optimizer_step',
     'trainable_parameters', 'LayerRecord', 'Partition', 'build_partition', 'matches', 'select',
-    'GradientStatistics', 'all_reduce_statistics', 'random_statistic',
+    'GradientStatistics', 'all_reduce_statistics', 'random_statistic', 'AMP_DTYPES', 'INFERENCE_DTYPES',
+    'MixedPrecision', 'autocast', 'finite_on_all_ranks', 'resolve_dtype',
 ]

@@ -4,10 +4,14 @@ Phases are driven by the (1-based) iteration: head warm-up -> gradient profiling
 (dual = cross-frozen pair with EMA exchange, single = plain fine-tuning for FT / LP-FT). The
 caller supplies the loss of one batch as a closure over the network, so the same object drives
 an SR model, a classifier or anything else with a scalar loss.
+
+A batch whose loss is not finite is skipped before any step (see ``precision``): no optimizer
+step, no profiling sample, no EMA/DPU exchange; ``last_skipped`` names the step for the caller.
 """
 from __future__ import annotations
 
 import copy
+import math
 from typing import Dict, Iterable, List, Optional
 
 import torch
@@ -17,6 +21,7 @@ from basicsr_ldt.ldt.config import LDTConfig
 from basicsr_ldt.ldt.freezing import clear_routing, set_trainable
 from basicsr_ldt.ldt.pair import BatchLoss, CrossFrozenPair, OptimizerFactory, optimizer_step
 from basicsr_ldt.ldt.partition import Partition, build_partition, select
+from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, finite_on_all_ranks
 from basicsr_ldt.ldt.statistics import GradientStatistics, all_reduce_statistics, random_statistic
 
 PHASES = ('warmup', 'profile', 'train')
@@ -29,11 +34,13 @@ class LDT:
     ``network`` becomes the primary branch in place (its ``requires_grad`` flags change with
     the phase). ``optimizer_factory(params, role)`` is called whenever a phase starts (also
     inside :meth:`load_state_dict`), with role ``warmup``, ``finetune``, ``primary`` or
-    ``auxiliary``.
+    ``auxiliary``. ``precision`` (default: full fp32) sets autocast and fp16 loss scaling.
     """
 
-    def __init__(self, network: nn.Module, config: LDTConfig, optimizer_factory: OptimizerFactory) -> None:
+    def __init__(self, network: nn.Module, config: LDTConfig, optimizer_factory: OptimizerFactory,
+                 precision: Optional[MixedPrecision] = None) -> None:
         self.config = config
+        self.precision = precision or MixedPrecision()
         self.primary = network
         self.optimizer_factory = optimizer_factory
         self.names: List[str] = [n for n, _ in network.named_parameters()]
@@ -44,6 +51,9 @@ class LDT:
         self.current_phase: Optional[str] = None
         self.last_iteration = 0
         self.dual_steps = 0
+        #: The step the last :meth:`update` skipped for a non-finite loss ('warmup', 'profile',
+        #: 'finetune', 'primary' or 'auxiliary'), or None when nothing was skipped.
+        self.last_skipped: Optional[str] = None
 
     # -- the algorithm -------------------------------------------------------------------------
     def phase(self, iteration: int) -> str:
@@ -70,19 +80,43 @@ class LDT:
             raise ValueError(f'LDT.update: iteration {iteration} does not follow {self.last_iteration}')
         phase = self.enter(iteration)
         self.last_iteration = iteration
+        self.last_skipped = None
         if phase == 'warmup':                                   # Alg. 1 lines 1-6: head only
-            return {'l_warmup': optimizer_step(self.primary, self.optimizers['warmup'], batch_loss)}
+            return self._single_step('warmup', batch_loss)
         if phase == 'profile':                                  # Alg. 1 line 8: no step
             self._profile_one(batch_loss)
             return {}
         if self.pair is None:                                   # FT / LP-FT
-            return {'l_finetune': optimizer_step(self.primary, self.optimizers['finetune'], batch_loss)}
-        l_primary = self.pair.step('primary', batch_loss)       # eq. 4, 6, 7: P's stable layers
-        l_auxiliary = self.pair.step('auxiliary', batch_loss)   # eq. 5, 6, 7: A's unstable layers
+            return self._single_step('finetune', batch_loss)
+        losses = {}
+        for branch in ('primary', 'auxiliary'):                 # eq. 4-7: P's stable, then A's unstable layers
+            losses[f'l_{branch}'] = self.pair.step(branch, batch_loss, self.precision)
+            if not math.isfinite(losses[f'l_{branch}']):       # a bad batch: no exchange either
+                self.last_skipped = branch
+                return losses
         self.dual_steps += 1
         if self.dual_steps % self.config.ema_every == 0:
             self.pair.exchange()                                # eq. 8 / 11 (DPU coefficients)
-        return {'l_primary': l_primary, 'l_auxiliary': l_auxiliary}
+        return losses
+
+    def _single_step(self, role: str, batch_loss: BatchLoss) -> Dict[str, float]:
+        loss = optimizer_step(self.primary, self.optimizers[role], batch_loss, self.precision, role)
+        if not math.isfinite(loss):
+            self.last_skipped = role
+        return {f'l_{role}': loss}
+
+    def _profile_one(self, batch_loss: BatchLoss) -> None:
+        """One profiling sample from true fp32 gradients (unscaled under fp16 loss scaling)."""
+        self.primary.zero_grad(set_to_none=True)
+        running = RunningStatistics(self.primary)
+        with self.precision.autocast():
+            loss = batch_loss(self.primary)
+        if not finite_on_all_ranks(loss):
+            running.restore()
+            self.last_skipped = 'profile'
+        elif self.precision.backward_unscaled(loss, self.primary.parameters(), 'profile'):
+            self.statistics.accumulate_module(self.primary)
+        self.primary.zero_grad(set_to_none=True)
 
     def profile(self, batch_losses: Iterable[BatchLoss]) -> int:
         """Profile every batch of ``batch_losses`` now, outside the iteration count
@@ -98,12 +132,6 @@ class LDT:
             self._profile_one(batch_loss)
             count += 1
         return count
-
-    def _profile_one(self, batch_loss: BatchLoss) -> None:
-        self.primary.zero_grad(set_to_none=True)
-        batch_loss(self.primary).backward()
-        self.statistics.accumulate_module(self.primary)
-        self.primary.zero_grad(set_to_none=True)
 
     # -- results -------------------------------------------------------------------------------
     @property
@@ -208,6 +236,7 @@ class LDT:
             'statistics': None if self.statistics is None else self.statistics.state_dict(),
             'partition': None if self.partition is None else self.partition.to_dict(),
             'optimizers': {k: o.state_dict() for k, o in self.optimizers.items()},
+            'precision': self.precision.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -232,5 +261,6 @@ class LDT:
             self.pair.auxiliary.load_state_dict(state['auxiliary'])
         for key, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state['optimizers'][key])
+        self.precision.load_state_dict(state.get('precision') or {})
         self.last_iteration = int(state['last_iteration'])
         self.dual_steps = int(state['dual_steps'])

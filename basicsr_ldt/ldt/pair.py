@@ -9,7 +9,7 @@ and the EMA exchange is one fused foreach op under ``no_grad``.
 from __future__ import annotations
 
 import copy
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -18,6 +18,7 @@ from torch import nn
 from basicsr_ldt.ldt.equations import composite_state, ema_exchange_
 from basicsr_ldt.ldt.freezing import set_trainable
 from basicsr_ldt.ldt.partition import Partition
+from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, finite_on_all_ranks, reported_loss
 
 BatchLoss = Callable[[nn.Module], torch.Tensor]
 # (trainable parameters, role) -> optimizer; role is 'warmup', 'finetune', 'primary' or
@@ -29,15 +30,30 @@ def trainable_parameters(module: nn.Module) -> List[nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
-def optimizer_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_loss: BatchLoss) -> float:
-    """One forward/backward/step of one network; its graph and gradients are gone on return."""
+def optimizer_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_loss: BatchLoss,
+                   precision: Optional[MixedPrecision] = None, key: str = 'train', synchronise: bool = True) -> float:
+    """One forward/backward/step of one network; its graph and gradients are gone on return.
+
+    Returns the loss. A non-finite loss (on any rank) skips ``backward`` and the step and is
+    returned as it is (NaN on ranks whose own loss was finite), so ``math.isfinite`` of the
+    result tells the caller whether the network changed. ``synchronise=False`` leaves gradient
+    averaging to a DDP wrapper.
+    """
+    precision = precision or MixedPrecision()
     optimizer.zero_grad(set_to_none=True)
-    loss = batch_loss(network)
-    loss.backward()
-    average_gradients(optimizer)
-    optimizer.step()
+    running = RunningStatistics(network)
+    with precision.autocast():
+        loss = batch_loss(network)
+    finite = finite_on_all_ranks(loss)
+    if finite:
+        precision.backward(loss, key)
+        if synchronise:
+            average_gradients(optimizer)
+        precision.step(optimizer, key)
+    else:
+        running.restore()
     optimizer.zero_grad(set_to_none=True)
-    return float(loss.detach())
+    return reported_loss(loss, finite)
 
 
 def average_gradients(optimizer: torch.optim.Optimizer) -> None:
@@ -87,12 +103,13 @@ class CrossFrozenPair:
         self._trained = [p[n] for n in stable] + [a[n] for n in unstable]
         self._coefficients = [w[n] for n in stable] + [w[n] for n in unstable]
 
-    def step(self, branch: str, batch_loss: BatchLoss) -> float:
-        """Eq. 4-7 for one branch: forward, loss, gradients of its trainable layers, update."""
+    def step(self, branch: str, batch_loss: BatchLoss, precision: Optional[MixedPrecision] = None) -> float:
+        """Eq. 4-7 for one branch: forward, loss, gradients of its trainable layers, update
+        (skipped, and the loss returned non-finite, when the loss is not finite)."""
         network = self.primary if branch == 'primary' else self.auxiliary
         if branch == 'auxiliary':
             self.auxiliary.train(self.primary.training)
-        return optimizer_step(network, self.optimizers[branch], batch_loss)
+        return optimizer_step(network, self.optimizers[branch], batch_loss, precision, branch)
 
     def exchange(self) -> None:
         """Eq. 8 / 11 for all frozen tensors of both branches at once."""

@@ -3,14 +3,16 @@ from basicsr.models.sr_model import SRModel
 from basicsr.utils.registry import MODEL_REGISTRY
 
 from basicsr_ldt.models.best import BestCheckpointMixin
+from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.resumable import ResumableMixin
 
 
 @MODEL_REGISTRY.register()
-class FTSRModel(BestCheckpointMixin, ResumableMixin, SRModel):
-    """BasicSR's ``SRModel``, trained exactly as BasicSR trains it; only checkpoints and training
-    states are written atomically and carry RNG state, so ``--auto_resume`` repeats the run, and
-    ``val: save_best`` keeps the best-validating weights."""
+class FTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
+    """BasicSR's ``SRModel``, trained as BasicSR trains it, plus ``train: amp`` and skipping of
+    non-finite losses; checkpoints and training states are written atomically and carry RNG
+    state, so ``--auto_resume`` repeats the run, and ``val: save_best`` keeps the best-validating
+    weights."""
 
     def init_training_settings(self) -> None:
         super().init_training_settings()

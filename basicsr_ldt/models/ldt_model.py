@@ -24,10 +24,14 @@ from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.ldt import LDT, LDTConfig, Partition, preset, select
 from basicsr_ldt.models.best import BestCheckpointMixin
+from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.models.resumable import ResumableMixin
 from basicsr_ldt.options import registered
 
+#: How a step LDT skipped for a non-finite loss is named in the log.
+SKIPPED_STEP = {'warmup': 'the head warm-up', 'profile': 'gradient profiling (sample not used)',
+                'finetune': 'fine-tuning', 'primary': 'the primary branch', 'auxiliary': 'the auxiliary branch'}
 
 
 def ldt_config_from_options(opt: Dict) -> LDTConfig:
@@ -110,7 +114,7 @@ class PhaseBatches:
 
 
 @MODEL_REGISTRY.register()
-class LDTSRModel(BestCheckpointMixin, ResumableMixin, SRModel):
+class LDTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
     """SR model trained with LDT; ``net_g`` checkpoints hold the composite network (eq. 12)."""
 
     validated_networks = ('composite', 'primary', 'auxiliary')  # val.best_network; default first
@@ -130,6 +134,7 @@ class LDTSRModel(BestCheckpointMixin, ResumableMixin, SRModel):
         train_opt = self.opt['train']
         if train_opt.get('ema_decay', 0):
             raise InputError('train.ema_decay: LDTSRModel keeps its own EMA between branches; remove ema_decay')
+        self.setup_precision()
         self.net_g.train()
         self.ema_decay = 0
         self.cri_pix = build_loss(dict(train_opt['pixel_opt'])).to(self.device) if train_opt.get('pixel_opt') else None
@@ -139,7 +144,7 @@ class LDTSRModel(BestCheckpointMixin, ResumableMixin, SRModel):
         self._lr_iter = 0
         self._schedulers: Dict[int, object] = {}
         self._phase: Optional[str] = None
-        self.ldt = LDT(self.get_bare_model(self.net_g), self.config, self._make_optimizer)
+        self.ldt = LDT(self.get_bare_model(self.net_g), self.config, self._make_optimizer, self.precision)
         self._check_head_patterns()
         seed, parts = self.opt.get('manual_seed', 0), 2 if self.config.head_warmup_iters else 1
         train_data = self.opt['datasets']['train']
@@ -251,7 +256,8 @@ class LDTSRModel(BestCheckpointMixin, ResumableMixin, SRModel):
         losses = self.ldt.update(lambda network: self.cri_pix(network(lq), gt), current_iter)
         losses = OrderedDict((k, torch.tensor(v)) for k, v in losses.items())
         self.log_dict = self.reduce_loss_dict(losses) if losses else losses  # profiling has no loss to log
-        self.check_finite_losses(current_iter)
+        skipped = self.ldt.last_skipped
+        self.record_step(current_iter, None if skipped is None else SKIPPED_STEP[skipped])
 
     # ------------------------------------------------------------------ composite network
     def composite_network(self) -> torch.nn.Module:
@@ -285,7 +291,7 @@ class LDTSRModel(BestCheckpointMixin, ResumableMixin, SRModel):
         return [self.composite_network()], ['params']
 
     def save(self, epoch: int, current_iter: int) -> None:
-        self.check_replicas_agree(current_iter)
+        self.check_savable(current_iter)
         self.save_network(self.composite_network(), 'net_g', current_iter)
         self.save_training_state(epoch, current_iter)
 

@@ -51,18 +51,6 @@ class ResumableMixin:
                                            find_unused_parameters=self.opt.get('find_unused_parameters', False))
         return super().model_to_device(net)
 
-    def optimize_parameters(self, current_iter):
-        super().optimize_parameters(current_iter)
-        self.check_finite_losses(current_iter)
-
-    def check_finite_losses(self, current_iter: int) -> None:
-        """Stop on a NaN/inf loss before it reaches a checkpoint (the last saved one stays good)."""
-        for name, value in self.log_dict.items():
-            if not torch.isfinite(torch.as_tensor(value)).all():
-                where = f'the {name[2:]} branch' if name in ('l_primary', 'l_auxiliary') else f'loss {name}'
-                raise FloatingPointError(f'non-finite loss ({float(value)}) at iteration {current_iter} in {where}; '
-                                         'training stopped, the last saved checkpoint is intact')
-
     @master_only
     def save_network(self, net, net_label, current_iter, param_key='params'):
         label = 'latest' if current_iter == -1 else current_iter
@@ -97,8 +85,20 @@ class ResumableMixin:
                                f'({int((low != high).sum())} tensors differ)')
         get_root_logger().info(f'replicas identical on {dist.get_world_size()} ranks at iteration {current_iter}')
 
-    def save(self, epoch, current_iter):
+    def check_savable(self, current_iter: int) -> None:
+        """Refuse to write weights holding NaN/inf (the last checkpoint stays the newest good one),
+        and under torchrun weights that differ between ranks."""
+        tensors = self.replica_tensors()
+        if getattr(self, 'net_g_ema', None) is not None:
+            tensors += list(self.net_g_ema.parameters())
+        bad = sum(1 for t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+        if bad:
+            raise FloatingPointError(f'{bad} weight tensors hold NaN/inf at iteration {current_iter}: not saving '
+                                     'them; training stopped, the last saved checkpoint is intact')
         self.check_replicas_agree(current_iter)
+
+    def save(self, epoch, current_iter):
+        self.check_savable(current_iter)
         super().save(epoch, current_iter)
 
     def extra_training_state(self) -> Dict[str, Any]:

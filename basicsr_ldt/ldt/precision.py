@@ -1,0 +1,159 @@
+"""Mixed precision and non-finite-loss guarding for LDT steps, in plain PyTorch.
+
+Autocast runs the forward pass and the loss in bf16/fp16 while parameters, their gradients,
+optimizer state, profiling statistics (float64), DPU coefficients and the EMA exchange stay in
+fp32: autocast never changes a parameter's dtype, so ``.grad`` of an fp32 parameter is fp32.
+
+fp16 needs loss scaling (small gradients underflow in float16). There is one ``GradScaler``
+per optimizer key ('warmup', 'finetune', 'primary', 'auxiliary'; 'profile' for profiling):
+the primary and auxiliary branches train disjoint layers with different gradient magnitudes,
+and an overflow in one branch must not lower the other's scale or skip its step. Profiling has
+no optimizer, so its gradients are unscaled here before they reach the statistics, and a
+sample whose scaled gradients overflowed is left out (the scale is backed off, as GradScaler
+does). bf16 has fp32's exponent range and needs no scaler.
+
+A non-finite loss skips its step before ``backward``: no optimizer step, no statistics, and the
+caller skips the EMA/DPU exchange; batch-norm running statistics the forward pass already
+updated are put back (:class:`RunningStatistics`), so a corrupted batch leaves no trace. The decision is taken on all ranks together (one tiny
+all-reduce), because a rank that skipped ``backward`` while another ran it would deadlock the
+gradient all-reduce.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import ContextManager, Dict, Iterable, List, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+#: ``train: amp`` values and the autocast dtype each selects.
+AMP_DTYPES: Dict[str, Optional[torch.dtype]] = {'none': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+#: ``test: precision`` values.
+INFERENCE_DTYPES: Dict[str, Optional[torch.dtype]] = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
+def resolve_dtype(key: str, value: object, choices: Mapping[str, Optional[torch.dtype]],
+                  device_type: str) -> Optional[torch.dtype]:
+    """The autocast dtype an option value names, or ``None`` for full precision.
+
+    Raises ``ValueError`` naming ``key`` for an unknown value, for fp16 off CUDA (fp16 training
+    and inference are for GPUs; CPUs have no fast fp16 path and CPU loss scaling is untested
+    here) and for bf16 on a GPU without bf16 support.
+    """
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+    dtype = choices[value]
+    if dtype is torch.float16 and device_type != 'cuda':
+        raise ValueError(f'{key}: fp16 needs a CUDA device and this run is on the {device_type.upper()}; '
+                         f"use bf16 or {next(iter(choices))}")
+    if dtype is torch.bfloat16 and device_type == 'cuda' and not torch.cuda.is_bf16_supported():
+        raise ValueError(f'{key}: this GPU has no bfloat16 support; use fp16 or {next(iter(choices))}')
+    return dtype
+
+
+def autocast(device_type: str, dtype: Optional[torch.dtype]) -> ContextManager:
+    """``torch.autocast`` for ``dtype``, or a no-op context for full precision."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+class MixedPrecision:
+    """Autocast dtype plus one lazily created ``GradScaler`` per optimizer key (fp16 only).
+
+    ``dtype`` None is full precision: every method is then a no-op, so callers need no branch.
+    """
+
+    def __init__(self, dtype: Optional[torch.dtype] = None, device_type: str = 'cpu') -> None:
+        self.dtype = dtype
+        self.device_type = device_type
+        self._scalers: Dict[str, torch.amp.GradScaler] = {}
+
+    def autocast(self) -> ContextManager:
+        return autocast(self.device_type, self.dtype)
+
+    def scaler(self, key: str) -> Optional[torch.amp.GradScaler]:
+        """The loss scaler of optimizer ``key``; ``None`` unless training in fp16."""
+        if self.dtype is not torch.float16:
+            return None
+        if key not in self._scalers:
+            self._scalers[key] = torch.amp.GradScaler(self.device_type)
+        return self._scalers[key]
+
+    def backward(self, loss: torch.Tensor, key: str) -> None:
+        scaler = self.scaler(key)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer, key: str) -> None:
+        """``optimizer.step()``; with fp16 GradScaler unscales, skips on overflow and adapts."""
+        scaler = self.scaler(key)
+        if scaler is None:
+            optimizer.step()
+            return
+        scaler.step(optimizer)
+        scaler.update()
+
+    def backward_unscaled(self, loss: torch.Tensor, parameters: Iterable[nn.Parameter], key: str) -> bool:
+        """Backward leaving the true (unscaled) fp32 gradients in ``.grad``, for profiling.
+
+        Returns False when fp16-scaled gradients overflowed (the sample must not be used; the
+        scale is halved for the next one, as GradScaler does after an overflow).
+        """
+        scaler = self.scaler(key)
+        if scaler is None:
+            loss.backward()
+            return True
+        scale = scaler.get_scale()
+        (loss * scale).backward()
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, 1.0 / scale)
+        finite = all(bool(torch.isfinite(g).all()) for g in grads)
+        if not finite:
+            scaler.update(scale * scaler.get_backoff_factor())
+        return finite
+
+    def state_dict(self) -> Dict[str, dict]:
+        return {key: scaler.state_dict() for key, scaler in self._scalers.items()}
+
+    def load_state_dict(self, state: Mapping[str, dict]) -> None:
+        for key, scaler_state in state.items():
+            scaler = self.scaler(key)
+            if scaler is not None and scaler_state:
+                scaler.load_state_dict(scaler_state)
+
+
+class RunningStatistics:
+    """Snapshot of the buffers a training-mode forward changes (batch-norm running statistics),
+    restorable when the step turns out to be skipped; empty (free) for networks without them."""
+
+    def __init__(self, network: nn.Module) -> None:
+        self.buffers: List[torch.Tensor] = [
+            b for m in network.modules()
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.training and m.track_running_stats
+            for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
+        self.saved = [b.clone() for b in self.buffers]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for buffer, saved in zip(self.buffers, self.saved):
+            buffer.copy_(saved)
+
+
+def finite_on_all_ranks(loss: torch.Tensor) -> bool:
+    """Whether ``loss`` is finite on this rank and on every other rank of a running group."""
+    finite = torch.isfinite(loss.detach()).all()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        flag = finite.to(torch.float32).reshape(1)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+    return bool(finite)
+
+
+def reported_loss(loss: torch.Tensor, finite_everywhere: bool) -> float:
+    """The value to report for a step: the loss, or NaN when another rank's loss was not finite
+    (so every rank reports the step as skipped)."""
+    value = float(loss.detach())
+    return value if finite_everywhere or not math.isfinite(value) else math.nan

@@ -1,0 +1,118 @@
+"""What every model type of this project adds to a training step: mixed precision and
+surviving a non-finite loss.
+
+``train: amp`` (none | bf16 | fp16) runs forward and loss under autocast; fp16 adds loss
+scaling (one GradScaler per optimizer, see ``basicsr_ldt.ldt.precision``). A NaN/inf loss
+skips its step (no optimizer step, no EMA, no LDT exchange or profiling sample) with one log
+line; ``train: max_bad_steps`` consecutive skipped steps stop the run, because a loss that stays
+non-finite means the run is broken, not unlucky. The counter and the loss scalers are part of
+the training state, so a resumed run continues exactly.
+"""
+import math
+from collections import OrderedDict
+from typing import Any, Dict, Optional
+
+import torch
+
+from basicsr.utils import get_root_logger
+
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.ldt.pair import optimizer_step
+from basicsr_ldt.ldt.precision import AMP_DTYPES, MixedPrecision, resolve_dtype
+
+#: Defaults of the ``train:`` keys this mixin reads (documented in the README).
+STEP_DEFAULTS = {'amp': 'none', 'max_bad_steps': 10}
+
+
+def precision_from_options(train_opt: Dict, device_type: str) -> MixedPrecision:
+    """``MixedPrecision`` for ``train: amp``, refusing bad values before training starts."""
+    value = train_opt.get('amp')
+    try:
+        dtype = resolve_dtype('train.amp', STEP_DEFAULTS['amp'] if value is None else value, AMP_DTYPES,
+                              device_type)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    return MixedPrecision(dtype, device_type)
+
+
+def max_bad_steps_from_options(train_opt: Dict) -> int:
+    value = train_opt.get('max_bad_steps', STEP_DEFAULTS['max_bad_steps'])
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f'train.max_bad_steps must be a positive integer, got {value!r}')
+    return value
+
+
+class GuardedStepMixin:
+    """Autocast/loss scaling and non-finite-loss skipping for BasicSR ``SRModel`` subclasses.
+
+    Models that run their own step (``LDTSRModel``) call :meth:`setup_precision` in
+    ``init_training_settings`` and :meth:`record_step` after each step.
+    """
+
+    def setup_precision(self) -> None:
+        train_opt = self.opt['train']
+        self.precision = precision_from_options(train_opt, self.device.type)
+        self.max_bad_steps = max_bad_steps_from_options(train_opt)
+        self.bad_steps = 0
+        if self.precision.dtype is not None:
+            scaling = ', loss scaling with one GradScaler per optimizer' if self.precision.dtype is torch.float16 else ''
+            get_root_logger().info(f"Mixed precision: autocast {train_opt['amp']}{scaling}; weights, gradients and "
+                                   'optimizer state stay fp32')
+
+    def init_training_settings(self) -> None:
+        self.setup_precision()
+        super().init_training_settings()
+
+    def optimize_parameters(self, current_iter: int) -> None:
+        """BasicSR 1.4.2 ``SRModel.optimize_parameters`` under autocast, skipping non-finite losses."""
+        loss_dict = OrderedDict()
+
+        def batch_loss(network):
+            self.output = network(self.lq)
+            total = 0
+            if self.cri_pix:
+                loss_dict['l_pix'] = self.cri_pix(self.output, self.gt)
+                total = total + loss_dict['l_pix']
+            if self.cri_perceptual:
+                l_percep, l_style = self.cri_perceptual(self.output, self.gt)
+                for name, value in (('l_percep', l_percep), ('l_style', l_style)):
+                    if value is not None:
+                        loss_dict[name] = value
+                        total = total + value
+            return total
+
+        # DDP (when running) averages gradients inside backward.
+        loss = optimizer_step(self.net_g, self.optimizer_g, batch_loss, self.precision, 'net_g', synchronise=False)
+        self.log_dict = self.reduce_loss_dict(OrderedDict((k, v.detach().float()) for k, v in loss_dict.items()))
+        stepped = math.isfinite(loss)
+        if stepped and self.ema_decay > 0:
+            self.model_ema(decay=self.ema_decay)
+        self.record_step(current_iter, None if stepped else 'fine-tuning')
+
+    def record_step(self, current_iter: int, skipped: Optional[str]) -> None:
+        """Count consecutive skipped steps; log each, stop at ``train.max_bad_steps``."""
+        if skipped is None:
+            self.bad_steps = 0
+            return
+        self.bad_steps += 1
+        values = ', '.join(f'{k}={float(v):.4g}' for k, v in self.log_dict.items())
+        values = f' ({values})' if values else ''
+        logger = get_root_logger()
+        if self.bad_steps >= self.max_bad_steps:
+            message = (f'non-finite loss at iteration {current_iter} in {skipped}{values}: '
+                       f'{self.bad_steps} consecutive bad steps (train.max_bad_steps = {self.max_bad_steps}); '
+                       'training stopped, the last saved checkpoint is intact')
+            logger.error(message)
+            raise FloatingPointError(message)
+        logger.warning(f'non-finite loss at iteration {current_iter} in {skipped}{values}: step skipped, weights '
+                       f'unchanged ({self.bad_steps} consecutive, stop at {self.max_bad_steps})')
+
+    def extra_training_state(self) -> Dict[str, Any]:
+        return {**super().extra_training_state(),
+                'steps': {'bad_steps': self.bad_steps, 'precision': self.precision.state_dict()}}
+
+    def load_extra_training_state(self, state: Dict[str, Any]) -> None:
+        super().load_extra_training_state(state)
+        steps = state.get('steps') or {}
+        self.bad_steps = int(steps.get('bad_steps', 0))
+        self.precision.load_state_dict(steps.get('precision') or {})

@@ -1,0 +1,211 @@
+"""Mixed precision and non-finite losses: a NaN batch changes nothing in any LDT phase, fp16 loss
+scaling never leaks into the profiling statistics, bf16 trains and tests end to end on the CPU,
+and bad precision options stop in one line."""
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import run_entry
+from test_cli import dataset, write
+from test_ldt_model import NETWORK, ldt_options
+
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.inference import tiled_forward
+from basicsr_ldt.ldt import AMP_DTYPES, LDT, LDTConfig, MixedPrecision, optimizer_step, resolve_dtype
+from basicsr_ldt.models.guarded_step import GuardedStepMixin
+
+CFG = dict(head_warmup_iters=2, head_patterns=('5',), profile_iters=3, ratio_u=0.5, ema_every=1)
+
+
+def _net(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1))
+
+
+def _data(iteration):
+    g = torch.Generator().manual_seed(iteration)
+    return torch.randn(2, 2, 6, 6, generator=g), torch.randn(2, 2, 6, 6, generator=g)
+
+
+def _loss(iteration, nan_for=None):
+    """L1 loss of batch ``iteration``; NaN for the networks in ``nan_for`` (a corrupted batch)."""
+    x, y = _data(iteration)
+    return lambda m: (m(x) - y).abs().mean() * (math.nan if nan_for is not None and m in nan_for else 1.0)
+
+
+def _factory(params, role):
+    return torch.optim.Adam(params, lr=1e-2)
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _state(algo):
+    state = copy.deepcopy(algo.state_dict())
+    state.pop('last_iteration')
+    return state
+
+
+@pytest.mark.parametrize('iteration, phase', [(2, 'warmup'), (4, 'profile'), (7, 'primary')])
+def test_a_nan_batch_changes_nothing_in_any_phase(iteration, phase):
+    algo = LDT(_net(), LDTConfig(**CFG), _factory)
+    for i in range(1, iteration):
+        algo.update(_loss(i), i)
+    algo.enter(iteration)
+    before = _state(algo)
+    losses = algo.update(_loss(iteration, nan_for=[algo.primary]), iteration)
+    assert algo.last_skipped == phase and all(math.isnan(v) for v in losses.values())
+    # weights and batch-norm statistics of both branches, optimizer state (Adam's step count),
+    # profiling statistics, partition, dual-step count (so the EMA/DPU cadence) are unchanged
+    assert _same(_state(algo), before)
+    algo.update(_loss(iteration + 1), iteration + 1)
+    assert algo.last_skipped is None
+
+
+def test_a_nan_in_the_auxiliary_branch_skips_its_step_and_the_exchange():
+    algo = LDT(_net(), LDTConfig(**CFG), _factory)
+    for i in range(1, 7):
+        algo.update(_loss(i), i)
+    auxiliary = {k: v.clone() for k, v in algo.auxiliary.state_dict().items()}
+    primary = {k: v.clone() for k, v in algo.primary.state_dict().items()}
+    dual_steps = algo.dual_steps
+    losses = algo.update(_loss(7, nan_for=[algo.auxiliary]), 7)
+    assert algo.last_skipped == 'auxiliary' and math.isfinite(losses['l_primary'])
+    assert math.isnan(losses['l_auxiliary']) and algo.dual_steps == dual_steps
+    assert _same(algo.auxiliary.state_dict(), auxiliary)   # no step, and no exchange into it
+    frozen = algo.partition.unstable                       # P's frozen layers: no exchange either
+    assert all(torch.equal(algo.primary.state_dict()[n], primary[n]) for n in frozen)
+
+
+def _profile(precision):
+    algo = LDT(_net(), LDTConfig(**{**CFG, 'head_warmup_iters': 0}), _factory, precision)
+    for i in range(1, 4):
+        algo.update(_loss(i), i)
+    return algo.statistics
+
+
+def test_fp16_loss_scaling_does_not_reach_the_profiling_statistics():
+    fp32 = _profile(MixedPrecision())
+    fp16 = _profile(MixedPrecision(torch.float16, 'cpu'))  # CPU fp16 only to exercise the scaler here
+    assert fp16.samples == fp32.samples == 3
+    # Unscaled, the fp16 statistics match fp32's to fp16 accuracy; left scaled (x65536) they would
+    # be 65536 (mean) and 2^32 (variance) times larger.
+    assert torch.allclose(fp16.abs_sum, fp32.abs_sum, rtol=2e-2, atol=1e-4)
+    assert torch.allclose(torch.tensor(fp16.criterion('var')), torch.tensor(fp32.criterion('var')), rtol=5e-2, atol=1e-8)
+
+
+def test_fp16_scalers_are_per_branch_and_resume_exactly():
+    precision = MixedPrecision(torch.float16, 'cpu')
+    algo = LDT(_net(), LDTConfig(**CFG), _factory, precision)
+    for i in range(1, 9):
+        algo.update(_loss(i), i)
+    state = copy.deepcopy(algo.state_dict())   # as read from disk: no tensor shared with algo
+    assert set(state['precision']) == {'warmup', 'profile', 'primary', 'auxiliary'}
+    state['precision']['primary']['scale'] = 1024.0   # as after overflows: the loaded scale must be used
+    again = LDT(_net(1), LDTConfig(**CFG), _factory, MixedPrecision(torch.float16, 'cpu'))
+    again.load_state_dict(state)
+    assert again.precision.state_dict() == state['precision']
+    precision.scaler('primary').update(1024.0)
+    for i in (9, 10):
+        assert algo.update(_loss(i), i) == again.update(_loss(i), i)
+
+
+def test_bf16_autocast_steps_keep_fp32_weights_and_gradients_out_of_the_optimizer():
+    net = _net()
+    seen = []
+    net[0].weight.register_hook(lambda g: seen.append(g.dtype))
+    loss = optimizer_step(net, _factory(list(net.parameters()), 'finetune'), _loss(1),
+                          MixedPrecision(torch.bfloat16, 'cpu'))
+    assert math.isfinite(loss) and seen == [torch.float32]
+    assert all(p.dtype == torch.float32 for p in net.parameters())
+
+
+@pytest.mark.parametrize('value, device, message', [
+    ('fp16', 'cpu', 'train.amp: fp16 needs a CUDA device and this run is on the CPU; use bf16 or none'),
+    ('half', 'cpu', "train.amp must be one of none, bf16, fp16, got 'half'"),
+])
+def test_amp_values_are_checked_up_front(value, device, message):
+    with pytest.raises(ValueError) as err:
+        resolve_dtype('train.amp', value, AMP_DTYPES, device)
+    assert str(err.value) == message
+    assert resolve_dtype('train.amp', 'bf16', AMP_DTYPES, 'cpu') is torch.bfloat16
+
+
+def test_tiled_bf16_inference_returns_fp32_close_to_fp32_inference():
+    net = _net().eval()
+    lq = torch.rand(1, 2, 13, 11)
+    full = tiled_forward(net, lq, 1, tile_size=8, tile_overlap=4)
+    half = tiled_forward(net, lq, 1, tile_size=8, tile_overlap=4, dtype=torch.bfloat16)
+    assert half.dtype == torch.float32 and not torch.equal(half, full)
+    assert torch.allclose(half, full, atol=5e-2)
+
+
+class _Steps(GuardedStepMixin):
+    def __init__(self, limit):
+        self.max_bad_steps, self.bad_steps, self.log_dict = limit, 0, {'l_pix': torch.tensor(math.nan)}
+
+
+def test_bad_step_counter_counts_consecutive_steps_only():
+    steps = _Steps(2)
+    steps.record_step(1, 'fine-tuning')
+    steps.record_step(2, None)
+    steps.record_step(3, 'fine-tuning')
+    with pytest.raises(FloatingPointError, match=r'iteration 4 in fine-tuning \(l_pix=nan\): 2 consecutive bad steps'):
+        steps.record_step(4, 'fine-tuning')
+
+
+def test_bf16_ldt_run_through_every_phase_then_bf16_test(project, demo_data):
+    opt = ldt_options(demo_data, 'bf16')
+    opt['train']['amp'] = 'bf16'
+    opt['val']['val_freq'] = 8
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'bf16.yml', opt))
+    exp = project / 'experiments' / 'bf16'
+    log = next(exp.glob('train_bf16_*.log')).read_text()
+    for text in ('Mixed precision: autocast bf16; weights', 'head warm-up on D_S1', 'gradient profiling on D_S2',
+                 'dual training (cross-frozen primary/auxiliary) from iteration 5', 'Validation'):
+        assert text in log
+    assert 'non-finite' not in log and (exp / 'ldt_partition.json').is_file()
+    composite = torch.load(exp / 'models' / 'net_g_latest.pth', weights_only=True)['params']
+    assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in composite.values())
+    test_opt = {'name': 'eval_bf16', 'scale': 4, 'num_gpu': 0, 'network_g': NETWORK, 'path': {},
+                'datasets': {'test_1': dataset(demo_data, 'Test', ['Sony'])}, 'test': {'precision': 'bf16'},
+                'checkpoints': [{'label': 'LDT', 'path': str(exp / 'models' / 'net_g_latest.pth')}]}
+    run_entry(project, 'test.py', '-opt', write(project / 'test.yml', test_opt))
+    import json
+    summary = json.loads((project / 'results' / 'eval_bf16' / 'metrics.json').read_text())['summary']['LDT']
+    assert math.isfinite(summary['Mean']['psnr']) and summary['Mean']['psnr'] > 10
+    test_opt['test']['precision'] = 'fp16'
+    result = run_entry(project, 'test.py', '-opt', write(project / 'test.yml', test_opt), check=False)
+    assert result.returncode == 2 and 'Traceback' not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == ('error: test.precision: fp16 needs a CUDA device and this run '
+                                                      'is on the CPU; use bf16 or fp32')
+
+
+def test_weights_holding_nan_are_never_saved(tmp_path):
+    from basicsr_ldt.models.resumable import ResumableMixin
+
+    class Model(ResumableMixin):
+        opt = {'path': {'models': str(tmp_path)}}
+        net_g = _net()
+
+        @staticmethod
+        def get_bare_model(network):
+            return network
+
+    model = Model()
+    model.check_savable(5)                          # finite weights: nothing to object to
+    with torch.no_grad():
+        model.net_g[3].weight[0, 0, 0, 0] = math.inf
+    with pytest.raises(FloatingPointError, match='1 weight tensors hold NaN/inf at iteration 6: not saving them'):
+        model.check_savable(6)
