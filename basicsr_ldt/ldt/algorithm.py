@@ -134,7 +134,7 @@ class LDT:
         elif phase == 'profile':
             set_trainable(self.primary, set(self.names))
             device = next(self.primary.parameters()).device
-            self.statistics = GradientStatistics(self.names, device=device)
+            self.statistics = GradientStatistics(self.names, device=device, per_entry=self._per_entry())
         elif self.config.mode == 'single':
             set_trainable(self.primary, set(self.names))
             self.optimizers['finetune'] = self.optimizer_factory(list(self.primary.parameters()), 'finetune')
@@ -145,6 +145,9 @@ class LDT:
                                         self.config.buffers_from)
             self.optimizers = dict(self.pair.optimizers)
         self.current_phase = phase
+
+    def _per_entry(self) -> bool:
+        return self.config.criterion == 'sample_var'
 
     def _length(self, phase: str) -> int:
         return {'warmup': self.config.head_warmup_iters, 'profile': self.config.profile_iters}.get(phase, 0)
@@ -192,7 +195,8 @@ class LDT:
         if state['phase'] is not None:
             self._enter(state['phase'], saved_partition=self.partition)
         if state['statistics'] is not None:
-            self.statistics = GradientStatistics(self.names, device=next(self.primary.parameters()).device)
+            self.statistics = GradientStatistics(self.names, device=next(self.primary.parameters()).device,
+                                                 per_entry=self._per_entry())
             self.statistics.load_state_dict(state['statistics'])
         if self.pair is not None:
             self.pair.auxiliary.load_state_dict(state['auxiliary'])

@@ -11,7 +11,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
-CRITERIA = ('var', 'mean', 'var_over_mean', 'random')
+CRITERIA = ('var', 'mean', 'var_over_mean', 'random', 'sample_var', 'fisher')
 MODES = ('dual', 'single')
 PARTITIONS = ('criterion', 'name')
 BUFFER_SOURCES = ('primary', 'auxiliary')
@@ -135,6 +135,8 @@ _PRESETS = {
     'ldt_mean': dict(criterion='mean'),
     'ldt_var_over_mean': dict(criterion='var_over_mean'),
     'ldt_random': dict(criterion='random'),
+    'ldt_sample_var': dict(criterion='sample_var'),
+    'ldt_fisher': dict(criterion='fisher'),
 }
 PRESETS = tuple(_PRESETS)
 
