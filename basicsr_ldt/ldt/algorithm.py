@@ -1,7 +1,8 @@
 """LDT as one small algorithm object (DomainBed style): ``update`` shows the whole method.
 
 Phases are driven by the (1-based) iteration: head warm-up -> gradient profiling -> training
-(dual = cross-frozen pair with EMA exchange, single = plain fine-tuning for FT / LP-FT). The
+(dual = cross-frozen pair with EMA exchange, alternating = LDT-S on one network, single = plain
+fine-tuning for FT / LP-FT). Warm-up, profiling and the partition are the same for every mode. The
 caller supplies the loss of one batch as a closure over the network, so the same object drives
 an SR model, a classifier or anything else with a scalar loss.
 """
@@ -15,6 +16,7 @@ from torch import nn
 
 from basicsr_ldt.ldt.config import LDTConfig
 from basicsr_ldt.ldt.freezing import clear_routing, set_trainable
+from basicsr_ldt.ldt.ldt_s import AlternatingFreezing
 from basicsr_ldt.ldt.pair import BatchLoss, CrossFrozenPair, OptimizerFactory, optimizer_step
 from basicsr_ldt.ldt.partition import Partition, build_partition, select
 from basicsr_ldt.ldt.statistics import GradientStatistics, all_reduce_statistics, random_statistic
@@ -28,8 +30,8 @@ class LDT:
 
     ``network`` becomes the primary branch in place (its ``requires_grad`` flags change with
     the phase). ``optimizer_factory(params, role)`` is called whenever a phase starts (also
-    inside :meth:`load_state_dict`), with role ``warmup``, ``finetune``, ``primary`` or
-    ``auxiliary``.
+    inside :meth:`load_state_dict`), with role ``warmup``, ``finetune``, ``primary``,
+    ``auxiliary`` or ``ldt_s``.
     """
 
     def __init__(self, network: nn.Module, config: LDTConfig, optimizer_factory: OptimizerFactory) -> None:
@@ -40,6 +42,7 @@ class LDT:
         self.statistics: Optional[GradientStatistics] = None
         self.partition: Optional[Partition] = None
         self.pair: Optional[CrossFrozenPair] = None
+        self.alternation: Optional[AlternatingFreezing] = None
         self.optimizers: Dict[str, torch.optim.Optimizer] = {}
         self.current_phase: Optional[str] = None
         self.last_iteration = 0
@@ -78,6 +81,9 @@ class LDT:
             self.statistics.accumulate_module(self.primary)
             self.primary.zero_grad(set_to_none=True)
             return {}
+        if self.alternation is not None:                        # LDT-S: the active group trains
+            group = self.alternation.active
+            return {f'l_{group}': self.alternation.step(batch_loss)}
         if self.pair is None:                                   # FT / LP-FT
             return {'l_finetune': optimizer_step(self.primary, self.optimizers['finetune'], batch_loss)}
         l_primary = self.pair.step('primary', batch_loss)       # eq. 4, 6, 7: P's stable layers
@@ -93,7 +99,10 @@ class LDT:
         return None if self.pair is None else self.pair.auxiliary
 
     def composite_state_dict(self) -> Dict[str, torch.Tensor]:
-        """Eq. 12 in dual training; the (single) primary network otherwise."""
+        """Eq. 12 in dual training, its LDT-S analogue (EMA of both groups) in alternating
+        training; the (single) primary network otherwise."""
+        if self.alternation is not None:
+            return self.alternation.composite_state_dict()
         if self.pair is None:
             return self.primary.state_dict()
         return self.pair.composite_state_dict()
@@ -123,6 +132,7 @@ class LDT:
                              'LDT.load_state_dict or start at iteration 1')
         self.optimizers = {}
         self.pair = None
+        self.alternation = None
         if phase == 'warmup':
             head = select(self.names, self.config.head_patterns)
             if not head:
@@ -138,6 +148,13 @@ class LDT:
         elif self.config.mode == 'single':
             set_trainable(self.primary, set(self.names))
             self.optimizers['finetune'] = self.optimizer_factory(list(self.primary.parameters()), 'finetune')
+        elif self.config.mode == 'alternating':
+            self.partition = saved_partition or self._make_partition()
+            self.statistics = None
+            self.alternation = AlternatingFreezing(self.primary, self.partition, self.optimizer_factory,
+                                                   self.config.interval_iters, self.config.ema_every,
+                                                   self.config.first_group)
+            self.optimizers = {'ldt_s': self.alternation.optimizer}
         else:
             self.partition = saved_partition or self._make_partition()
             self.statistics = None
@@ -176,6 +193,7 @@ class LDT:
             'last_iteration': self.last_iteration, 'dual_steps': self.dual_steps,
             'primary': self.primary.state_dict(),
             'auxiliary': None if self.pair is None else self.pair.auxiliary.state_dict(),
+            'alternation': None if self.alternation is None else self.alternation.state_dict(),
             'statistics': None if self.statistics is None else self.statistics.state_dict(),
             'partition': None if self.partition is None else self.partition.to_dict(),
             'optimizers': {k: o.state_dict() for k, o in self.optimizers.items()},
@@ -185,12 +203,14 @@ class LDT:
         if state.get('format') != STATE_FORMAT:
             raise ValueError(f"LDT state has format {state.get('format')!r}, expected {STATE_FORMAT}")
         ours = self.config.to_dict()
-        changed = sorted(k for k in set(ours) | set(state['config']) if ours.get(k) != state['config'].get(k))
+        # options added after a state was written count as their defaults
+        saved = {**LDTConfig().to_dict(), **state['config']}
+        changed = sorted(k for k in set(ours) | set(saved) if ours.get(k) != saved.get(k))
         if changed:
             raise ValueError(f'LDT state was saved with different options: {changed} '
-                             f"(saved {[state['config'].get(k) for k in changed]}, now {[ours.get(k) for k in changed]})")
+                             f"(saved {[saved.get(k) for k in changed]}, now {[ours.get(k) for k in changed]})")
         self.primary.load_state_dict(state['primary'])
-        self.current_phase, self.pair, self.optimizers = None, None, {}
+        self.current_phase, self.pair, self.alternation, self.optimizers = None, None, None, {}
         self.partition = None if state['partition'] is None else Partition.from_dict(state['partition'])
         if state['phase'] is not None:
             self._enter(state['phase'], saved_partition=self.partition)
@@ -200,6 +220,8 @@ class LDT:
             self.statistics.load_state_dict(state['statistics'])
         if self.pair is not None:
             self.pair.auxiliary.load_state_dict(state['auxiliary'])
+        if self.alternation is not None:
+            self.alternation.load_state_dict(state['alternation'])
         for key, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state['optimizers'][key])
         self.last_iteration = int(state['last_iteration'])

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
 CRITERIA = ('var', 'mean', 'var_over_mean', 'random', 'sample_var', 'fisher')
-MODES = ('dual', 'single')
+MODES = ('dual', 'single', 'alternating')
+GROUPS = ('stable', 'unstable')
 PARTITIONS = ('criterion', 'name')
 BUFFER_SOURCES = ('primary', 'auxiliary')
 
@@ -29,7 +30,8 @@ class LDTConfig:
 
     Iterations are counted from 1 (BasicSR's ``current_iter``): iterations
     ``1..head_warmup_iters`` warm the head up, the next ``profile_iters`` profile gradients, the rest
-    train (``dual`` = cross-frozen primary/auxiliary pair, ``single`` = plain fine-tuning).
+    train (``dual`` = cross-frozen primary/auxiliary pair, ``single`` = plain fine-tuning,
+    ``alternating`` = LDT-S: one network, the groups train in turn for ``interval_iters`` each).
     """
 
     mode: str = 'dual'
@@ -51,6 +53,8 @@ class LDTConfig:
     ema_every: int = 10
     seed: int = 0
     buffers_from: str = 'primary'
+    interval_iters: int = 100          # LDT-S: iterations per group before the frozen group swaps
+    first_group: str = 'stable'        # LDT-S: group trained in the first interval (LDT's primary)
 
     def __post_init__(self) -> None:
         for key in ('head_patterns', 'force_stable', 'force_unstable'):
@@ -93,12 +97,15 @@ def _validate(cfg: LDTConfig) -> None:
     choice('criterion', CRITERIA)
     choice('partition', PARTITIONS)
     choice('buffers_from', BUFFER_SOURCES)
+    choice('first_group', GROUPS)
     for key in ('head_warmup_iters', 'profile_iters', 'seed'):
         value = getattr(cfg, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"LDT option '{key}' must be an integer >= 0, got {value!r}")
-    if not isinstance(cfg.ema_every, int) or cfg.ema_every < 1:
-        raise ValueError(f"LDT option 'ema_every' must be an integer >= 1, got {cfg.ema_every!r}")
+    for key in ('ema_every', 'interval_iters'):
+        value = getattr(cfg, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"LDT option '{key}' must be an integer >= 1, got {value!r}")
     if not 0.0 < float(cfg.ratio_u) < 1.0:
         raise ValueError(f"LDT option 'ratio_u' must lie strictly between 0 and 1, got {cfg.ratio_u!r}")
     if not 0.0 <= cfg.w_fixed < 1.0:
@@ -108,7 +115,7 @@ def _validate(cfg: LDTConfig) -> None:
         if not (0.0 <= base < 1.0 and spread >= 0.0 and base + spread <= 1.0):
             raise ValueError(f"LDT options 'w_base_{group}'={base} and 'r_base_{group}'={spread} must "
                              'satisfy 0 <= w_base < 1, r_base >= 0, w_base + r_base <= 1')
-    if cfg.mode == 'dual' and cfg.partition_file is None:
+    if cfg.mode in ('dual', 'alternating') and cfg.partition_file is None:
         if cfg.needs_profiling() and cfg.profile_iters < 2:
             raise ValueError(f"criterion '{cfg.criterion}' (or dpu) needs gradient statistics: set "
                              f"'profile_iters' >= 2 (got {cfg.profile_iters}), or dpu: false with "
@@ -135,6 +142,8 @@ _PRESETS = {
     'ldt_mean': dict(criterion='mean'),
     'ldt_var_over_mean': dict(criterion='var_over_mean'),
     'ldt_random': dict(criterion='random'),
+    # LDT-S (single network, groups frozen alternately over intervals, CPU weight buffer)
+    'ldt_s': dict(mode='alternating'),
     'ldt_sample_var': dict(criterion='sample_var'),
     'ldt_fisher': dict(criterion='fisher'),
 }

@@ -185,8 +185,10 @@ class LDTSRModel(ResumableMixin, SRModel):
         descriptions = {'warmup': f'head warm-up on D_S1 ({self.config.head_warmup_iters} iterations)',
                         'profile': f'gradient profiling on D_S2 ({self.config.profile_iters} batches, '
                                    f"criterion '{self.config.criterion}')",
-                        'train': 'dual training (cross-frozen primary/auxiliary)' if self.config.mode == 'dual'
-                        else 'fine-tuning'}
+                        'train': {'dual': 'dual training (cross-frozen primary/auxiliary)',
+                                  'alternating': f'LDT-S (one network, groups frozen alternately every '
+                                                 f'{self.config.interval_iters} iterations, CPU weight buffer)',
+                                  'single': 'fine-tuning'}[self.config.mode]}
         logger.info(f'LDT phase: {descriptions[phase]} from iteration {current_iter}')
         if phase == 'train' and self.ldt.partition is not None:
             self._report_partition(self.ldt.partition)
