@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 CRITERIA = ('var', 'mean', 'var_over_mean', 'random', 'sample_var', 'fisher')
 MODES = ('dual', 'single', 'alternating')
@@ -22,6 +22,15 @@ BUFFER_SOURCES = ('primary', 'auxiliary')
 # fnmatch glob, or as a module prefix (``conv_last`` matches ``conv_last.weight``).
 SR_HEAD_PATTERNS: Tuple[str, ...] = (
     'conv_before_upsample', 'upsample', 'upconv*', 'conv_hr', 'conv_last', 'to_img')
+
+
+def reject_unknown_keys(options: Mapping[str, Any], valid: Sequence[str], owner: str) -> None:
+    """Raise on the first key not in ``valid``, suggesting the closest valid one (difflib)."""
+    for key in options:
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), valid, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f'; valid keys: {", ".join(valid)}'
+            raise ValueError(f"unknown {owner} option '{key}'{hint}")
 
 
 @dataclass(frozen=True)
@@ -67,12 +76,7 @@ class LDTConfig:
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> 'LDTConfig':
         """Build from an option mapping (a YAML section); unknown keys raise with a suggestion."""
-        valid = [f.name for f in dataclasses.fields(cls)]
-        for key in options:
-            if key not in valid:
-                close = difflib.get_close_matches(str(key), valid, n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else f'; valid keys: {", ".join(valid)}'
-                raise ValueError(f"unknown LDT option '{key}'{hint}")
+        reject_unknown_keys(options, [f.name for f in dataclasses.fields(cls)], 'LDT')
         return cls(**dict(options))
 
     def to_dict(self) -> dict:

@@ -22,7 +22,7 @@ from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
 
 from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.errors import InputError
-from basicsr_ldt.ldt import LDT, LDTConfig, Partition, preset, select
+from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, preset, select
 from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.options import registered
 from basicsr_ldt.models.resumable import ResumableMixin
@@ -33,6 +33,8 @@ def ldt_config_from_options(opt: Dict) -> LDTConfig:
     """``LDTConfig`` from the ``ldt:`` section: ``method`` picks a preset, other keys override it."""
     section = dict(opt.get('ldt') or {})
     method = section.pop('method', 'ldt')
+    if method not in PRESETS:
+        raise InputError(f"ldt.method: unknown method '{method}'; expected one of {', '.join(PRESETS + ('corgrad',))}")
     try:
         config = preset(method, **section)
     except (TypeError, ValueError) as err:
@@ -93,6 +95,14 @@ class PhaseBatches:
 @MODEL_REGISTRY.register()
 class LDTSRModel(ResumableMixin, SRModel):
     """SR model trained with LDT; ``net_g`` checkpoints hold the composite network (eq. 12)."""
+
+    def __new__(cls, opt, *args, **kwargs):
+        # ``ldt: {method: corgrad}`` is not an LDT configuration but CorGrad's own model; this
+        # lets an option file (or a study override) switch methods through the ``ldt:`` block.
+        if cls is LDTSRModel and (opt.get('ldt') or {}).get('method') == 'corgrad':
+            from basicsr_ldt.models.corgrad_model import CorGradSRModel
+            return CorGradSRModel(opt)
+        return super().__new__(cls)
 
     def model_to_device(self, net):
         # The branches synchronise gradients themselves (``average_gradients``): a DDP wrapper
