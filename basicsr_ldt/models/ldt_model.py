@@ -24,7 +24,7 @@ from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, preset, select
 from basicsr_ldt.models.partition_report import write_partition_report
-from basicsr_ldt.options import registered
+from basicsr_ldt.options import closest_key_hint, registered
 from basicsr_ldt.models.resumable import ResumableMixin
 
 
@@ -34,7 +34,9 @@ def ldt_config_from_options(opt: Dict) -> LDTConfig:
     section = dict(opt.get('ldt') or {})
     method = section.pop('method', 'ldt')
     if method not in PRESETS:
-        raise InputError(f"ldt.method: unknown method '{method}'; expected one of {', '.join(PRESETS + ('corgrad',))}")
+        methods = PRESETS + ('corgrad',)
+        raise InputError(f"ldt.method: unknown method '{method}'; expected one of {', '.join(methods)}"
+                         f'{closest_key_hint(str(method), methods)}')
     try:
         config = preset(method, **section)
     except (TypeError, ValueError) as err:
