@@ -212,6 +212,7 @@ def main() -> None:
     p.add_argument('--mem-iters', type=int, default=2, help='steps per memory run')
     p.add_argument('--mem-reps', type=int, default=3, help='fresh runs per configuration (CPU)')
     p.add_argument('--ldt-s-interval', type=int, default=100, help='LDT-S interval_iters (swap amortised over it)')
+    p.add_argument('--ldt-s-only', action='store_true', help='measure only LDT-S against FT')
     p.add_argument('--worker', choices=['ft', 'dual', 'profile', 'ldt_s'], help=argparse.SUPPRESS)
     p.add_argument('--partition', help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -225,6 +226,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         part_path = os.path.join(tmp, 'partition.json')
         algo = profile_partition(args, part_path)
+        if args.ldt_s_only:
+            bench_ldt_s(args, part_path)
+            return
         n_u, n = len(algo.partition.unstable), len(algo.partition.names)
         split = sum(1 for m in algo.primary.modules() if '_conv_forward' in m.__dict__) + \
             sum(1 for m in algo.auxiliary.modules() if '_conv_forward' in m.__dict__)

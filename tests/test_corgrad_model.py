@@ -19,10 +19,16 @@ def corgrad_options(data, name, cameras=CAMERAS, **ldt):
 
 
 def test_corgrad_trains_on_camera_balanced_batches_and_resumes_exactly(project, demo_data):
-    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cg.yml', corgrad_options(demo_data, 'cg')))
+    # an LDT option file switched to CorGrad by overriding `method` alone (as a study does)
+    opt = ldt_options(demo_data, 'cg', total_iter=4, ratio_u=0.5)
+    opt['ldt']['method'] = 'corgrad'
+    opt['ldt']['slices'] = 5
+    opt['datasets']['train'].update(cameras=CAMERAS, batch_size_per_gpu=3)
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cg.yml', opt))
     exp = project / 'experiments' / 'cg'
     log = next(exp.glob('train_cg_*.log')).read_text()
     assert "CorGrad over source cameras ['Canon', 'Olympus', 'Sony']: 5 slices per layer" in log
+    assert 'LDT options ignored by CorGrad: ema_every, head_warmup_iters, profile_iters, ratio_u' in log
     assert 'l_corgrad' in log and 'corgrad_fm' in log and 'l_primary' not in log
     assert (exp / 'models' / 'net_g_latest.pth').is_file()
     assert_resume_reproduces(project, 'cg', 2, corgrad_options(demo_data, 'cut2'))
@@ -34,13 +40,15 @@ def test_corgrad_trains_on_camera_balanced_batches_and_resumes_exactly(project, 
      "the training data has ['Olympus']"),
     (lambda d: corgrad_options(d, 'bad', slices=4),
      "error: ldt: CorGrad option 'slices' must be an integer in [5, 100]"),
+    (lambda d: corgrad_options(d, 'bad', slice=10),
+     "error: ldt: unknown CorGrad option 'slice'; did you mean 'slices'?"),
     (lambda d: ldt_options(d, 'bad', method='ldt_s', interval_iters=0),
      "error: ldt: LDT option 'interval_iters' must be an integer >= 1, got 0"),
     (lambda d: ldt_options(d, 'bad', method='corgad'),
      "error: ldt.method: unknown method 'corgad'; expected one of"),
     (lambda d: ldt_options(d, 'bad', criterion='fischer'),
      "error: ldt: LDT option 'criterion' must be one of"),
-], ids=['one_camera', 'slices', 'interval_iters', 'method', 'criterion'])
+], ids=['one_camera', 'slices', 'slice_typo', 'interval_iters', 'method', 'criterion'])
 def test_bad_method_options_fail_in_one_line_and_write_nothing(project, demo_data, make, message):
     result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'bad.yml', make(demo_data)), check=False)
     assert_one_line_failure(project, result, 'bad')

@@ -6,8 +6,9 @@ The method is ``basicsr_ldt/corgrad.py`` (plain PyTorch); this adapter checks th
 asks the training loop for camera-balanced batches, splits each batch by camera and hands CorGrad
 one loss per camera. Checkpoints are a plain network (no composite), like FT.
 """
+import dataclasses
 from collections import OrderedDict
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -18,16 +19,24 @@ from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
 from basicsr_ldt.corgrad import CorGrad, CorGradConfig
 from basicsr_ldt.data.sampler import dataset_cameras
 from basicsr_ldt.errors import InputError
+from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.models.resumable import ResumableMixin
 from basicsr_ldt.options import registered
 
 
-def corgrad_config_from_options(opt: Dict) -> CorGradConfig:
-    """``CorGradConfig`` from the ``ldt:`` block (``method: corgrad`` plus CorGrad's keys)."""
+def corgrad_config_from_options(opt: Dict) -> Tuple[CorGradConfig, List[str]]:
+    """``CorGradConfig`` from the ``ldt:`` block (``method: corgrad`` plus CorGrad's keys), and the
+    LDT keys of the block that CorGrad does not use.
+
+    LDT keys are tolerated (and logged as ignored) because a study switches an LDT option file to
+    CorGrad by overriding ``ldt.method`` alone; a key known to neither method still fails.
+    """
     section = dict(opt.get('ldt') or {})
     section.pop('method', None)
+    ours = {f.name for f in dataclasses.fields(CorGradConfig)}
+    ignored = sorted(k for k in section if k not in ours and k in {f.name for f in dataclasses.fields(LDTConfig)})
     try:
-        return CorGradConfig.from_dict(section)
+        return CorGradConfig.from_dict({k: v for k, v in section.items() if k not in ignored}), ignored
     except (TypeError, ValueError) as err:
         raise InputError(f'ldt: {err}') from None
 
@@ -40,13 +49,14 @@ class CorGradSRModel(ResumableMixin, SRModel):
     camera_balanced_batches = True
 
     def init_training_settings(self) -> None:
-        self.corgrad_config = corgrad_config_from_options(self.opt)
+        self.corgrad_config, ignored = corgrad_config_from_options(self.opt)
         self.source_cameras = self._check_source_cameras()
         super().init_training_settings()
         self.corgrad = CorGrad(self.net_g, self.optimizer_g, self.corgrad_config, int(self.opt['train']['total_iter']))
         get_root_logger().info(f'CorGrad over source cameras {self.source_cameras}: {self.corgrad_config.slices} '
                                f'slices per layer, alpha {self.corgrad_config.alpha} '
-                               f'(decay {self.corgrad_config.alpha_decay}), camera-balanced batches')
+                               f'(decay {self.corgrad_config.alpha_decay}), camera-balanced batches'
+                               + (f'; LDT options ignored by CorGrad: {", ".join(ignored)}' if ignored else ''))
 
     def _check_source_cameras(self) -> List[str]:
         """The training data's cameras; fewer than two, or a batch too small to hold each, is bad input."""
