@@ -161,3 +161,40 @@ def test_sample_var_state_resumes_merges_and_does_not_grow():
 def _feed_two_and_ask(stats):
     _feed(stats, [{'w': torch.ones(2)}, {'w': torch.zeros(2)}])
     return stats.criterion('sample_var')
+
+
+def _two_rank_worker(rank, port, out):
+    import os
+    import torch.distributed as dist
+    from basicsr_ldt.ldt import all_reduce_statistics
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    dist.init_process_group('gloo', rank=rank, world_size=2)
+    samples = _samples_for_ranks()
+    stats = GradientStatistics(['w', 'b'], per_entry=True)
+    _feed(stats, samples[:3] if rank == 0 else samples[3:])
+    all_reduce_statistics(stats)
+    if rank == 0:
+        torch.save({c: stats.criterion(c) for c in ('sample_var', 'fisher', 'var')} | {'n': stats.samples}, out)
+    dist.destroy_process_group()
+
+
+def _samples_for_ranks():
+    g = torch.Generator().manual_seed(0)
+    return [{'w': torch.randn(5, generator=g, dtype=torch.float64) + 2,
+             'b': torch.randn(2, generator=g, dtype=torch.float64)} for _ in range(7)]
+
+
+def test_all_reduce_over_two_ranks_equals_one_accumulator(tmp_path):
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    out = tmp_path / 'rank0.pt'
+    mp.spawn(_two_rank_worker, args=(port, str(out)), nprocs=2)
+    got = torch.load(out, weights_only=True)
+    whole = GradientStatistics(['w', 'b'], per_entry=True)
+    _feed(whole, _samples_for_ranks())
+    assert got['n'] == 7
+    for criterion in ('sample_var', 'fisher', 'var'):
+        assert got[criterion] == pytest.approx(whole.criterion(criterion), rel=1e-12)
