@@ -29,7 +29,7 @@ from basicsr.utils.options import copy_opt_file, dict2str
 from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY, MODEL_REGISTRY
 
 from basicsr_ldt.checkpoint import load_safe
-from basicsr_ldt.data.sampler import ResumableSampler
+from basicsr_ldt.data.sampler import training_sampler
 from basicsr_ldt.distributed import end_process_group, parse_training_options
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.models.best import BestCheckpointMixin
@@ -132,8 +132,7 @@ def train_pipeline(root_path: str) -> None:
 
 def _train(opt: Dict, model, train_set: Dataset, val_sets, resume_state, tb_logger, logger) -> None:
     train_opt = opt['datasets']['train']
-    sampler = ResumableSampler(train_set, opt['world_size'], opt['rank'], train_opt.get('dataset_enlarge_ratio', 1),
-                               seed=opt['manual_seed'])
+    sampler = training_sampler(train_set, opt, getattr(model, 'camera_balanced_batches', False))
     train_loader = build_dataloader(train_set, train_opt, num_gpu=opt['num_gpu'], dist=opt['dist'],
                                     sampler=sampler, seed=opt['manual_seed'])
     val_loaders = [build_dataloader(ds, dopt, num_gpu=opt['num_gpu'], dist=opt['dist'], sampler=None,

@@ -4,6 +4,9 @@
     python scripts/bench_ldt.py [--arch msrresnet] [--device cpu|cuda] [--amp none|bf16|fp16] [--iters 5]
     python scripts/bench_ldt.py --device cuda --arch mambair --amp bf16     # classic MambaIR x4, LR 48
 
+LDT-S (single network) is measured the same way against FT: step time including its EMA and its
+swap amortised over ``--ldt-s-interval`` iterations, and peak memory (targets 1.10 and 1.05).
+
 Time: FT and dual steps alternate in one process on the same batches (so machine load hits
 both alike), reported as wall time and as process CPU time (steadier on a shared CPU); the dual
 time includes the EMA exchange amortised over ``ema_every`` steps. On CUDA every timed region
@@ -36,7 +39,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from basicsr_ldt.ldt import (AMP_DTYPES, LDT, GradientStatistics, LDTConfig, MixedPrecision,  # noqa: E402
-                             optimizer_step, resolve_dtype)
+                             optimizer_step, preset, resolve_dtype)
 
 #: MambaIR configurations: the released classic SR x4 one (the paper's network) and the small
 #: CPU variant of options/train_mambair_ldt.yml.
@@ -153,6 +156,11 @@ def worker(args: argparse.Namespace) -> dict:
         for i in range(args.mem_iters):
             algo.update(l1(*data[i % 2]), i + 1)
         algo.pair.exchange()
+    elif args.worker == 'ldt_s':
+        # interval 1: both groups get optimizer state and every step swaps (the memory worst case)
+        algo = make_ldt_s(args, args.partition, device, interval=1)
+        for i in range(max(args.mem_iters, 2)):
+            algo.update(l1(*data[i % 2]), i + 1)
     else:
         net = build_network(args.arch, args.scale).to(device)
         stats = GradientStatistics([n for n, _ in net.named_parameters()], device=device)
@@ -232,7 +240,9 @@ def main() -> None:
     p.add_argument('--profile-batch', type=int, default=1)
     p.add_argument('--mem-iters', type=int, default=2, help='steps per memory run')
     p.add_argument('--mem-reps', type=int, default=3, help='fresh runs per configuration (CPU)')
-    p.add_argument('--worker', choices=['ft', 'dual', 'profile'], help=argparse.SUPPRESS)
+    p.add_argument('--ldt-s-interval', type=int, default=100, help='LDT-S interval_iters (swap amortised over it)')
+    p.add_argument('--ldt-s-only', action='store_true', help='measure only LDT-S against FT')
+    p.add_argument('--worker', choices=['ft', 'dual', 'profile', 'ldt_s'], help=argparse.SUPPRESS)
     p.add_argument('--partition', help=argparse.SUPPRESS)
     args = p.parse_args()
     if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available():
@@ -254,6 +264,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         part_path = os.path.join(tmp, 'partition.json')
         algo = profile_partition(args, part_path)
+        if args.ldt_s_only:
+            bench_ldt_s(args, part_path)
+            return
         n_u, n = len(algo.partition.unstable), len(algo.partition.names)
         split = sum(1 for m in algo.primary.modules() if '_conv_forward' in m.__dict__) + \
             sum(1 for m in algo.auxiliary.modules() if '_conv_forward' in m.__dict__)
@@ -316,6 +329,63 @@ def main() -> None:
         print(f'profiling peak memory (LR patch {args.profile_patch}, batch {args.profile_batch}): {desc}')
         print(f'  ratio N={hi}/N={lo} = {peaks[hi] / peaks[lo]:.3f}  (flat = 1; keeping the '
               f'gradients would add {(hi - lo) * params / 2**20:.0f} MiB)')
+        bench_ldt_s(args, part_path)
+
+
+# -- LDT-S (single network) ------------------------------------------------------------------
+def make_ldt_s(args, partition_file: str, device: str, interval: int) -> LDT:
+    torch.manual_seed(0)
+    net = build_network(args.arch, args.scale).to(device)
+    cfg = preset('ldt_s', profile_iters=0, partition_file=partition_file, ema_every=args.ema_every,
+                 interval_iters=interval)
+    return LDT(net, cfg, adam)
+
+
+def bench_ldt_s(args: argparse.Namespace, part_path: str) -> None:
+    """FT and LDT-S steps interleaved on the same batches (half of them with the stable group
+    trained, half with the unstable group); then peak memory of each."""
+    device = args.device
+    algo = make_ldt_s(args, part_path, device, interval=args.ldt_s_interval)
+    algo.enter(1)
+    torch.manual_seed(0)
+    ft_net = build_network(args.arch, args.scale).to(device)
+    ft_opt = adam(list(ft_net.parameters()), 'finetune')
+    data = batches(args, args.warm + args.iters, args.patch, args.batch, device)
+    times = {(clock, key): [] for clock in ('wall', 'process CPU') for key in ('ft', 'ldt_s')}
+    algo.alternation.ema_every = 10 ** 9     # EMA and swap are timed apart and amortised below
+    for i, (lq, gt) in enumerate(data):
+        if i == args.warm + args.iters // 2:
+            algo.alternation.swap()          # time both groups' intervals (untimed swap)
+        for key, fn in (('ft', lambda: optimizer_step(ft_net, ft_opt, l1(lq, gt))),
+                        ('ldt_s', lambda: algo.alternation.step(l1(lq, gt)))):
+            sync(device); w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            sync(device)
+            if i >= args.warm:
+                times['wall', key].append(time.perf_counter() - w0)
+                times['process CPU', key].append(time.process_time() - c0)
+    swaps = []
+    for _ in range(4):
+        sync(device); t0 = time.perf_counter(); algo.alternation.swap(); sync(device)
+        swaps.append(time.perf_counter() - t0)
+    emas = []
+    for _ in range(4):
+        sync(device); t0 = time.perf_counter(); algo.alternation.exchange(); sync(device)
+        emas.append(time.perf_counter() - t0)
+    swap = statistics.median(swaps) / args.ldt_s_interval + statistics.median(emas) / args.ema_every
+    for clock in ('wall', 'process CPU'):
+        ft, ours = times[clock, 'ft'], [t + swap for t in times[clock, 'ldt_s']]
+        ratios = [s_ / f for s_, f in zip(ours, ft)]
+        print(f'LDT-S {clock} time/iter (median of {args.iters}): FT {statistics.median(ft) * 1e3:.1f} ms | '
+              f'LDT-S {statistics.median(ours) * 1e3:.1f} ms (incl. EMA every {args.ema_every} and swap every '
+              f'{args.ldt_s_interval} iterations, amortised: {swap * 1e3:.3f} ms)')
+        print(f'  step ratio LDT-S/FT = {statistics.median(ratios):.3f} (per-iteration ratios '
+              f'{[round(r, 2) for r in ratios]}; target <= 1.10)')
+    del algo, ft_net, ft_opt
+    m_ft = peak_of(args, 'ft')
+    m_s = peak_of(args, 'ldt_s', partition=part_path)
+    print(f'LDT-S peak memory (as above; CPU weight buffer included on CPU): FT {mib(m_ft)} | LDT-S {mib(m_s)}')
+    print(f'  memory ratio LDT-S/FT = {statistics.median(m_s) / statistics.median(m_ft):.3f}  (target <= 1.05)')
 
 
 if __name__ == '__main__':

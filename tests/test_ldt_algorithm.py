@@ -63,16 +63,18 @@ def test_warmup_trains_only_the_head():
     assert changed == {'5.weight', '5.bias'}
 
 
-@pytest.mark.parametrize('k', [1, 3, 5, 7])   # warm-up, mid-profiling, end of profiling, dual
-def test_resume_continues_bitwise(k):
-    full = LDT(_net(), LDTConfig(**CFG), _factory)
+@pytest.mark.parametrize('k, criterion', [(1, 'var'), (3, 'var'), (5, 'var'), (7, 'var'),
+                                          (3, 'sample_var')])   # warm-up, mid-/end of profiling, dual
+def test_resume_continues_bitwise(k, criterion):
+    cfg = LDTConfig(**CFG, criterion=criterion)
+    full = LDT(_net(), cfg, _factory)
     _run(full, 1, TOTAL)
-    first = LDT(_net(), LDTConfig(**CFG), _factory)
+    first = LDT(_net(), cfg, _factory)
     _run(first, 1, k)
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)
     buffer.seek(0)
-    resumed = LDT(_net(seed=123), LDTConfig(**CFG), _factory)
+    resumed = LDT(_net(seed=123), cfg, _factory)
     resumed.load_state_dict(torch.load(buffer, weights_only=True))
     _run(resumed, k + 1, TOTAL)
     for key in ('primary', 'auxiliary'):
@@ -118,6 +120,8 @@ def test_composite_network_holds_eq12_weights():
     ('ldt_mean', {'profile_iters': 2, 'ema_every': 2}),
     ('ldt_var_over_mean', {'profile_iters': 2, 'ema_every': 2}),
     ('ldt_random', {'profile_iters': 0, 'ema_every': 2}),
+    ('ldt_sample_var', {'profile_iters': 2, 'ema_every': 2}),
+    ('ldt_fisher', {'profile_iters': 2, 'ema_every': 2}),
 ])
 def test_each_baseline_configuration_trains(name, overrides):
     cfg = preset(name, **overrides)

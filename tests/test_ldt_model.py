@@ -60,15 +60,19 @@ def test_three_phases_partition_report_and_composite_checkpoint(uninterrupted, d
 @pytest.mark.parametrize('stop', [1, 3, 6], ids=['warmup', 'profile', 'dual'])
 def test_resume_in_each_phase_reproduces_the_uninterrupted_run(uninterrupted, demo_data, stop):
     project, _ = uninterrupted
-    full = project / 'experiments' / 'ldt'
-    # A run killed right after iteration `stop`: only what existed then.
-    cut = project / 'experiments' / f'cut{stop}'
+    assert_resume_reproduces(project, 'ldt', stop, ldt_options(demo_data, f'cut{stop}'))
+
+
+def assert_resume_reproduces(project, name, stop, options):
+    """Resume a copy of experiment ``name`` killed right after iteration ``stop`` (only what existed
+    then) with ``options`` (named ``cut<stop>``); its final net_g must equal the uninterrupted one."""
+    full = project / 'experiments' / name
+    cut = project / 'experiments' / options['name']
     (cut / 'training_states').mkdir(parents=True)
     (cut / 'models').mkdir()
     shutil.copy(full / 'training_states' / f'{stop}.state', cut / 'training_states')
     shutil.copy(full / 'models' / f'net_g_{stop}.pth', cut / 'models')
-    run_entry(project, 'Train_pip.py', '-opt', write(project / f'cut{stop}.yml', ldt_options(demo_data, f'cut{stop}')),
-              '--auto_resume')
+    run_entry(project, 'Train_pip.py', '-opt', write(project / f"{options['name']}.yml", options), '--auto_resume')
     expected, got = weights(full / 'models' / 'net_g_latest.pth'), weights(cut / 'models' / 'net_g_latest.pth')
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[k], got[k]) for k in expected), f'resume from iteration {stop} diverged'

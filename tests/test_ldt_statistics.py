@@ -106,3 +106,95 @@ def test_all_reduce_without_process_group_is_identity():
     before = stats.criterion('var')
     assert all_reduce_statistics(stats).criterion('var') == before
     assert math.isclose(before[0], 5 / 3)
+
+
+def test_sample_var_is_per_entry_variance_over_iterations_averaged_per_layer():
+    # layer a, 3 iterations: entry 0 takes 1, 2, 3 (var 1), entry 1 takes 10, 10, 10 (var 0)
+    #   -> sample_var 0.5 ; `var` pools all six entries and is much larger (spread across entries)
+    # layer b: -1, 1, 0 -> var 1
+    stats = GradientStatistics(['a', 'b'], per_entry=True)
+    _feed(stats, [{'a': torch.tensor([1., 10.]), 'b': torch.tensor([-1.])},
+                  {'a': torch.tensor([2., 10.]), 'b': torch.tensor([1.])},
+                  {'a': torch.tensor([3., 10.]), 'b': torch.tensor([0.])}])
+    assert stats.criterion('sample_var') == pytest.approx([0.5, 1.0], rel=1e-15)
+    assert stats.criterion('var')[0] > 10
+
+
+def test_sample_var_and_fisher_match_numpy_on_random_gradients():
+    np = pytest.importorskip('numpy')
+    rng = np.random.default_rng(0)
+    grads = [rng.normal(3e-3, 1e-3, size=(4, 3)) for _ in range(9)]
+    stats = GradientStatistics(['w'], per_entry=True)
+    _feed(stats, [{'w': torch.from_numpy(g)} for g in grads])
+    stacked = np.stack(grads)                                       # [N, 4, 3]
+    assert stats.criterion('sample_var')[0] == pytest.approx(stacked.var(axis=0, ddof=1).mean(), rel=1e-12)
+    assert stats.criterion('fisher')[0] == pytest.approx((stacked ** 2).mean(), rel=1e-12)
+
+
+def test_fisher_is_mean_squared_gradient():
+    stats = GradientStatistics(['a'])
+    _feed(stats, [{'a': torch.tensor([1., -3.])}, {'a': torch.tensor([2., 0.])}])
+    assert stats.criterion('fisher') == pytest.approx([(1 + 9 + 4 + 0) / 4], rel=1e-15)
+
+
+def test_sample_var_state_resumes_merges_and_does_not_grow():
+    torch.manual_seed(2)
+    samples = [{'w': torch.randn(6) + 1.0} for _ in range(7)]
+    whole, first, left, right = (GradientStatistics(['w'], per_entry=True) for _ in range(4))
+    _feed(whole, samples)
+    _feed(first, samples[:3])
+    size = sum(t.numel() for t in first.state_dict()['entry_m2'].values())
+    resumed = GradientStatistics(['w'], per_entry=True)
+    resumed.load_state_dict(first.state_dict())
+    _feed(resumed, samples[3:])
+    assert resumed.criterion('sample_var') == pytest.approx(whole.criterion('sample_var'), rel=1e-14)
+    assert sum(t.numel() for t in resumed.state_dict()['entry_m2'].values()) == size == 6
+    _feed(left, samples[:2])
+    _feed(right, samples[2:])
+    assert left.merge_(right).criterion('sample_var') == pytest.approx(whole.criterion('sample_var'), rel=1e-12)
+    with pytest.raises(ValueError, match='per-entry'):
+        GradientStatistics(['w']).load_state_dict(first.state_dict())
+    with pytest.raises(ValueError, match='per_entry=True'):
+        _feed_two_and_ask(GradientStatistics(['w']))
+
+
+def _feed_two_and_ask(stats):
+    _feed(stats, [{'w': torch.ones(2)}, {'w': torch.zeros(2)}])
+    return stats.criterion('sample_var')
+
+
+def _two_rank_worker(rank, port, out):
+    import os
+    import torch.distributed as dist
+    from basicsr_ldt.ldt import all_reduce_statistics
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    dist.init_process_group('gloo', rank=rank, world_size=2)
+    samples = _samples_for_ranks()
+    stats = GradientStatistics(['w', 'b'], per_entry=True)
+    _feed(stats, samples[:3] if rank == 0 else samples[3:])
+    all_reduce_statistics(stats)
+    if rank == 0:
+        torch.save({c: stats.criterion(c) for c in ('sample_var', 'fisher', 'var')} | {'n': stats.samples}, out)
+    dist.destroy_process_group()
+
+
+def _samples_for_ranks():
+    g = torch.Generator().manual_seed(0)
+    return [{'w': torch.randn(5, generator=g, dtype=torch.float64) + 2,
+             'b': torch.randn(2, generator=g, dtype=torch.float64)} for _ in range(7)]
+
+
+def test_all_reduce_over_two_ranks_equals_one_accumulator(tmp_path):
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    out = tmp_path / 'rank0.pt'
+    mp.spawn(_two_rank_worker, args=(port, str(out)), nprocs=2)
+    got = torch.load(out, weights_only=True)
+    whole = GradientStatistics(['w', 'b'], per_entry=True)
+    _feed(whole, _samples_for_ranks())
+    assert got['n'] == 7
+    for criterion in ('sample_var', 'fisher', 'var'):
+        assert got[criterion] == pytest.approx(whole.criterion(criterion), rel=1e-12)

@@ -8,6 +8,7 @@ from basicsr.utils.registry import ARCH_REGISTRY, MODEL_REGISTRY
 
 from basicsr_ldt.data.drealsr_dataset import _BASICSR_KEYS, _OWN_KEYS
 from basicsr_ldt.errors import InputError
+from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
 from basicsr_ldt.options import check_known_keys
 
@@ -25,7 +26,8 @@ def test_option_file_is_valid(path):
         assert opt['model_type'] in MODEL_REGISTRY
         assert set(opt['datasets']) - {'train'} and all(k == 'train' or k.startswith('val') for k in opt['datasets'])
     if opt.get('model_type') == 'LDTSRModel':
-        ldt_config_from_options(opt)
+        corgrad = (opt.get('ldt') or {}).get('method') == 'corgrad'
+        (corgrad_config_from_options if corgrad else ldt_config_from_options)(opt)
 
 
 def test_ldt_section_errors_are_one_line():
@@ -36,5 +38,5 @@ def test_ldt_section_errors_are_one_line():
         ldt_config_from_options({**base, 'ldt': {'ratio_u': 1.0}})
     with pytest.raises(InputError, match=r'head_warmup_iters \(50\) \+ profile_iters \(60\) must be smaller'):
         ldt_config_from_options({**base, 'ldt': {'head_warmup_iters': 50, 'profile_iters': 60}})
-    with pytest.raises(InputError, match="unknown LDT preset 'dft'.*did you mean 'deft'"):
+    with pytest.raises(InputError, match="unknown method 'dft'; expected one of .*corgrad.*did you mean 'deft'"):
         ldt_config_from_options({**base, 'ldt': {'method': 'dft'}})

@@ -151,6 +151,10 @@ class DRealSRCameraDataset(data.Dataset):
         """Images per camera in this dataset."""
         return camera_counts(item['camera'] for item in self.items)
 
+    def item_cameras(self) -> List[str]:
+        """The camera of each item, in index order (for camera-balanced sampling)."""
+        return [item['camera'] for item in self.items]
+
     def __len__(self) -> int:
         return len(self.items)
 

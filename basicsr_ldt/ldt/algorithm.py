@@ -1,7 +1,8 @@
 """LDT as one small algorithm object (DomainBed style): ``update`` shows the whole method.
 
 Phases are driven by the (1-based) iteration: head warm-up -> gradient profiling -> training
-(dual = cross-frozen pair with EMA exchange, single = plain fine-tuning for FT / LP-FT). The
+(dual = cross-frozen pair with EMA exchange, alternating = LDT-S on one network, single = plain
+fine-tuning for FT / LP-FT). Warm-up, profiling and the partition are the same for every mode. The
 caller supplies the loss of one batch as a closure over the network, so the same object drives
 an SR model, a classifier or anything else with a scalar loss.
 
@@ -19,6 +20,7 @@ from torch import nn
 
 from basicsr_ldt.ldt.config import LDTConfig
 from basicsr_ldt.ldt.freezing import clear_routing, set_trainable
+from basicsr_ldt.ldt.ldt_s import AlternatingFreezing
 from basicsr_ldt.ldt.pair import BatchLoss, CrossFrozenPair, OptimizerFactory, optimizer_step
 from basicsr_ldt.ldt.partition import Partition, build_partition, select
 from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, finite_on_all_ranks
@@ -33,8 +35,9 @@ class LDT:
 
     ``network`` becomes the primary branch in place (its ``requires_grad`` flags change with
     the phase). ``optimizer_factory(params, role)`` is called whenever a phase starts (also
-    inside :meth:`load_state_dict`), with role ``warmup``, ``finetune``, ``primary`` or
-    ``auxiliary``. ``precision`` (default: full fp32) sets autocast and fp16 loss scaling.
+    inside :meth:`load_state_dict`), with role ``warmup``, ``finetune``, ``primary``,
+    ``auxiliary`` or ``ldt_s``. ``precision`` (default: full fp32) sets autocast and fp16 loss
+    scaling.
     """
 
     def __init__(self, network: nn.Module, config: LDTConfig, optimizer_factory: OptimizerFactory,
@@ -47,6 +50,7 @@ class LDT:
         self.statistics: Optional[GradientStatistics] = None
         self.partition: Optional[Partition] = None
         self.pair: Optional[CrossFrozenPair] = None
+        self.alternation: Optional[AlternatingFreezing] = None
         self.optimizers: Dict[str, torch.optim.Optimizer] = {}
         self.current_phase: Optional[str] = None
         self.last_iteration = 0
@@ -86,6 +90,12 @@ class LDT:
         if phase == 'profile':                                  # Alg. 1 line 8: no step
             self._profile_one(batch_loss)
             return {}
+        if self.alternation is not None:                        # LDT-S: the active group trains
+            group = self.alternation.active
+            loss = self.alternation.step(batch_loss, self.precision)
+            if not math.isfinite(loss):
+                self.last_skipped = 'ldt_s'
+            return {f'l_{group}': loss}
         if self.pair is None:                                   # FT / LP-FT
             return self._single_step('finetune', batch_loss)
         losses = {}
@@ -139,7 +149,10 @@ class LDT:
         return None if self.pair is None else self.pair.auxiliary
 
     def composite_state_dict(self) -> Dict[str, torch.Tensor]:
-        """Eq. 12 in dual training; the (single) primary network otherwise."""
+        """Eq. 12 in dual training, its LDT-S analogue (EMA of both groups) in alternating
+        training; the (single) primary network otherwise."""
+        if self.alternation is not None:
+            return self.alternation.composite_state_dict()
         if self.pair is None:
             return self.primary.state_dict()
         return self.pair.composite_state_dict()
@@ -179,6 +192,7 @@ class LDT:
                              'LDT.load_state_dict or start at iteration 1')
         self.optimizers = {}
         self.pair = None
+        self.alternation = None
         if phase == 'warmup':
             head = select(self.names, self.config.head_patterns)
             if not head:
@@ -190,10 +204,17 @@ class LDT:
         elif phase == 'profile':
             set_trainable(self.primary, set(self.names))
             device = next(self.primary.parameters()).device
-            self.statistics = GradientStatistics(self.names, device=device)
+            self.statistics = GradientStatistics(self.names, device=device, per_entry=self._per_entry())
         elif self.config.mode == 'single':
             set_trainable(self.primary, set(self.names))
             self.optimizers['finetune'] = self.optimizer_factory(list(self.primary.parameters()), 'finetune')
+        elif self.config.mode == 'alternating':
+            self.partition = saved_partition or self._make_partition()
+            self.statistics = None
+            self.alternation = AlternatingFreezing(self.primary, self.partition, self.optimizer_factory,
+                                                   self.config.interval_iters, self.config.ema_every,
+                                                   self.config.first_group)
+            self.optimizers = {'ldt_s': self.alternation.optimizer}
         else:
             self.partition = saved_partition or self._make_partition()
             self.statistics = None
@@ -201,6 +222,9 @@ class LDT:
                                         self.config.buffers_from)
             self.optimizers = dict(self.pair.optimizers)
         self.current_phase = phase
+
+    def _per_entry(self) -> bool:
+        return self.config.criterion == 'sample_var'
 
     def _length(self, phase: str) -> int:
         return {'warmup': self.config.head_warmup_iters, 'profile': self.config.counted_profile_iters}.get(phase, 0)
@@ -233,6 +257,7 @@ class LDT:
             'last_iteration': self.last_iteration, 'dual_steps': self.dual_steps,
             'primary': self.primary.state_dict(),
             'auxiliary': None if self.pair is None else self.pair.auxiliary.state_dict(),
+            'alternation': None if self.alternation is None else self.alternation.state_dict(),
             'statistics': None if self.statistics is None else self.statistics.state_dict(),
             'partition': None if self.partition is None else self.partition.to_dict(),
             'optimizers': {k: o.state_dict() for k, o in self.optimizers.items()},
@@ -242,23 +267,26 @@ class LDT:
     def load_state_dict(self, state: dict) -> None:
         if state.get('format') != STATE_FORMAT:
             raise ValueError(f"LDT state has format {state.get('format')!r}, expected {STATE_FORMAT}")
-        ours, saved = self.config.to_dict(), dict(state['config'])
-        for key, value in LDTConfig().to_dict().items():  # options added after the state was written
-            saved.setdefault(key, value)
+        ours = self.config.to_dict()
+        # options added after a state was written count as their defaults
+        saved = {**LDTConfig().to_dict(), **state['config']}
         changed = sorted(k for k in set(ours) | set(saved) if ours.get(k) != saved.get(k))
         if changed:
             raise ValueError(f'LDT state was saved with different options: {changed} '
                              f"(saved {[saved.get(k) for k in changed]}, now {[ours.get(k) for k in changed]})")
         self.primary.load_state_dict(state['primary'])
-        self.current_phase, self.pair, self.optimizers = None, None, {}
+        self.current_phase, self.pair, self.alternation, self.optimizers = None, None, None, {}
         self.partition = None if state['partition'] is None else Partition.from_dict(state['partition'])
         if state['phase'] is not None:
             self._enter(state['phase'], saved_partition=self.partition)
         if state['statistics'] is not None:
-            self.statistics = GradientStatistics(self.names, device=next(self.primary.parameters()).device)
+            self.statistics = GradientStatistics(self.names, device=next(self.primary.parameters()).device,
+                                                 per_entry=self._per_entry())
             self.statistics.load_state_dict(state['statistics'])
         if self.pair is not None:
             self.pair.auxiliary.load_state_dict(state['auxiliary'])
+        if self.alternation is not None:
+            self.alternation.load_state_dict(state['alternation'])
         for key, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state['optimizers'][key])
         self.precision.load_state_dict(state.get('precision') or {})

@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
-CRITERIA = ('var', 'mean', 'var_over_mean', 'random')
-MODES = ('dual', 'single')
+CRITERIA = ('var', 'mean', 'var_over_mean', 'random', 'sample_var', 'fisher')
+MODES = ('dual', 'single', 'alternating')
+GROUPS = ('stable', 'unstable')
 PARTITIONS = ('criterion', 'name')
 BUFFER_SOURCES = ('primary', 'auxiliary')
 PROFILE_ORDERS = ('shuffled', 'file_order')   # file_order: the official script's unshuffled loader
@@ -25,13 +26,23 @@ SR_HEAD_PATTERNS: Tuple[str, ...] = (
     'conv_before_upsample', 'upsample', 'upconv*', 'conv_hr', 'conv_last', 'to_img')
 
 
+def reject_unknown_keys(options: Mapping[str, Any], valid: Sequence[str], owner: str) -> None:
+    """Raise on the first key not in ``valid``, suggesting the closest valid one (difflib)."""
+    for key in options:
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), valid, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f'; valid keys: {", ".join(valid)}'
+            raise ValueError(f"unknown {owner} option '{key}'{hint}")
+
+
 @dataclass(frozen=True)
 class LDTConfig:
     """Hyperparameters of LDT and of the baselines expressed with the same machinery.
 
     Iterations are counted from 1 (BasicSR's ``current_iter``): iterations
     ``1..head_warmup_iters`` warm the head up, the next ``profile_iters`` profile gradients, the rest
-    train (``dual`` = cross-frozen primary/auxiliary pair, ``single`` = plain fine-tuning).
+    train (``dual`` = cross-frozen primary/auxiliary pair, ``single`` = plain fine-tuning,
+    ``alternating`` = LDT-S: one network, the groups train in turn for ``interval_iters`` each).
     """
 
     mode: str = 'dual'
@@ -57,6 +68,8 @@ class LDTConfig:
     profile_order: str = 'shuffled'
     profile_counts_in_total_iter: bool = True
     deft_grouping: str = 'head'
+    interval_iters: int = 100          # LDT-S: iterations per group before the frozen group swaps
+    first_group: str = 'stable'        # LDT-S: group trained in the first interval (LDT's primary)
 
     def __post_init__(self) -> None:
         for key in ('head_patterns', 'force_stable', 'force_unstable'):
@@ -69,12 +82,7 @@ class LDTConfig:
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> 'LDTConfig':
         """Build from an option mapping (a YAML section); unknown keys raise with a suggestion."""
-        valid = [f.name for f in dataclasses.fields(cls)]
-        for key in options:
-            if key not in valid:
-                close = difflib.get_close_matches(str(key), valid, n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else f'; valid keys: {", ".join(valid)}'
-                raise ValueError(f"unknown LDT option '{key}'{hint}")
+        reject_unknown_keys(options, [f.name for f in dataclasses.fields(cls)], 'LDT')
         options = dict(options)
         if options.get('ratio_s') is not None:  # "given" = present and not null
             if options.get('ratio_u') is not None:
@@ -109,12 +117,15 @@ def _validate(cfg: LDTConfig) -> None:
     choice('criterion', CRITERIA)
     choice('partition', PARTITIONS)
     choice('buffers_from', BUFFER_SOURCES)
+    choice('first_group', GROUPS)
     for key in ('head_warmup_iters', 'profile_iters', 'seed'):
         value = getattr(cfg, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"LDT option '{key}' must be an integer >= 0, got {value!r}")
-    if not isinstance(cfg.ema_every, int) or cfg.ema_every < 1:
-        raise ValueError(f"LDT option 'ema_every' must be an integer >= 1, got {cfg.ema_every!r}")
+    for key in ('ema_every', 'interval_iters'):
+        value = getattr(cfg, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"LDT option '{key}' must be an integer >= 1, got {value!r}")
     if (cfg.ratio_u is None) == (cfg.ratio_s is None):
         raise ValueError("exactly one of the LDT options 'ratio_u' and 'ratio_s' must be given (ratio_u=None "
                          f"when constructing with ratio_s), got ratio_u={cfg.ratio_u!r}, ratio_s={cfg.ratio_s!r}")
@@ -139,7 +150,7 @@ def _validate(cfg: LDTConfig) -> None:
         if not (0.0 <= base < 1.0 and spread >= 0.0 and base + spread <= 1.0):
             raise ValueError(f"LDT options 'w_base_{group}'={base} and 'r_base_{group}'={spread} must "
                              'satisfy 0 <= w_base < 1, r_base >= 0, w_base + r_base <= 1')
-    if cfg.mode == 'dual' and cfg.partition_file is None:
+    if cfg.mode in ('dual', 'alternating') and cfg.partition_file is None:
         if cfg.needs_profiling() and cfg.profile_iters < 2:
             raise ValueError(f"criterion '{cfg.criterion}' (or dpu) needs gradient statistics: set "
                              f"'profile_iters' >= 2 (got {cfg.profile_iters}), or dpu: false with "
@@ -166,6 +177,10 @@ _PRESETS = {
     'ldt_mean': dict(criterion='mean'),
     'ldt_var_over_mean': dict(criterion='var_over_mean'),
     'ldt_random': dict(criterion='random'),
+    # LDT-S (single network, groups frozen alternately over intervals, CPU weight buffer)
+    'ldt_s': dict(mode='alternating'),
+    'ldt_sample_var': dict(criterion='sample_var'),
+    'ldt_fisher': dict(criterion='fisher'),
 }
 PRESETS = tuple(_PRESETS)
 

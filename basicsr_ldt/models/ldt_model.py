@@ -22,22 +22,27 @@ from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
 
 from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.errors import InputError
-from basicsr_ldt.ldt import LDT, LDTConfig, Partition, preset, select
+from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, preset, select
 from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.models.resumable import ResumableMixin
-from basicsr_ldt.options import registered
+from basicsr_ldt.options import closest_key_hint, registered
 
 #: How a step LDT skipped for a non-finite loss is named in the log.
 SKIPPED_STEP = {'warmup': 'the head warm-up', 'profile': 'gradient profiling (sample not used)',
-                'finetune': 'fine-tuning', 'primary': 'the primary branch', 'auxiliary': 'the auxiliary branch'}
+                'finetune': 'fine-tuning', 'ldt_s': 'the LDT-S step', 'primary': 'the primary branch',
+                'auxiliary': 'the auxiliary branch'}
 
 
 def ldt_config_from_options(opt: Dict) -> LDTConfig:
     """``LDTConfig`` from the ``ldt:`` section: ``method`` picks a preset, other keys override it."""
     section = dict(opt.get('ldt') or {})
     method = section.pop('method', 'ldt')
+    if method not in PRESETS:
+        methods = PRESETS + ('corgrad',)
+        raise InputError(f"ldt.method: unknown method '{method}'; expected one of {', '.join(methods)}"
+                         f'{closest_key_hint(str(method), methods)}')
     try:
         config = preset(method, **section)
     except (TypeError, ValueError) as err:
@@ -118,6 +123,14 @@ class LDTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel)
     """SR model trained with LDT; ``net_g`` checkpoints hold the composite network (eq. 12)."""
 
     validated_networks = ('composite', 'primary', 'auxiliary')  # val.best_network; default first
+
+    def __new__(cls, opt, *args, **kwargs):
+        # ``ldt: {method: corgrad}`` is not an LDT configuration but CorGrad's own model; this
+        # lets an option file (or a study override) switch methods through the ``ldt:`` block.
+        if cls is LDTSRModel and (opt.get('ldt') or {}).get('method') == 'corgrad':
+            from basicsr_ldt.models.corgrad_model import CorGradSRModel
+            return CorGradSRModel(opt)
+        return super().__new__(cls)
 
     def model_to_device(self, net):
         # The branches synchronise gradients themselves (``average_gradients``): a DDP wrapper
@@ -214,8 +227,10 @@ class LDTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel)
         descriptions = {'warmup': f'head warm-up on D_S1 ({self.config.head_warmup_iters} iterations)',
                         'profile': f'gradient profiling on D_S2 ({self.config.profile_iters} batches, '
                                    f"criterion '{self.config.criterion}')",
-                        'train': 'dual training (cross-frozen primary/auxiliary)' if self.config.mode == 'dual'
-                        else 'fine-tuning'}
+                        'train': {'dual': 'dual training (cross-frozen primary/auxiliary)',
+                                  'alternating': f'LDT-S (one network, groups frozen alternately every '
+                                                 f'{self.config.interval_iters} iterations, CPU weight buffer)',
+                                  'single': 'fine-tuning'}[self.config.mode]}
         logger.info(f'LDT phase: {descriptions[phase]} from iteration {current_iter}')
         if phase == 'train' and self.ldt.partition is not None:
             self._report_partition(self.ldt.partition)

@@ -1,0 +1,189 @@
+"""CorGrad (Zhou et al., "Rethinking Domain Generalization from Perspective of Gradient
+Granularity"): the multi-source gradient-surgery baseline the LDT paper compares with.
+
+Plain PyTorch, no BasicSR import, independent of the LDT family. One step: one gradient per
+source domain (here: camera), each layer's gradient split into ``slices`` equal pieces, the
+conflicting component of every slice removed against the other cameras' slices (Gram-Schmidt,
+random camera order), dominant gradients smoothed towards the mean with a decaying ``alpha``,
+then one optimizer step on the combined gradient.
+
+Choices where the paper is ambiguous (its official code, github libzwo/CorGrad, consulted):
+
+- **Conflict test.** Algorithm 1 line 6 and step (2) of section 3.7 project when the inner
+  product is *negative* (PCGrad's rule); the prose of section 3.3 states the opposite sign. We
+  follow Algorithm 1 and the code. The projection divides by ``||g_j||^2`` (step 2, code);
+  eq. 13 prints ``||g_j||_2``, which would not remove the component exactly.
+- **Against which g_j.** Each camera's gradient is projected against the *original* gradients
+  of the other cameras (PCGrad), in one random order of cameras drawn per step.
+- **Layer.** A layer is one named parameter tensor (as in the rest of this project); slices are
+  contiguous pieces of its flattened gradient of size ceil(numel / slices) (``torch.chunk``:
+  fewer slices when a tensor has fewer entries than ``slices``).
+- **Dominant gradient (eq. 11).** Per layer: a camera's gradient is dominant when its L2 norm
+  exceeds the mean norm over cameras by more than one (population) standard deviation
+  (Algorithm 1 line 10, one-sided: "dominant"); it becomes ``alpha g_i + (1 - alpha) g_mean``
+  with ``g_mean`` the mean gradient over all cameras (eq. 11's definition). The official code
+  uses |norm - mean| and the mean of the non-outliers. With two cameras no gradient is ever
+  more than one standard deviation above the mean, so smoothing needs three or more.
+- **Alpha schedule.** The paper starts alpha in [0.5, 1] and lets it "gradually decay to 0";
+  the code's schedule is ``alpha_t = alpha (1 - ln t / ln T)`` for iteration t of T (1-based),
+  our default (``alpha_decay: log``); ``linear`` (``alpha (1 - (t-1)/(T-1))``) and ``none``
+  are available. The default start is the code's 1.0.
+- **Combination.** The update uses the *mean* of the corrected camera gradients: eq. 1 defines
+  the training loss as the mean over domains, so without conflicts the step equals plain
+  fine-tuning on a camera-balanced batch (Algorithm 1 writes the sum; with Adam the two differ
+  only through epsilon).
+- ``slices`` default 10 (the code's ``n_parts``; the paper sets n in [5, 100]).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from basicsr_ldt.ldt.config import reject_unknown_keys
+
+ALPHA_DECAYS = ('log', 'linear', 'none')
+SLICE_RANGE = (5, 100)
+
+
+@dataclass(frozen=True)
+class CorGradConfig:
+    """CorGrad's hyperparameters (the ``ldt:`` block with ``method: corgrad``)."""
+
+    slices: int = 10
+    alpha: float = 1.0
+    alpha_decay: str = 'log'
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        low, high = SLICE_RANGE
+        if not isinstance(self.slices, int) or isinstance(self.slices, bool) or not low <= self.slices <= high:
+            raise ValueError(f"CorGrad option 'slices' must be an integer in [{low}, {high}] (the paper's range), "
+                             f'got {self.slices!r}')
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"CorGrad option 'alpha' must be a number in [0, 1] (paper: start in [0.5, 1]), "
+                             f'got {self.alpha!r}')
+        if self.alpha_decay not in ALPHA_DECAYS:
+            raise ValueError(f"CorGrad option 'alpha_decay' must be one of {ALPHA_DECAYS}, got {self.alpha_decay!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"CorGrad option 'seed' must be an integer >= 0, got {self.seed!r}")
+
+    @classmethod
+    def from_dict(cls, options: Mapping[str, Any]) -> 'CorGradConfig':
+        """Build from the ``ldt:`` block less ``method``; unknown keys raise with a suggestion."""
+        reject_unknown_keys(options, [f.name for f in dataclasses.fields(cls)], 'CorGrad')
+        return cls(**dict(options))
+
+
+def alpha_at(config: CorGradConfig, iteration: int, total_iters: int) -> float:
+    """The smoothing weight of eq. 11 at 1-based ``iteration`` of ``total_iters`` (decays to 0)."""
+    if config.alpha_decay == 'none' or total_iters <= 1:
+        return float(config.alpha)
+    t = min(max(iteration, 1), total_iters)
+    if config.alpha_decay == 'log':
+        return float(config.alpha) * max(0.0, 1.0 - math.log(t) / math.log(total_iters))
+    return float(config.alpha) * (1.0 - (t - 1) / (total_iters - 1))
+
+
+def _as_slices(flat: torch.Tensor, slices: int) -> torch.Tensor:
+    """[slices', size] view-equivalent of ``torch.chunk(flat, slices)``, zero-padded at the end
+    (zeros change no inner product and no norm)."""
+    size = math.ceil(flat.numel() / slices) if flat.numel() else 1
+    rows = math.ceil(flat.numel() / size) if flat.numel() else 1
+    padded = flat.new_zeros(rows * size)
+    padded[:flat.numel()] = flat
+    return padded.view(rows, size)
+
+
+def remove_conflicts(grads: Sequence[torch.Tensor], slices: int, order: Sequence[int]) -> Tuple[List[torch.Tensor], int, int]:
+    """Steps (1)-(3) of section 3.7 for one layer: ``grads[i]`` is camera i's flat gradient.
+
+    Every slice of g_i that has a negative inner product with the same slice of g_j is replaced
+    by its projection onto the normal plane of g_j's slice (eq. 12-13), for the other cameras j
+    in ``order``. Returns the corrected gradients, the number of projections (n_f of eq. 3) and
+    of comparisons (n_t).
+    """
+    originals = [_as_slices(g.reshape(-1), slices) for g in grads]
+    squared = [(o * o).sum(dim=1) for o in originals]
+    corrected, projected, compared = [], 0, 0
+    for i in range(len(grads)):
+        g_i = originals[i].clone()
+        for j in order:
+            if j == i:
+                continue
+            g_j = originals[j]
+            dot = (g_i * g_j).sum(dim=1)                                 # <g_i, g_j> per slice
+            conflict = (dot < 0) & (squared[j] > 0)
+            coefficient = torch.where(conflict, dot / squared[j].clamp_min(torch.finfo(dot.dtype).tiny),
+                                      torch.zeros_like(dot))
+            g_i -= coefficient.unsqueeze(1) * g_j                          # eq. 12-13
+            projected += int(conflict.sum())
+            compared += conflict.numel()
+        corrected.append(g_i.reshape(-1)[:grads[i].numel()].view_as(grads[i]))
+    return corrected, projected, compared
+
+
+def smooth_dominant(grads: List[torch.Tensor], alpha: float) -> List[int]:
+    """Steps (4)-(6) of section 3.7 / eq. 11 for one layer, in place; returns the dominant cameras."""
+    norms = torch.stack([g.double().norm() for g in grads])
+    mean, std = norms.mean(), norms.std(unbiased=False)
+    dominant = [i for i in range(len(grads)) if float(norms[i] - mean) > float(std)]
+    if dominant:
+        g_mean = torch.stack(grads).mean(dim=0)                            # eq. 11's g_mean
+        for i in dominant:
+            grads[i].mul_(alpha).add_(g_mean, alpha=1.0 - alpha)          # eq. 11
+    return dominant
+
+
+CameraLoss = Callable[[nn.Module], torch.Tensor]
+
+
+class CorGrad:
+    """Algorithm 1 of the paper as one ``step`` over a batch that holds every source camera."""
+
+    def __init__(self, network: nn.Module, optimizer: torch.optim.Optimizer, config: CorGradConfig,
+                 total_iters: int) -> None:
+        self.network = network
+        self.optimizer = optimizer
+        self.config = config
+        self.total_iters = int(total_iters)
+        self.params = [p for p in network.parameters() if p.requires_grad]
+
+    def camera_order(self, n_cameras: int, iteration: int) -> List[int]:
+        """Random camera order of this step, a pure function of (seed, iteration): resumes exactly."""
+        generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + int(iteration))
+        return torch.randperm(n_cameras, generator=generator).tolist()
+
+    def step(self, camera_losses: Sequence[CameraLoss], iteration: int) -> Dict[str, float]:
+        """One update from one loss closure per camera; returns the mean loss, the modification
+        frequency f_m (eq. 3) and alpha."""
+        if len(camera_losses) < 2:
+            raise ValueError(f'CorGrad needs at least two source cameras in a batch, got {len(camera_losses)}')
+        per_camera: List[List[torch.Tensor]] = []
+        losses = []
+        for loss_of in camera_losses:                                    # Alg. 1 line 1: g_d per domain
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = loss_of(self.network)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            per_camera.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                               for p in self.params])
+        self.optimizer.zero_grad(set_to_none=True)
+        order = self.camera_order(len(camera_losses), iteration)
+        alpha = alpha_at(self.config, iteration, self.total_iters)
+        projected = compared = 0
+        for k, param in enumerate(self.params):                           # Alg. 1 line 2: layering
+            layer = [grads[k] for grads in per_camera]
+            corrected, n_f, n_t = remove_conflicts(layer, self.config.slices, order)
+            projected, compared = projected + n_f, compared + n_t
+            smooth_dominant(corrected, alpha)
+            param.grad = torch.stack(corrected).mean(dim=0)                # combined update
+            del layer, corrected
+        self.optimizer.step()                                             # one optimizer step
+        self.optimizer.zero_grad(set_to_none=True)
+        return {'l_corgrad': sum(losses) / len(losses),
+                'corgrad_fm': projected / compared if compared else 0.0, 'corgrad_alpha': alpha}

@@ -1,0 +1,144 @@
+"""LDT-S: the single-network variant of LDT (paper appendix, as the summary describes it).
+
+One network instead of the cross-frozen pair: the stable and unstable groups train in turn, one
+interval of ``interval_iters`` iterations each, while the other group is frozen; a weight
+buffer in CPU memory holds what the pair would keep in its second network. Training cost is
+that of fine-tuning the active group (frozen tensors get no gradient), plus a host copy of the
+active group every ``ema_every`` iterations and a swap of device/buffer contents per interval.
+
+The summary only says "alternately freezes stable and unstable layers across time intervals
+within one network, using a CPU weight buffer". Everything else is chosen to stay as close to
+LDT (``pair.CrossFrozenPair``) as one network allows:
+
+- **Frozen = EMA weights.** In LDT the primary trains its stable layers next to *frozen, EMA'd*
+  unstable layers (eq. 4, 8) and the auxiliary trains its unstable layers next to frozen, EMA'd
+  stable layers (eq. 5, 8). So here the device holds the active group's trained weights and the
+  frozen group's EMA weights; the buffer holds the active group's EMA and the frozen group's
+  trained weights (parked until its next interval).
+- **EMA (eq. 8 / 11).** Every ``ema_every`` iterations the active group's EMA absorbs its
+  trained weights with the partition's coefficients (DPU, eq. 9-10, or ``w_fixed``). The frozen
+  group's trained weights do not change, so its EMA does not move either (LDT updates both
+  because both branches train at once).
+- **Swap.** At the end of an interval device and buffer exchange their contents tensor by tensor:
+  the group that trained parks its weights and gets its EMA on the device, the group that was
+  frozen gets its trained weights back. The next interval trains the other group.
+- **Optimizer.** One optimizer over all parameters (role ``ldt_s``): a frozen tensor has no
+  gradient, so the optimizer skips it and its moments wait, matching the parked weights; this is
+  also the memory of fine-tuning's optimizer.
+- **Composite (eq. 12).** MC = Cat{EMA of stable, EMA of unstable}, the analogue of LDT's
+  Cat{~AL^S, ~PL^U}; buffers (BatchNorm statistics) come from the network.
+- ``first_group`` (default ``stable``, LDT's primary) trains in the first interval.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from basicsr_ldt.ldt.equations import STABLE, UNSTABLE, ema_exchange_
+from basicsr_ldt.ldt.freezing import set_trainable
+from basicsr_ldt.ldt.pair import BatchLoss, OptimizerFactory, optimizer_step
+from basicsr_ldt.ldt.partition import Partition
+from basicsr_ldt.ldt.precision import MixedPrecision
+
+GROUPS = (STABLE, UNSTABLE)
+
+
+class AlternatingFreezing:
+    """One network whose stable and unstable groups train in turn (LDT-S); see the module docstring."""
+
+    def __init__(self, network: nn.Module, partition: Partition, optimizer_factory: OptimizerFactory,
+                 interval_iters: int, ema_every: int, first_group: str = STABLE) -> None:
+        names = [n for n, _ in network.named_parameters()]
+        partition.validate(names)
+        if first_group not in GROUPS:
+            raise ValueError(f"first_group must be one of {GROUPS}, got {first_group!r}")
+        self.network = network
+        self.partition = partition
+        self.interval_iters = int(interval_iters)
+        self.ema_every = int(ema_every)
+        self.steps = 0
+        self.active = first_group
+        params = dict(network.named_parameters())
+        coefficients = partition.dpu_coefficients
+        self._names = {STABLE: partition.stable, UNSTABLE: partition.unstable}
+        self._params = {g: [params[n] for n in self._names[g]] for g in GROUPS}
+        self._coefficients = {g: [coefficients[n] for n in self._names[g]] for g in GROUPS}
+        pin = any(p.is_cuda for p in params.values()) and torch.cuda.is_available()
+        # buffer[g]: EMA of g while g is active, g's parked trained weights while it is frozen.
+        # At the start both equal the network's weights (EMA initialised with the weights).
+        self.buffer: Dict[str, List[torch.Tensor]] = {
+            g: [_host_copy(p, pin) for p in self._params[g]] for g in GROUPS}
+        self.optimizer = optimizer_factory(list(network.parameters()), 'ldt_s')
+        self._freeze()
+
+    @property
+    def frozen(self) -> str:
+        return UNSTABLE if self.active == STABLE else STABLE
+
+    def step(self, batch_loss: BatchLoss, precision: Optional[MixedPrecision] = None) -> float:
+        """One iteration: eq. 6-7 for the active group, EMA (eq. 8/11) every ``ema_every``
+        iterations, and the swap at the end of an interval. A non-finite loss (returned as is)
+        skips the step and is not counted, so neither EMA nor swap moves for it."""
+        loss = optimizer_step(self.network, self.optimizer, batch_loss, precision, 'ldt_s')
+        if not math.isfinite(loss):
+            return loss
+        self.steps += 1
+        if self.steps % self.ema_every == 0:
+            self.exchange()
+        if self.steps % self.interval_iters == 0:
+            self.swap()
+        return loss
+
+    @torch.no_grad()
+    def exchange(self) -> None:
+        """Eq. 8/11 for the active group: its EMA (in the buffer) absorbs its trained weights."""
+        group = self.active
+        buffer = self.buffer[group]
+        trained = [p.detach() if p.device == b.device else p.detach().to(b.device)
+                   for p, b in zip(self._params[group], buffer)]
+        ema_exchange_(buffer, trained, self._coefficients[group])
+
+    @torch.no_grad()
+    def swap(self) -> None:
+        """Exchange device and buffer contents of every layer, then train the other group."""
+        for group in GROUPS:
+            for p, b in zip(self._params[group], self.buffer[group]):
+                held = p.detach().to(b.device, copy=True)
+                p.copy_(b)
+                b.copy_(held)
+        self.active = self.frozen
+        self._freeze()
+
+    def _freeze(self) -> None:
+        set_trainable(self.network, set(self._names[self.active]))
+
+    def composite_state_dict(self) -> Dict[str, torch.Tensor]:
+        """MC = Cat{EMA of stable, EMA of unstable} (eq. 12 analogue); tensors are shared."""
+        state = dict(self.network.state_dict())
+        for name, tensor in zip(self._names[self.active], self.buffer[self.active]):
+            state[name] = tensor
+        return state
+
+    def state_dict(self) -> dict:
+        return {'steps': self.steps, 'active': self.active,
+                'buffer': {g: [t.clone() for t in self.buffer[g]] for g in GROUPS}}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        for group in GROUPS:
+            saved = state['buffer'][group]
+            if len(saved) != len(self.buffer[group]):
+                raise ValueError(f'LDT-S state: {len(saved)} {group} buffer tensors, expected {len(self.buffer[group])}')
+            for b, t in zip(self.buffer[group], saved):
+                b.copy_(t)
+        self.steps = int(state['steps'])
+        self.active = str(state['active'])
+        self._freeze()
+
+
+def _host_copy(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
+    out = torch.empty(tensor.shape, dtype=tensor.dtype, device='cpu', pin_memory=pin)
+    return out.copy_(tensor.detach())

@@ -1,0 +1,104 @@
+"""CorGradSRModel: BasicSR's SRModel trained with CorGrad (multi-source gradient surgery).
+
+Selected by ``ldt: {method: corgrad}`` (with ``model_type: LDTSRModel``, so a study can switch
+methods by overriding the ``ldt:`` block alone) or directly by ``model_type: CorGradSRModel``.
+The method is ``basicsr_ldt/corgrad.py`` (plain PyTorch); this adapter checks the source cameras,
+asks the training loop for camera-balanced batches, splits each batch by camera and hands CorGrad
+one loss per camera. Checkpoints are a plain network (no composite), like FT.
+"""
+import dataclasses
+from collections import OrderedDict
+from typing import Dict, List, Tuple
+
+import torch
+
+from basicsr.models.sr_model import SRModel
+from basicsr.utils import get_root_logger
+from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
+
+from basicsr_ldt.corgrad import CorGrad, CorGradConfig
+from basicsr_ldt.data.sampler import dataset_cameras
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.ldt import LDTConfig
+from basicsr_ldt.models.resumable import ResumableMixin
+from basicsr_ldt.options import registered
+
+
+def corgrad_config_from_options(opt: Dict) -> Tuple[CorGradConfig, List[str]]:
+    """``CorGradConfig`` from the ``ldt:`` block (``method: corgrad`` plus CorGrad's keys), and the
+    LDT keys of the block that CorGrad does not use.
+
+    LDT keys are tolerated (and logged as ignored) because a study switches an LDT option file to
+    CorGrad by overriding ``ldt.method`` alone; a key known to neither method still fails.
+    """
+    section = dict(opt.get('ldt') or {})
+    section.pop('method', None)
+    ours = {f.name for f in dataclasses.fields(CorGradConfig)}
+    ignored = sorted(k for k in section if k not in ours and k in {f.name for f in dataclasses.fields(LDTConfig)})
+    try:
+        return CorGradConfig.from_dict({k: v for k, v in section.items() if k not in ignored}), ignored
+    except (TypeError, ValueError) as err:
+        raise InputError(f'ldt: {err}') from None
+
+
+@MODEL_REGISTRY.register()
+class CorGradSRModel(ResumableMixin, SRModel):
+    """SR model whose every step is one CorGrad update over a batch holding every source camera."""
+
+    #: read by the training loop (``basicsr_ldt.train``): every batch must hold every camera
+    camera_balanced_batches = True
+
+    def init_training_settings(self) -> None:
+        self.corgrad_config, ignored = corgrad_config_from_options(self.opt)
+        self.source_cameras = self._check_source_cameras()
+        super().init_training_settings()
+        self.corgrad = CorGrad(self.net_g, self.optimizer_g, self.corgrad_config, int(self.opt['train']['total_iter']))
+        get_root_logger().info(f'CorGrad over source cameras {self.source_cameras}: {self.corgrad_config.slices} '
+                               f'slices per layer, alpha {self.corgrad_config.alpha} '
+                               f'(decay {self.corgrad_config.alpha_decay}), camera-balanced batches'
+                               + (f'; LDT options ignored by CorGrad: {", ".join(ignored)}' if ignored else ''))
+
+    def _check_source_cameras(self) -> List[str]:
+        """The training data's cameras; fewer than two, or a batch too small to hold each, is bad input."""
+        train_opt = self.opt['datasets']['train']
+        dataset_cls = registered(DATASET_REGISTRY, train_opt.get('type'), 'datasets.train.type')
+        try:
+            cameras = sorted(set(dataset_cameras(dataset_cls(dict(train_opt)))))
+        except ValueError as err:
+            raise InputError(f'datasets.train: {err}') from None
+        if len(cameras) < 2:
+            raise InputError(f'datasets.train.cameras: CorGrad needs at least two source cameras (one gradient per '
+                             f'camera), the training data has {cameras}')
+        batch = int(train_opt['batch_size_per_gpu'])
+        if batch < len(cameras):
+            raise InputError(f'datasets.train.batch_size_per_gpu: {batch} is smaller than the {len(cameras)} source '
+                             'cameras; CorGrad needs every camera in every batch')
+        return cameras
+
+    def feed_data(self, data: Dict) -> None:
+        super().feed_data(data)
+        self.batch_cameras = list(data.get('camera', []))
+
+    def _loss(self, output: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+        """The SRModel loss (pixel + perceptual/style when configured) of one camera's images."""
+        total = self.cri_pix(output, gt) if self.cri_pix else 0
+        if self.cri_perceptual:
+            percep, style = self.cri_perceptual(output, gt)
+            total = total + (percep if percep is not None else 0) + (style if style is not None else 0)
+        return total
+
+    def optimize_parameters(self, current_iter: int) -> None:
+        groups = [[i for i, c in enumerate(self.batch_cameras) if c == camera] for camera in self.source_cameras]
+        if any(not g for g in groups) or sum(map(len, groups)) != len(self.batch_cameras):
+            raise RuntimeError(f'iteration {current_iter}: the batch holds cameras {sorted(set(self.batch_cameras))}, '
+                               f'CorGrad needs each of {self.source_cameras} (camera-balanced sampler not used?)')
+        losses = [self._camera_loss(torch.tensor(g, device=self.lq.device)) for g in groups]
+        logs = self.corgrad.step(losses, current_iter)
+        self.log_dict = self.reduce_loss_dict(OrderedDict((k, torch.tensor(v)) for k, v in logs.items()))
+        if self.ema_decay > 0:
+            self.model_ema(decay=self.ema_decay)
+        self.check_finite_losses(current_iter)
+
+    def _camera_loss(self, index: torch.Tensor):
+        lq, gt = self.lq.index_select(0, index), self.gt.index_select(0, index)
+        return lambda network: self._loss(network(lq), gt)

@@ -1,0 +1,55 @@
+"""CorGrad and LDT-S options through the real entry point: a short CorGrad run on three demo
+cameras selected by ``ldt: {method: corgrad}``, its exact resume, and bad input (one line,
+nothing written)."""
+import pytest
+
+from conftest import run_entry
+from test_cli import write
+from test_hardening import assert_one_line_failure, last_line
+from test_ldt_model import assert_resume_reproduces, ldt_options
+
+CAMERAS = ['Olympus', 'Sony', 'Canon']
+
+
+def corgrad_options(data, name, cameras=CAMERAS, **ldt):
+    opt = ldt_options(data, name, total_iter=4)
+    opt['ldt'] = {'method': 'corgrad', 'slices': 5, **ldt}
+    opt['datasets']['train'].update(cameras=cameras, batch_size_per_gpu=3)
+    return opt
+
+
+def test_corgrad_trains_on_camera_balanced_batches_and_resumes_exactly(project, demo_data):
+    # an LDT option file switched to CorGrad by overriding `method` alone (as a study does)
+    opt = ldt_options(demo_data, 'cg', total_iter=4, ratio_u=0.5)
+    opt['ldt']['method'] = 'corgrad'
+    opt['ldt']['slices'] = 5
+    opt['datasets']['train'].update(cameras=CAMERAS, batch_size_per_gpu=3)
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cg.yml', opt))
+    exp = project / 'experiments' / 'cg'
+    log = next(exp.glob('train_cg_*.log')).read_text()
+    assert "CorGrad over source cameras ['Canon', 'Olympus', 'Sony']: 5 slices per layer" in log
+    assert 'LDT options ignored by CorGrad: ema_every, head_warmup_iters, profile_iters, ratio_u' in log
+    assert 'l_corgrad' in log and 'corgrad_fm' in log and 'l_primary' not in log
+    assert (exp / 'models' / 'net_g_latest.pth').is_file()
+    assert_resume_reproduces(project, 'cg', 2, corgrad_options(demo_data, 'cut2'))
+
+
+@pytest.mark.parametrize('make, message', [
+    (lambda d: corgrad_options(d, 'bad', cameras=['Olympus']),
+     "error: datasets.train.cameras: CorGrad needs at least two source cameras (one gradient per camera), "
+     "the training data has ['Olympus']"),
+    (lambda d: corgrad_options(d, 'bad', slices=4),
+     "error: ldt: CorGrad option 'slices' must be an integer in [5, 100]"),
+    (lambda d: corgrad_options(d, 'bad', slice=10),
+     "error: ldt: unknown CorGrad option 'slice'; did you mean 'slices'?"),
+    (lambda d: ldt_options(d, 'bad', method='ldt_s', interval_iters=0),
+     "error: ldt: LDT option 'interval_iters' must be an integer >= 1, got 0"),
+    (lambda d: ldt_options(d, 'bad', method='corgad'),
+     "error: ldt.method: unknown method 'corgad'; expected one of"),
+    (lambda d: ldt_options(d, 'bad', criterion='fischer'),
+     "error: ldt: LDT option 'criterion' must be one of"),
+], ids=['one_camera', 'slices', 'slice_typo', 'interval_iters', 'method', 'criterion'])
+def test_bad_method_options_fail_in_one_line_and_write_nothing(project, demo_data, make, message):
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'bad.yml', make(demo_data)), check=False)
+    assert_one_line_failure(project, result, 'bad')
+    assert last_line(result).startswith(message), last_line(result)
