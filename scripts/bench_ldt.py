@@ -338,7 +338,7 @@ def make_ldt_s(args, partition_file: str, device: str, interval: int) -> LDT:
     net = build_network(args.arch, args.scale).to(device)
     cfg = preset('ldt_s', profile_iters=0, partition_file=partition_file, ema_every=args.ema_every,
                  interval_iters=interval)
-    return LDT(net, cfg, adam)
+    return LDT(net, cfg, adam, precision(args))
 
 
 def bench_ldt_s(args: argparse.Namespace, part_path: str) -> None:
@@ -350,14 +350,15 @@ def bench_ldt_s(args: argparse.Namespace, part_path: str) -> None:
     torch.manual_seed(0)
     ft_net = build_network(args.arch, args.scale).to(device)
     ft_opt = adam(list(ft_net.parameters()), 'finetune')
+    ft_amp = precision(args)
     data = batches(args, args.warm + args.iters, args.patch, args.batch, device)
     times = {(clock, key): [] for clock in ('wall', 'process CPU') for key in ('ft', 'ldt_s')}
     algo.alternation.ema_every = 10 ** 9     # EMA and swap are timed apart and amortised below
     for i, (lq, gt) in enumerate(data):
         if i == args.warm + args.iters // 2:
             algo.alternation.swap()          # time both groups' intervals (untimed swap)
-        for key, fn in (('ft', lambda: optimizer_step(ft_net, ft_opt, l1(lq, gt))),
-                        ('ldt_s', lambda: algo.alternation.step(l1(lq, gt)))):
+        for key, fn in (('ft', lambda: optimizer_step(ft_net, ft_opt, l1(lq, gt), ft_amp, 'finetune')),
+                        ('ldt_s', lambda: algo.alternation.step(l1(lq, gt), algo.precision))):
             sync(device); w0, c0 = time.perf_counter(), time.process_time()
             fn()
             sync(device)
