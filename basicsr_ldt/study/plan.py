@@ -128,6 +128,18 @@ def _in_dataset_section(prefix: str) -> bool:
     return len(parts) >= 3 and parts[0] == 'datasets'
 
 
+def _check_sweep_section(opt: Mapping[str, Any], dotted: str, where: str) -> None:
+    """A sweep varies an option of every method, so its section must exist in each method's options
+    (sweeping ``ldt.ratio_u`` over an FT method would silently train FT several times)."""
+    parts = dotted.split('.')
+    section: Any = opt
+    for depth, part in enumerate(parts[:-1]):
+        section = section.get(part) if isinstance(section, Mapping) else None
+        if not isinstance(section, Mapping):
+            raise InputError(f"{where}: the options have no section '{'.'.join(parts[:depth + 1])}' to set "
+                             f"'{parts[-1]}' in")
+
+
 def sweep_points(sweep: Mapping[str, List[Any]]) -> List[Dict[str, Any]]:
     """Every combination of the sweep's values (one empty point without a sweep)."""
     keys = list(sweep)
@@ -145,7 +157,7 @@ def nested(dotted: str, value: Any) -> Dict[str, Any]:
 def run_name(method: str, point: Mapping[str, Any], seed: int) -> str:
     """A folder name: the method label, each sweep value as ``<last key part>=<value>``, the seed."""
     parts = [method] + [f"{key.split('.')[-1]}={value}" for key, value in point.items()] + [f'seed{seed}']
-    return RUN_NAME_CHARS.sub('-', '_'.join(str(p) for p in parts))
+    return RUN_NAME_CHARS.sub('-', re.sub(r'\s+', '', '_'.join(str(p) for p in parts)))
 
 
 def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
@@ -243,7 +255,9 @@ def load_study(path: str, root: str) -> Study:
         for point in sweep_points(sweep):
             opt = merged
             for key, value in point.items():
-                opt = merge_options(opt, nested(key, value), f"sweep '{key}' (method '{label}')")
+                where = f"sweep '{key}' (method '{label}')"
+                _check_sweep_section(merged, key, where)
+                opt = merge_options(opt, nested(key, value), where)
             points.append((label, point, opt))
     runs: List[Run] = []
     names = set()

@@ -29,10 +29,13 @@ def read_run(path: str, run: Run) -> Dict[str, Any]:
             'sources': run.source_cameras(), 'cameras': cameras}
 
 
-def with_mean(cameras: Mapping[str, Mapping[str, float]]) -> Dict[str, Dict[str, float]]:
-    """The per-camera values plus their mean over cameras (every camera weighs the same)."""
+def with_mean(record: Mapping[str, Any]) -> Dict[str, Dict[str, float]]:
+    """A run's per-camera values plus their mean over the target cameras (every camera weighs the
+    same; cameras the run trained on are left out of the mean, as in the paper's tables)."""
+    cameras = record['cameras']
     table = {cam: dict(v) for cam, v in cameras.items()}
-    table[MEAN] = {m: float(np.mean([v[m] for v in cameras.values()])) for m in METRICS}
+    targets = [v for cam, v in cameras.items() if cam not in record['sources']] or list(cameras.values())
+    table[MEAN] = {m: float(np.mean([v[m] for v in targets])) for m in METRICS}
     return table
 
 
@@ -67,7 +70,7 @@ def summarise(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, Any
     rows = []
     for method in study.methods:
         for point in study.sweep_points():
-            runs = [with_mean(r['cameras']) for r in records if r['method'] == method and r['sweep'] == point]
+            runs = [with_mean(r) for r in records if r['method'] == method and r['sweep'] == point]
             if not runs:
                 continue
             cameras = list(runs[0])
@@ -82,7 +85,7 @@ def summarise(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, Any
 def differences(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Per other method and sweep point: the mean of (method - reference) over the seeds both have,
     per camera and for the mean over cameras, with a bootstrap interval."""
-    by_key = {(r['method'], json.dumps(r['sweep'], sort_keys=True), r['seed']): with_mean(r['cameras'])
+    by_key = {(r['method'], json.dumps(r['sweep'], sort_keys=True), r['seed']): with_mean(r)
               for r in records}
     rows = []
     for method in study.methods:
@@ -141,9 +144,9 @@ def markdown(result: Mapping[str, Any]) -> str:
     lines = [f"# Study {result['name']}", '',
              f"Study file `{result['study_file']}`: base training options `{result['train']}`, test options "
              f"`{result['test']}`, seeds {result['seeds']}; {len(result['runs'])} of {result['planned_runs']} "
-             'runs finished. Cells: mean ± sample standard deviation over seeds; Mean = mean over cameras '
-             '(each camera weighs the same) per seed, then over seeds. "(source)" marks a camera the '
-             'method trained on.', '']
+             'runs finished. Cells: mean ± sample standard deviation over seeds; Mean = mean over the target '
+             'cameras (each weighs the same; cameras the method trained on, marked "(source)", are left out) '
+             'per seed, then over seeds.', '']
     for metric, title, digits in (('psnr', 'PSNR (dB)', 2), ('ssim', 'SSIM', 4)):
         lines += [f'## {title}', '', '| Method | ' + ' | '.join(columns) + ' | n |',
                   '|---|' + '---|' * (len(columns) + 1)]
