@@ -3,7 +3,6 @@ aggregation against hand-computed values, and one tiny study end to end through 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -210,16 +209,14 @@ def test_demo_study_file_validates():
     assert [r.uses_ema for r in study.runs[:5]] == [False, True, False, False, False]
 
 
-def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data):
+def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
+    """Four runs (FT and LDT, two seeds) through the real entry points, in subprocesses."""
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
     path = tiny_study(project, demo_data)
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1')
-    # scripts/study.py works on the repository root; this is its two lines on the scratch project.
-    code = ('import sys, basicsr_ldt; from basicsr_ldt.study.cli import main; '
-            f'sys.exit(main({str(project)!r}, sys.argv[1:]))')
-    call = [sys.executable, '-c', code, '-opt', path]
-    first = subprocess.run(call, cwd=project, env=env, capture_output=True, text=True, timeout=900)
-    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-    progress = [line for line in first.stdout.splitlines() if line.startswith('[') and 'done in' in line]
+    assert cli.main(str(project), ['-opt', path]) == 0
+    out = capsys.readouterr().out
+    progress = [line for line in out.splitlines() if line.startswith('[') and 'done in' in line]
     assert len(progress) == 4 and progress[0].startswith('[1/4] FT_seed0: new, done in')
     assert 'about' in progress[0] and '3 run(s)' in progress[0] and '0 run(s)' in progress[-1]
     folder = project / 'results' / 'tiny'
@@ -237,8 +234,8 @@ def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data):
     assert 'manual_seed: 1' in log
 
     stamp = (folder / 'LDT_seed1' / 'metrics.json').stat().st_mtime
-    again = subprocess.run(call, cwd=project, env=env, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0 and again.stdout.count('finished earlier, skipped') == 4
+    assert cli.main(str(project), ['-opt', path]) == 0
+    assert capsys.readouterr().out.count('finished earlier, skipped') == 4
     assert (folder / 'LDT_seed1' / 'metrics.json').stat().st_mtime == stamp
 
     os.remove(folder / 'FT_seed1' / 'metrics.json')
@@ -249,3 +246,6 @@ def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data):
     assert cli.main(str(project), ['-opt', path, '--collect']) == 0
     collected = json.loads((folder / 'study.json').read_text())
     assert [s['n'] for s in collected['summary']] == [1, 2] and collected['differences'][0]['seeds'] == [0]
+    assert subprocess.run(['bash', '-c', line], capture_output=True, timeout=600).returncode == 0
+    study = plan.load_study(path, str(project))
+    assert [runner.run_state(str(project), study, r) for r in study.runs] == [runner.DONE] * 4
