@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.study import cli, plan, report, run as runner
@@ -35,7 +34,8 @@ def tiny_study(tmp_path, data, **changes):
 def test_expansion_crosses_methods_sweep_and_seeds(tmp_path, demo_data):
     path = tiny_study(tmp_path, demo_data, seeds=[3, 5],
                       methods={'FT': {}, 'FT+EMA': {'train': {'ema_decay': 0.999}},
-                               'LDT': {'model_type': 'LDTSRModel', 'ldt': {'method': 'ldt_no_dpu', 'profile_iters': 2}}},
+                               'LDT': {'model_type': 'LDTSRModel',
+                                       'ldt': {'method': 'ldt_no_dpu', 'profile_iters': 2}}},
                       sweep={'train.optim_g.lr': [1e-3, 5e-4]}, reference='LDT')
     study = plan.load_study(path, str(tmp_path))
     assert len(study.runs) == 3 * 2 * 2 and study.reference == 'LDT'
@@ -70,7 +70,8 @@ def test_method_with_its_own_base_file(tmp_path, demo_data):
 @pytest.mark.parametrize('changes, message', [
     ({'methods': {'FT': {'traim': {'total_iter': 3}}}}, "method 'FT': 'traim' is not an option.*did you mean 'train'"),
     ({'methods': {'FT': {'train': {'ema_decy': 0.9}}}}, "method 'FT': 'train.ema_decy' is not an option"),
-    ({'methods': {'LDT': {'model_type': 'LDTSRModel', 'ldt': {'method': 'ldt_fast'}}}}, "unknown LDT preset 'ldt_fast'"),
+    ({'methods': {'LDT': {'model_type': 'LDTSRModel', 'ldt': {'method': 'ldt_fast'}}}},
+     "unknown LDT preset 'ldt_fast'"),
     ({'methods': {'X': {'model_type': 'NoSuchModel'}}}, "model_type 'NoSuchModel' is not registered"),
     ({'sweep': {'train.optim_g.learning_rate': [1e-3]}}, "sweep 'train.optim_g.learning_rate'.*is not an option"),
     ({'sweep': {'ldt.ratio_u': [0.3]}}, r"sweep 'ldt.ratio_u' \(method 'FT'\)"),
@@ -224,7 +225,7 @@ def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsy
     assert [(r['method'], r['seed']) for r in result['runs']] == [('FT', 0), ('LDT', 0), ('FT', 1), ('LDT', 1)]
     for run in result['runs']:
         metrics = json.loads((folder / run['run'] / 'metrics.json').read_text())['summary'][run['run']]
-        assert run['cameras'] == {c: {'psnr': metrics[c]['psnr'], 'ssim': metrics[c]['ssim']} for c in ('Sony', 'Canon')}
+        assert run['cameras'] == {c: {m: metrics[c][m] for m in ('psnr', 'ssim')} for c in ('Sony', 'Canon')}
         assert (project / 'experiments' / 'tiny' / run['run'] / 'models' / 'net_g_latest.pth').is_file()
     assert [s['n'] for s in result['summary']] == [2, 2] and result['differences'][0]['method'] == 'LDT'
     assert (folder / 'study.png').stat().st_size > 1000

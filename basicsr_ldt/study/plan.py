@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import re
 from os import path as osp
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
 import yaml
 
@@ -112,7 +112,8 @@ def merge_options(base: Dict[str, Any], overrides: Mapping[str, Any], where: str
         known = key in merged or key in OPTIONAL_KEYS.get(section, ()) or _in_dataset_section(prefix)
         if not known:
             valid = list(merged) + list(OPTIONAL_KEYS.get(section, ()))
-            raise InputError(f"{where}: '{dotted}' is not an option of the base file{closest_key_hint(str(key), valid)}")
+            hint = closest_key_hint(str(key), valid)
+            raise InputError(f"{where}: '{dotted}' is not an option of the base file{hint}")
         if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
             merged[key] = merge_options(merged[key], value, where, f'{dotted}.')
         elif isinstance(value, Mapping):
@@ -185,8 +186,9 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
             raise InputError(f"study file '{path}': sweep '{key}' must be a non-empty list of values")
     reference = study.get('reference')
     if reference is not None and reference not in study['methods']:
+        hint = closest_key_hint(str(reference), study['methods'])
         raise InputError(f"study file '{path}': reference '{reference}' is not one of the methods "
-                         f"({', '.join(map(str, study['methods']))}){closest_key_hint(str(reference), study['methods'])}")
+                         f"({', '.join(map(str, study['methods']))}){hint}")
 
 
 def check_training_options(opt: Mapping[str, Any], where: str) -> None:

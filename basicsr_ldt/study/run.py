@@ -12,6 +12,7 @@ A run is finished when its final checkpoint and test results newer than it exist
 training states resumes from the newest (``--auto_resume``).
 """
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -99,9 +100,8 @@ def commands(root: str, study: Study, run: Run, state: str) -> List[List[str]]:
 
 def shell_line(root: str, steps: List[List[str]]) -> str:
     """One shell line for ``--commands``: cd to the root, then each step, stopping at a failure."""
-    quote = lambda arg: arg if all(c.isalnum() or c in '/._-+=:' for c in arg) else "'" + arg.replace("'", "'\\''") + "'"
-    env = f'PYTHONPATH={quote(PACKAGE_PARENT)}${{PYTHONPATH:+:$PYTHONPATH}}'
-    return f'cd {quote(root)} && ' + ' && '.join(f'{env} ' + ' '.join(quote(a) for a in step) for step in steps)
+    env = f'PYTHONPATH={shlex.quote(PACKAGE_PARENT)}${{PYTHONPATH:+:$PYTHONPATH}}'
+    return f'cd {shlex.quote(root)} && ' + ' && '.join(f'{env} {shlex.join(step)}' for step in steps)
 
 
 def execute(root: str, study: Study, runs: List[Run], say: Callable[[str], None] = print) -> None:
