@@ -39,12 +39,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from basicsr_ldt.ldt.config import reject_unknown_keys
+from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, finite_on_all_ranks
 
 ALPHA_DECAYS = ('log', 'linear', 'none')
 SLICE_RANGE = (5, 100)
@@ -158,16 +159,31 @@ class CorGrad:
         generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + int(iteration))
         return torch.randperm(n_cameras, generator=generator).tolist()
 
-    def step(self, camera_losses: Sequence[CameraLoss], iteration: int) -> Dict[str, float]:
+    def step(self, camera_losses: Sequence[CameraLoss], iteration: int,
+             precision: Optional[MixedPrecision] = None) -> Dict[str, float]:
         """One update from one loss closure per camera; returns the mean loss, the modification
-        frequency f_m (eq. 3) and alpha."""
+        frequency f_m (eq. 3) and alpha.
+
+        ``precision`` runs the forward passes under autocast (bf16; fp16 loss scaling is refused:
+        the surgery compares raw per-camera gradients). A non-finite loss of any camera skips the
+        whole step (no optimizer step) and is returned as ``l_corgrad`` = NaN.
+        """
         if len(camera_losses) < 2:
             raise ValueError(f'CorGrad needs at least two source cameras in a batch, got {len(camera_losses)}')
+        precision = precision or MixedPrecision()
+        if precision.dtype is torch.float16:
+            raise ValueError('CorGrad compares unscaled per-camera gradients: use amp bf16 or none, not fp16')
+        running = RunningStatistics(self.network)
         per_camera: List[List[torch.Tensor]] = []
         losses = []
         for loss_of in camera_losses:                                    # Alg. 1 line 1: g_d per domain
             self.optimizer.zero_grad(set_to_none=True)
-            loss = loss_of(self.network)
+            with precision.autocast():
+                loss = loss_of(self.network)
+            if not finite_on_all_ranks(loss):                            # skip the step, weights untouched
+                running.restore()
+                self.optimizer.zero_grad(set_to_none=True)
+                return {'l_corgrad': math.nan, 'corgrad_fm': 0.0, 'corgrad_alpha': 0.0}
             loss.backward()
             losses.append(float(loss.detach()))
             per_camera.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)

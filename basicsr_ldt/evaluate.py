@@ -150,7 +150,7 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
         outputs.rollback()
         fail(str(err))
     logger = get_root_logger(logger_name='basicsr', log_level=logging.INFO,
-                             log_file=osp.join(opt['path']['log'], f"test_{opt['name']}_{get_time_str()}.log"))
+                             log_file=osp.join(opt['path']['log'], f"test_{opt['name'].replace('/', '_')}_{get_time_str()}.log"))
     logger.info(dict2str(opt))
     scale = opt.get('scale', 4)
     per_image = {entry['label']: [] for entry in checkpoints}

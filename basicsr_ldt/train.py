@@ -110,7 +110,7 @@ def train_pipeline(root_path: str) -> None:
             for key in ('models', 'training_states', 'visualization'):
                 os.makedirs(opt['path'][key], exist_ok=True)
         copy_opt_file(args.opt, opt['path']['experiments_root'])
-        log_file = osp.join(opt['path']['log'], f"train_{opt['name']}_{get_time_str()}.log")
+        log_file = osp.join(opt['path']['log'], f"train_{opt['name'].replace('/', '_')}_{get_time_str()}.log")
         logger = get_root_logger(logger_name='basicsr', log_level=logging.INFO, log_file=log_file)
         logger.info(get_env_info())
         logger.info(dict2str(opt))

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Quick start: install, build the mini DRealSR, pretrain, fine-tune with FT and with LDT on one
-# source camera (same budget), and compare them per target camera.
+# Quick start: install, build the mini DRealSR, pretrain a small SAFMN on the clean camera, then run
+# the demo study: FT, FT+EMA, LP-FT, DeFT and LDT fine-tuned on one source camera from that start,
+# 3 seeds each, tested per target camera and compared (results/demo/study.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 bash scripts/install.sh
-if [ ! -f datasets/DRealSR_demo/Train_x4/train_HR/Clean_000_x1.png ]; then
+if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Clean_021_x1.png ]; then   # 12 train + 10 test pairs per camera
   "$PY" scripts/make_demo_data.py --force --cameras Olympus Pan Sony DSC IMG Canon Clean
 fi
-"$PY" Train_pip.py -opt options/demo/pretrain_demo.yml    # stands in for released DF2K weights
-"$PY" Train_pip.py -opt options/demo/train_demo_ft.yml      # plain fine-tuning (FT)
-"$PY" Train_pip.py -opt options/demo/train_demo_ldt.yml     # LDT, same network, data and budget
-"$PY" test.py -opt options/demo/test_demo.yml
-echo "Per-camera table: results/demo_test/metrics.md"
+if [ ! -f experiments/demo_pretrain_Clean/models/net_g_latest.pth ]; then
+  "$PY" Train_pip.py -opt options/demo/pretrain_demo.yml    # stands in for released DF2K weights
+fi
+"$PY" scripts/study.py -opt options/study/demo.yml          # finished runs are skipped on a re-run
+echo "Study tables: results/demo/study.md (also study.json, study.csv, study.png)"

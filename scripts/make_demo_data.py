@@ -316,7 +316,7 @@ def _build(root: Path, seed: int, cameras: Sequence[str], counts: Dict[str, int]
 
 
 def make_demo_data(out: Path = DEFAULT_OUT, seed: int = 0, cameras: Sequence[str] = DEFAULT_CAMERAS,
-                   train_per_camera: int = 12, test_per_camera: int = 3, hr_size: int = 128,
+                   train_per_camera: int = 12, test_per_camera: int = 10, hr_size: int = 128,
                    test_hr_size: int = 192, force: bool = False, verbose: bool = False) -> dict:
     """Build the demo dataset at ``out`` and return a summary dict.
 
@@ -395,7 +395,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--cameras', nargs='+', default=list(DEFAULT_CAMERAS),
                         help=f"camera profiles to build (known: {', '.join(CAMERA_PROFILES)})")
     parser.add_argument('--train-per-camera', type=int, default=12)
-    parser.add_argument('--test-per-camera', type=int, default=3)
+    parser.add_argument('--test-per-camera', type=int, default=10,
+                        help='test pairs per camera (10: per-camera means over enough images to compare methods)')
     parser.add_argument('--hr-size', type=int, default=128, help='train HR crop side (multiple of 4)')
     parser.add_argument('--test-hr-size', type=int, default=192, help='test HR crop side (multiple of 4)')
     parser.add_argument('--force', action='store_true', help='overwrite an existing output folder')

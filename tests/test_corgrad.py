@@ -141,3 +141,19 @@ def test_step_applies_the_mean_of_the_corrected_gradients_and_is_seeded():
     with pytest.raises(ValueError, match='at least two source cameras'):
         corgrad.step(losses[:1], iteration=3)
     assert math.isfinite(alpha_at(corgrad.config, 3, 4))
+
+
+def test_a_non_finite_camera_loss_skips_the_whole_step():
+    torch.manual_seed(2)
+    net = nn.Linear(3, 1)
+    start = [p.detach().clone() for p in net.parameters()]
+    x = torch.randn(4, 3)
+    good = lambda m: m(x).pow(2).mean()  # noqa: E731
+    bad = lambda m: m(x).pow(2).mean() * float('nan')  # noqa: E731
+    corgrad = CorGrad(net, torch.optim.SGD(net.parameters(), lr=0.5), CorGradConfig(), total_iters=4)
+    logs = corgrad.step([good, bad], iteration=1)
+    assert math.isnan(logs['l_corgrad'])
+    assert all(torch.equal(a, b) for a, b in zip(start, net.parameters()))
+    assert all(p.grad is None for p in net.parameters())
+    corgrad.step([good, good], iteration=2)                # the next finite step trains again
+    assert not all(torch.equal(a, b) for a, b in zip(start, net.parameters()))

@@ -61,7 +61,7 @@ def psnr(a: np.ndarray, b: np.ndarray, crop: int = 4) -> float:
 def test_layout_naming_and_sizes(demo):
     out, summary = demo
     assert sorted(p.name for p in out.iterdir()) == ['Test_x4', 'Train_x4', 'cameras.json']
-    expected = {'train': 12, 'test': 3}
+    expected = {'train': 12, 'test': 10}
     stems_by_split = {}
     for split, (top, hr_name, lr_name) in SPLITS.items():
         assert sorted(p.name for p in (out / top).iterdir()) == sorted([hr_name, lr_name])

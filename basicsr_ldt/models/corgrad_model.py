@@ -7,6 +7,7 @@ asks the training loop for camera-balanced batches, splits each batch by camera 
 one loss per camera. Checkpoints are a plain network (no composite), like FT.
 """
 import dataclasses
+import math
 from collections import OrderedDict
 from typing import Dict, List, Tuple
 
@@ -20,6 +21,8 @@ from basicsr_ldt.corgrad import CorGrad, CorGradConfig
 from basicsr_ldt.data.sampler import dataset_cameras
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.ldt import LDTConfig
+from basicsr_ldt.models.best import BestCheckpointMixin
+from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.resumable import ResumableMixin
 from basicsr_ldt.options import registered
 
@@ -42,7 +45,7 @@ def corgrad_config_from_options(opt: Dict) -> Tuple[CorGradConfig, List[str]]:
 
 
 @MODEL_REGISTRY.register()
-class CorGradSRModel(ResumableMixin, SRModel):
+class CorGradSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
     """SR model whose every step is one CorGrad update over a batch holding every source camera."""
 
     #: read by the training loop (``basicsr_ldt.train``): every batch must hold every camera
@@ -52,6 +55,8 @@ class CorGradSRModel(ResumableMixin, SRModel):
         self.corgrad_config, ignored = corgrad_config_from_options(self.opt)
         self.source_cameras = self._check_source_cameras()
         super().init_training_settings()
+        if self.precision.dtype is torch.float16:
+            raise InputError('train.amp: CorGrad compares unscaled per-camera gradients; use bf16 or none, not fp16')
         self.corgrad = CorGrad(self.net_g, self.optimizer_g, self.corgrad_config, int(self.opt['train']['total_iter']))
         get_root_logger().info(f'CorGrad over source cameras {self.source_cameras}: {self.corgrad_config.slices} '
                                f'slices per layer, alpha {self.corgrad_config.alpha} '
@@ -93,11 +98,12 @@ class CorGradSRModel(ResumableMixin, SRModel):
             raise RuntimeError(f'iteration {current_iter}: the batch holds cameras {sorted(set(self.batch_cameras))}, '
                                f'CorGrad needs each of {self.source_cameras} (camera-balanced sampler not used?)')
         losses = [self._camera_loss(torch.tensor(g, device=self.lq.device)) for g in groups]
-        logs = self.corgrad.step(losses, current_iter)
+        logs = self.corgrad.step(losses, current_iter, self.precision)
         self.log_dict = self.reduce_loss_dict(OrderedDict((k, torch.tensor(v)) for k, v in logs.items()))
-        if self.ema_decay > 0:
+        stepped = math.isfinite(logs['l_corgrad'])
+        if stepped and self.ema_decay > 0:
             self.model_ema(decay=self.ema_decay)
-        self.check_finite_losses(current_iter)
+        self.record_step(current_iter, None if stepped else 'CorGrad')
 
     def _camera_loss(self, index: torch.Tensor):
         lq, gt = self.lq.index_select(0, index), self.gt.index_select(0, index)

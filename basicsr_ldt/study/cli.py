@@ -1,0 +1,97 @@
+"""``python scripts/study.py -opt options/study/<name>.yml [--dry-run | --commands FILE | --collect]``."""
+import argparse
+import os
+import sys
+from os import path as osp
+from typing import List, Optional, Sequence
+
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.outputs import fail
+from basicsr_ldt.study import report
+from basicsr_ldt.study.plan import Study, load_study, missing_inputs
+from basicsr_ldt.study.run import DONE, RunFailed, check_unchanged, commands, execute, run_state, shell_line
+from basicsr_ldt.study.run import write_option_files
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Train and test every (method, sweep point, seed) run of a study, '
+                                     'skip finished runs, resume interrupted ones, and aggregate the results.')
+    parser.add_argument('-opt', required=True, help='study file (options/study/<name>.yml)')
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument('--dry-run', action='store_true', help='validate the study and print the planned runs')
+    mode.add_argument('--commands', metavar='FILE',
+                      help='write one shell command per pending run to FILE instead of running them')
+    mode.add_argument('--collect', action='store_true', help='only aggregate the results that exist')
+    return parser.parse_args(argv)
+
+
+def describe(root: str, study: Study) -> List[str]:
+    """One line per planned run with its state."""
+    lines = [f"study '{study.name}': {len(study.methods)} method(s) x {len(study.sweep_points())} sweep point(s) "
+             f'x {len(study.seeds)} seed(s) = {len(study.runs)} runs; reference {study.reference}']
+    for run in study.runs:
+        sweep = ''.join(f' {k}={v}' for k, v in run.sweep.items())
+        ema = ' (tests params_ema)' if run.uses_ema else ''
+        lines.append(f'  [{run.index + 1}/{len(study.runs)}] {run.name}: {run_state(root, study, run)}; '
+                     f"{run.train_opt['model_type']}{sweep} seed {run.seed}{ema}")
+    return lines
+
+
+def main(root: str, argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; ``root`` is where ``Train_pip.py``, ``experiments/`` and ``results/`` are."""
+    args = parse_args(argv)
+    root = osp.abspath(root)
+    try:
+        study = load_study(args.opt, root)
+        missing = missing_inputs(study, root)
+        if args.dry_run:
+            print('\n'.join(describe(root, study)))
+            for item in missing:
+                print(f'  not found (needed to train/test; not checked by --dry-run): {item}')
+            return 0
+        if args.collect:
+            return _report(root, study)
+        if missing:
+            raise InputError(f"study '{study.name}' cannot run: {missing[0]} not found"
+                             + (f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''))
+        check_unchanged(root, study)
+    except InputError as err:
+        fail(str(err))
+    if args.commands:
+        return _write_commands(root, study, args.commands)
+    print('\n'.join(describe(root, study)), flush=True)
+    try:
+        execute(root, study, study.runs, say=lambda line: print(line, flush=True))
+    except RunFailed as err:
+        print(f'error: {err}', file=sys.stderr, flush=True)
+        _report(root, study)
+        return 1
+    return _report(root, study)
+
+
+def _write_commands(root: str, study: Study, path: str) -> int:
+    lines = []
+    for run in study.runs:
+        state = run_state(root, study, run)
+        if state != DONE:
+            write_option_files(root, study, run)
+            lines.append(shell_line(root, commands(root, study, run, state)))
+    tmp = f'{path}.tmp'
+    with open(tmp, 'w', encoding='utf-8') as handle:
+        handle.write(''.join(line + '\n' for line in lines))
+    os.replace(tmp, path)
+    print(f'{len(lines)} pending run(s) of {len(study.runs)} written to {path}; when they are done: '
+          f"python scripts/study.py -opt {study.path} --collect")
+    return 0
+
+
+def _report(root: str, study: Study) -> int:
+    result = report.collect(root, study)
+    if not result['runs']:
+        print(f"study '{study.name}': no run has test results yet; nothing to aggregate")
+        return 0
+    folder = osp.join(root, 'results', study.name)
+    paths = report.write_report(folder, result)
+    print(report.markdown(result))
+    print(f"{len(result['runs'])} of {len(study.runs)} runs aggregated into {', '.join(paths)}")
+    return 0

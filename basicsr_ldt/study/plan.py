@@ -1,0 +1,309 @@
+"""Study files: one YAML naming a base training file, a test file, seeds, methods and a sweep.
+
+A study expands to one run per (method, sweep point, seed). Each run's options are the base
+training options with the method's overrides merged in (nested mappings merge, anything else
+replaces), then the sweep point's values, then ``manual_seed``. Everything is checked here,
+before any run starts and before anything is written: a misspelt override key would otherwise
+silently train the base method several times over and the study would compare a method with itself.
+"""
+import copy
+import dataclasses
+import itertools
+import re
+from os import path as osp
+from typing import Any, Dict, List, Mapping, Tuple
+
+import yaml
+
+from basicsr.utils.registry import ARCH_REGISTRY, MODEL_REGISTRY
+
+from basicsr_ldt.corgrad import CorGradConfig
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.evaluate import TEST_DEFAULTS
+from basicsr_ldt.ldt import LDTConfig
+from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
+from basicsr_ldt.models.ldt_model import ldt_config_from_options
+from basicsr_ldt.options import check_known_keys, closest_key_hint, registered
+
+#: Keys of a study file. ``overrides`` applies to every method (before the method's own).
+STUDY_KEYS = ('name', 'train', 'test', 'seeds', 'methods', 'sweep', 'reference', 'overrides')
+#: A method's key naming another base training file than the study's ``train`` (e.g. per network).
+METHOD_BASE_KEY = 'base'
+#: Options that BasicSR or this project reads but an option file may leave out, by section
+#: (``''`` = top level). A key that is neither in the base file nor here is refused.
+OPTIONAL_KEYS: Dict[str, Tuple[str, ...]] = {
+    '': ('ldt', 'manual_seed', 'val', 'dist_params', 'find_unused_parameters', 'use_static_graph'),
+    'train': ('ema_decay', 'warmup_iter', 'use_grad_clip', 'pixel_opt', 'perceptual_opt', 'prefetch_mode',
+              'enlarge_ratio', 'amp', 'max_bad_steps'),
+    'val': ('save_best', 'best_metric', 'best_dataset', 'best_network'),
+    'path': ('pretrain_network_g', 'param_key_g', 'strict_load_g', 'resume_state'),
+    'ldt': tuple(['method'] + [f.name for f in dataclasses.fields(LDTConfig)]
+                 + [f.name for f in dataclasses.fields(CorGradConfig)]),
+}
+RUN_NAME_CHARS = re.compile(r'[^A-Za-z0-9._+=-]+')
+
+
+@dataclasses.dataclass
+class Run:
+    """One training + test of a study: a method at a sweep point with a seed."""
+    index: int
+    name: str
+    method: str
+    seed: int
+    sweep: Dict[str, Any]
+    train_opt: Dict[str, Any]
+    test_opt: Dict[str, Any]
+
+    @property
+    def uses_ema(self) -> bool:
+        """Whether BasicSR keeps an EMA copy of the weights (``train.ema_decay`` > 0)."""
+        return bool((self.train_opt.get('train') or {}).get('ema_decay', 0))
+
+    def source_cameras(self) -> List[str]:
+        return list(((self.train_opt.get('datasets') or {}).get('train') or {}).get('cameras') or [])
+
+
+@dataclasses.dataclass
+class Study:
+    """A parsed and validated study file."""
+    path: str
+    name: str
+    train: str
+    test: str
+    seeds: List[int]
+    methods: Dict[str, Dict[str, Any]]
+    sweep: Dict[str, List[Any]]
+    reference: str
+    runs: List[Run]
+
+    def sweep_points(self) -> List[Dict[str, Any]]:
+        return sweep_points(self.sweep)
+
+    def cameras(self) -> List[str]:
+        """Target cameras in the order the test file lists them."""
+        cameras: List[str] = []
+        for dataset in (self.runs[0].test_opt.get('datasets') or {}).values() if self.runs else []:
+            for camera in dataset.get('cameras') or []:
+                if camera not in cameras:
+                    cameras.append(camera)
+        return cameras
+
+
+def read_yaml(path: str, what: str) -> Dict[str, Any]:
+    """A YAML mapping from ``path``; a missing file or a non-mapping is bad input naming ``what``."""
+    if not osp.isfile(path):
+        raise InputError(f"{what} '{path}' does not exist")
+    with open(path, encoding='utf-8') as handle:
+        try:
+            data = yaml.safe_load(handle)
+        except yaml.YAMLError as err:
+            raise InputError(f"{what} '{path}' is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{what} '{path}' must hold a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def merge_options(base: Dict[str, Any], overrides: Mapping[str, Any], where: str, prefix: str = '') -> Dict[str, Any]:
+    """``base`` with ``overrides`` merged in; an override key that is not an option raises.
+
+    A key is an option when the base has it or when ``OPTIONAL_KEYS`` lists it for its section;
+    a section that the base lacks (e.g. ``ldt`` on an FT base) is checked against that list too.
+    """
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        dotted = f'{prefix}{key}'
+        section = prefix[:-1]
+        known = key in merged or key in OPTIONAL_KEYS.get(section, ()) or _in_dataset_section(prefix)
+        if not known:
+            valid = list(merged) + list(OPTIONAL_KEYS.get(section, ()))
+            hint = closest_key_hint(str(key), valid)
+            raise InputError(f"{where}: '{dotted}' is not an option of the base file{hint}")
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge_options(merged[key], value, where, f'{dotted}.')
+        elif isinstance(value, Mapping):
+            merged[key] = merge_options({}, value, where, f'{dotted}.')
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _in_dataset_section(prefix: str) -> bool:
+    """Dataset sections take whatever their dataset type reads; their types check them when built."""
+    parts = prefix.split('.')
+    return len(parts) >= 3 and parts[0] == 'datasets'
+
+
+def _check_sweep_section(opt: Mapping[str, Any], dotted: str, where: str) -> None:
+    """A sweep varies an option of every method, so its section must exist in each method's options
+    (sweeping ``ldt.ratio_u`` over an FT method would silently train FT several times)."""
+    parts = dotted.split('.')
+    section: Any = opt
+    for depth, part in enumerate(parts[:-1]):
+        section = section.get(part) if isinstance(section, Mapping) else None
+        if not isinstance(section, Mapping):
+            raise InputError(f"{where}: the options have no section '{'.'.join(parts[:depth + 1])}' to set "
+                             f"'{parts[-1]}' in")
+
+
+def sweep_points(sweep: Mapping[str, List[Any]]) -> List[Dict[str, Any]]:
+    """Every combination of the sweep's values (one empty point without a sweep)."""
+    keys = list(sweep)
+    return [dict(zip(keys, values)) for values in itertools.product(*(sweep[k] for k in keys))]
+
+
+def nested(dotted: str, value: Any) -> Dict[str, Any]:
+    """``'ldt.ratio_u', 0.3`` -> ``{'ldt': {'ratio_u': 0.3}}``."""
+    result: Any = value
+    for part in reversed(dotted.split('.')):
+        result = {part: result}
+    return result
+
+
+def run_name(method: str, point: Mapping[str, Any], seed: int) -> str:
+    """A folder name: the method label, each sweep value as ``<last key part>=<value>``, the seed."""
+    parts = [method] + [f"{key.split('.')[-1]}={value}" for key, value in point.items()] + [f'seed{seed}']
+    return RUN_NAME_CHARS.sub('-', re.sub(r'\s+', '', '_'.join(str(p) for p in parts)))
+
+
+def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
+    check_known_keys(f"study file '{path}'", study, STUDY_KEYS)
+    for key in ('name', 'train', 'test', 'seeds', 'methods'):
+        if study.get(key) in (None, '', [], {}):
+            raise InputError(f"study file '{path}': '{key}' is missing or empty")
+    if not isinstance(study['name'], str) or RUN_NAME_CHARS.search(study['name']):
+        raise InputError(f"study file '{path}': name '{study['name']}' must use only letters, digits and ._+=-")
+    seeds = study['seeds']
+    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise InputError(f"study file '{path}': seeds must be a non-empty list of integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise InputError(f"study file '{path}': seeds list a seed twice: {seeds}")
+    if not isinstance(study['methods'], dict):
+        raise InputError(f"study file '{path}': methods must map a label to option overrides")
+    for label, overrides in study['methods'].items():
+        if not isinstance(overrides, (dict, type(None))):
+            raise InputError(f"study file '{path}': method '{label}' must map to option overrides (a mapping)")
+    sweep = study.get('sweep') or {}
+    if not isinstance(sweep, dict):
+        raise InputError(f"study file '{path}': sweep must map a dotted option key to a list of values")
+    for key, values in sweep.items():
+        if not isinstance(values, list) or not values:
+            raise InputError(f"study file '{path}': sweep '{key}' must be a non-empty list of values")
+    reference = study.get('reference')
+    if reference is not None and reference not in study['methods']:
+        hint = closest_key_hint(str(reference), study['methods'])
+        raise InputError(f"study file '{path}': reference '{reference}' is not one of the methods "
+                         f"({', '.join(map(str, study['methods']))}){hint}")
+
+
+def check_training_options(opt: Mapping[str, Any], where: str) -> None:
+    """What can be checked without data: registered types, the ``ldt:`` section, the budget."""
+    registered(MODEL_REGISTRY, opt.get('model_type'), f'{where}: model_type')
+    registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), f'{where}: network_g.type')
+    total = (opt.get('train') or {}).get('total_iter')
+    if not isinstance(total, (int, float)) or int(total) < 1:
+        raise InputError(f'{where}: train.total_iter must be a positive number, got {total!r}')
+    if 'train' not in (opt.get('datasets') or {}):
+        raise InputError(f"{where}: the training options have no 'datasets: train' section")
+    if opt.get('ldt') is not None or opt.get('model_type') == 'LDTSRModel':
+        corgrad = (opt.get('ldt') or {}).get('method') == 'corgrad' or opt.get('model_type') == 'CorGradSRModel'
+        try:
+            (corgrad_config_from_options if corgrad else ldt_config_from_options)(opt)
+        except InputError as err:
+            raise InputError(f'{where}: {err}') from None
+
+
+def check_test_options(opt: Mapping[str, Any], where: str) -> None:
+    if not opt.get('datasets'):
+        raise InputError(f"{where}: the test file has no 'datasets' section")
+    check_known_keys(f'{where}: test', opt.get('test') or {}, TEST_DEFAULTS)
+
+
+def evaluation_options(base: Dict[str, Any], study: str, name: str, train_opt: Mapping[str, Any], root: str,
+                 ema: bool) -> Dict[str, Any]:
+    """The test file evaluating this run's final weights (the EMA copy when the run keeps one)."""
+    opt = copy.deepcopy(base)
+    opt['name'] = f'{study}/{name}'
+    opt['network_g'] = copy.deepcopy(train_opt['network_g'])
+    opt['scale'] = train_opt.get('scale', opt.get('scale', 4))
+    opt['path'] = {}
+    opt['checkpoints'] = [{'label': name, 'path': final_checkpoint(root, study, name),
+                           'param_key': 'params_ema' if ema else 'params'}]
+    return opt
+
+
+def final_checkpoint(root: str, study: str, name: str) -> str:
+    """BasicSR's last save: ``experiments/<study>/<run>/models/net_g_latest.pth``."""
+    return osp.join(root, 'experiments', study, name, 'models', 'net_g_latest.pth')
+
+
+def results_file(root: str, study: str, name: str) -> str:
+    """test.py's table for the run: ``results/<study>/<run>/metrics.json``."""
+    return osp.join(root, 'results', study, name, 'metrics.json')
+
+
+def load_study(path: str, root: str) -> Study:
+    """Parse, expand and validate a study file; raises :class:`InputError` naming what is wrong."""
+    raw = read_yaml(path, 'study file')
+    _check_study_keys(raw, path)
+    name = raw['name']
+    base_train = read_yaml(raw['train'], 'base training file')
+    base_test = read_yaml(raw['test'], 'test file')
+    check_test_options(base_test, f"test file '{raw['test']}'")
+    common = raw.get('overrides') or {}
+    sweep = raw.get('sweep') or {}
+    methods = {str(label): dict(overrides or {}) for label, overrides in raw['methods'].items()}
+    points: List[Tuple[str, Dict[str, Any], Dict[str, Any]]] = []   # (method, sweep point, options)
+    for label, overrides in methods.items():
+        overrides = dict(overrides)
+        base_file = overrides.pop(METHOD_BASE_KEY, None)
+        base = read_yaml(base_file, f"method '{label}': base training file") if base_file else base_train
+        merged = merge_options(base, common, f"study '{name}' overrides")
+        merged = merge_options(merged, overrides, f"method '{label}'")
+        for point in sweep_points(sweep):
+            opt = merged
+            for key, value in point.items():
+                where = f"sweep '{key}' (method '{label}')"
+                _check_sweep_section(merged, key, where)
+                opt = merge_options(opt, nested(key, value), where)
+            points.append((label, point, opt))
+    runs: List[Run] = []
+    names = set()
+    # Seed-major order: a study stopped half-way has every method for its first seeds (paired data).
+    for seed in raw['seeds']:
+        for label, point, opt in points:
+            run = run_name(label, point, seed)
+            if run in names:
+                raise InputError(f"study '{name}': two runs would share the folder name '{run}'; rename a method")
+            names.add(run)
+            train_opt = copy.deepcopy(opt)
+            train_opt['name'] = f'{name}/{run}'
+            train_opt['manual_seed'] = seed
+            train_opt.setdefault('path', {})['resume_state'] = None
+            check_training_options(train_opt, f"run '{run}'")
+            ema = bool((train_opt.get('train') or {}).get('ema_decay', 0))
+            runs.append(Run(len(runs), run, label, seed, dict(point), train_opt,
+                            evaluation_options(base_test, name, run, train_opt, root, ema)))
+    reference = raw.get('reference') or next(iter(methods))
+    return Study(path, name, raw['train'], raw['test'], list(raw['seeds']), methods, dict(sweep), reference, runs)
+
+
+def missing_inputs(study: Study, root: str) -> List[str]:
+    """Data folders and starting weights that a run needs and that are not there (not checked
+    by ``--dry-run``, so that study files validate on machines without the data)."""
+    missing: List[str] = []
+    for run in study.runs:
+        opts = [(run.train_opt, 'train'), (run.test_opt, 'test')]
+        for opt, kind in opts:
+            for phase, dataset in (opt.get('datasets') or {}).items():
+                for key in ('dataroot_gt', 'dataroot_lq'):
+                    folder = dataset.get(key)
+                    if folder and not osp.isdir(osp.join(root, folder)):
+                        missing.append(f"{kind} datasets.{phase}.{key} '{folder}'")
+        weights = (run.train_opt.get('path') or {}).get('pretrain_network_g')
+        if weights and not osp.isfile(osp.join(root, weights)):
+            missing.append(f"path.pretrain_network_g '{weights}'")
+    return list(dict.fromkeys(missing))
+
+
+__all__ = ['Run', 'Study', 'load_study', 'merge_options', 'missing_inputs', 'sweep_points', 'run_name',
+           'final_checkpoint', 'results_file', 'read_yaml']

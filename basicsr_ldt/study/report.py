@@ -1,0 +1,263 @@
+"""Aggregating a study: per-run test results -> means, spreads and paired differences over seeds.
+
+Why paired differences: runs of two methods with the same seed share the data order, crops and
+starting weights, so the per-seed difference removes what the seed alone does to PSNR; its
+bootstrap interval says whether a gap is larger than seed noise. With few seeds the interval is
+coarse (3 seeds give 10 distinct resampled means), which the report states.
+"""
+import csv
+import json
+import os
+from os import path as osp
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from basicsr_ldt.study.plan import Run, Study, results_file
+
+METRICS = ('psnr', 'ssim')
+MEAN = 'Mean'
+BOOTSTRAP = {'resamples': 10000, 'seed': 0, 'level': 0.95}
+
+
+def read_run(path: str, run: Run) -> Dict[str, Any]:
+    """A run's record for ``study.json``: per-camera PSNR/SSIM from its ``metrics.json``."""
+    with open(path, encoding='utf-8') as handle:
+        summary = json.load(handle)['summary'][run.name]
+    cameras = {cam: {m: float(v[m]) for m in METRICS} for cam, v in summary.items() if cam != MEAN}
+    return {'run': run.name, 'method': run.method, 'seed': run.seed, 'sweep': dict(run.sweep),
+            'sources': run.source_cameras(), 'cameras': cameras}
+
+
+def with_mean(record: Mapping[str, Any]) -> Dict[str, Dict[str, float]]:
+    """A run's per-camera values plus their mean over the target cameras (every camera weighs the
+    same; cameras the run trained on are left out of the mean, as in the paper's tables)."""
+    cameras = record['cameras']
+    table = {cam: dict(v) for cam, v in cameras.items()}
+    targets = [v for cam, v in cameras.items() if cam not in record['sources']] or list(cameras.values())
+    table[MEAN] = {m: float(np.mean([v[m] for v in targets])) for m in METRICS}
+    return table
+
+
+def mean_std(values: Sequence[float]) -> Dict[str, Optional[float]]:
+    """Mean and sample standard deviation (n - 1); the deviation is ``None`` for one value."""
+    arr = np.asarray(values, dtype=np.float64)
+    return {'mean': float(arr.mean()), 'std': float(arr.std(ddof=1)) if arr.size > 1 else None}
+
+
+def bootstrap_ci(values: Sequence[float], resamples: int = BOOTSTRAP['resamples'], seed: int = BOOTSTRAP['seed'],
+                 level: float = BOOTSTRAP['level']) -> Tuple[Optional[float], Optional[float]]:
+    """Percentile bootstrap interval of the mean (seeded: the same values give the same interval)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size < 2:
+        return None, None
+    rng = np.random.default_rng(seed)
+    means = arr[rng.integers(0, arr.size, size=(resamples, arr.size))].mean(axis=1)
+    tail = (1.0 - level) / 2.0 * 100.0
+    low, high = np.percentile(means, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
+def point_key(method: str, sweep: Mapping[str, Any]) -> str:
+    """A row label: the method, then each sweep value (``LDT (ldt.ratio_u=0.3)``)."""
+    if not sweep:
+        return method
+    return f"{method} ({', '.join(f'{k}={v}' for k, v in sweep.items())})"
+
+
+def summarise(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per method and sweep point: mean and sample std over seeds, per camera and for the mean."""
+    rows = []
+    for method in study.methods:
+        for point in study.sweep_points():
+            runs = [with_mean(r) for r in records if r['method'] == method and r['sweep'] == point]
+            if not runs:
+                continue
+            cameras = list(runs[0])
+            rows.append({'method': method, 'sweep': point, 'n': len(runs),
+                         'seeds': [r['seed'] for r in records if r['method'] == method and r['sweep'] == point],
+                         'sources': next(r['sources'] for r in records if r['method'] == method),
+                         'cameras': {cam: {m: mean_std([run[cam][m] for run in runs]) for m in METRICS}
+                                     for cam in cameras}})
+    return rows
+
+
+def differences(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per other method and sweep point: the mean of (method - reference) over the seeds both have,
+    per camera and for the mean over cameras, with a bootstrap interval."""
+    by_key = {(r['method'], json.dumps(r['sweep'], sort_keys=True), r['seed']): with_mean(r)
+              for r in records}
+    rows = []
+    for method in study.methods:
+        if method == study.reference:
+            continue
+        for point in study.sweep_points():
+            sweep = json.dumps(point, sort_keys=True)
+            seeds = [s for s in study.seeds if (method, sweep, s) in by_key and (study.reference, sweep, s) in by_key]
+            if not seeds:
+                continue
+            cameras = list(by_key[(method, sweep, seeds[0])])
+            table = {}
+            for cam in cameras:
+                table[cam] = {}
+                for m in METRICS:
+                    diffs = [by_key[(method, sweep, s)][cam][m] - by_key[(study.reference, sweep, s)][cam][m]
+                             for s in seeds]
+                    low, high = bootstrap_ci(diffs)
+                    table[cam][m] = {'mean': float(np.mean(diffs)), 'ci_low': low, 'ci_high': high}
+            rows.append({'method': method, 'sweep': point, 'reference': study.reference, 'n': len(seeds),
+                         'seeds': seeds, 'cameras': table})
+    return rows
+
+
+def aggregate(study: Study, records: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Everything ``study.json`` holds."""
+    return {'name': study.name, 'study_file': study.path, 'train': study.train, 'test': study.test,
+            'seeds': study.seeds, 'methods': list(study.methods), 'sweep': study.sweep,
+            'reference': study.reference, 'cameras': ordered_cameras(study, records),
+            'planned_runs': len(study.runs), 'runs': records, 'summary': summarise(study, records),
+            'differences': differences(study, records), 'bootstrap': dict(BOOTSTRAP)}
+
+
+def ordered_cameras(study: Study, records: List[Dict[str, Any]]) -> List[str]:
+    """Cameras in the test file's order, then any others the results hold."""
+    found = [cam for r in records for cam in r['cameras']]
+    order = [cam for cam in study.cameras() if cam in found]
+    return order + sorted(set(found) - set(order))
+
+
+def _cell(stats: Mapping[str, Optional[float]], digits: int) -> str:
+    if stats['std'] is None:
+        return f"{stats['mean']:.{digits}f}"
+    return f"{stats['mean']:.{digits}f} ± {stats['std']:.{digits}f}"
+
+
+def _diff_cell(stats: Mapping[str, Optional[float]], digits: int) -> str:
+    if stats['ci_low'] is None:
+        return f"{stats['mean']:+.{digits}f}"
+    return f"{stats['mean']:+.{digits}f} [{stats['ci_low']:+.{digits}f}, {stats['ci_high']:+.{digits}f}]"
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    """Tables laid out like the paper's: rows methods, columns target cameras."""
+    columns = result['cameras'] + [MEAN]
+    lines = [f"# Study {result['name']}", '',
+             f"Study file `{result['study_file']}`: base training options `{result['train']}`, test options "
+             f"`{result['test']}`, seeds {result['seeds']}; {len(result['runs'])} of {result['planned_runs']} "
+             'runs finished. Cells: mean ± sample standard deviation over seeds; Mean = mean over the target '
+             'cameras (each weighs the same; cameras the method trained on, marked "(source)", are left out) '
+             'per seed, then over seeds.', '']
+    for metric, title, digits in (('psnr', 'PSNR (dB)', 2), ('ssim', 'SSIM', 4)):
+        lines += [f'## {title}', '', '| Method | ' + ' | '.join(columns) + ' | n |',
+                  '|---|' + '---|' * (len(columns) + 1)]
+        for row in result['summary']:
+            cells = [_cell(row['cameras'][c][metric], digits) + (' (source)' if c in row['sources'] else '')
+                     if c in row['cameras'] else '-' for c in columns]
+            lines.append(f"| {point_key(row['method'], row['sweep'])} | " + ' | '.join(cells) + f" | {row['n']} |")
+        lines.append('')
+    boot = result['bootstrap']
+    lines += [f"## Paired differences to {result['reference']}", '',
+              f"Per seed, method minus {result['reference']} (same seed and sweep point), averaged over the seeds "
+              f"both finished; in brackets a {boot['level']:.0%} percentile bootstrap interval over seeds "
+              f"({boot['resamples']} resamples, RNG seed {boot['seed']}). With n seeds the bootstrap can only "
+              'reshuffle n values: for n <= 3 the interval is coarse and spans at most the observed '
+              'differences; an interval excluding 0 still only says every seed agreed.', '']
+    if not result['differences']:
+        lines += ['No other method with finished runs to compare.', '']
+    for metric, title, digits in (('psnr', 'PSNR (dB)', 2), ('ssim', 'SSIM', 4)):
+        if not result['differences']:
+            break
+        lines += [f'### {title}', '', '| Method | ' + ' | '.join(columns) + ' | n |',
+                  '|---|' + '---|' * (len(columns) + 1)]
+        for row in result['differences']:
+            cells = [_diff_cell(row['cameras'][c][metric], digits) if c in row['cameras'] else '-' for c in columns]
+            lines.append(f"| {point_key(row['method'], row['sweep'])} | " + ' | '.join(cells) + f" | {row['n']} |")
+        lines.append('')
+    return '\n'.join(lines)
+
+
+def write_csv(path: str, result: Mapping[str, Any]) -> None:
+    """One row per method, sweep point and camera (and Mean)."""
+    diffs = {(d['method'], json.dumps(d['sweep'], sort_keys=True)): d for d in result['differences']}
+    with open(path, 'w', newline='', encoding='utf-8') as handle:
+        writer = csv.writer(handle)
+        writer.writerow(['method', 'sweep', 'camera', 'n', 'psnr_mean', 'psnr_std', 'ssim_mean', 'ssim_std',
+                         'reference', 'psnr_diff', 'psnr_diff_ci_low', 'psnr_diff_ci_high', 'ssim_diff',
+                         'ssim_diff_ci_low', 'ssim_diff_ci_high'])
+        for row in result['summary']:
+            sweep = json.dumps(row['sweep'], sort_keys=True)
+            diff = diffs.get((row['method'], sweep))
+            for cam, stats in row['cameras'].items():
+                cells = [row['method'], sweep if row['sweep'] else '', cam, row['n']]
+                cells += [_num(stats[m][k]) for m in METRICS for k in ('mean', 'std')]
+                cells.append(result['reference'] if diff else '')
+                for m in METRICS:
+                    d = diff['cameras'][cam][m] if diff else {}
+                    cells += [_num(d.get(k)) for k in ('mean', 'ci_low', 'ci_high')]
+                writer.writerow(cells)
+
+
+def _num(value: Optional[float]) -> str:
+    return '' if value is None else f'{value:.6f}'
+
+
+def plot(path: str, result: Mapping[str, Any]) -> None:
+    """Per-camera PSNR with error bars (sample std over seeds), one series per method."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    columns = result['cameras'] + [MEAN]
+    rows = result['summary']
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(columns) + 2), 4.2))
+    width = 0.8 / max(1, len(rows))
+    for i, row in enumerate(rows):
+        xs = [j + (i - (len(rows) - 1) / 2) * width for j, c in enumerate(columns) if c in row['cameras']]
+        stats = [row['cameras'][c]['psnr'] for c in columns if c in row['cameras']]
+        ax.errorbar(xs, [s['mean'] for s in stats], yerr=[s['std'] or 0.0 for s in stats], fmt='o', capsize=3,
+                    label=f"{point_key(row['method'], row['sweep'])} (n={row['n']})")
+    ax.set_xticks(range(len(columns)), columns)
+    ax.set_ylabel('PSNR (dB), Y channel')
+    ax.set_title(f"{result['name']}: mean ± std over seeds")
+    ax.grid(axis='y', alpha=0.3)
+    ax.legend(fontsize=8, loc='best')
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(folder: str, result: Mapping[str, Any]) -> List[str]:
+    """``study.json``, ``study.md``, ``study.csv`` and ``study.png`` in ``folder``; each file is
+    written under a temporary name and renamed, so a reader never sees half a report."""
+    os.makedirs(folder, exist_ok=True)
+    paths = {ext: osp.join(folder, f'study.{ext}') for ext in ('json', 'md', 'csv', 'png')}
+    writers = {
+        'json': lambda p: _write_text(p, json.dumps(result, indent=2, allow_nan=False) + '\n'),
+        'md': lambda p: _write_text(p, markdown(result) + '\n'),
+        'csv': lambda p: write_csv(p, result),
+        'png': lambda p: plot(p, result),
+    }
+    for ext, path in paths.items():
+        tmp = osp.join(folder, f'.study.tmp.{ext}')
+        writers[ext](tmp)
+        os.replace(tmp, path)
+    return list(paths.values())
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, 'w', encoding='utf-8') as handle:
+        handle.write(text)
+
+
+def collect(root: str, study: Study) -> Dict[str, Any]:
+    """Aggregate the test results of the study's runs that have them."""
+    records = []
+    for run in study.runs:
+        path = results_file(root, study.name, run.name)
+        if osp.isfile(path):
+            records.append(read_run(path, run))
+    return aggregate(study, records)
+
+
+__all__ = ['aggregate', 'bootstrap_ci', 'collect', 'differences', 'markdown', 'mean_std', 'summarise',
+           'write_report']

@@ -1,0 +1,252 @@
+"""Studies (scripts/study.py): expansion, validation before anything runs, skipping finished runs,
+aggregation against hand-computed values, and one tiny study end to end through the entry points."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.study import cli, plan, report, run as runner
+from conftest import REPO
+from test_cli import dataset, train_options, write
+
+PAPER_STUDIES = ['paper_table1', 'paper_table2', 'paper_table5', 'paper_table6', 'paper_table9']
+
+
+def tiny_study(tmp_path, data, **changes):
+    """A study file over the tiny MSRResNet options of test_cli: FT and LDT, two seeds."""
+    base = train_options(data, total_iter=6, val=None)
+    base['logger']['save_checkpoint_freq'] = 3
+    test = {'name': 'test', 'scale': 4, 'num_gpu': 0, 'path': {},
+            'datasets': {'test_1': dataset(data, 'Test', ['Sony', 'Canon'])},
+            'network_g': base['network_g'], 'test': {'tile_size': 0}}
+    study = {'name': 'tiny', 'train': write(tmp_path / 'base.yml', base), 'test': write(tmp_path / 'test.yml', test),
+             'seeds': [0, 1],
+             'methods': {'FT': {}, 'LDT': {'model_type': 'LDTSRModel',
+                                          'ldt': {'method': 'ldt', 'profile_iters': 2, 'ema_every': 1}}}}
+    study.update(changes)
+    return write(tmp_path / 'study.yml', study)
+
+
+def test_expansion_crosses_methods_sweep_and_seeds(tmp_path, demo_data):
+    path = tiny_study(tmp_path, demo_data, seeds=[3, 5],
+                      methods={'FT': {}, 'FT+EMA': {'train': {'ema_decay': 0.999}},
+                               'LDT': {'model_type': 'LDTSRModel',
+                                       'ldt': {'method': 'ldt_no_dpu', 'profile_iters': 2}}},
+                      sweep={'train.optim_g.lr': [1e-3, 5e-4]}, reference='LDT')
+    study = plan.load_study(path, str(tmp_path))
+    assert len(study.runs) == 3 * 2 * 2 and study.reference == 'LDT'
+    # Seed-major: every method and sweep point for seed 3 before seed 5.
+    assert [r.seed for r in study.runs] == [3] * 6 + [5] * 6
+    names = [r.name for r in study.runs]
+    assert names[:2] == ['FT_lr=0.001_seed3', 'FT_lr=0.0005_seed3'] and len(set(names)) == 12
+    ldt = next(r for r in study.runs if r.method == 'LDT' and r.seed == 5 and r.sweep['train.optim_g.lr'] == 5e-4)
+    assert ldt.train_opt['model_type'] == 'LDTSRModel' and ldt.train_opt['ldt']['method'] == 'ldt_no_dpu'
+    assert ldt.train_opt['train']['optim_g'] == {'type': 'Adam', 'lr': 5e-4, 'betas': [0.9, 0.99]}
+    assert ldt.train_opt['manual_seed'] == 5 and ldt.train_opt['name'] == 'tiny/LDT_lr=0.0005_seed5'
+    assert ldt.train_opt['datasets']['train']['cameras'] == ['Olympus']  # untouched base keys kept
+    ema = next(r for r in study.runs if r.method == 'FT+EMA')
+    assert ema.uses_ema and ema.test_opt['checkpoints'][0]['param_key'] == 'params_ema'
+    assert ema.test_opt['checkpoints'][0]['path'] == plan.final_checkpoint(str(tmp_path), 'tiny', ema.name)
+    ft = study.runs[0]
+    assert not ft.uses_ema and ft.test_opt['checkpoints'][0]['param_key'] == 'params'
+    assert 'ldt' not in ft.train_opt and 'ema_decay' not in ft.train_opt['train']
+    assert ft.test_opt['name'] == 'tiny/FT_lr=0.001_seed3' and ft.test_opt['network_g'] == ft.train_opt['network_g']
+    assert study.cameras() == ['Sony', 'Canon']
+
+
+def test_method_with_its_own_base_file(tmp_path, demo_data):
+    other = train_options(demo_data, network_g={'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0,
+                                                'upscaling_factor': 4})
+    path = tiny_study(tmp_path, demo_data, methods={'FT': {}, 'SAFMN': {'base': write(tmp_path / 'b.yml', other)}})
+    study = plan.load_study(path, str(tmp_path))
+    assert {r.method: r.train_opt['network_g']['type'] for r in study.runs} == {'FT': 'MSRResNet', 'SAFMN': 'SAFMN'}
+    assert study.runs[1].test_opt['network_g']['type'] == 'SAFMN'
+
+
+@pytest.mark.parametrize('changes, message', [
+    ({'methods': {'FT': {'traim': {'total_iter': 3}}}}, "method 'FT': 'traim' is not an option.*did you mean 'train'"),
+    ({'methods': {'FT': {'train': {'ema_decy': 0.9}}}}, "method 'FT': 'train.ema_decy' is not an option"),
+    ({'methods': {'LDT': {'model_type': 'LDTSRModel', 'ldt': {'method': 'ldt_fast'}}}},
+     "unknown LDT preset 'ldt_fast'"),
+    ({'methods': {'X': {'model_type': 'NoSuchModel'}}}, "model_type 'NoSuchModel' is not registered"),
+    ({'sweep': {'train.optim_g.learning_rate': [1e-3]}}, "sweep 'train.optim_g.learning_rate'.*is not an option"),
+    ({'sweep': {'ldt.ratio_u': [0.3]}}, r"sweep 'ldt.ratio_u' \(method 'FT'\)"),
+    ({'sweep': {'train.total_iter': []}}, "sweep 'train.total_iter' must be a non-empty list"),
+    ({'seeds': []}, "'seeds' is missing or empty"),
+    ({'seeds': [0, 0]}, 'seeds list a seed twice'),
+    ({'train': 'options/nope.yml'}, "base training file 'options/nope.yml' does not exist"),
+    ({'test': 'options/nope_test.yml'}, "test file 'options/nope_test.yml' does not exist"),
+    ({'reference': 'Baseline'}, "reference 'Baseline' is not one of the methods"),
+    ({'seed': [1]}, "unknown option 'seed' in study file.*did you mean 'seeds'"),
+])
+def test_bad_study_is_one_error_before_anything_is_written(tmp_path, demo_data, capsys, changes, message):
+    path = tiny_study(tmp_path, demo_data, **changes)
+    with pytest.raises(InputError, match=message):
+        plan.load_study(path, str(tmp_path))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(str(tmp_path), ['-opt', path])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith('error: ') and '\n' not in err
+    assert not (tmp_path / 'experiments').exists() and not (tmp_path / 'results').exists()
+
+
+def test_missing_data_stops_a_real_run_but_not_a_dry_run(tmp_path, demo_data, capsys):
+    path = tiny_study(tmp_path, demo_data / 'nowhere')
+    assert cli.main(str(tmp_path), ['-opt', path, '--dry-run']) == 0
+    out = capsys.readouterr().out
+    assert '4 runs' in out and 'not found' in out and 'nowhere' in out
+    with pytest.raises(SystemExit):
+        cli.main(str(tmp_path), ['-opt', path])
+    assert 'cannot run' in capsys.readouterr().err
+    assert not (tmp_path / 'experiments').exists()
+
+
+def test_run_state_skips_finished_runs_and_resumes_started_ones(tmp_path, demo_data, capsys):
+    root = str(tmp_path)
+    study = plan.load_study(tiny_study(tmp_path, demo_data), root)
+    first = study.runs[0]
+    assert runner.run_state(root, study, first) == runner.NEW
+    states = tmp_path / 'experiments' / 'tiny' / first.name / 'training_states'
+    states.mkdir(parents=True)
+    (states / '3.state').write_bytes(b'')
+    assert runner.run_state(root, study, first) == runner.RESUME
+    steps = runner.commands(root, study, first, runner.RESUME)
+    assert steps[0][1:] == [str(tmp_path / 'Train_pip.py'), '-opt', runner.option_files(root, study, first)[0],
+                            '--auto_resume'] and steps[1][1] == str(tmp_path / 'test.py')
+    checkpoint = Path(plan.final_checkpoint(root, 'tiny', first.name))
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b'')
+    assert runner.run_state(root, study, first) == runner.TEST
+    assert [s[1] for s in runner.commands(root, study, first, runner.TEST)] == [str(tmp_path / 'test.py')]
+    results = Path(plan.results_file(root, 'tiny', first.name))
+    results.parent.mkdir(parents=True)
+    results.write_text('{}')
+    os.utime(checkpoint, (1, 1))
+    assert runner.run_state(root, study, first) == runner.DONE
+    os.utime(results, (0, 0))  # re-trained after its test: test again
+    assert runner.run_state(root, study, first) == runner.TEST
+    os.utime(results, (2, 2))
+    runner.execute(root, study, [first], say=print)
+    assert capsys.readouterr().out.strip() == f'[1/1] {first.name}: finished earlier, skipped'
+
+
+def test_changed_options_of_a_started_run_are_refused(tmp_path, demo_data):
+    root = str(tmp_path)
+    study = plan.load_study(tiny_study(tmp_path, demo_data), root)
+    runner.write_option_files(root, study, study.runs[0])
+    (tmp_path / 'experiments' / 'tiny' / study.runs[0].name).mkdir()
+    runner.check_unchanged(root, study)  # same options: fine
+    changed = plan.load_study(tiny_study(tmp_path, demo_data, methods={'FT': {'train': {'total_iter': 7}}}), root)
+    with pytest.raises(InputError, match="run 'FT_seed0' was started with other options"):
+        runner.check_unchanged(root, changed)
+
+
+def record(method, seed, values):
+    """A run record with PSNR values per camera and SSIM = PSNR / 100."""
+    return {'run': f'{method}_seed{seed}', 'method': method, 'seed': seed, 'sweep': {}, 'sources': ['Olympus'],
+            'cameras': {cam: {'psnr': v, 'ssim': v / 100} for cam, v in values.items()}}
+
+
+def test_aggregation_matches_hand_computed_values(tmp_path, demo_data):
+    study = plan.load_study(tiny_study(tmp_path, demo_data, seeds=[0, 1, 2]), str(tmp_path))
+    records = [record('FT', 0, {'Sony': 20.0, 'Canon': 22.0}), record('FT', 1, {'Sony': 21.0, 'Canon': 22.0}),
+               record('FT', 2, {'Sony': 22.0, 'Canon': 22.0}),
+               record('LDT', 0, {'Sony': 20.5, 'Canon': 23.0}), record('LDT', 1, {'Sony': 21.5, 'Canon': 22.0})]
+    result = report.aggregate(study, records)
+    ft, ldt = result['summary']
+    assert ft['n'] == 3 and ldt['n'] == 2 and result['cameras'] == ['Sony', 'Canon']
+    # FT Sony: 20, 21, 22 -> mean 21, sample std 1. Canon constant -> std 0.
+    assert ft['cameras']['Sony']['psnr'] == pytest.approx({'mean': 21.0, 'std': 1.0})
+    assert ft['cameras']['Canon']['psnr'] == pytest.approx({'mean': 22.0, 'std': 0.0})
+    # Mean over cameras per seed: 21, 21.5, 22 -> mean 21.5, std 0.5.
+    assert ft['cameras']['Mean']['psnr'] == pytest.approx({'mean': 21.5, 'std': 0.5})
+    assert ft['cameras']['Mean']['ssim'] == pytest.approx({'mean': 0.215, 'std': 0.005})
+    # LDT Canon: 23, 22 -> mean 22.5, std sqrt(0.5).
+    assert ldt['cameras']['Canon']['psnr'] == pytest.approx({'mean': 22.5, 'std': 0.5 ** 0.5})
+    (diff,) = result['differences']
+    assert diff['reference'] == 'FT' and diff['seeds'] == [0, 1] and diff['n'] == 2
+    # Paired over seeds 0 and 1: Sony +0.5, +0.5; Canon +1.0, 0.0 -> mean 0.5, bootstrap [0, 1];
+    # the mean over cameras: +0.75, +0.25.
+    assert diff['cameras']['Sony']['psnr'] == pytest.approx({'mean': 0.5, 'ci_low': 0.5, 'ci_high': 0.5})
+    assert diff['cameras']['Canon']['psnr'] == pytest.approx({'mean': 0.5, 'ci_low': 0.0, 'ci_high': 1.0})
+    assert diff['cameras']['Mean']['psnr'] == pytest.approx({'mean': 0.5, 'ci_low': 0.25, 'ci_high': 0.75})
+    text = report.markdown(result)
+    assert '| FT | 21.00 ± 1.00 | 22.00 ± 0.00 | 21.50 ± 0.50 | 3 |' in text
+    assert '| LDT | +0.50 [+0.50, +0.50] | +0.50 [+0.00, +1.00] | +0.50 [+0.25, +0.75] | 2 |' in text
+
+
+def test_bootstrap_interval_is_seeded_and_brackets_the_mean():
+    values = [0.3, -0.1, 0.5, 0.2, 0.0]
+    low, high = report.bootstrap_ci(values)
+    assert (low, high) == report.bootstrap_ci(values)  # deterministic
+    assert min(values) <= low < np.mean(values) < high <= max(values)
+    # Hand check on two values: resampled means are a, (a+b)/2, b with probability 1/4, 1/2, 1/4.
+    assert report.bootstrap_ci([1.0, 3.0]) == pytest.approx((1.0, 3.0))
+    assert report.bootstrap_ci([2.0]) == (None, None)
+    assert report.mean_std([2.0]) == {'mean': 2.0, 'std': None}
+
+
+@pytest.mark.parametrize('name', PAPER_STUDIES)
+def test_paper_study_files_validate_without_data(name, capsys):
+    before = {p for p in ('experiments', 'results') if (REPO / p).exists() and any((REPO / p).iterdir())}
+    path = str(REPO / 'options' / 'study' / f'{name}.yml')
+    assert cli.main(str(REPO), ['-opt', path, '--dry-run']) == 0
+    out = capsys.readouterr().out
+    study = plan.load_study(path, str(REPO))
+    assert f'= {len(study.runs)} runs' in out and not (REPO / 'experiments' / study.name).exists()
+    header = (REPO / 'options' / 'study' / f'{name}.yml').read_text().split('\n', 1)[0]
+    assert header.startswith('# Paper Table')
+    assert before == {p for p in ('experiments', 'results') if (REPO / p).exists() and any((REPO / p).iterdir())}
+
+
+def test_demo_study_file_validates():
+    study = plan.load_study(str(REPO / 'options' / 'study' / 'demo.yml'), str(REPO))
+    assert list(study.methods) == ['FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT'] and study.seeds == [0, 1, 2]
+    assert [r.uses_ema for r in study.runs[:5]] == [False, True, False, False, False]
+
+
+def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
+    """Four runs (FT and LDT, two seeds) through the real entry points, in subprocesses."""
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    path = tiny_study(project, demo_data)
+    assert cli.main(str(project), ['-opt', path]) == 0
+    out = capsys.readouterr().out
+    progress = [line for line in out.splitlines() if line.startswith('[') and 'done in' in line]
+    assert len(progress) == 4 and progress[0].startswith('[1/4] FT_seed0: new, done in')
+    assert 'about' in progress[0] and '3 run(s)' in progress[0] and '0 run(s)' in progress[-1]
+    folder = project / 'results' / 'tiny'
+    result = json.loads((folder / 'study.json').read_text())
+    assert [(r['method'], r['seed']) for r in result['runs']] == [('FT', 0), ('LDT', 0), ('FT', 1), ('LDT', 1)]
+    for run in result['runs']:
+        metrics = json.loads((folder / run['run'] / 'metrics.json').read_text())['summary'][run['run']]
+        assert run['cameras'] == {c: {m: metrics[c][m] for m in ('psnr', 'ssim')} for c in ('Sony', 'Canon')}
+        assert (project / 'experiments' / 'tiny' / run['run'] / 'models' / 'net_g_latest.pth').is_file()
+    assert [s['n'] for s in result['summary']] == [2, 2] and result['differences'][0]['method'] == 'LDT'
+    assert (folder / 'study.png').stat().st_size > 1000
+    assert (folder / 'study.csv').read_text().splitlines()[0].startswith('method,sweep,camera,n,psnr_mean')
+    assert '## Paired differences to FT' in (folder / 'study.md').read_text()
+    log = next((project / 'experiments' / 'tiny' / 'LDT_seed1').glob('train_tiny_LDT_seed1_*.log')).read_text()
+    assert 'manual_seed: 1' in log
+
+    stamp = (folder / 'LDT_seed1' / 'metrics.json').stat().st_mtime
+    assert cli.main(str(project), ['-opt', path]) == 0
+    assert capsys.readouterr().out.count('finished earlier, skipped') == 4
+    assert (folder / 'LDT_seed1' / 'metrics.json').stat().st_mtime == stamp
+
+    os.remove(folder / 'FT_seed1' / 'metrics.json')
+    commands_file = project / 'pending.sh'
+    assert cli.main(str(project), ['-opt', path, '--commands', str(commands_file)]) == 0
+    (line,) = commands_file.read_text().splitlines()
+    assert 'test.py' in line and 'FT_seed1.test.yml' in line and 'Train_pip.py' not in line
+    assert cli.main(str(project), ['-opt', path, '--collect']) == 0
+    collected = json.loads((folder / 'study.json').read_text())
+    assert [s['n'] for s in collected['summary']] == [1, 2] and collected['differences'][0]['seeds'] == [0]
+    assert subprocess.run(['bash', '-c', line], capture_output=True, timeout=600).returncode == 0
+    study = plan.load_study(path, str(project))
+    assert [runner.run_state(str(project), study, r) for r in study.runs] == [runner.DONE] * 4
