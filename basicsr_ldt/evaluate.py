@@ -7,10 +7,13 @@ column pair per checkpoint so FT, LDT and baselines sit side by side.
 import csv
 import json
 import logging
+import os
 from collections import OrderedDict
 from os import path as osp
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Optional
 
+import cv2
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -23,12 +26,19 @@ from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY
 from basicsr_ldt.checkpoint import load_weights
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.inference import tiled_forward
-from basicsr_ldt.options import check_known_keys, registered
+from basicsr_ldt.ldt.typed import boolean, check_options, integer, optional, string
+from basicsr_ldt.options import check_known_keys, registered, validate_dataset_options
+from basicsr_ldt.compare import (COMPARE_SPECS, comparison_grid, compare_settings, crop_boxes, disagreement,
+                                 folder_image, folder_image_path, missing_output, write_grid)
 from basicsr_ldt.outputs import OutputFolder, fail
 
 #: The ``test:`` section and its defaults (documented in the README).
 TEST_DEFAULTS = {'tile_size': 0, 'tile_overlap': 16, 'save_img': False, 'crop_border': None,
-                 'test_y_channel': True}
+                 'test_y_channel': True, 'compare': None}
+#: Types and ranges of the ``test:`` keys and of each ``checkpoints`` entry.
+TEST_SPECS = {'tile_size': integer(0), 'tile_overlap': integer(0), 'save_img': boolean(),
+              'crop_border': optional(integer(0)), 'test_y_channel': boolean(), **COMPARE_SPECS}
+CHECKPOINT_SPECS = {'label': string(), 'path': string(), 'param_key': string()}
 
 
 def checkpoints_of(opt: Mapping) -> List[Dict]:
@@ -46,7 +56,8 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
     for i, entry in enumerate(entries):
         if isinstance(entry, str):
             entry = {'path': entry}
-        check_known_keys(f'checkpoints[{i}]', entry, ('label', 'path', 'param_key'))
+        check_known_keys(f'checkpoints[{i}]', entry, CHECKPOINT_SPECS)
+        check_options(f'checkpoints[{i}]', entry, CHECKPOINT_SPECS, InputError)
         if 'path' not in entry:
             raise InputError(f'checkpoints[{i}] has no path')
         label = entry.get('label') or osp.splitext(osp.basename(entry['path']))[0]
@@ -116,15 +127,68 @@ def _build(opt: Dict):
     """Validate options, datasets and the network type; checkpoints are loaded before a folder is created."""
     test_opt = dict(TEST_DEFAULTS)
     check_known_keys('test', opt.get('test') or {}, TEST_DEFAULTS)
+    check_options('test', opt.get('test') or {}, TEST_SPECS, InputError)
     test_opt.update(opt.get('test') or {})
+    if test_opt['tile_size'] and test_opt['tile_overlap'] >= test_opt['tile_size']:
+        raise InputError(f"test.tile_overlap: expected an integer in [0, tile_size={test_opt['tile_size']}), "
+                         f"got {test_opt['tile_overlap']}")
     if test_opt['crop_border'] is None:
         test_opt['crop_border'] = opt.get('scale', 4)
-    datasets = [registered(DATASET_REGISTRY, dataset_opt.get('type'), f'datasets.{phase}.type')(dataset_opt)
-                for phase, dataset_opt in (opt.get('datasets') or {}).items()]
+    datasets = []
+    for phase, dataset_opt in (opt.get('datasets') or {}).items():
+        dataset_cls = registered(DATASET_REGISTRY, dataset_opt.get('type'), f'datasets.{phase}.type')
+        validate_dataset_options(dataset_cls, phase, dataset_opt)
+        datasets.append(dataset_cls(dataset_opt))
     if not datasets:
         raise InputError("the option file has no 'datasets' section to test on")
     registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), 'network_g.type')
+    test_opt['compare'] = compare_settings(test_opt['compare'])
     return test_opt, datasets, checkpoints_of(opt)
+
+
+def comparison_sources(opt: Dict, compare: Optional[Dict], checkpoints: List[Dict], device) -> Dict[str, tuple]:
+    """Label -> what supplies its output: ('run', a checkpoint's label), ('network', net) or ('folder', path)."""
+    if compare is None:
+        return {}
+    if compare['methods'] is None:
+        return {entry['label']: ('run', entry['label']) for entry in checkpoints}
+    sources = {}
+    for label, path in compare['methods'].items():
+        if os.path.isdir(path):
+            sources[label] = ('folder', path)
+        elif os.path.isfile(path):
+            network = build_network(dict(opt['network_g']))
+            load_weights(network, path, 'params')
+            sources[label] = ('network', network.to(device).eval())
+        else:
+            raise InputError(f"test.compare.methods.{label}: expected a checkpoint file or a folder of SR images, "
+                             f"got '{path}' (does not exist)")
+    return sources
+
+
+def check_folders_complete(sources: Dict[str, tuple], datasets: List) -> None:
+    """Every folder method must hold an output for every test image: fail before writing anything."""
+    for label, (kind, source) in sources.items():
+        if kind == 'folder':
+            for dataset in datasets:
+                for item in getattr(dataset, 'items', []):
+                    stem = osp.splitext(osp.basename(item['lq_path']))[0]
+                    if folder_image_path(source, item['camera'], stem) is None:
+                        raise InputError(f"test.compare.methods.{label}: {missing_output(source, item['camera'], stem)}")
+
+
+def write_comparison(folder: str, item: Dict, stem: str, outputs: Dict[str, np.ndarray], scale: int,
+                     test_opt: Dict) -> None:
+    """One grid for one test image: bicubic LR, every method, HR, with PSNR and zoomed crops."""
+    compare = test_opt['compare']
+    hr = tensor2img(item['gt'])
+    lr = tensor2img(item['lq'])
+    bicubic = cv2.resize(lr, (lr.shape[1] * scale, lr.shape[0] * scale), interpolation=cv2.INTER_CUBIC)
+    panels = OrderedDict([('LR (bicubic)', bicubic), *outputs.items(), ('HR', hr)])
+    psnr = {label: float(calculate_psnr(image, hr, test_opt['crop_border'], test_y_channel=test_opt['test_y_channel']))
+            for label, image in panels.items() if label != 'HR'}
+    boxes = crop_boxes(disagreement(list(outputs.values()), hr), compare['size'], compare['crops'])
+    write_grid(folder, item['camera'], stem, comparison_grid(panels, psnr, boxes, compare['size']))
 
 
 def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
@@ -139,6 +203,8 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
             network = build_network(dict(opt['network_g']))
             load_weights(network, entry['path'], entry['param_key'], strict=opt['path'].get('strict_load_g', True))
             networks.append(network.to(device).eval())
+        sources = comparison_sources(opt, test_opt['compare'], checkpoints, device)
+        check_folders_complete(sources, datasets)
         outputs.create(opt['path']['results_root'])
     except InputError as err:
         outputs.rollback()
@@ -153,13 +219,26 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
         item = dataset[index]
         stem = osp.splitext(osp.basename(item['lq_path']))[0]
         lq, gt = item['lq'].unsqueeze(0).to(device), item['gt'].unsqueeze(0)
+        results = {}
         for entry, network in zip(checkpoints, networks):
             sr = tiled_forward(network, lq, scale, test_opt['tile_size'], test_opt['tile_overlap']).cpu()
+            results[entry['label']] = sr
             values = evaluate_image(sr, gt, test_opt['crop_border'], test_opt['test_y_channel'])
             per_image[entry['label']].append({'camera': item['camera'], 'image': stem, **values})
             if test_opt['save_img']:
                 folder = osp.join(opt['path']['visualization'], entry['label'], item['camera'])
                 imwrite(tensor2img(sr), osp.join(folder, f'{stem}.png'))
+        if sources:
+            compared = OrderedDict()
+            for label, (kind, source) in sources.items():
+                if kind == 'run':
+                    compared[label] = tensor2img(results[source])
+                elif kind == 'folder':
+                    compared[label] = folder_image(source, item['camera'], stem)
+                else:
+                    compared[label] = tensor2img(tiled_forward(source, lq, scale, test_opt['tile_size'],
+                                                               test_opt['tile_overlap']).cpu())
+            write_comparison(osp.join(opt['path']['results_root'], 'compare'), item, stem, compared, scale, test_opt)
     tables = OrderedDict((label, summarise(rows)) for label, rows in per_image.items())
     text = format_table(tables, markdown=False)
     logger.info('\n' + text)

@@ -11,6 +11,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
+from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, number, optional, string, strings
+
 CRITERIA = ('var', 'mean', 'var_over_mean', 'random')
 MODES = ('dual', 'single')
 PARTITIONS = ('criterion', 'name')
@@ -53,6 +55,7 @@ class LDTConfig:
     buffers_from: str = 'primary'
 
     def __post_init__(self) -> None:
+        check_options('ldt', dataclasses.asdict(self), SPECS)
         for key in ('head_patterns', 'force_stable', 'force_unstable'):
             value = getattr(self, key)
             if isinstance(value, str):
@@ -84,43 +87,54 @@ class LDTConfig:
         return self.partition == 'criterion' or self.dpu
 
 
-def _validate(cfg: LDTConfig) -> None:
-    def choice(key: str, allowed: Tuple[str, ...]) -> None:
-        if getattr(cfg, key) not in allowed:
-            raise ValueError(f"LDT option '{key}' must be one of {allowed}, got {getattr(cfg, key)!r}")
+#: Type and range of every key, one line each; cross-key rules are in :func:`_validate`.
+SPECS = {
+    'mode': choice(*MODES),
+    'head_warmup_iters': integer(0),
+    'head_patterns': strings(),
+    'profile_iters': integer(0),
+    'criterion': choice(*CRITERIA),
+    'partition': choice(*PARTITIONS),
+    'partition_file': optional(string()),
+    'ratio_u': number(0, 1, '()'),
+    'force_stable': strings(),
+    'force_unstable': strings(),
+    'dpu': boolean(),
+    'w_base_stable': number(0, 1, '[)'),
+    'r_base_stable': number(0, 1, '[]'),
+    'w_base_unstable': number(0, 1, '[)'),
+    'r_base_unstable': number(0, 1, '[]'),
+    'w_fixed': number(0, 1, '[)'),
+    'ema_every': integer(1),
+    'seed': integer(0),
+    'buffers_from': choice(*BUFFER_SOURCES),
+}
 
-    choice('mode', MODES)
-    choice('criterion', CRITERIA)
-    choice('partition', PARTITIONS)
-    choice('buffers_from', BUFFER_SOURCES)
-    for key in ('head_warmup_iters', 'profile_iters', 'seed'):
-        value = getattr(cfg, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"LDT option '{key}' must be an integer >= 0, got {value!r}")
-    if not isinstance(cfg.ema_every, int) or cfg.ema_every < 1:
-        raise ValueError(f"LDT option 'ema_every' must be an integer >= 1, got {cfg.ema_every!r}")
-    if not 0.0 < float(cfg.ratio_u) < 1.0:
-        raise ValueError(f"LDT option 'ratio_u' must lie strictly between 0 and 1, got {cfg.ratio_u!r}")
-    if not 0.0 <= cfg.w_fixed < 1.0:
-        raise ValueError(f"LDT option 'w_fixed' must lie in [0, 1), got {cfg.w_fixed!r}")
+
+def _validate(cfg: LDTConfig) -> None:
+    """Rules that involve several keys (types and ranges were checked against SPECS)."""
     for group in ('stable', 'unstable'):
         base, spread = getattr(cfg, f'w_base_{group}'), getattr(cfg, f'r_base_{group}')
-        if not (0.0 <= base < 1.0 and spread >= 0.0 and base + spread <= 1.0):
-            raise ValueError(f"LDT options 'w_base_{group}'={base} and 'r_base_{group}'={spread} must "
-                             'satisfy 0 <= w_base < 1, r_base >= 0, w_base + r_base <= 1')
+        if base + spread > 1.0:
+            raise ValueError(f'ldt.r_base_{group}: expected w_base_{group} + r_base_{group} <= 1 (eq. 10 keeps '
+                             f'W <= 1), got {base} + {spread}')
     if cfg.mode == 'dual' and cfg.partition_file is None:
         if cfg.needs_profiling() and cfg.profile_iters < 2:
-            raise ValueError(f"criterion '{cfg.criterion}' (or dpu) needs gradient statistics: set "
-                             f"'profile_iters' >= 2 (got {cfg.profile_iters}), or dpu: false with "
+            raise ValueError(f"ldt.profile_iters: criterion '{cfg.criterion}' (or dpu) needs gradient statistics: "
+                             f"expected >= 2 (got {cfg.profile_iters}), or dpu: false with "
                              "criterion 'random' / partition 'name', or a 'partition_file'")
     if cfg.partition_file is not None and cfg.profile_iters:
-        raise ValueError("'partition_file' replaces profiling: set 'profile_iters' to 0")
+        raise ValueError("ldt.profile_iters: expected 0 with a partition_file (it replaces profiling), "
+                         f'got {cfg.profile_iters}')
     if cfg.mode == 'single' and cfg.profile_iters:
-        raise ValueError("mode 'single' (FT / LP-FT) does not profile: set 'profile_iters' to 0")
+        raise ValueError("ldt.profile_iters: expected 0 with mode 'single' (FT / LP-FT do not profile), "
+                         f'got {cfg.profile_iters}')
     if cfg.head_warmup_iters and not cfg.head_patterns:
-        raise ValueError("'head_warmup_iters' > 0 needs 'head_patterns' naming the head's parameters")
+        raise ValueError("ldt.head_patterns: expected patterns naming the head's parameters when "
+                         f'head_warmup_iters > 0, got {list(cfg.head_patterns)}')
     if cfg.partition == 'name' and not cfg.head_patterns:
-        raise ValueError("partition 'name' needs 'head_patterns' naming the head's parameters")
+        raise ValueError("ldt.head_patterns: expected patterns naming the head's parameters with "
+                         f"partition 'name', got {list(cfg.head_patterns)}")
 
 
 _PRESETS = {

@@ -22,7 +22,8 @@ from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
 
 from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.errors import InputError
-from basicsr_ldt.ldt import LDT, LDTConfig, Partition, preset, select
+from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, preset, select
+from basicsr_ldt.ldt.typed import check_options, choice
 from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.options import registered
 from basicsr_ldt.models.resumable import ResumableMixin
@@ -33,10 +34,12 @@ def ldt_config_from_options(opt: Dict) -> LDTConfig:
     """``LDTConfig`` from the ``ldt:`` section: ``method`` picks a preset, other keys override it."""
     section = dict(opt.get('ldt') or {})
     method = section.pop('method', 'ldt')
+    check_options('ldt', {'method': method}, {'method': choice(*PRESETS)} if not isinstance(method, str) else {},
+                  InputError)
     try:
         config = preset(method, **section)
-    except (TypeError, ValueError) as err:
-        raise InputError(f'ldt: {err}') from None
+    except ValueError as err:  # typed checks already name 'ldt.<key>'
+        raise InputError(str(err) if str(err).startswith('ldt.') else f'ldt: {err}') from None
     total = int(opt['train']['total_iter'])
     if config.head_warmup_iters + config.profile_iters >= total:
         raise InputError(f'ldt: head_warmup_iters ({config.head_warmup_iters}) + profile_iters ({config.profile_iters}) '
