@@ -109,27 +109,33 @@ def network_scale(network: nn.Module) -> int:
     return out.shape[-1] // 16
 
 
-def _autocast(device: torch.device, precision: str):
-    """``torch.autocast`` for ``precision`` on ``device`` (no-op for fp32)."""
+def check_precision(device: torch.device, precision: str) -> None:
+    """Refuse a precision the device cannot run, before any image is read."""
     if precision not in PRECISIONS:
         raise InputError(f"precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == 'fp32':
-        return contextlib.nullcontext()
     if precision == 'fp16' and device.type == 'cpu':
         raise InputError("precision 'fp16' needs a CUDA device; on the CPU use 'bf16' or 'fp32'")
-    return torch.autocast(device_type=device.type, dtype=PRECISIONS[precision])
+
+
+def check_tiles(tile: Optional[int], tile_overlap: int) -> int:
+    """The tile size to use (0 = whole image), or an error naming the bad value."""
+    tile = tile or 0
+    if not isinstance(tile, int) or tile < 0:
+        raise InputError(f'tile: expected an integer >= 0 (0 or None = whole image), got {tile!r}')
+    if tile and not (isinstance(tile_overlap, int) and 0 <= tile_overlap < tile):
+        raise InputError(f'tile_overlap: expected an integer in [0, tile={tile}), got {tile_overlap!r}')
+    return tile
 
 
 @torch.no_grad()
 def _run(network: nn.Module, batch: torch.Tensor, tile: Optional[int], tile_overlap: int, precision: str) -> torch.Tensor:
     """NCHW float in [0, 1] -> NCHW float32 in [0, 1] on the input's device."""
     parameter = next(network.parameters())
-    tile = tile or 0
-    if not isinstance(tile, int) or tile < 0:
-        raise InputError(f'tile: expected an integer >= 0 (0 or None = whole image), got {tile!r}')
-    if tile and not 0 <= tile_overlap < tile:
-        raise InputError(f'tile_overlap: expected an integer in [0, tile={tile}), got {tile_overlap!r}')
-    with _autocast(parameter.device, precision):
+    tile = check_tiles(tile, tile_overlap)
+    check_precision(parameter.device, precision)
+    autocast = (contextlib.nullcontext() if precision == 'fp32'
+                else torch.autocast(device_type=parameter.device.type, dtype=PRECISIONS[precision]))
+    with autocast:
         out = tiled_forward(network, batch.to(parameter.device, parameter.dtype), network_scale(network),
                             tile, tile_overlap)
     return out.float().clamp_(0, 1).to(batch.device)

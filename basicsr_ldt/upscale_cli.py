@@ -12,10 +12,9 @@ from typing import List, Optional, Sequence
 
 import cv2
 import numpy as np
-import torch
 from tqdm import tqdm
 
-from basicsr_ldt.api import PRECISIONS, load_network, network_scale, upscale
+from basicsr_ldt.api import PRECISIONS, check_precision, check_tiles, load_network, network_scale, upscale
 from basicsr_ldt.errors import InputError
 
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.tif', '.tiff', '.webp')
@@ -110,12 +109,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise InputError('give the network as --opt OPTION_FILE or --arch MambaIR|HAT|SAFMN')
     if args.opt is not None and args.arch is not None:
         raise InputError('give either --opt or --arch, not both')
-    if args.tile < 0 or (args.tile and not 0 <= args.tile_overlap < args.tile):
-        raise InputError(f'--tile must be >= 0 and --tile-overlap in [0, tile); got {args.tile}, {args.tile_overlap}')
-    if args.precision == 'fp16' and (args.device == 'cpu' or not torch.cuda.is_available()):
-        raise InputError("--precision fp16 needs a CUDA device; on the CPU use bf16 or fp32")
+    check_tiles(args.tile, args.tile_overlap)
     files = list_images(args.input)
     network = load_network(args.checkpoint, arch=args.arch, opt=args.opt, device=args.device, scale=args.scale)
+    check_precision(next(network.parameters()).device, args.precision)
     scale = network_scale(network)
     suffix = f'_x{scale}' if args.suffix is None else args.suffix
     outputs = output_paths(files, args.output, suffix, args.ext, args.force)
