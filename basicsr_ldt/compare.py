@@ -7,13 +7,22 @@ disagree most (their per-pixel spread; with one method, where it is furthest fro
 file names start with the camera, so a camera's images sort together.
 """
 import os
+from collections import OrderedDict
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
+import torch
 
+from basicsr.archs import build_network
+from basicsr.metrics.psnr_ssim import calculate_psnr
+from basicsr.utils import tensor2img
+
+from basicsr_ldt.checkpoint import load_weights
 from basicsr_ldt.errors import InputError
+from basicsr_ldt.inference import tiled_forward
 from basicsr_ldt.ldt.typed import integer, mapping, string
+from basicsr_ldt.options import check_known_keys
 
 #: ``test.compare`` keys (``methods`` maps a label to a checkpoint file or a folder of SR images).
 COMPARE_SPECS = {'compare': mapping(), 'compare.crops': integer(0, 8), 'compare.size': integer(8),
@@ -28,8 +37,6 @@ def compare_settings(section: Optional[Mapping]) -> Optional[Dict]:
     """``test.compare`` with defaults, or None when comparisons are off."""
     if section is None:
         return None
-    from basicsr_ldt.options import check_known_keys
-
     check_known_keys('test.compare', section, COMPARE_DEFAULTS)
     return {**COMPARE_DEFAULTS, **section}
 
@@ -129,3 +136,61 @@ def write_grid(folder: str, camera: str, stem: str, grid: np.ndarray) -> str:
     if not cv2.imwrite(path, grid):
         raise OSError(f"cannot write '{path}'")
     return path
+
+
+class Comparison:
+    """The methods of ``test.compare`` and the grid of each test image.
+
+    A method is a label of the ``checkpoints`` being tested (the default: all of them), another
+    checkpoint file (run here with ``network_g``) or a folder of saved SR images. Everything is
+    checked when this is built, before ``test.py`` creates its results folder.
+    """
+
+    def __init__(self, settings: Dict, opt: Mapping, checkpoints: Sequence[Mapping], datasets: Sequence,
+                 device: torch.device) -> None:
+        self.settings = settings
+        self.sources: Dict[str, Tuple[str, object]] = OrderedDict()
+        if settings['methods'] is None:
+            for entry in checkpoints:
+                self.sources[entry['label']] = ('run', entry['label'])
+        for label, path in (settings['methods'] or {}).items():
+            if os.path.isdir(path):
+                self._check_folder(label, path, datasets)
+                self.sources[label] = ('folder', path)
+            elif os.path.isfile(path):
+                network = build_network(dict(opt['network_g']))
+                load_weights(network, path, 'params')
+                self.sources[label] = ('network', network.to(device).eval())
+            else:
+                raise InputError(f"test.compare.methods.{label}: expected a checkpoint file or a folder of SR "
+                                 f"images, got '{path}' (does not exist)")
+
+    @staticmethod
+    def _check_folder(label: str, folder: str, datasets: Sequence) -> None:
+        for dataset in datasets:
+            for item in getattr(dataset, 'items', []):
+                stem = os.path.splitext(os.path.basename(item['lq_path']))[0]
+                if folder_image_path(folder, item['camera'], stem) is None:
+                    raise InputError(f'test.compare.methods.{label}: {missing_output(folder, item["camera"], stem)}')
+
+    def write(self, folder: str, item: Mapping, stem: str, results: Mapping[str, torch.Tensor], scale: int,
+              test_opt: Mapping) -> str:
+        """The grid of one test image; ``results`` are the tested checkpoints' SR tensors."""
+        outputs = OrderedDict()
+        for label, (kind, source) in self.sources.items():
+            if kind == 'run':
+                outputs[label] = tensor2img(results[source])
+            elif kind == 'folder':
+                outputs[label] = folder_image(source, item['camera'], stem)
+            else:
+                lq = item['lq'].unsqueeze(0).to(next(source.parameters()).device)
+                outputs[label] = tensor2img(tiled_forward(source, lq, scale, test_opt['tile_size'],
+                                                          test_opt['tile_overlap']).cpu())
+        hr, lr = tensor2img(item['gt']), tensor2img(item['lq'])
+        bicubic = cv2.resize(lr, (lr.shape[1] * scale, lr.shape[0] * scale), interpolation=cv2.INTER_CUBIC)
+        panels = OrderedDict([('LR (bicubic)', bicubic), *outputs.items(), ('HR', hr)])
+        psnr = {label: float(calculate_psnr(image, hr, test_opt['crop_border'], test_y_channel=test_opt['test_y_channel']))
+                for label, image in panels.items() if label != 'HR'}
+        size = self.settings['size']
+        boxes = crop_boxes(disagreement(list(outputs.values()), hr), size, self.settings['crops'])
+        return write_grid(folder, item['camera'], stem, comparison_grid(panels, psnr, boxes, size))

@@ -7,13 +7,10 @@ column pair per checkpoint so FT, LDT and baselines sit side by side.
 import csv
 import json
 import logging
-import os
 from collections import OrderedDict
 from os import path as osp
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping
 
-import cv2
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -24,12 +21,11 @@ from basicsr.utils.options import dict2str, parse_options
 from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY
 
 from basicsr_ldt.checkpoint import load_weights
+from basicsr_ldt.compare import COMPARE_SPECS, Comparison, compare_settings
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.inference import tiled_forward
 from basicsr_ldt.ldt.typed import boolean, check_options, integer, optional, string
 from basicsr_ldt.options import check_known_keys, registered, validate_dataset_options
-from basicsr_ldt.compare import (COMPARE_SPECS, comparison_grid, compare_settings, crop_boxes, disagreement,
-                                 folder_image, folder_image_path, missing_output, write_grid)
 from basicsr_ldt.outputs import OutputFolder, fail
 
 #: The ``test:`` section and its defaults (documented in the README).
@@ -146,51 +142,6 @@ def _build(opt: Dict):
     return test_opt, datasets, checkpoints_of(opt)
 
 
-def comparison_sources(opt: Dict, compare: Optional[Dict], checkpoints: List[Dict], device) -> Dict[str, tuple]:
-    """Label -> what supplies its output: ('run', a checkpoint's label), ('network', net) or ('folder', path)."""
-    if compare is None:
-        return {}
-    if compare['methods'] is None:
-        return {entry['label']: ('run', entry['label']) for entry in checkpoints}
-    sources = {}
-    for label, path in compare['methods'].items():
-        if os.path.isdir(path):
-            sources[label] = ('folder', path)
-        elif os.path.isfile(path):
-            network = build_network(dict(opt['network_g']))
-            load_weights(network, path, 'params')
-            sources[label] = ('network', network.to(device).eval())
-        else:
-            raise InputError(f"test.compare.methods.{label}: expected a checkpoint file or a folder of SR images, "
-                             f"got '{path}' (does not exist)")
-    return sources
-
-
-def check_folders_complete(sources: Dict[str, tuple], datasets: List) -> None:
-    """Every folder method must hold an output for every test image: fail before writing anything."""
-    for label, (kind, source) in sources.items():
-        if kind == 'folder':
-            for dataset in datasets:
-                for item in getattr(dataset, 'items', []):
-                    stem = osp.splitext(osp.basename(item['lq_path']))[0]
-                    if folder_image_path(source, item['camera'], stem) is None:
-                        raise InputError(f"test.compare.methods.{label}: {missing_output(source, item['camera'], stem)}")
-
-
-def write_comparison(folder: str, item: Dict, stem: str, outputs: Dict[str, np.ndarray], scale: int,
-                     test_opt: Dict) -> None:
-    """One grid for one test image: bicubic LR, every method, HR, with PSNR and zoomed crops."""
-    compare = test_opt['compare']
-    hr = tensor2img(item['gt'])
-    lr = tensor2img(item['lq'])
-    bicubic = cv2.resize(lr, (lr.shape[1] * scale, lr.shape[0] * scale), interpolation=cv2.INTER_CUBIC)
-    panels = OrderedDict([('LR (bicubic)', bicubic), *outputs.items(), ('HR', hr)])
-    psnr = {label: float(calculate_psnr(image, hr, test_opt['crop_border'], test_y_channel=test_opt['test_y_channel']))
-            for label, image in panels.items() if label != 'HR'}
-    boxes = crop_boxes(disagreement(list(outputs.values()), hr), compare['size'], compare['crops'])
-    write_grid(folder, item['camera'], stem, comparison_grid(panels, psnr, boxes, compare['size']))
-
-
 def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
     """Evaluate every checkpoint on every test dataset; print and write the per-camera table."""
     opt, _ = parse_options(root_path, is_train=False)
@@ -203,8 +154,7 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
             network = build_network(dict(opt['network_g']))
             load_weights(network, entry['path'], entry['param_key'], strict=opt['path'].get('strict_load_g', True))
             networks.append(network.to(device).eval())
-        sources = comparison_sources(opt, test_opt['compare'], checkpoints, device)
-        check_folders_complete(sources, datasets)
+        comparison = Comparison(test_opt['compare'], opt, checkpoints, datasets, device) if test_opt['compare'] else None
         outputs.create(opt['path']['results_root'])
     except InputError as err:
         outputs.rollback()
@@ -228,17 +178,8 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
             if test_opt['save_img']:
                 folder = osp.join(opt['path']['visualization'], entry['label'], item['camera'])
                 imwrite(tensor2img(sr), osp.join(folder, f'{stem}.png'))
-        if sources:
-            compared = OrderedDict()
-            for label, (kind, source) in sources.items():
-                if kind == 'run':
-                    compared[label] = tensor2img(results[source])
-                elif kind == 'folder':
-                    compared[label] = folder_image(source, item['camera'], stem)
-                else:
-                    compared[label] = tensor2img(tiled_forward(source, lq, scale, test_opt['tile_size'],
-                                                               test_opt['tile_overlap']).cpu())
-            write_comparison(osp.join(opt['path']['results_root'], 'compare'), item, stem, compared, scale, test_opt)
+        if comparison is not None:
+            comparison.write(osp.join(opt['path']['results_root'], 'compare'), item, stem, results, scale, test_opt)
     tables = OrderedDict((label, summarise(rows)) for label, rows in per_image.items())
     text = format_table(tables, markdown=False)
     logger.info('\n' + text)
