@@ -21,15 +21,23 @@ from basicsr.utils.options import dict2str, parse_options
 from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY
 
 from basicsr_ldt.checkpoint import load_weights
+from basicsr_ldt.compare import COMPARE_SPECS, Comparison, compare_settings
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.inference import tiled_forward
 from basicsr_ldt.ldt.precision import INFERENCE_DTYPES, resolve_dtype
-from basicsr_ldt.options import check_known_keys, registered
+from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, optional, string
+from basicsr_ldt.options import check_known_keys, registered, validate_dataset_options
 from basicsr_ldt.outputs import OutputFolder, fail
 
 #: The ``test:`` section and its defaults (documented in the README).
 TEST_DEFAULTS = {'tile_size': 0, 'tile_overlap': 16, 'save_img': False, 'crop_border': None,
-                 'test_y_channel': True, 'precision': 'fp32'}
+                 'test_y_channel': True, 'precision': 'fp32',
+                 'compare': None}
+#: Types and ranges of the ``test:`` keys and of each ``checkpoints`` entry.
+TEST_SPECS = {'tile_size': integer(0), 'tile_overlap': integer(0), 'save_img': boolean(),
+              'crop_border': optional(integer(0)), 'test_y_channel': boolean(),
+              'precision': choice(*INFERENCE_DTYPES), **COMPARE_SPECS}
+CHECKPOINT_SPECS = {'label': string(), 'path': string(), 'param_key': string()}
 
 
 def checkpoints_of(opt: Mapping) -> List[Dict]:
@@ -47,7 +55,8 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
     for i, entry in enumerate(entries):
         if isinstance(entry, str):
             entry = {'path': entry}
-        check_known_keys(f'checkpoints[{i}]', entry, ('label', 'path', 'param_key'))
+        check_known_keys(f'checkpoints[{i}]', entry, CHECKPOINT_SPECS)
+        check_options(f'checkpoints[{i}]', entry, CHECKPOINT_SPECS, InputError)
         if 'path' not in entry:
             raise InputError(f'checkpoints[{i}] has no path')
         label = entry.get('label') or osp.splitext(osp.basename(entry['path']))[0]
@@ -118,18 +127,26 @@ def _build(opt: Dict, device: torch.device):
     """Validate options, datasets and the network type; checkpoints are loaded before a folder is created."""
     test_opt = dict(TEST_DEFAULTS)
     check_known_keys('test', opt.get('test') or {}, TEST_DEFAULTS)
+    check_options('test', opt.get('test') or {}, TEST_SPECS, InputError)
     test_opt.update(opt.get('test') or {})
+    if test_opt['tile_size'] and test_opt['tile_overlap'] >= test_opt['tile_size']:
+        raise InputError(f"test.tile_overlap: expected an integer in [0, tile_size={test_opt['tile_size']}), "
+                         f"got {test_opt['tile_overlap']}")
     try:
         test_opt['dtype'] = resolve_dtype('test.precision', test_opt['precision'], INFERENCE_DTYPES, device.type)
     except ValueError as err:
         raise InputError(str(err)) from None
     if test_opt['crop_border'] is None:
         test_opt['crop_border'] = opt.get('scale', 4)
-    datasets = [registered(DATASET_REGISTRY, dataset_opt.get('type'), f'datasets.{phase}.type')(dataset_opt)
-                for phase, dataset_opt in (opt.get('datasets') or {}).items()]
+    datasets = []
+    for phase, dataset_opt in (opt.get('datasets') or {}).items():
+        dataset_cls = registered(DATASET_REGISTRY, dataset_opt.get('type'), f'datasets.{phase}.type')
+        validate_dataset_options(dataset_cls, phase, dataset_opt)
+        datasets.append(dataset_cls(dataset_opt))
     if not datasets:
         raise InputError("the option file has no 'datasets' section to test on")
     registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), 'network_g.type')
+    test_opt['compare'] = compare_settings(test_opt['compare'])
     return test_opt, datasets, checkpoints_of(opt)
 
 
@@ -145,6 +162,7 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
             network = build_network(dict(opt['network_g']))
             load_weights(network, entry['path'], entry['param_key'], strict=opt['path'].get('strict_load_g', True))
             networks.append(network.to(device).eval())
+        comparison = Comparison(test_opt['compare'], opt, checkpoints, datasets, device) if test_opt['compare'] else None
         outputs.create(opt['path']['results_root'])
     except InputError as err:
         outputs.rollback()
@@ -159,14 +177,18 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
         item = dataset[index]
         stem = osp.splitext(osp.basename(item['lq_path']))[0]
         lq, gt = item['lq'].unsqueeze(0).to(device), item['gt'].unsqueeze(0)
+        results = {}
         for entry, network in zip(checkpoints, networks):
             sr = tiled_forward(network, lq, scale, test_opt['tile_size'], test_opt['tile_overlap'],
                                test_opt['dtype']).cpu()
+            results[entry['label']] = sr
             values = evaluate_image(sr, gt, test_opt['crop_border'], test_opt['test_y_channel'])
             per_image[entry['label']].append({'camera': item['camera'], 'image': stem, **values})
             if test_opt['save_img']:
                 folder = osp.join(opt['path']['visualization'], entry['label'], item['camera'])
                 imwrite(tensor2img(sr), osp.join(folder, f'{stem}.png'))
+        if comparison is not None:
+            comparison.write(osp.join(opt['path']['results_root'], 'compare'), item, stem, results, scale, test_opt)
     tables = OrderedDict((label, summarise(rows)) for label, rows in per_image.items())
     text = format_table(tables, markdown=False)
     logger.info('\n' + text)

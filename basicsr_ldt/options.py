@@ -26,3 +26,10 @@ def registered(registry, name, what: str):
     if name not in registry:
         raise InputError(f"{what} '{name}' is not registered (known: {', '.join(sorted(k for k, _ in registry))})")
     return registry.get(name)
+
+
+def validate_dataset_options(dataset_cls, section: str, dataset_opt: Mapping) -> None:
+    """Type-check a dataset section by its path (``datasets.<section>``) when its class can."""
+    validate = getattr(dataset_cls, 'validate_options', None)
+    if validate is not None:
+        validate(f'datasets.{section}', dataset_opt)

@@ -33,7 +33,7 @@ from basicsr_ldt.data.sampler import training_sampler
 from basicsr_ldt.distributed import end_process_group, parse_training_options
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.models.best import BestCheckpointMixin
-from basicsr_ldt.options import registered
+from basicsr_ldt.options import registered, validate_dataset_options
 from basicsr_ldt.outputs import OutputFolder, fail
 
 
@@ -77,6 +77,7 @@ def build_datasets(opt: Dict) -> Tuple[Dataset, List[Tuple[Dict, Dataset]]]:
         if kind not in ('train', 'val'):
             raise InputError(f"dataset section '{phase}': training accepts 'train' and 'val*' sections")
         dataset_cls = registered(DATASET_REGISTRY, dataset_opt.get('type'), f"datasets.{phase}.type")
+        validate_dataset_options(dataset_cls, phase, dataset_opt)
         if kind == 'train':
             if getattr(dataset_cls, 'accepts_draw_numbers', False):
                 dataset_opt.setdefault('seed', opt['manual_seed'])

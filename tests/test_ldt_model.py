@@ -1,6 +1,7 @@
 """LDTSRModel through the real entry points: all three phases, the partition report, a composite
 checkpoint test.py reads, exact resume from every phase, and the baselines as configurations."""
 import json
+import re
 import shutil
 
 import pytest
@@ -97,3 +98,13 @@ def test_baselines_run_as_configurations(project, demo_data, method):
             assert all((layer['group'] == 'unstable') == layer['name'].startswith('to_img')
                        for layer in partition['layers'])
             assert {layer['coefficient'] for layer in partition['layers']} == {0.9999}
+
+
+def test_run_prints_no_warning_and_branches_join_the_global_schedule(uninterrupted):
+    """Branches created at a phase change start at the iteration's learning rate (milestone 4 halves
+    1e-3), and torch no longer warns 'lr_scheduler.step() before optimizer.step()'."""
+    project, result = uninterrupted
+    assert 'Warning' not in result.stderr, result.stderr[-2000:]
+    log = next((project / 'experiments' / 'ldt').glob('train_ldt_*.log')).read_text()
+    lrs = dict(re.findall(r'iter:\s+(\d+), lr:\(([0-9.e+-]+),', log))
+    assert [lrs[str(i)] for i in (1, 2, 5, 8)] == ['1.000e-03', '1.000e-03', '5.000e-04', '5.000e-04']

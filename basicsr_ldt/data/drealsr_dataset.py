@@ -17,6 +17,7 @@ from basicsr.utils.registry import DATASET_REGISTRY
 
 from basicsr_ldt.data.cameras import CameraRule, camera_counts, list_images, pair_keys, select_cameras
 from basicsr_ldt.errors import InputError
+from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, mapping, string, strings
 from basicsr_ldt.options import check_known_keys
 
 # Keys BasicSR itself reads or injects into a dataset section.
@@ -25,6 +26,23 @@ _BASICSR_KEYS = ('name', 'type', 'phase', 'scale', 'num_worker_per_gpu', 'batch_
                  'persistent_workers')
 _OWN_KEYS = ('dataroot_gt', 'dataroot_lq', 'io_backend', 'cameras', 'camera_rule', 'filename_tmpl_gt',
              'filename_tmpl_lq', 'subset', 'gt_size', 'use_hflip', 'use_rot', 'seed')
+#: Types and ranges of the keys this dataset adds (checked before any folder is read).
+OPTION_SPECS = {
+    'dataroot_gt': string(), 'dataroot_lq': string(),
+    'io_backend': mapping(), 'io_backend.type': choice('disk', 'lmdb'),
+    'cameras': strings(),
+    'camera_rule': mapping(), 'camera_rule.source': choice('auto', 'folder', 'filename'),
+    'camera_rule.pattern': string(), 'camera_rule.aliases': mapping(string()),
+    'filename_tmpl_gt': string(), 'filename_tmpl_lq': string(),
+    'subset': mapping(), 'subset.parts': integer(1), 'subset.index': integer(0), 'subset.seed': integer(0),
+    'gt_size': integer(1), 'use_hflip': boolean(), 'use_rot': boolean(), 'seed': integer(0),
+}
+
+
+def check_dataset_options(section: str, opt: Dict) -> None:
+    """Unknown keys and wrong types of a dataset section, named by its path (``datasets.train``)."""
+    check_known_keys(section, opt, _BASICSR_KEYS + _OWN_KEYS)
+    check_options(section, opt, OPTION_SPECS, InputError)
 
 
 def subset_indices(count: int, parts: int, index: int, seed: int = 0) -> List[int]:
@@ -62,10 +80,12 @@ class DRealSRCameraDataset(data.Dataset):
     accepts_draw_numbers = True
     #: Understands the ``subset`` option (LDT's disjoint warm-up / profiling parts).
     supports_subset = True
+    #: Entry points call this with the section's path before building (typed option errors).
+    validate_options = staticmethod(check_dataset_options)
 
     def __init__(self, opt: Dict) -> None:
         super().__init__()
-        check_known_keys(f"dataset '{opt.get('name', '?')}'", opt, _BASICSR_KEYS + _OWN_KEYS)
+        check_dataset_options(f"dataset '{opt.get('name', '?')}'", opt)
         self.opt = opt
         self.name = opt.get('name', 'dataset')
         self.scale = int(opt.get('scale', 4))

@@ -11,6 +11,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
+from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, number, optional, string, strings
+
 CRITERIA = ('var', 'mean', 'var_over_mean', 'random', 'sample_var', 'fisher')
 MODES = ('dual', 'single', 'alternating')
 GROUPS = ('stable', 'unstable')
@@ -72,6 +74,7 @@ class LDTConfig:
     first_group: str = 'stable'        # LDT-S: group trained in the first interval (LDT's primary)
 
     def __post_init__(self) -> None:
+        check_options('ldt', dataclasses.asdict(self), SPECS)
         for key in ('head_patterns', 'force_stable', 'force_unstable'):
             value = getattr(self, key)
             if isinstance(value, str):
@@ -108,61 +111,69 @@ class LDTConfig:
         return self.partition == 'criterion' or self.dpu
 
 
-def _validate(cfg: LDTConfig) -> None:
-    def choice(key: str, allowed: Tuple[str, ...]) -> None:
-        if getattr(cfg, key) not in allowed:
-            raise ValueError(f"LDT option '{key}' must be one of {allowed}, got {getattr(cfg, key)!r}")
+#: Type and range of every key, one line each; cross-key rules are in :func:`_validate`.
+SPECS = {
+    'mode': choice(*MODES),
+    'head_warmup_iters': integer(0),
+    'head_patterns': strings(),
+    'profile_iters': integer(0),
+    'criterion': choice(*CRITERIA),
+    'partition': choice(*PARTITIONS),
+    'partition_file': optional(string()),
+    'ratio_u': optional(number(0, 1, '()')),
+    'ratio_s': optional(number(0, 1, '()')),
+    'force_stable': strings(),
+    'force_unstable': strings(),
+    'dpu': boolean(),
+    'w_base_stable': number(0, 1, '[)'),
+    'r_base_stable': number(0, 1, '[]'),
+    'w_base_unstable': number(0, 1, '[)'),
+    'r_base_unstable': number(0, 1, '[]'),
+    'w_fixed': number(0, 1, '[)'),
+    'ema_every': integer(1),
+    'seed': integer(0),
+    'buffers_from': choice(*BUFFER_SOURCES),
+    'profile_order': choice(*PROFILE_ORDERS),
+    'profile_counts_in_total_iter': boolean(),
+    'deft_grouping': choice(*DEFT_GROUPINGS),
+    'interval_iters': integer(1),
+    'first_group': choice(*GROUPS),
+}
 
-    choice('mode', MODES)
-    choice('criterion', CRITERIA)
-    choice('partition', PARTITIONS)
-    choice('buffers_from', BUFFER_SOURCES)
-    choice('first_group', GROUPS)
-    for key in ('head_warmup_iters', 'profile_iters', 'seed'):
-        value = getattr(cfg, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"LDT option '{key}' must be an integer >= 0, got {value!r}")
-    for key in ('ema_every', 'interval_iters'):
-        value = getattr(cfg, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"LDT option '{key}' must be an integer >= 1, got {value!r}")
+
+def _validate(cfg: LDTConfig) -> None:
+    """Rules that involve several keys (types and ranges were checked against SPECS)."""
     if (cfg.ratio_u is None) == (cfg.ratio_s is None):
-        raise ValueError("exactly one of the LDT options 'ratio_u' and 'ratio_s' must be given (ratio_u=None "
-                         f"when constructing with ratio_s), got ratio_u={cfg.ratio_u!r}, ratio_s={cfg.ratio_s!r}")
-    for key in ('ratio_u', 'ratio_s'):
-        value = getattr(cfg, key)
-        if value is not None and not (isinstance(value, (int, float)) and 0.0 < float(value) < 1.0):
-            raise ValueError(f"LDT option '{key}' must lie strictly between 0 and 1, got {value!r}")
-    choice('profile_order', PROFILE_ORDERS)
-    choice('deft_grouping', DEFT_GROUPINGS)
-    if not isinstance(cfg.profile_counts_in_total_iter, bool):
-        raise ValueError("LDT option 'profile_counts_in_total_iter' must be true or false, "
-                         f'got {cfg.profile_counts_in_total_iter!r}')
+        raise ValueError("ldt.ratio_s: expected exactly one of ratio_u (unstable share) and ratio_s (stable "
+                         f"share), got ratio_u={cfg.ratio_u!r}, ratio_s={cfg.ratio_s!r}")
     if cfg.profile_order == 'file_order' and cfg.profile_counts_in_total_iter:
-        raise ValueError("profile_order 'file_order' profiles one pass of the data before training (it may hold "
-                         "fewer than profile_iters batches): set 'profile_counts_in_total_iter: false'")
+        raise ValueError("ldt.profile_counts_in_total_iter: expected false with profile_order 'file_order' (one "
+                         "pass of the data before training, possibly fewer than profile_iters batches), got true")
     if cfg.deft_grouping != 'head' and cfg.partition != 'name':
-        raise ValueError(f"'deft_grouping: {cfg.deft_grouping}' applies to partition 'name' only")
-    if not 0.0 <= cfg.w_fixed < 1.0:
-        raise ValueError(f"LDT option 'w_fixed' must lie in [0, 1), got {cfg.w_fixed!r}")
+        raise ValueError(f"ldt.deft_grouping: '{cfg.deft_grouping}' applies to partition 'name' only, "
+                         f"got partition '{cfg.partition}'")
     for group in ('stable', 'unstable'):
         base, spread = getattr(cfg, f'w_base_{group}'), getattr(cfg, f'r_base_{group}')
-        if not (0.0 <= base < 1.0 and spread >= 0.0 and base + spread <= 1.0):
-            raise ValueError(f"LDT options 'w_base_{group}'={base} and 'r_base_{group}'={spread} must "
-                             'satisfy 0 <= w_base < 1, r_base >= 0, w_base + r_base <= 1')
+        if base + spread > 1.0:
+            raise ValueError(f'ldt.r_base_{group}: expected w_base_{group} + r_base_{group} <= 1 (eq. 10 keeps '
+                             f'W <= 1), got {base} + {spread}')
     if cfg.mode in ('dual', 'alternating') and cfg.partition_file is None:
         if cfg.needs_profiling() and cfg.profile_iters < 2:
-            raise ValueError(f"criterion '{cfg.criterion}' (or dpu) needs gradient statistics: set "
-                             f"'profile_iters' >= 2 (got {cfg.profile_iters}), or dpu: false with "
+            raise ValueError(f"ldt.profile_iters: criterion '{cfg.criterion}' (or dpu) needs gradient statistics: "
+                             f"expected >= 2 (got {cfg.profile_iters}), or dpu: false with "
                              "criterion 'random' / partition 'name', or a 'partition_file'")
     if cfg.partition_file is not None and cfg.profile_iters:
-        raise ValueError("'partition_file' replaces profiling: set 'profile_iters' to 0")
+        raise ValueError("ldt.profile_iters: expected 0 with a partition_file (it replaces profiling), "
+                         f'got {cfg.profile_iters}')
     if cfg.mode == 'single' and cfg.profile_iters:
-        raise ValueError("mode 'single' (FT / LP-FT) does not profile: set 'profile_iters' to 0")
+        raise ValueError("ldt.profile_iters: expected 0 with mode 'single' (FT / LP-FT do not profile), "
+                         f'got {cfg.profile_iters}')
     if cfg.head_warmup_iters and not cfg.head_patterns:
-        raise ValueError("'head_warmup_iters' > 0 needs 'head_patterns' naming the head's parameters")
+        raise ValueError("ldt.head_patterns: expected patterns naming the head's parameters when "
+                         f'head_warmup_iters > 0, got {list(cfg.head_patterns)}')
     if cfg.partition == 'name' and cfg.deft_grouping == 'head' and not cfg.head_patterns:
-        raise ValueError("partition 'name' needs 'head_patterns' naming the head's parameters")
+        raise ValueError("ldt.head_patterns: expected patterns naming the head's parameters with "
+                         f"partition 'name', got {list(cfg.head_patterns)}")
 
 
 _PRESETS = {

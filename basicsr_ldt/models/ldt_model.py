@@ -45,8 +45,8 @@ def ldt_config_from_options(opt: Dict) -> LDTConfig:
                          f'{closest_key_hint(str(method), methods)}')
     try:
         config = preset(method, **section)
-    except (TypeError, ValueError) as err:
-        raise InputError(f'ldt: {err}') from None
+    except ValueError as err:  # typed checks already name 'ldt.<key>'
+        raise InputError(str(err) if str(err).startswith('ldt.') else f'ldt: {err}') from None
     total = int(opt['train']['total_iter'])
     if config.head_warmup_iters + config.counted_profile_iters >= total:
         raise InputError(f'ldt: head_warmup_iters ({config.head_warmup_iters}) + profile_iters ({config.profile_iters}) '
@@ -181,20 +181,40 @@ class LDTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel)
     def _make_optimizer(self, params: List[torch.nn.Parameter], role: str) -> torch.optim.Optimizer:
         options = dict(self.opt['train']['optim_g'])
         optimizer = self.get_optimizer(options.pop('type'), params, **options)
+        scheduler = self._build_scheduler(optimizer)
+        self._join_schedule(optimizer, scheduler, max(0, self._lr_iter - 1))
+        self._schedulers[id(optimizer)] = scheduler
+        return optimizer
+
+    def _build_scheduler(self, optimizer: torch.optim.Optimizer):
         sched_opt = dict(self.opt['train']['scheduler'])
         kind = sched_opt.pop('type')
         if kind in ('MultiStepLR', 'MultiStepRestartLR'):
-            scheduler = lr_scheduler.MultiStepRestartLR(optimizer, **sched_opt)
-        elif kind == 'CosineAnnealingRestartLR':
-            scheduler = lr_scheduler.CosineAnnealingRestartLR(optimizer, **sched_opt)
-        else:
-            raise InputError(f"train.scheduler.type '{kind}' is not one of MultiStepLR, CosineAnnealingRestartLR")
-        # A branch created at iteration k follows the global schedule: BasicSR has stepped every
-        # scheduler k-1 times by the end of update_learning_rate(k), which steps once more.
-        for _ in range(max(0, self._lr_iter - 2)):
-            scheduler.step()
-        self._schedulers[id(optimizer)] = scheduler
-        return optimizer
+            return lr_scheduler.MultiStepRestartLR(optimizer, **sched_opt)
+        if kind == 'CosineAnnealingRestartLR':
+            return lr_scheduler.CosineAnnealingRestartLR(optimizer, **sched_opt)
+        raise InputError(f"train.scheduler.type '{kind}' is not one of MultiStepLR, CosineAnnealingRestartLR")
+
+    def _join_schedule(self, optimizer: torch.optim.Optimizer, scheduler, steps: int) -> None:
+        """Put a branch created at iteration k where BasicSR's schedulers are after
+        ``update_learning_rate(k)``: ``k - 1`` steps into the global schedule.
+
+        The steps are replayed on a stand-in optimizer that steps before its scheduler (the order
+        torch expects; stepping the new scheduler itself before its optimizer's first step is what
+        made torch warn "lr_scheduler.step() before optimizer.step()"), then the position and the
+        learning rate are copied over, so the branch's first step uses iteration k's rate.
+        """
+        if steps == 0:
+            return
+        stand_in = torch.optim.SGD([{'params': [torch.zeros(1, requires_grad=True)], 'lr': group['lr']}
+                                    for group in optimizer.param_groups])
+        replay = self._build_scheduler(stand_in)
+        for _ in range(steps):
+            stand_in.step()  # no gradients: updates nothing, marks the order as correct
+            replay.step()
+        scheduler.load_state_dict(replay.state_dict())
+        for group, replayed in zip(optimizer.param_groups, stand_in.param_groups):
+            group['lr'] = replayed['lr']
 
     def _sync_optimizer_lists(self) -> None:
         self.optimizers = list(self.ldt.optimizers.values())
@@ -208,17 +228,23 @@ class LDTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel)
 
     def update_learning_rate(self, current_iter: int, warmup_iter: int = -1) -> None:
         self._lr_iter = current_iter
-        self._enter_phase(current_iter)
+        if not self._enter_phase(current_iter):
+            super().update_learning_rate(current_iter, warmup_iter)
+            return
+        # The branches created just now already sit at this iteration's rate (_join_schedule).
+        schedulers, self.schedulers = self.schedulers, []
         super().update_learning_rate(current_iter, warmup_iter)
+        self.schedulers = schedulers
 
     def get_current_learning_rate(self) -> List[float]:
         return [g['lr'] for g in self.optimizers[0].param_groups] if self.optimizers else [0.0]
 
     # ------------------------------------------------------------------ training
-    def _enter_phase(self, current_iter: int) -> None:
+    def _enter_phase(self, current_iter: int) -> bool:
+        """Start the phase of ``current_iter`` if it is a new one; returns whether it was."""
         phase = self.ldt.phase(current_iter)
         if phase == self._phase:
-            return
+            return False
         if phase == 'train' and self.config.profile_iters and not self.config.profile_counts_in_total_iter:
             self._profile_before_training(current_iter)
         self.ldt.enter(current_iter)
@@ -235,6 +261,7 @@ class LDTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel)
         if phase == 'train' and self.ldt.partition is not None:
             self._report_partition(self.ldt.partition)
         self._phase = phase
+        return True
 
     def _profile_before_training(self, current_iter: int) -> None:
         """Profiling outside ``total_iter`` (``profile_counts_in_total_iter: false``), in one go."""

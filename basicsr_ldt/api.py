@@ -1,0 +1,188 @@
+"""The Python API: ``load_network`` and ``upscale``, for notebooks and for ``inference.py``.
+
+Modelled on timm's ``create_model`` + ``load_checkpoint`` habit: one call builds the network and
+loads weights from any checkpoint this project or an upstream release writes, one call runs it on
+an image. ``inference.py`` is a thin loop over files around these two functions, so the command
+line and a notebook produce the same pixels.
+"""
+import contextlib
+from typing import Any, Dict, Mapping, Optional, Union
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+
+from basicsr.archs import build_network
+from basicsr.utils.registry import ARCH_REGISTRY
+
+from basicsr_ldt.checkpoint import load_weights
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.inference import tiled_forward
+from basicsr_ldt.options import registered
+
+#: Each architecture's classic x4 configuration (the released DF2K/DIV2K SR models: MambaIR
+#: ``MambaIR_SR_x4``, HAT ``HAT_SRx4``, SAFMN ``SAFMN_DF2K_x4``); ``scale`` replaces the factor.
+ARCH_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    'MambaIR': dict(upscale=4, in_chans=3, img_size=64, img_range=1., d_state=16, depths=[6] * 6, embed_dim=180,
+                    mlp_ratio=2., upsampler='pixelshuffle', resi_connection='1conv'),
+    'HAT': dict(upscale=4, in_chans=3, img_size=64, window_size=16, compress_ratio=3, squeeze_factor=30,
+                conv_scale=0.01, overlap_ratio=0.5, img_range=1., depths=[6] * 6, embed_dim=180,
+                num_heads=[6] * 6, mlp_ratio=2., upsampler='pixelshuffle', resi_connection='1conv'),
+    'SAFMN': dict(dim=36, n_blocks=8, ffn_scale=2.0, upscaling_factor=4),
+}
+#: The constructor argument that holds the upscaling factor, per architecture.
+SCALE_KEYS = ('upscale', 'upscaling_factor', 'scale')
+PRECISIONS = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
+def network_options(arch: Optional[str] = None, opt: Union[str, Mapping, None] = None,
+                    scale: Optional[int] = None) -> Dict[str, Any]:
+    """The ``network_g`` section to build: from an option file/dict, or an arch's classic defaults."""
+    if (arch is None) == (opt is None):
+        raise InputError('give exactly one of arch (MambaIR, HAT, SAFMN) or opt (an option file or dict)')
+    if opt is not None:
+        if isinstance(opt, str):
+            try:
+                with open(opt) as handle:
+                    opt = yaml.safe_load(handle)
+            except OSError as err:
+                raise InputError(f"cannot read option file '{opt}': {err.strerror}") from None
+            except yaml.YAMLError as err:
+                raise InputError(f"option file is not valid YAML: {str(err).splitlines()[0]}") from None
+        if not isinstance(opt, Mapping) or not isinstance(opt.get('network_g'), Mapping):
+            raise InputError("the options have no 'network_g' section naming the network to build")
+        section = dict(opt['network_g'])
+    else:
+        if arch not in ARCH_DEFAULTS:
+            raise InputError(f"arch '{arch}' has no built-in defaults (known: {', '.join(ARCH_DEFAULTS)}); "
+                             'give an option file with a network_g section instead')
+        section = {'type': arch, **ARCH_DEFAULTS[arch]}
+    if scale is not None:
+        if not isinstance(scale, int) or isinstance(scale, bool) or scale < 1:
+            raise InputError(f'scale: expected an integer >= 1, got {scale!r}')
+        key = next((k for k in SCALE_KEYS if k in section), None)
+        if key is None:
+            raise InputError(f"network_g of type '{section.get('type')}' has no scale argument "
+                             f"({', '.join(SCALE_KEYS)}) to set to {scale}")
+        section[key] = scale
+    return section
+
+
+def load_network(checkpoint: str, arch: Optional[str] = None, opt: Union[str, Mapping, None] = None,
+                 device: Union[str, torch.device, None] = None, scale: Optional[int] = None,
+                 param_key: str = 'params_ema') -> nn.Module:
+    """Build a network and load ``checkpoint`` into it, ready for :func:`upscale` (eval mode).
+
+    The network comes from ``opt`` (an option file path or dict; its ``network_g``) or from
+    ``arch`` with that architecture's classic x4 defaults; ``scale`` overrides the factor of
+    either. Checkpoints: this project's ``net_g_*.pth`` (LDT's composite included), upstream
+    releases (``params`` / ``params_ema``) and bare state dicts, all read with
+    ``weights_only=True``; ``params_ema`` is preferred when a file holds both. A checkpoint of
+    another network raises :class:`InputError` naming the missing/unexpected keys.
+    """
+    section = network_options(arch, opt, scale)
+    registered(ARCH_REGISTRY, section.get('type'), 'network_g.type')
+    try:
+        network = build_network(dict(section))
+    except (TypeError, ValueError) as err:
+        raise InputError(f"cannot build network_g {section.get('type')}: {err}") from None
+    load_weights(network, checkpoint, param_key)
+    if device is None:
+        device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    device = torch.device(device)
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise InputError("device 'cuda' was asked for, but torch sees no CUDA device")
+    network.requires_grad_(False)
+    return network.to(device).eval()
+
+
+def network_scale(network: nn.Module) -> int:
+    """The upscaling factor of ``network``: its scale attribute, else measured on a small input."""
+    for key in SCALE_KEYS:
+        value = getattr(network, key, None)
+        if isinstance(value, int) and value >= 1:
+            return value
+    parameter = next(network.parameters())
+    with torch.no_grad():
+        out = network(torch.zeros(1, 3, 16, 16, device=parameter.device, dtype=parameter.dtype))
+    return out.shape[-1] // 16
+
+
+def check_precision(device: torch.device, precision: str) -> None:
+    """Refuse a precision the device cannot run, before any image is read."""
+    if precision not in PRECISIONS:
+        raise InputError(f"precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == 'fp16' and device.type == 'cpu':
+        raise InputError("precision 'fp16' needs a CUDA device; on the CPU use 'bf16' or 'fp32'")
+
+
+def check_tiles(tile: Optional[int], tile_overlap: int) -> int:
+    """The tile size to use (0 = whole image), or an error naming the bad value."""
+    tile = tile or 0
+    if not isinstance(tile, int) or tile < 0:
+        raise InputError(f'tile: expected an integer >= 0 (0 or None = whole image), got {tile!r}')
+    if tile and not (isinstance(tile_overlap, int) and 0 <= tile_overlap < tile):
+        raise InputError(f'tile_overlap: expected an integer in [0, tile={tile}), got {tile_overlap!r}')
+    return tile
+
+
+@torch.no_grad()
+def _run(network: nn.Module, batch: torch.Tensor, tile: Optional[int], tile_overlap: int, precision: str) -> torch.Tensor:
+    """NCHW float in [0, 1] -> NCHW float32 in [0, 1] on the input's device."""
+    parameter = next(network.parameters())
+    tile = check_tiles(tile, tile_overlap)
+    check_precision(parameter.device, precision)
+    autocast = (contextlib.nullcontext() if precision == 'fp32'
+                else torch.autocast(device_type=parameter.device.type, dtype=PRECISIONS[precision]))
+    with autocast:
+        out = tiled_forward(network, batch.to(parameter.device, parameter.dtype), network_scale(network),
+                            tile, tile_overlap)
+    return out.float().clamp_(0, 1).to(batch.device)
+
+
+def upscale(network: nn.Module, image: Union[np.ndarray, torch.Tensor], tile: Optional[int] = None,
+            precision: str = 'fp32', tile_overlap: int = 16) -> Union[np.ndarray, torch.Tensor]:
+    """Super-resolve one image (or a batch of tensors) and return it in the same form.
+
+    numpy: ``HxW``, ``HxWx1``, ``HxWx3`` (RGB) or ``HxWx4`` (RGBA), ``uint8`` or ``uint16``; the
+    result has the same layout and dtype. Grayscale is replicated to RGB for the network and
+    averaged back; alpha is resized bicubically on its own (a mask is not a photograph: the
+    network would add camera-like texture to it). torch: ``NCHW`` or ``CHW`` float in [0, 1];
+    the result is float32 in [0, 1] on the input's device. ``tile`` > 0 runs LR tiles of that
+    size (memory bounded by the tile); ``precision`` ``bf16``/``fp16`` use ``torch.autocast``.
+    """
+    if isinstance(image, torch.Tensor):
+        if image.dim() not in (3, 4) or image.shape[-3] != 3 or not image.is_floating_point():
+            raise InputError(f'expected a float tensor NCHW or CHW with 3 channels in [0, 1], got '
+                             f'{image.dtype} of shape {tuple(image.shape)}')
+        batch = image if image.dim() == 4 else image.unsqueeze(0)
+        out = _run(network, batch, tile, tile_overlap, precision)
+        return out if image.dim() == 4 else out[0]
+    if not isinstance(image, np.ndarray):
+        raise InputError(f'expected a numpy array or a torch tensor, got {type(image).__name__}')
+    if image.dtype not in (np.uint8, np.uint16):
+        raise InputError(f'expected a uint8 or uint16 image, got {image.dtype}')
+    if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
+        gray = image.reshape(image.shape[0], image.shape[1], 1)
+        out = upscale(network, np.repeat(gray, 3, axis=2), tile, precision, tile_overlap)
+        mean = out.astype(np.float64).mean(axis=2, keepdims=True)
+        return np.round(mean).astype(image.dtype).reshape(out.shape[:2] + image.shape[2:])
+    if image.ndim != 3 or image.shape[2] not in (3, 4):
+        raise InputError(f'expected an image of shape HxW, HxWx1, HxWx3 or HxWx4, got {image.shape}')
+    if image.shape[2] == 4:
+        rgb = upscale(network, np.ascontiguousarray(image[..., :3]), tile, precision, tile_overlap)
+        return np.concatenate([rgb, resize_bicubic(image[..., 3:], rgb.shape[:2])], axis=2)
+    peak = float(np.iinfo(image.dtype).max)
+    tensor = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))).float().div_(peak).unsqueeze(0)
+    out = _run(network, tensor, tile, tile_overlap, precision)[0]
+    return np.round(out.permute(1, 2, 0).numpy() * peak).astype(image.dtype)
+
+
+def resize_bicubic(channel: np.ndarray, size) -> np.ndarray:
+    """Bicubic resize of an ``HxWx1`` integer image to ``size`` (h, w), clipped to its dtype."""
+    import cv2
+
+    resized = cv2.resize(channel[..., 0].astype(np.float32), (size[1], size[0]), interpolation=cv2.INTER_CUBIC)
+    peak = np.iinfo(channel.dtype).max
+    return np.clip(np.round(resized), 0, peak).astype(channel.dtype)[..., None]

@@ -1,0 +1,133 @@
+"""``inference.py``: super-resolve your own photos (no ground truth) with a trained network.
+
+One image at a time through :func:`basicsr_ldt.api.upscale` (memory is bounded by the largest
+image, or by the tile with ``--tile``). Everything that can be checked before the first image is
+read is checked first (flags, input files, existing outputs, the network and its checkpoint), so
+bad input costs nothing; an unreadable image later is one line and the run goes on.
+"""
+import argparse
+import os
+import time
+from typing import List, Optional, Sequence
+
+import cv2
+import numpy as np
+from tqdm import tqdm
+
+from basicsr_ldt.api import PRECISIONS, check_precision, check_tiles, load_network, network_scale, upscale
+from basicsr_ldt.errors import InputError
+
+IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.tif', '.tiff', '.webp')
+OUTPUT_EXTENSIONS = ('png', 'tif')
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description='Super-resolve images with a trained network (no ground truth needed).')
+    parser.add_argument('--input', required=True, help='an image file or a folder of images')
+    parser.add_argument('--output', required=True, help='folder for the results (created if missing)')
+    parser.add_argument('--checkpoint', required=True, help='net_g_*.pth of this project or an upstream release')
+    parser.add_argument('--arch', help='MambaIR, HAT or SAFMN with its classic x4 defaults (or use --opt)')
+    parser.add_argument('--scale', type=int, help='upscaling factor for --arch (default: 4) or to override --opt')
+    parser.add_argument('--opt', help='a train/test option file whose network_g describes the network')
+    parser.add_argument('--tile', type=int, default=0, help='LR tile size in pixels; 0 = whole image (default)')
+    parser.add_argument('--tile-overlap', type=int, default=16, help='overlap between tiles (default: 16)')
+    parser.add_argument('--precision', choices=list(PRECISIONS), default='fp32', help='fp32 (default), bf16, fp16')
+    parser.add_argument('--device', choices=['cpu', 'cuda'], help='default: cuda when available, else cpu')
+    parser.add_argument('--force', action='store_true', help='overwrite existing output files')
+    parser.add_argument('--suffix', default=None, help="appended to each output's stem (default: _x<scale>)")
+    parser.add_argument('--ext', choices=OUTPUT_EXTENSIONS, default='png',
+                        help='output format, both keep 16-bit depth and alpha (default: png)')
+    return parser.parse_args(argv)
+
+
+def list_images(path: str) -> List[str]:
+    """The images to process: ``path`` itself, or the image files directly inside the folder."""
+    if os.path.isfile(path):
+        if not path.lower().endswith(IMAGE_EXTENSIONS):
+            raise InputError(f"input '{path}' is not an image file ({', '.join(IMAGE_EXTENSIONS)})")
+        return [path]
+    if not os.path.isdir(path):
+        raise InputError(f"input '{path}' does not exist")
+    files = sorted(os.path.join(path, name) for name in os.listdir(path)
+                   if name.lower().endswith(IMAGE_EXTENSIONS) and os.path.isfile(os.path.join(path, name)))
+    if not files:
+        raise InputError(f"input folder '{path}' has no images ({', '.join(IMAGE_EXTENSIONS)})")
+    return files
+
+
+def output_paths(files: Sequence[str], folder: str, suffix: str, ext: str, force: bool) -> List[str]:
+    """One output per input; refuse duplicates, inputs as outputs and (without force) existing files."""
+    outputs = [os.path.join(folder, f'{os.path.splitext(os.path.basename(f))[0]}{suffix}.{ext}') for f in files]
+    seen = {}
+    for source, target in zip(files, outputs):
+        if target in seen:
+            raise InputError(f"'{seen[target]}' and '{source}' would both be written to '{target}'")
+        seen[target] = source
+        if os.path.abspath(source) == os.path.abspath(target):
+            raise InputError(f"output '{target}' is the input image itself; choose another --output or --suffix")
+    existing = [t for t in outputs if os.path.exists(t)]
+    if existing and not force:
+        raise InputError(f"{len(existing)} output file(s) exist already (e.g. '{existing[0]}'); "
+                         'pass --force to overwrite them')
+    return outputs
+
+
+def read_image(path: str) -> np.ndarray:
+    """An 8- or 16-bit image in RGB(A) or grayscale order, as :func:`upscale` expects."""
+    image = cv2.imread(path, cv2.IMREAD_UNCHANGED)
+    if image is None:
+        raise InputError('cannot read it: not an image, or the file is corrupt')
+    if image.dtype not in (np.uint8, np.uint16):
+        raise InputError(f'{image.dtype} pixels are not supported (8- or 16-bit integers)')
+    if image.ndim == 3 and image.shape[2] == 3:
+        return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+    if image.ndim == 3 and image.shape[2] == 4:
+        return cv2.cvtColor(image, cv2.COLOR_BGRA2RGBA)
+    return image
+
+
+def write_image(image: np.ndarray, path: str) -> None:
+    """Encode first, then write a temporary file and rename it: no half-written outputs."""
+    if image.ndim == 3 and image.shape[2] == 3:
+        image = cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
+    elif image.ndim == 3 and image.shape[2] == 4:
+        image = cv2.cvtColor(image, cv2.COLOR_RGBA2BGRA)
+    ok, data = cv2.imencode(os.path.splitext(path)[1], image)
+    if not ok:
+        raise InputError(f"cannot encode '{path}'")
+    tmp = os.path.join(os.path.dirname(path), f'.{os.path.basename(path)}.tmp')
+    with open(tmp, 'wb') as handle:
+        handle.write(data.tobytes())
+    os.replace(tmp, path)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the exit code (1 if any image failed)."""
+    args = parse_args(argv)
+    if args.opt is None and args.arch is None:
+        raise InputError('give the network as --opt OPTION_FILE or --arch MambaIR|HAT|SAFMN')
+    if args.opt is not None and args.arch is not None:
+        raise InputError('give either --opt or --arch, not both')
+    check_tiles(args.tile, args.tile_overlap)
+    files = list_images(args.input)
+    network = load_network(args.checkpoint, arch=args.arch, opt=args.opt, device=args.device, scale=args.scale)
+    check_precision(next(network.parameters()).device, args.precision)
+    scale = network_scale(network)
+    suffix = f'_x{scale}' if args.suffix is None else args.suffix
+    outputs = output_paths(files, args.output, suffix, args.ext, args.force)
+    os.makedirs(args.output, exist_ok=True)
+    written, failed, start = 0, [], time.time()
+    for source, target in zip(tqdm(files, desc='upscale', unit='img', dynamic_ncols=True), outputs):
+        try:
+            result = upscale(network, read_image(source), tile=args.tile, precision=args.precision,
+                             tile_overlap=args.tile_overlap)
+            write_image(result, target)
+            written += 1
+        except (InputError, cv2.error) as err:
+            failed.append(source)
+            tqdm.write(f"failed: '{source}': {str(err).strip().splitlines()[0]}")
+    seconds = time.time() - start
+    print(f'{written} written, {len(failed)} failed, to {args.output} '
+          f'({seconds:.1f} s, {len(files) / max(seconds, 1e-9):.2f} images/s)', flush=True)
+    return 1 if failed else 0

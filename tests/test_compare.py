@@ -1,0 +1,63 @@
+"""Comparison grids from test.py (test: compare:) and where their zoomed crops land."""
+import cv2
+import numpy as np
+import torch
+
+from basicsr.archs import build_network
+from basicsr_ldt.compare import comparison_grid, crop_boxes, disagreement
+from conftest import run_entry
+from test_cli import dataset, write
+
+TINY = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscaling_factor': 4}
+
+
+def test_crops_go_where_the_methods_disagree():
+    hr = np.full((64, 80, 3), 100, np.uint8)
+    a, b = hr.copy(), hr.copy()
+    b[40:52, 10:22] = 200   # the methods differ here only
+    a[5:9, 60:64] = 180      # and, less, here
+    boxes = crop_boxes(disagreement([a, b], hr), size=12, count=2)
+    assert boxes[0] == (40, 10)
+    assert 60 - 12 < boxes[1][1] <= 60 and 5 - 12 < boxes[1][0] <= 5
+    # One method: the crop goes where it is furthest from the HR image.
+    assert crop_boxes(disagreement([b], hr), size=12, count=1) == [(40, 10)]
+    panels = {'LR (bicubic)': hr, 'A': a, 'B': b, 'HR': hr}
+    grid = comparison_grid(panels, {'LR (bicubic)': 20.0, 'A': 30.0, 'B': 25.0}, boxes, 12)
+    # 4 panels 192 wide (80 px x 2.4) and 4 px apart; label 22 + image 154 high, two 192-pixel crop rows.
+    assert grid.dtype == np.uint8 and grid.shape == (22 + 154 + 2 * (6 + 192), 4 * 192 + 3 * 4, 3)
+
+
+def test_test_py_writes_one_grid_per_image(project, demo_data, tmp_path):
+    paths = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        network = build_network(dict(TINY))
+        paths.append(tmp_path / f'net{seed}.pth')
+        torch.save({'params': network.state_dict()}, paths[-1])
+    first = {'name': 'first', 'scale': 4, 'num_gpu': 0, 'network_g': TINY, 'path': {},
+             'datasets': {'test_1': dataset(demo_data, 'Test', ['Sony', 'Canon'])},
+             'checkpoints': [{'label': 'A', 'path': str(paths[0])}, {'label': 'B', 'path': str(paths[1])}],
+             'test': {'save_img': True, 'compare': {'crops': 2, 'size': 16}}}
+    run_entry(project, 'test.py', '-opt', write(project / 'first.yml', first))
+    folder = project / 'results' / 'first' / 'compare'
+    names = sorted(p.name for p in folder.iterdir())
+    assert [n.split('_')[0] for n in names] == ['Canon', 'Canon', 'Sony', 'Sony']  # <camera>_<stem>.png
+    assert all(n.endswith('_x4.png') for n in names)
+    grid = cv2.imread(str(folder / names[0]))
+    assert grid.shape == (22 + 192 + 2 * (6 + 192), 4 * 192 + 3 * 4, 3)  # LR, A, B, HR; two crop rows
+
+    # Methods from a checkpoint file and from the saved images of the first run.
+    second = dict(first, name='second', checkpoints=[{'label': 'A', 'path': str(paths[0])}],
+                  test={'compare': {'crops': 1, 'size': 16, 'methods': {
+                      'B': str(paths[1]), 'B saved': str(project / 'results' / 'first' / 'visualization' / 'B')}}})
+    run_entry(project, 'test.py', '-opt', write(project / 'second.yml', second))
+    grid2 = cv2.imread(str(project / 'results' / 'second' / 'compare' / names[0]))
+    assert grid2.shape[1] == grid.shape[1]
+    # 'B' (run again) and 'B saved' (read back) are the same pixels, so the panels are identical.
+    panel = 192 + 4
+    assert np.array_equal(grid2[30:200, panel:2 * panel - 4], grid2[30:200, 2 * panel:3 * panel - 4])
+
+    bad = dict(second, name='bad', test={'compare': {'methods': {'C': str(tmp_path / 'nothing')}}})
+    result = run_entry(project, 'test.py', '-opt', write(project / 'bad.yml', bad), check=False)
+    assert result.returncode == 2 and 'test.compare.methods.C: expected a checkpoint file or a folder' in result.stderr
+    assert not (project / 'results' / 'bad').exists()
