@@ -71,14 +71,15 @@ def network_options(arch: Optional[str] = None, opt: Union[str, Mapping, None] =
 
 def load_network(checkpoint: str, arch: Optional[str] = None, opt: Union[str, Mapping, None] = None,
                  device: Union[str, torch.device, None] = None, scale: Optional[int] = None,
-                 param_key: str = 'params_ema') -> nn.Module:
+                 param_key: Optional[str] = None) -> nn.Module:
     """Build a network and load ``checkpoint`` into it, ready for :func:`upscale` (eval mode).
 
     The network comes from ``opt`` (an option file path or dict; its ``network_g``) or from
     ``arch`` with that architecture's classic x4 defaults; ``scale`` overrides the factor of
     either. Checkpoints: this project's ``net_g_*.pth`` (LDT's composite included), upstream
     releases (``params`` / ``params_ema``) and bare state dicts, all read with
-    ``weights_only=True``; ``params_ema`` is preferred when a file holds both. A checkpoint of
+    ``weights_only=True``; ``param_key`` picks the entry (default: ``params_ema`` when the file
+    has it, else ``params``). A checkpoint of
     another network raises :class:`InputError` naming the missing/unexpected keys.
     """
     section = network_options(arch, opt, scale)

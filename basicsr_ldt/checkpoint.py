@@ -8,7 +8,7 @@ import logging
 import os
 import pickle
 import tempfile
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -46,8 +46,14 @@ def load_safe(path: str, what: str = 'checkpoint') -> Any:
         raise InputError(f"cannot read {what} '{path}': {err}".split('\n')[0]) from None
 
 
-def extract_state_dict(checkpoint: Any, path: str, param_key: str = 'params') -> dict:
-    """The network weights in a BasicSR-style checkpoint (``params``/``params_ema``) or a bare dict."""
+def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'params') -> dict:
+    """The network weights in a BasicSR-style checkpoint (``params``/``params_ema``) or a bare dict.
+
+    ``param_key=None`` takes ``params_ema``, else ``params``, else a bare state dict, silently (the
+    order a user of a released file expects); a named key that is absent falls back with a warning.
+    """
+    if param_key is None and isinstance(checkpoint, dict):
+        param_key = next((k for k in ('params_ema', 'params') if k in checkpoint), None)
     if isinstance(checkpoint, dict) and param_key in checkpoint:
         state = checkpoint[param_key]
     elif isinstance(checkpoint, dict) and param_key is not None and {'params', 'params_ema'} & set(checkpoint):
@@ -58,11 +64,12 @@ def extract_state_dict(checkpoint: Any, path: str, param_key: str = 'params') ->
         state = checkpoint
     else:
         keys = list(checkpoint)[:5] if isinstance(checkpoint, dict) else type(checkpoint).__name__
-        raise InputError(f"checkpoint '{path}' has no '{param_key}' weights (top-level keys: {keys})")
+        raise InputError(f"checkpoint '{path}' has no '{param_key or 'params'}' weights (top-level keys: {keys})")
     return {k[7:] if k.startswith('module.') else k: v for k, v in state.items()}
 
 
-def load_weights(network: torch.nn.Module, path: str, param_key: str = 'params', strict: bool = True) -> None:
+def load_weights(network: torch.nn.Module, path: str, param_key: Optional[str] = 'params',
+                 strict: bool = True) -> None:
     """Load weights into ``network``, naming a few mismatched keys instead of a wall of text."""
     state = extract_state_dict(load_safe(path), path, param_key)
     own = network.state_dict()

@@ -45,10 +45,14 @@ import torch
 from torch import nn
 
 from basicsr_ldt.ldt.config import reject_unknown_keys
+from basicsr_ldt.ldt.typed import check_options, choice, integer, number
 from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, finite_on_all_ranks
 
 ALPHA_DECAYS = ('log', 'linear', 'none')
-SLICE_RANGE = (5, 100)
+SLICE_RANGE = (5, 100)                          # the paper's range of n
+#: Type and range of each key (paper: alpha starts in [0.5, 1]).
+SPECS = {'slices': integer(*SLICE_RANGE), 'alpha': number(0, 1, '[]'), 'alpha_decay': choice(*ALPHA_DECAYS),
+         'seed': integer(0)}
 
 
 @dataclass(frozen=True)
@@ -61,17 +65,7 @@ class CorGradConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        low, high = SLICE_RANGE
-        if not isinstance(self.slices, int) or isinstance(self.slices, bool) or not low <= self.slices <= high:
-            raise ValueError(f"CorGrad option 'slices' must be an integer in [{low}, {high}] (the paper's range), "
-                             f'got {self.slices!r}')
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"CorGrad option 'alpha' must be a number in [0, 1] (paper: start in [0.5, 1]), "
-                             f'got {self.alpha!r}')
-        if self.alpha_decay not in ALPHA_DECAYS:
-            raise ValueError(f"CorGrad option 'alpha_decay' must be one of {ALPHA_DECAYS}, got {self.alpha_decay!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ValueError(f"CorGrad option 'seed' must be an integer >= 0, got {self.seed!r}")
+        check_options('ldt', dataclasses.asdict(self), SPECS)
 
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> 'CorGradConfig':

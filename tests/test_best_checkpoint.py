@@ -85,12 +85,12 @@ def _opt(val=None, datasets=('val_a', 'val_b'), model_type='FTSRModel'):
 @pytest.mark.parametrize('val, datasets, networks, message', [
     ({'save_best': True}, ('val_a', 'val_b'), (), 'name the one that selects with val.best_dataset'),
     ({'save_best': True}, (), (), "needs a validation set: add a 'datasets: val_\\*' section"),
-    ({'save_best': True, 'best_dataset': 'c'}, ('val_a',), (), "val.best_dataset 'c' is not a validation set"),
-    ({'save_best': True, 'best_metric': 'ssim'}, ('val_a',), (), "'ssim' is not one of val.metrics \\(psnr, niqe\\)"),
-    ({'save_best': 'yes'}, ('val_a',), (), 'val.save_best must be true or false'),
-    ({'best_metric': 'psnr'}, ('val_a',), (), "no effect without 'val: save_best: true'"),
-    ({'best_network': 'primary'}, ('val_a',), (), "val.best_network 'primary': not used by FTSRModel"),
-    ({'best_network': 'both'}, ('val_a',), ('composite', 'primary'), 'one of composite, primary'),
+    ({'save_best': True, 'best_dataset': 'c'}, ('val_a',), (), "val.best_dataset: expected the name of a validation set \\(a\\), got 'c'"),
+    ({'save_best': True, 'best_metric': 'ssim'}, ('val_a',), (), "val.best_metric: expected one of val.metrics \\(psnr, niqe\\), got 'ssim'"),
+    ({'save_best': 'yes'}, ('val_a',), (), "val.save_best: expected true or false, got 'yes'"),
+    ({'best_metric': 'psnr'}, ('val_a',), (), "val.best_metric: expected only with 'val: save_best: true'"),
+    ({'best_network': 'primary'}, ('val_a',), (), "val.best_network: expected no value \\(FTSRModel has one network\\), got 'primary'"),
+    ({'best_network': 'both'}, ('val_a',), ('composite', 'primary'), "val.best_network: expected one of 'composite', 'primary', got 'both'"),
 ])
 def test_selection_option_errors(val, datasets, networks, message):
     with pytest.raises(InputError, match=message):

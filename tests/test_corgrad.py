@@ -90,10 +90,10 @@ def test_alpha_schedules_start_at_alpha_and_decay_to_zero():
 
 
 @pytest.mark.parametrize('options, message', [
-    ({'slices': 4}, r"'slices' must be an integer in \[5, 100\]"),
-    ({'slices': 101}, r"'slices' must be an integer in \[5, 100\]"),
-    ({'alpha': 1.5}, "'alpha' must be a number in"),
-    ({'alpha_decay': 'exp'}, "'alpha_decay' must be one of"),
+    ({'slices': 4}, r"ldt.slices: expected an integer in \[5, 100\], got 4"),
+    ({'slices': 101}, r"ldt.slices: expected an integer in \[5, 100\], got 101"),
+    ({'alpha': 1.5}, r"ldt.alpha: expected a number in \[0, 1\], got 1.5"),
+    ({'alpha_decay': 'exp'}, "ldt.alpha_decay: expected one of 'log', 'linear', 'none', got 'exp'"),
     ({'slice': 10}, "unknown CorGrad option 'slice'; did you mean 'slices'"),
 ])
 def test_bad_options_name_the_key(options, message):

@@ -97,9 +97,9 @@ def test_first_group_and_bad_interval():
     algo = _ldt_s(first_group='unstable')
     assert next(iter(_run(algo, 1, START)[-1])) == 'l_unstable'
     for bad in (0, -3, 1.5):
-        with pytest.raises(ValueError, match="'interval_iters' must be an integer >= 1"):
+        with pytest.raises(ValueError, match="ldt.interval_iters: expected an integer >= 1"):
             preset('ldt_s', interval_iters=bad)
-    with pytest.raises(ValueError, match="'first_group' must be one of"):
+    with pytest.raises(ValueError, match="ldt.first_group: expected one of"):
         LDTConfig(mode='alternating', first_group='both')
 
 

@@ -38,14 +38,14 @@ def test_ratio_s_at_one_half_equals_ratio_u_at_one_half():
 
 
 @pytest.mark.parametrize('options, message', [
-    ({'ratio_u': 0.4, 'ratio_s': 0.5}, "either 'ratio_u' .* or 'ratio_s'"),
-    ({'ratio_s': 1.0}, "'ratio_s' must lie strictly between 0 and 1"),
-    ({'ratio_s': 'half'}, "'ratio_s' must lie strictly between 0 and 1"),
-    ({'ratio_u': None}, "exactly one of the LDT options 'ratio_u' and 'ratio_s'"),
-    ({'profile_order': 'sorted'}, "'profile_order' must be one of"),
-    ({'profile_order': 'file_order'}, "set 'profile_counts_in_total_iter: false'"),
-    ({'profile_counts_in_total_iter': 'no'}, "'profile_counts_in_total_iter' must be true or false"),
-    ({'deft_grouping': 'layers'}, "'deft_grouping' must be one of"),
+    ({'ratio_u': 0.4, 'ratio_s': 0.5}, "ldt.ratio_s: expected either ratio_u .* or ratio_s .*not both"),
+    ({'ratio_s': 1.0}, r"ldt.ratio_s: expected a number in \(0, 1\), got 1.0"),
+    ({'ratio_s': 'half'}, r"ldt.ratio_s: expected a number in \(0, 1\), got 'half'"),
+    ({'ratio_u': None}, "ldt.ratio_s: expected exactly one of ratio_u \\(unstable share\\) and ratio_s"),
+    ({'profile_order': 'sorted'}, "ldt.profile_order: expected one of 'shuffled', 'file_order', got 'sorted'"),
+    ({'profile_order': 'file_order'}, "ldt.profile_counts_in_total_iter: expected false with profile_order 'file_order'"),
+    ({'profile_counts_in_total_iter': 'no'}, "ldt.profile_counts_in_total_iter: expected true or false, got 'no'"),
+    ({'deft_grouping': 'layers'}, "ldt.deft_grouping: expected one of 'head', 'non_layers', got 'layers'"),
     ({'deft_grouping': 'non_layers'}, "applies to partition 'name' only"),
 ])
 def test_parity_option_errors(options, message):

@@ -133,7 +133,7 @@ def test_bf16_autocast_steps_keep_fp32_weights_and_gradients_out_of_the_optimize
 
 @pytest.mark.parametrize('value, device, message', [
     ('fp16', 'cpu', 'train.amp: fp16 needs a CUDA device and this run is on the CPU; use bf16 or none'),
-    ('half', 'cpu', "train.amp must be one of none, bf16, fp16, got 'half'"),
+    ('half', 'cpu', "train.amp: expected one of 'none', 'bf16', 'fp16', got 'half'"),
 ])
 def test_amp_values_are_checked_up_front(value, device, message):
     with pytest.raises(ValueError) as err:

@@ -71,7 +71,7 @@ def test_method_with_its_own_base_file(tmp_path, demo_data):
     ({'methods': {'FT': {'traim': {'total_iter': 3}}}}, "method 'FT': 'traim' is not an option.*did you mean 'train'"),
     ({'methods': {'FT': {'train': {'ema_decy': 0.9}}}}, "method 'FT': 'train.ema_decy' is not an option"),
     ({'methods': {'LDT': {'model_type': 'LDTSRModel', 'ldt': {'method': 'ldt_fast'}}}},
-     "ldt.method: unknown method 'ldt_fast'"),
+     "ldt.method: expected one of 'ft', "),
     ({'methods': {'X': {'model_type': 'NoSuchModel'}}}, "model_type 'NoSuchModel' is not registered"),
     ({'sweep': {'train.optim_g.learning_rate': [1e-3]}}, "sweep 'train.optim_g.learning_rate'.*is not an option"),
     ({'sweep': {'ldt.ratio_u': [0.3]}}, r"sweep 'ldt.ratio_u' \(method 'FT'\)"),

@@ -1,5 +1,6 @@
 """Typed option checks: a wrong type or range names the full key path, the value and what was expected."""
 import pytest
+import torch
 import yaml
 
 from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
@@ -16,7 +17,7 @@ from basicsr_ldt.options import validate_dataset_options
     ({'ema_every': 0}, 'ldt.ema_every: expected an integer >= 1, got 0'),
     ({'profile_iters': 10.5}, 'ldt.profile_iters: expected an integer >= 0, got 10.5'),
     ({'head_patterns': 3}, 'ldt.head_patterns: expected a string or a list of strings, got 3'),
-    ({'criterion': 'variance'}, "ldt.criterion: expected one of 'var', 'mean', 'var_over_mean', 'random', got 'variance'"),
+    ({'criterion': 'variance'}, "ldt.criterion: expected one of 'var', 'mean', 'var_over_mean', 'random', 'sample_var', 'fisher', got 'variance'"),
     ({'method': 3}, "ldt.method: expected one of 'ft', 'lp_ft', 'deft', 'ldt'"),
     ({'w_base_stable': 0.995, 'r_base_stable': 0.01}, 'ldt.r_base_stable: expected w_base_stable + r_base_stable <= 1'),
 ])
@@ -65,5 +66,5 @@ def test_test_section(change, message, demo_data):
                                    'dataroot_gt': str(demo_data / 'Test_x4' / 'test_HR'),
                                    'dataroot_lq': str(demo_data / 'Test_x4' / 'test_LR')}}, **change}
     with pytest.raises(InputError) as err:
-        _build(opt)
+        _build(opt, torch.device('cpu'))
     assert str(err.value).startswith(message)

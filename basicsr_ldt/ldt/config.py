@@ -74,7 +74,8 @@ class LDTConfig:
     first_group: str = 'stable'        # LDT-S: group trained in the first interval (LDT's primary)
 
     def __post_init__(self) -> None:
-        check_options('ldt', dataclasses.asdict(self), SPECS)
+        given = {k: v for k, v in dataclasses.asdict(self).items() if not (k in ('ratio_u', 'ratio_s') and v is None)}
+        check_options('ldt', given, SPECS)
         for key in ('head_patterns', 'force_stable', 'force_unstable'):
             value = getattr(self, key)
             if isinstance(value, str):
@@ -89,7 +90,8 @@ class LDTConfig:
         options = dict(options)
         if options.get('ratio_s') is not None:  # "given" = present and not null
             if options.get('ratio_u') is not None:
-                raise ValueError("give either 'ratio_u' (unstable share) or 'ratio_s' (stable share), not both")
+                raise ValueError('ldt.ratio_s: expected either ratio_u (unstable share) or ratio_s (stable share), '
+                                 'not both')
             options['ratio_u'] = None
         return cls(**options)
 
@@ -120,8 +122,8 @@ SPECS = {
     'criterion': choice(*CRITERIA),
     'partition': choice(*PARTITIONS),
     'partition_file': optional(string()),
-    'ratio_u': optional(number(0, 1, '()')),
-    'ratio_s': optional(number(0, 1, '()')),
+    'ratio_u': number(0, 1, '()'),     # one of the two shares is None (not given): see _validate
+    'ratio_s': number(0, 1, '()'),
     'force_stable': strings(),
     'force_unstable': strings(),
     'dpu': boolean(),

@@ -43,7 +43,7 @@ def resolve_dtype(key: str, value: object, choices: Mapping[str, Optional[torch.
     here) and for bf16 on a GPU without bf16 support.
     """
     if value not in choices:
-        raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+        raise ValueError(f"{key}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
     dtype = choices[value]
     if dtype is torch.float16 and device_type != 'cuda':
         raise ValueError(f'{key}: fp16 needs a CUDA device and this run is on the {device_type.upper()}; '

@@ -25,20 +25,21 @@ def best_selection(opt: Dict, networks: Tuple[str, ...] = ()) -> Optional[Dict[s
     val = opt.get('val') or {}
     network = val.get('best_network', networks[0] if networks else None)
     if 'best_network' in val and network not in networks:
-        allowed = f"one of {', '.join(networks)}" if networks else f"not used by {opt.get('model_type')}"
-        raise InputError(f"val.best_network '{network}': {allowed}")
+        allowed = f"one of {', '.join(map(repr, networks))}" if networks else f"no value ({opt.get('model_type')} " \
+            'has one network)'
+        raise InputError(f'val.best_network: expected {allowed}, got {network!r}')
     save = val.get('save_best', False)
     if not isinstance(save, bool):
-        raise InputError(f'val.save_best must be true or false, got {save!r}')
+        raise InputError(f'val.save_best: expected true or false, got {save!r}')
     if not save:
         given = [k for k in ('best_metric', 'best_dataset') if k in val]
         if given:
-            raise InputError(f"val.{given[0]} has no effect without 'val: save_best: true'")
+            raise InputError(f"val.{given[0]}: expected only with 'val: save_best: true' (it has no effect without)")
         return None
     metrics = val.get('metrics') or {}
     metric = val.get('best_metric', 'psnr')
     if metric not in metrics:
-        raise InputError(f"val.best_metric '{metric}' is not one of val.metrics ({', '.join(metrics) or 'none'})")
+        raise InputError(f"val.best_metric: expected one of val.metrics ({', '.join(metrics) or 'none'}), got {metric!r}")
     names = [d.get('name', phase) for phase, d in (opt.get('datasets') or {}).items() if phase.split('_')[0] == 'val']
     if not names:
         raise InputError("val.save_best needs a validation set: add a 'datasets: val_*' section (held-out "
@@ -48,7 +49,8 @@ def best_selection(opt: Dict, networks: Tuple[str, ...] = ()) -> Optional[Dict[s
         raise InputError(f'val.save_best with {len(names)} validation sets: name the one that selects with '
                          f"val.best_dataset (one of {', '.join(names)})")
     if dataset is not None and dataset not in names:
-        raise InputError(f"val.best_dataset '{dataset}' is not a validation set (names: {', '.join(names)})")
+        raise InputError(f"val.best_dataset: expected the name of a validation set ({', '.join(names)}), "
+                         f'got {dataset!r}')
     return {'metric': metric, 'dataset': dataset or names[0], 'network': network,
             'higher': metrics[metric].get('better', 'higher') == 'higher'}
 

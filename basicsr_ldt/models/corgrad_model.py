@@ -40,8 +40,8 @@ def corgrad_config_from_options(opt: Dict) -> Tuple[CorGradConfig, List[str]]:
     ignored = sorted(k for k in section if k not in ours and k in {f.name for f in dataclasses.fields(LDTConfig)})
     try:
         return CorGradConfig.from_dict({k: v for k, v in section.items() if k not in ignored}), ignored
-    except (TypeError, ValueError) as err:
-        raise InputError(f'ldt: {err}') from None
+    except ValueError as err:  # typed checks already name 'ldt.<key>'
+        raise InputError(str(err) if str(err).startswith('ldt.') else f'ldt: {err}') from None
 
 
 @MODEL_REGISTRY.register()

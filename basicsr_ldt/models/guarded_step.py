@@ -38,7 +38,7 @@ def precision_from_options(train_opt: Dict, device_type: str) -> MixedPrecision:
 def max_bad_steps_from_options(train_opt: Dict) -> int:
     value = train_opt.get('max_bad_steps', STEP_DEFAULTS['max_bad_steps'])
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f'train.max_bad_steps must be a positive integer, got {value!r}')
+        raise InputError(f'train.max_bad_steps: expected an integer >= 1, got {value!r}')
     return value
 
 

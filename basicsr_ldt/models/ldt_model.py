@@ -41,7 +41,7 @@ def ldt_config_from_options(opt: Dict) -> LDTConfig:
     method = section.pop('method', 'ldt')
     if method not in PRESETS:
         methods = PRESETS + ('corgrad',)
-        raise InputError(f"ldt.method: unknown method '{method}'; expected one of {', '.join(methods)}"
+        raise InputError(f"ldt.method: expected one of {', '.join(map(repr, methods))}, got {method!r}"
                          f'{closest_key_hint(str(method), methods)}')
     try:
         config = preset(method, **section)

@@ -230,7 +230,7 @@ def evaluation_options(base: Dict[str, Any], study: str, name: str, train_opt: M
                            'param_key': 'params_ema' if ema else 'params'}]
     # Comparison grids set one network against others; a study run has one (compare afterwards
     # with a test file that lists the runs, as options/demo/test_demo.yml does).
-    opt.setdefault('test', {})['compare'] = None
+    (opt.get('test') or {}).pop('compare', None)
     return opt
 
 
