@@ -250,3 +250,12 @@ def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsy
     assert subprocess.run(['bash', '-c', line], capture_output=True, timeout=600).returncode == 0
     study = plan.load_study(path, str(project))
     assert [runner.run_state(str(project), study, r) for r in study.runs] == [runner.DONE] * 4
+
+
+def test_a_run_is_tested_without_the_test_files_comparison_grids():
+    from basicsr_ldt.study.plan import evaluation_options
+    base = {'test': {'tile_size': 0, 'compare': {'crops': 2}}, 'datasets': {'t': {'name': 't'}}}
+    opt = evaluation_options(base, 'demo', 'FT_seed0', {'network_g': {'type': 'SAFMN'}, 'scale': 4}, '/r', ema=True)
+    assert opt['test'] == {'tile_size': 0}
+    assert opt['checkpoints'][0]['param_key'] == 'params_ema'
+    assert base['test']['compare'] == {'crops': 2}       # the study's test file itself is untouched
