@@ -7,7 +7,7 @@ import torch
 
 from conftest import run_entry
 from test_cli import write
-from test_ldt_model import assert_resume_reproduces, ldt_options, weights
+from test_ldt_model import assert_resume_reproduces, ldt_options
 
 # warm-up 1-2, profiling 3-4, LDT-S 5-10 with intervals of 2: swaps after iterations 6, 8, 10
 LDT_S = dict(method='ldt_s', interval_iters=2, ema_every=1)
