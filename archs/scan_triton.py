@@ -70,6 +70,30 @@ def _program_coordinates(dim, group_size, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _projection_source(ptr, tile, mask, bi, dim, chans, g0, dstate, n, length, VARIES: tl.constexpr):
+    """Where this program reads B (or C): when it varies along the sequence ((b, G, n, L)), the
+    offsets of its group's (n,) rows (all of the program's channels share group g0 // chans);
+    when constant ((d, n)), its tile, loaded once. Returns (rows, tile); the unused one is 0."""
+    if VARIES:
+        rows = ((bi * (dim // chans) + g0 // chans) * dstate + n) * length
+        const = 0.0
+    else:
+        rows = 0
+        const = tl.load(ptr + tile, mask=mask, other=0.0).to(tl.float32)
+    return rows, const
+
+
+@triton.jit
+def _projection_at(ptr, rows, t, mask_n, const, VARIES: tl.constexpr):
+    """B (or C) at position ``t``: a (1, n) float32 row read at ``rows + t``, or the constant tile."""
+    if VARIES:
+        value = tl.load(ptr + rows + t, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    else:
+        value = const
+    return value
+
+
+@triton.jit
 def _delta(raw, bias, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
     if HAS_BIAS:
         raw = raw + bias
@@ -92,14 +116,8 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
     tile = d[:, None] * dstate + n[None, :]
     A = tl.load(A_ptr + tile, mask=mask, other=0.0)
     row = (bi * dim + d) * length  # (b, d, 0) offsets of the (b, d, L) tensors
-    if VAR_B:  # (b, GB, n, L): this program's channels all read group g0 // b_chans
-        b_row = ((bi * (dim // b_chans) + g0 // b_chans) * dstate + n) * length
-    else:  # constant (d, n)
-        B_tile = tl.load(B_ptr + tile, mask=mask, other=0.0).to(tl.float32)
-    if VAR_C:
-        c_row = ((bi * (dim // c_chans) + g0 // c_chans) * dstate + n) * length
-    else:
-        C_tile = tl.load(C_ptr + tile, mask=mask, other=0.0).to(tl.float32)
+    b_row, B_tile = _projection_source(B_ptr, tile, mask, bi, dim, b_chans, g0, dstate, n, length, VAR_B)
+    c_row, C_tile = _projection_source(C_ptr, tile, mask, bi, dim, c_chans, g0, dstate, n, length, VAR_C)
     if HAS_D:
         Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
     bias = 0.0
@@ -115,14 +133,8 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
             ut = tl.load(u_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
             dt = _delta(tl.load(delta_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32),
                         bias, HAS_BIAS, SOFTPLUS)
-            if VAR_B:
-                Bt = tl.load(B_ptr + b_row + t, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            else:
-                Bt = B_tile
-            if VAR_C:
-                Ct = tl.load(C_ptr + c_row + t, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            else:
-                Ct = C_tile
+            Bt = _projection_at(B_ptr, b_row, t, mask_n, B_tile, VAR_B)
+            Ct = _projection_at(C_ptr, c_row, t, mask_n, C_tile, VAR_C)
             h = tl.exp(dt[:, None] * A) * h + (dt * ut)[:, None] * Bt
             y = tl.sum(h * Ct, axis=1)
             if HAS_D:
@@ -157,15 +169,11 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
     A = tl.load(A_ptr + tile, mask=mask, other=0.0)
     row = (bi * dim + d) * length
     part_row = (pid * dstate + n) * length  # this program's slice of the dB/dC partial sums
-    if VAR_B:
-        b_row = ((bi * (dim // b_chans) + g0 // b_chans) * dstate + n) * length
-    else:
-        B_tile = tl.load(B_ptr + tile, mask=mask, other=0.0).to(tl.float32)
+    b_row, B_tile = _projection_source(B_ptr, tile, mask, bi, dim, b_chans, g0, dstate, n, length, VAR_B)
+    c_row, C_tile = _projection_source(C_ptr, tile, mask, bi, dim, c_chans, g0, dstate, n, length, VAR_C)
+    if not VAR_B:  # constant B and C: their gradients are summed over positions in registers
         dB_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    if VAR_C:
-        c_row = ((bi * (dim // c_chans) + g0 // c_chans) * dstate + n) * length
-    else:
-        C_tile = tl.load(C_ptr + tile, mask=mask, other=0.0).to(tl.float32)
+    if not VAR_C:
         dC_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     if HAS_D:
         Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
@@ -190,10 +198,7 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
             ut = tl.load(u_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
             dt = _delta(tl.load(delta_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32),
                         bias, HAS_BIAS, SOFTPLUS)
-            if VAR_B:
-                Bt = tl.load(B_ptr + b_row + t, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            else:
-                Bt = B_tile
+            Bt = _projection_at(B_ptr, b_row, t, mask_n, B_tile, VAR_B)
             h = tl.exp(dt[:, None] * A) * h + (dt * ut)[:, None] * Bt
             tl.store(scratch + (t - t0) * tile_size, h)
         tl.debug_barrier()  # the states written above are read below by other threads
@@ -208,14 +213,8 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
                 dt = _softplus(raw)
             else:
                 dt = raw
-            if VAR_B:
-                Bt = tl.load(B_ptr + b_row + t, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            else:
-                Bt = B_tile
-            if VAR_C:
-                Ct = tl.load(C_ptr + c_row + t, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            else:
-                Ct = C_tile
+            Bt = _projection_at(B_ptr, b_row, t, mask_n, B_tile, VAR_B)
+            Ct = _projection_at(C_ptr, c_row, t, mask_n, C_tile, VAR_C)
             h_t = tl.load(scratch + j * tile_size)
             first = (tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.int32) + j) == 0
             h_prev = tl.load(scratch + (j - 1) * tile_size, mask=~first, other=0.0)
