@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from conftest import run_entry
 from test_cli import dataset, write
+from test_ldt_algorithm import _net
 from test_ldt_model import NETWORK, ldt_options
 
 from basicsr_ldt.inference import tiled_forward
@@ -17,12 +17,6 @@ from basicsr_ldt.ldt import AMP_DTYPES, LDT, LDTConfig, MixedPrecision, optimize
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 
 CFG = dict(head_warmup_iters=2, head_patterns=('5',), profile_iters=3, ratio_u=0.5, ema_every=1)
-
-
-def _net(seed=0):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
-                         nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1))
 
 
 def _data(iteration):
