@@ -84,14 +84,6 @@ class CorGradSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRMo
         super().feed_data(data)
         self.batch_cameras = list(data.get('camera', []))
 
-    def _loss(self, output: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
-        """The SRModel loss (pixel + perceptual/style when configured) of one camera's images."""
-        total = self.cri_pix(output, gt) if self.cri_pix else 0
-        if self.cri_perceptual:
-            percep, style = self.cri_perceptual(output, gt)
-            total = total + (percep if percep is not None else 0) + (style if style is not None else 0)
-        return total
-
     def optimize_parameters(self, current_iter: int) -> None:
         groups = [[i for i, c in enumerate(self.batch_cameras) if c == camera] for camera in self.source_cameras]
         if any(not g for g in groups) or sum(map(len, groups)) != len(self.batch_cameras):
@@ -107,4 +99,4 @@ class CorGradSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRMo
 
     def _camera_loss(self, index: torch.Tensor):
         lq, gt = self.lq.index_select(0, index), self.gt.index_select(0, index)
-        return lambda network: self._loss(network(lq), gt)
+        return lambda network: sum(self.sr_losses(network(lq), gt).values())

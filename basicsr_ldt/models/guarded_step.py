@@ -69,17 +69,8 @@ class GuardedStepMixin:
 
         def batch_loss(network):
             self.output = network(self.lq)
-            total = 0
-            if self.cri_pix:
-                loss_dict['l_pix'] = self.cri_pix(self.output, self.gt)
-                total = total + loss_dict['l_pix']
-            if self.cri_perceptual:
-                l_percep, l_style = self.cri_perceptual(self.output, self.gt)
-                for name, value in (('l_percep', l_percep), ('l_style', l_style)):
-                    if value is not None:
-                        loss_dict[name] = value
-                        total = total + value
-            return total
+            loss_dict.update(self.sr_losses(self.output, self.gt))
+            return sum(loss_dict.values())
 
         # DDP (when running) averages gradients inside backward.
         loss = optimizer_step(self.net_g, self.optimizer_g, batch_loss, self.precision, 'net_g', synchronise=False)
@@ -88,6 +79,18 @@ class GuardedStepMixin:
         if stepped and self.ema_decay > 0:
             self.model_ema(decay=self.ema_decay)
         self.record_step(current_iter, None if stepped else 'fine-tuning')
+
+    def sr_losses(self, output: torch.Tensor, gt: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """BasicSR ``SRModel``'s loss terms of one batch (pixel, perceptual, style; those configured)."""
+        terms = OrderedDict()
+        if self.cri_pix:
+            terms['l_pix'] = self.cri_pix(output, gt)
+        if self.cri_perceptual:
+            l_percep, l_style = self.cri_perceptual(output, gt)
+            for name, value in (('l_percep', l_percep), ('l_style', l_style)):
+                if value is not None:
+                    terms[name] = value
+        return terms
 
     def record_step(self, current_iter: int, skipped: Optional[str]) -> None:
         """Count consecutive skipped steps; log each, stop at ``train.max_bad_steps``."""
