@@ -8,14 +8,15 @@ fp16 needs loss scaling (small gradients underflow in float16). There is one ``G
 per optimizer key ('warmup', 'finetune', 'primary', 'auxiliary'; 'profile' for profiling):
 the primary and auxiliary branches train disjoint layers with different gradient magnitudes,
 and an overflow in one branch must not lower the other's scale or skip its step. Profiling has
-no optimizer, so its gradients are unscaled here before they reach the statistics, and a
-sample whose scaled gradients overflowed is left out (the scale is backed off, as GradScaler
-does). bf16 has fp32's exponent range and needs no scaler.
+no optimizer: its scaler unscales and checks the gradients through a stand-in whose "step" is
+"use this sample", so the statistics see true gradients, a sample whose scaled gradients
+overflowed is left out, and the scale backs off and grows exactly as in training, with one host
+sync per sample. bf16 has fp32's exponent range and needs no scaler.
 
 A non-finite loss skips its step before ``backward``: no optimizer step, no statistics, and the
 caller skips the EMA/DPU exchange; batch-norm running statistics the forward pass already
-updated are put back (:class:`RunningStatistics`), so a corrupted batch leaves no trace. The decision is taken on all ranks together (one tiny
-all-reduce), because a rank that skipped ``backward`` while another ran it would deadlock the
+updated are put back (:class:`RunningStatistics`), so a corrupted batch leaves no trace. The
+decision is taken on all ranks together (one tiny all-reduce), because a rank that skipped ``backward`` while another ran it would deadlock the
 gradient all-reduce.
 """
 from __future__ import annotations
@@ -98,22 +99,24 @@ class MixedPrecision:
     def backward_unscaled(self, loss: torch.Tensor, parameters: Iterable[nn.Parameter], key: str) -> bool:
         """Backward leaving the true (unscaled) fp32 gradients in ``.grad``, for profiling.
 
-        Returns False when fp16-scaled gradients overflowed (the sample must not be used; the
-        scale is halved for the next one, as GradScaler does after an overflow).
+        Returns False when fp16-scaled gradients overflowed (the sample must not be used). The
+        scaler of ``key`` runs exactly as for an optimizer: ``scale`` -> ``unscale_`` (one fused
+        check-and-unscale per device) -> ``step`` of a stand-in whose step is "use this sample",
+        skipped on overflow -> ``update`` (backoff after an overflow, growth after
+        ``growth_interval`` clean samples). The one host sync is GradScaler's read of the
+        overflow flag, once per sample whatever the number of parameters.
         """
         scaler = self.scaler(key)
         if scaler is None:
             loss.backward()
             return True
-        scale = scaler.get_scale()
-        (loss * scale).backward()
-        grads = [p.grad for p in parameters if p.grad is not None]
-        if grads:
-            torch._foreach_mul_(grads, 1.0 / scale)
-        finite = all(bool(torch.isfinite(g).all()) for g in grads)
-        if not finite:
-            scaler.update(scale * scaler.get_backoff_factor())
-        return finite
+        scaler.scale(loss).backward()
+        sample = _ProfilingSample([p for p in parameters if p.grad is not None])
+        if not sample.param_groups[0]['params']:   # no gradient at all: nothing to check
+            return True
+        usable = scaler.step(sample) is True
+        scaler.update()
+        return usable
 
     def state_dict(self) -> Dict[str, dict]:
         return {key: scaler.state_dict() for key, scaler in self._scalers.items()}
@@ -123,6 +126,18 @@ class MixedPrecision:
             scaler = self.scaler(key)
             if scaler is not None and scaler_state:
                 scaler.load_state_dict(scaler_state)
+
+
+class _ProfilingSample:
+    """What ``GradScaler.step`` needs of an optimizer, for profiling: the parameters whose
+    gradients it unscales and checks, and a ``step`` (run only when they are finite) that
+    reports the sample as usable."""
+
+    def __init__(self, parameters: List[nn.Parameter]) -> None:
+        self.param_groups = [{'params': parameters}]
+
+    def step(self) -> bool:
+        return True
 
 
 class RunningStatistics:
