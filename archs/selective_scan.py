@@ -11,6 +11,14 @@ builds on GPU machines. :func:`selective_scan` has the same signature and semant
 * ``'auto'`` (default): for CUDA tensors ``'cuda'`` when mamba-ssm imports, else ``'triton'``
   when triton imports, else ``'torch'``; for any other device ``'torch'``.
 
+Triton compiles its kernels and builds their C launcher at the first call, which can fail on a
+GPU machine where the import worked (no C compiler in the image, a ptxas that rejects the
+code). So the first call on each device that runs the Triton kernel checks it: one forward (and
+backward, when gradients are wanted) on detached copies of the call's own inputs. When that
+fails, ``'auto'`` logs one warning naming the cause and runs the torch scan on that device from
+then on (Triton is not tried again); a forced ``'triton'`` stops with one line naming the option
+(:class:`ScanKernelFailed`). See :func:`checked_kernel`.
+
 The choice comes from the ``backend`` argument (MambaIR's ``scan_backend`` option), else from
 the environment variable :data:`BACKEND_ENV` (``BASICSR_LDT_SCAN``), else ``'auto'``. mamba-ssm
 and triton are imported only when a call needs them, never on import, so that neither is
@@ -18,7 +26,8 @@ required and tests can set ``TRITON_INTERPRET`` before triton is first imported.
 """
 import logging
 import os
-from typing import Callable, Optional, Set, Tuple, Union
+import subprocess
+from typing import Callable, Dict, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
@@ -37,11 +46,19 @@ class ScanBackendUnavailable(InputError, ImportError):
     """A forced backend whose package does not import (an ImportError and an InputError)."""
 
 
+class ScanKernelFailed(InputError, RuntimeError):
+    """A forced Triton backend whose kernel failed to compile or launch at its first call."""
+
+
 _cuda_fn: Optional[Callable] = None
 _cuda_error: Optional[str] = None
 _triton_module = None
 _triton_error: Optional[str] = None
 _logged: Set[Tuple[str, str, str]] = set()
+# First-call check of the Triton kernel, per device (str): what was checked ('forward',
+# 'backward') and, for devices where it failed, the cause ('auto' runs torch there).
+_triton_checked: Set[Tuple[str, str]] = set()
+_triton_failed: Dict[str, str] = {}
 
 
 def _load_cuda_kernel() -> Optional[Callable]:
@@ -83,10 +100,16 @@ def resolve_backend(backend: Optional[str] = None) -> str:
     return name
 
 
+def _on_gpu(device: torch.device) -> bool:
+    """Whether ``device`` gets the GPU kernels (one place, so tests can fake a GPU)."""
+    return device.type == 'cuda'
+
+
 def select_kernel(backend: Optional[str], device: torch.device) -> str:
-    """Which kernel runs for tensors on ``device``: 'torch', 'triton' or 'cuda'."""
+    """Which kernel runs for tensors on ``device``: 'torch', 'triton' or 'cuda' (before any
+    call; :func:`checked_kernel` adds the first-call check of Triton)."""
     name = resolve_backend(backend)
-    on_gpu = device.type == 'cuda'
+    on_gpu = _on_gpu(device)
     if name == 'torch':
         return 'torch'
     if name == 'auto':
@@ -115,6 +138,79 @@ def select_kernel(backend: Optional[str], device: torch.device) -> str:
         raise InputError(f'{key}: selective scan backend "cuda" needs CUDA tensors, got tensors '
                          f'on {device}. Use torch or auto.')
     return 'cuda'
+
+
+def _triton_failures() -> Tuple[type, ...]:
+    """What a failed Triton compile or launch raises: triton's own errors (CompilationError,
+    PTXASError, OutOfResources), RuntimeError (no C compiler, a CUDA launch error), the failed
+    compiler subprocess, an unloadable launcher module."""
+    try:
+        from triton.errors import TritonError
+    except ImportError:   # an older triton: its errors derive from these anyway
+        return (RuntimeError, OSError, ImportError, subprocess.SubprocessError)
+    return (TritonError, RuntimeError, OSError, ImportError, subprocess.SubprocessError)
+
+
+def _one_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = lines[0] if lines else ''
+    text = text if len(text) <= 300 else text[:297] + '...'
+    return f'{type(err).__name__}: {text}' if text else type(err).__name__
+
+
+def checked_kernel(backend: Optional[str], device: torch.device, backward: bool,
+                   run_triton: Callable[[bool], None]) -> str:
+    """:func:`select_kernel`, plus the first-call check when it picks 'triton'.
+
+    ``run_triton(backward)`` runs the Triton kernel once (forward, and backward when
+    ``backward``); it is called the first time per device (and once more for the first call
+    that needs a backward). A failure to compile or launch makes 'auto' log one warning and
+    return 'torch' for this and every later call on ``device``; a forced 'triton' raises
+    :class:`ScanKernelFailed` naming the option. CUDA out-of-memory is not a kernel failure
+    and propagates as it is.
+    """
+    kernel = select_kernel(backend, device)
+    if kernel != 'triton':
+        return kernel
+    where = str(device)
+    if where in _triton_failed:           # only 'auto' gets here: a forced backend raised
+        return 'torch'
+    stage = 'backward' if backward else 'forward'
+    if (where, stage) in _triton_checked or (where, 'backward') in _triton_checked:
+        return 'triton'
+    try:
+        run_triton(backward)
+    except _triton_failures() as err:
+        if isinstance(err, torch.cuda.OutOfMemoryError):
+            raise
+        cause = _one_line(err)
+        name = resolve_backend(backend)
+        if name != 'auto':
+            raise ScanKernelFailed(
+                f'{_source(backend)}={name}: the Triton selective scan failed to compile or launch '
+                f'on {where} at its first call ({cause}). Use auto (which then runs torch) or torch.'
+            ) from err
+        _triton_failed[where] = cause
+        logging.getLogger('basicsr').warning(
+            f'selective scan: {_source(backend)}=auto: the Triton kernel failed to compile or launch on '
+            f'{where} at its first call ({cause}); using the torch scan on {where} from now on')
+        return 'torch'
+    _triton_checked.add((where, stage))
+    return 'triton'
+
+
+def _triton_trial(args: Sequence[Optional[torch.Tensor]], softplus: bool, return_last_state: bool,
+                  backward: bool) -> None:
+    """One Triton scan of detached copies of a call's inputs (and its backward): compiles and
+    launches exactly what the call will, leaving no gradient on the caller's tensors."""
+    with torch.set_grad_enabled(backward):
+        copies = [None if t is None else t.detach().requires_grad_(backward and t.requires_grad)
+                  for t in args]
+        out, last = _triton_module.selective_scan_triton(*copies, softplus)
+        if backward:
+            leaves = [t for t in copies if t is not None and t.requires_grad]
+            outputs = (out, last) if return_last_state else (out,)
+            torch.autograd.grad(outputs, leaves, [torch.ones_like(o) for o in outputs], allow_unused=True)
 
 
 def log_configuration_once(backend: Optional[str]) -> None:
@@ -174,7 +270,10 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     docstring).
     """
     _check_shapes(u, delta, A, B, C, D, z, delta_bias)
-    kernel = select_kernel(backend, u.device)
+    args = (u, delta, A, B, C, D, z, delta_bias)
+    backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
+    kernel = checked_kernel(backend, u.device, backward,
+                            lambda bwd: _triton_trial(args, bool(delta_softplus), return_last_state, bwd))
     _log_kernel_once(backend, kernel, u.device)
     if kernel == 'cuda':
         return _cuda_fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)

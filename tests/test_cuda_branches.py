@@ -114,3 +114,142 @@ def test_fp16_profiling_syncs_once_per_sample_not_per_parameter(monkeypatch):
             precision.backward_unscaled(loss, net.parameters(), 'profile')
         net.zero_grad(set_to_none=True)
         assert syncs.count == 1
+
+
+# -- selective-scan backend: first-call check of Triton, fallback of 'auto' -----------------------
+import logging  # noqa: E402
+import subprocess  # noqa: E402
+import types  # noqa: E402
+
+from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
+
+import archs  # noqa: E402,F401  (registers MambaIR)
+import archs.selective_scan as scan_module  # noqa: E402
+from archs.selective_scan import ScanKernelFailed, checked_kernel, selective_scan  # noqa: E402
+from test_selective_scan import make_inputs  # noqa: E402
+
+FAILURES = {
+    'ptxas': (PTXASError('ptxas fatal   : Unresolved extern function\nmore lines'),
+              'PTXASError: PTXAS error: ptxas fatal   : Unresolved extern function'),
+    'no C compiler': (RuntimeError('Failed to find C compiler. Please specify via CC environment variable '
+                                   'or set triton.knobs.build.impl.'),
+                      'RuntimeError: Failed to find C compiler. Please specify via CC environment variable '
+                      'or set triton.knobs.build.impl.'),
+    'compiler failed': (subprocess.CalledProcessError(1, ['gcc', 'main.c']),
+                        "CalledProcessError: Command '['gcc', 'main.c']' returned non-zero exit status 1."),
+    'shared memory': (OutOfResources(232448, 101376, 'shared memory'),
+                      'OutOfResources: out of resource: shared memory, Required: 232448, Hardware limit: 101376. '
+                      'Reducing block sizes or `num_stages` may help.'),
+}
+
+
+class _FailsInBackward(torch.autograd.Function):
+    """A Triton scan whose forward launches and whose backward kernel fails to compile."""
+
+    @staticmethod
+    def forward(ctx, u):
+        return u.clone(), u.new_zeros(u.shape[0], u.shape[1], 1)
+
+    @staticmethod
+    def backward(ctx, dout, dlast):
+        raise PTXASError('ptxas fatal   : backward kernel')
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """selective_scan as on a GPU machine without mamba-ssm, with CPU tensors: the GPU condition
+    faked, the first-call records and the log-once set fresh; ``triton(fn)`` installs a Triton
+    module whose entry point is ``fn`` and returns the list of its calls."""
+    monkeypatch.setattr(scan_module, '_on_gpu', lambda device: True)
+    monkeypatch.setattr(scan_module, '_cuda_fn', None)
+    monkeypatch.setattr(scan_module, '_cuda_error', 'ImportError: No module named mamba_ssm')
+    monkeypatch.setattr(scan_module, '_triton_checked', set())
+    monkeypatch.setattr(scan_module, '_triton_failed', {})
+    monkeypatch.setattr(scan_module, '_logged', set())
+    monkeypatch.delenv(scan_module.BACKEND_ENV, raising=False)
+
+    def triton(fn):
+        calls = []
+
+        def entry(*args):
+            calls.append(args)
+            return fn(*args)
+        monkeypatch.setattr(scan_module, '_triton_module', types.SimpleNamespace(selective_scan_triton=entry))
+        monkeypatch.setattr(scan_module, '_triton_error', None)
+        return calls
+    return triton
+
+
+def _raise(err):
+    def fn(*args):
+        raise err
+    return fn
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name == 'basicsr']
+
+
+@pytest.mark.parametrize('failure', list(FAILURES))
+def test_auto_falls_back_to_torch_once_when_triton_fails_at_its_first_call(fake_gpu, caplog, failure):
+    err, cause = FAILURES[failure]
+    calls = fake_gpu(_raise(err))
+    args, softplus = make_inputs('shared', 5, 'D z bias')
+    expected = selective_scan(**args, delta_softplus=softplus, backend='torch')
+    with caplog.at_level(logging.INFO, logger='basicsr'):
+        outs = [selective_scan(**args, delta_softplus=softplus, backend='auto') for _ in range(3)]
+    assert len(calls) == 1                               # tried once, at the first call
+    assert all(torch.equal(out, expected) for out in outs)
+    assert _warnings(caplog) == [
+        f'selective scan: network_g.scan_backend=auto: the Triton kernel failed to compile or launch on cpu at '
+        f'its first call ({cause}); using the torch scan on cpu from now on']
+    assert all(a.grad is None for a in args.values())   # the trial left no gradient behind
+
+
+def test_a_backward_kernel_that_fails_is_caught_at_the_first_call_too(fake_gpu, caplog):
+    calls = fake_gpu(lambda u, *rest: _FailsInBackward.apply(u))
+    args, _ = make_inputs('const', 4, '')
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger='basicsr'):
+        selective_scan(**args)                           # inference: the forward works
+    assert len(calls) == 2 and not _warnings(caplog)     # the trial, then the call itself
+    out = selective_scan(**args)                         # the first call needing a backward
+    assert len(calls) == 3 and 'backward kernel' in _warnings(caplog)[0]
+    out.sum().backward()                                 # it ran the torch scan: backward works
+    assert args['u'].grad is not None
+
+
+def test_forced_triton_stops_with_one_line_naming_the_option(fake_gpu, monkeypatch):
+    fake_gpu(_raise(FAILURES['ptxas'][0]))
+    args, _ = make_inputs('const', 4, '')
+    with pytest.raises(ScanKernelFailed) as caught:
+        selective_scan(**args, backend='triton')
+    assert str(caught.value) == (
+        'network_g.scan_backend=triton: the Triton selective scan failed to compile or launch on cpu at its first '
+        f"call ({FAILURES['ptxas'][1]}). Use auto (which then runs torch) or torch.")
+    monkeypatch.setenv(scan_module.BACKEND_ENV, 'triton')
+    with pytest.raises(ScanKernelFailed, match=r'^\$BASICSR_LDT_SCAN=triton: the Triton selective scan failed'):
+        selective_scan(**args)
+
+
+def test_out_of_memory_is_not_a_kernel_failure(fake_gpu):
+    calls = fake_gpu(_raise(torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')))
+    args, _ = make_inputs('const', 4, '')
+    for _ in range(2):
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            selective_scan(**args)
+    assert len(calls) == 2 and not scan_module._triton_failed
+
+
+def test_the_decision_is_a_function_of_backend_device_and_trial(fake_gpu):
+    fake_gpu(_raise(AssertionError('not called')))
+    trials = []
+    cuda = torch.device('cuda')
+    assert checked_kernel('auto', cuda, False, trials.append) == 'triton'
+    assert checked_kernel('auto', cuda, False, trials.append) == 'triton'   # checked: no trial
+    assert checked_kernel('auto', cuda, True, trials.append) == 'triton'    # first backward: a trial
+    assert checked_kernel('auto', cuda, True, trials.append) == 'triton'
+    assert trials == [False, True]
+    assert checked_kernel('torch', cuda, True, _raise(AssertionError('not called'))) == 'torch'
+    assert checked_kernel('auto', torch.device('cuda', 1), False, _raise(PTXASError('x'))) == 'torch'
+    assert checked_kernel('auto', torch.device('cuda', 1), True, _raise(AssertionError('not retried'))) == 'torch'
+    assert checked_kernel('auto', cuda, True, _raise(AssertionError('not called'))) == 'triton'  # per device
