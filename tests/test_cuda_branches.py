@@ -253,3 +253,96 @@ def test_the_decision_is_a_function_of_backend_device_and_trial(fake_gpu):
     assert checked_kernel('auto', torch.device('cuda', 1), False, _raise(PTXASError('x'))) == 'torch'
     assert checked_kernel('auto', torch.device('cuda', 1), True, _raise(AssertionError('not retried'))) == 'torch'
     assert checked_kernel('auto', cuda, True, _raise(AssertionError('not called'))) == 'triton'  # per device
+
+
+# -- LDT-S host buffer: pinned on CUDA, EMA and swap on the device, event before host access ---------
+from basicsr_ldt.ldt import ldt_s as ldt_s_module  # noqa: E402
+from test_ldt_s import START, _ldt_s  # noqa: E402
+from test_ldt_algorithm import _run  # noqa: E402
+
+
+class _Event:
+    """Stands in for torch.cuda.Event on the CPU: logs what the buffer code asks of it."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def record(self):
+        self.log.append('record')
+
+    def wait(self):
+        self.log.append('wait')
+
+    def synchronize(self):
+        self.log.append('synchronize')
+
+
+@pytest.fixture
+def cuda_copy_lines(monkeypatch):
+    """LDT-S's CUDA copy path on CPU tensors: an event that logs, slices of a few tensors each."""
+    log = []
+    monkeypatch.setattr(ldt_s_module, '_copy_event', lambda cuda: _Event(log))
+    monkeypatch.setattr(ldt_s_module, 'STAGING_BYTES', 200)
+    return log
+
+
+def test_ldt_s_device_exchange_matches_a_float64_ema(cuda_copy_lines):
+    algo = _ldt_s(ema_every=10 ** 6, interval_iters=10 ** 6)   # exchange and swap called here
+    _run(algo, 1, START)
+    alt, w = algo.alternation, algo.partition.dpu_coefficients
+    names = {g: list(getattr(algo.partition, g)) for g in ('stable', 'unstable')}
+    assert len(list(alt._slices('stable'))) > 1                  # several slices per exchange
+    params = dict(algo.primary.named_parameters())
+    ema = {n: t.double().clone() for n, t in zip(names['stable'], alt.buffer['stable'])}
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(4):                                          # eq. 8/11 in float64, written here
+        with torch.no_grad():
+            for n in names['stable']:
+                params[n].add_(torch.randn(params[n].shape, generator=gen))
+        for n in names['stable']:
+            ema[n] = w[n] * ema[n] + (1 - w[n]) * params[n].double()
+        cuda_copy_lines.clear()
+        alt.exchange()
+        assert cuda_copy_lines == (['record'] if _ == 0 else ['wait', 'record'])
+        for n, b in zip(names['stable'], alt.buffer['stable']):
+            assert b.dtype == torch.float32 and torch.allclose(b.double(), ema[n], rtol=1e-6, atol=1e-6)
+    trained = {n: params[n].detach().clone() for n in names['stable']}
+    parked = {n: t.clone() for n, t in zip(names['unstable'], alt.buffer['unstable'])}
+    frozen = {n: params[n].detach().clone() for n in names['unstable']}
+    alt.swap()
+    assert alt.active == 'unstable'
+    for n, b in zip(names['stable'], alt.buffer['stable']):     # stable: EMA on the device, trained parked
+        assert torch.allclose(params[n].double(), ema[n], rtol=1e-6, atol=1e-6) and torch.equal(b, trained[n])
+    for n, b in zip(names['unstable'], alt.buffer['unstable']):  # unstable: trained back, its EMA parked
+        assert torch.equal(params[n], parked[n]) and torch.equal(b, frozen[n])
+    cuda_copy_lines.clear()
+    alt.composite_state_dict()                                  # the host reads: it waits first, once
+    alt.state_dict()
+    assert cuda_copy_lines == ['synchronize']
+
+
+def test_ldt_s_copy_path_is_bitwise_the_same_with_one_or_many_slices(cuda_copy_lines, monkeypatch):
+    def run():
+        algo = _ldt_s(ema_every=1, interval_iters=2)
+        _run(algo, 1, START + 6)
+        return algo.state_dict()['alternation'], algo.composite_state_dict()
+    sliced = run()
+    monkeypatch.setattr(ldt_s_module, 'STAGING_BYTES', 2 ** 40)
+    whole = run()
+    for group in ('stable', 'unstable'):
+        assert all(torch.equal(a, b) for a, b in zip(sliced[0]['buffer'][group], whole[0]['buffer'][group]))
+    assert all(torch.equal(sliced[1][n], whole[1][n]) for n in sliced[1])
+
+
+def test_ldt_s_pins_only_when_cuda_is_there(monkeypatch):
+    pins = []
+    real = ldt_s_module._host_copy
+    monkeypatch.setattr(ldt_s_module, '_host_copy', lambda t, pin: pins.append(pin) or real(t, pin))
+    algo = _ldt_s()
+    _run(algo, 1, START - 1)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)   # a driver, but the network is on the CPU
+    algo.enter(START)                                               # builds the buffer
+    monkeypatch.undo()
+    _run(algo, START, START + 1)
+    assert pins and not any(pins) and algo.alternation._copies is None
+    assert not any(b.is_pinned() for b in algo.alternation.buffer['stable'])
