@@ -13,9 +13,10 @@ time includes the EMA exchange amortised over ``ema_every`` steps. On CUDA every
 starts and ends with ``torch.cuda.synchronize`` and ``--warm`` untimed steps of each kind run
 first (kernel selection, autotuning, allocator growth). ``--amp`` runs forward and loss under
 autocast exactly as ``train: amp`` does (fp16 with one GradScaler per optimizer).
-Memory: on CUDA, torch.cuda.max_memory_allocated after a reset, per configuration; on CPU,
-each configuration runs in a fresh subprocess and reports the growth of the resident-set
-high-water mark (/proc VmHWM, reset through /proc/self/clear_refs after imports, batch creation
+Memory: on CUDA, torch.cuda.max_memory_allocated after a reset, per configuration, measured in
+this process (``--in-process`` is implied); on CPU, each configuration runs in a fresh
+subprocess (unless ``--in-process``: then the figures include what this process already holds)
+and reports the growth of the resident-set high-water mark (/proc VmHWM, reset through /proc/self/clear_refs after imports, batch creation
 and backend warm-up; getrusage ru_maxrss where that is unavailable) over the RSS at that point.
 tracemalloc does not see torch's CPU allocations, so it is not used.
 The partition is a real variance partition (ratio_u 0.5) from a short profiling pass.
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -124,8 +126,14 @@ def make_ldt(args, partition_file: str | None, device: str) -> LDT:
     return algo
 
 
+def on_cuda(device: str) -> bool:
+    """Whether timing and memory use the CUDA clock and allocator counters (one place for every
+    CUDA-only branch of this script, so a test can run them with CPU tensors)."""
+    return device.startswith('cuda')
+
+
 def sync(device: str) -> None:
-    if device.startswith('cuda'):
+    if on_cuda(device):
         torch.cuda.synchronize()
 
 
@@ -141,7 +149,7 @@ def worker(args: argparse.Namespace) -> dict:
     del warm
     base = rss_bytes()
     reset_rss_peak()
-    if device.startswith('cuda'):
+    if on_cuda(device):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     torch.manual_seed(0)
@@ -164,7 +172,7 @@ def worker(args: argparse.Namespace) -> dict:
     else:
         net = build_network(args.arch, args.scale).to(device)
         stats = GradientStatistics([n for n, _ in net.named_parameters()], device=device)
-        for i in range(args.samples[0]):
+        for i in range(args.profile_samples):
             net.zero_grad(set_to_none=True)
             with amp.autocast():
                 loss = l1(*data[i % 2])(net)
@@ -173,7 +181,7 @@ def worker(args: argparse.Namespace) -> dict:
             net.zero_grad(set_to_none=True)
         stats.variance()
     sync(device)
-    if device.startswith('cuda'):
+    if on_cuda(device):
         peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = rss_peak_bytes() - base
@@ -182,7 +190,7 @@ def worker(args: argparse.Namespace) -> dict:
 
 def peak_of(args: argparse.Namespace, kind: str, **extra) -> list:
     """Peak bytes of ``--mem-reps`` fresh runs (CPU RSS varies run to run with the allocator)."""
-    reps = 1 if args.device.startswith('cuda') else args.mem_reps
+    reps = 1 if args.in_process else args.mem_reps
     return sorted(run_worker(args, kind, **extra)['peak_bytes'] for _ in range(reps))
 
 
@@ -193,9 +201,10 @@ def mib(values: list) -> str:
 
 
 def run_worker(args: argparse.Namespace, kind: str, **extra) -> dict:
-    if args.device.startswith('cuda'):
-        ns = argparse.Namespace(**{**vars(args), 'worker': kind, **extra})
-        return worker(ns)
+    """One memory configuration: in this process (``args.in_process``), else in a fresh one
+    given the same options on its command line (``extra`` as ``--key value``)."""
+    if args.in_process:
+        return worker(argparse.Namespace(**{**vars(args), 'worker': kind, **extra}))
     cmd = [sys.executable, os.path.abspath(__file__), '--worker', kind, '--arch', args.arch,
            '--device', args.device, '--patch', str(args.patch), '--batch', str(args.batch),
            '--scale', str(args.scale), '--mem-iters', str(args.mem_iters),
@@ -222,7 +231,7 @@ def profile_partition(args: argparse.Namespace, path: str) -> LDT:
     return algo
 
 
-def main() -> None:
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--arch', default='msrresnet', choices=ARCHS,
                    help='mambair = classic SR x4 (embed_dim 180, 6x6 blocks); mambair_small for CPU runs')
@@ -242,9 +251,12 @@ def main() -> None:
     p.add_argument('--mem-reps', type=int, default=3, help='fresh runs per configuration (CPU)')
     p.add_argument('--ldt-s-interval', type=int, default=100, help='LDT-S interval_iters (swap amortised over it)')
     p.add_argument('--ldt-s-only', action='store_true', help='measure only LDT-S against FT')
+    p.add_argument('--in-process', action='store_true',
+                   help='measure memory in this process (always so on CUDA; on CPU a fresh process each)')
     p.add_argument('--worker', choices=['ft', 'dual', 'profile', 'ldt_s'], help=argparse.SUPPRESS)
     p.add_argument('--partition', help=argparse.SUPPRESS)
-    args = p.parse_args()
+    p.add_argument('--profile-samples', type=int, default=10, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
     if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available():
         p.error('--device cuda: no CUDA device is available')
     try:
@@ -252,13 +264,19 @@ def main() -> None:
     except ValueError as err:
         p.error(str(err))
     if args.warm is None:
-        args.warm = 3 if args.device.startswith('cuda') else 1
+        args.warm = 3 if on_cuda(args.device) else 1
+    args.in_process = args.in_process or on_cuda(args.device)
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args)))
         return
 
     device = args.device
-    where = torch.cuda.get_device_name(device) if device.startswith('cuda') else f'threads {torch.get_num_threads()}'
+    where = torch.cuda.get_device_name(device) if on_cuda(device) else f'threads {torch.get_num_threads()}'
     print(f'bench_ldt: arch={args.arch} device={device} amp={args.amp} LR patch {args.patch} batch {args.batch} '
           f'x{args.scale}, torch {torch.__version__}, {where}')
     with tempfile.TemporaryDirectory() as tmp:
@@ -311,9 +329,10 @@ def main() -> None:
                   f'ratios {[round(r, 2) for r in ratios]}; target <= 1.7)')
         del algo, ft_net, ft_opt
 
-        how = ('torch.cuda.max_memory_allocated' if device.startswith('cuda') else
+        how = ('torch.cuda.max_memory_allocated' if on_cuda(device) else
                'RSS high-water (VmHWM, reset via clear_refs; else ru_maxrss) growth over the RSS '
-               'before the model is built, fresh subprocess per configuration')
+               'before the model is built, ' + ('in this process' if args.in_process else
+                                                'fresh subprocess per configuration'))
         m_ft = peak_of(args, 'ft')
         m_dual = peak_of(args, 'dual', partition=part_path)
         print(f'peak memory ({how}; median [min-max] of {len(m_ft)} runs): FT {mib(m_ft)} | '
@@ -321,7 +340,7 @@ def main() -> None:
         print(f'  memory ratio dual/FT = {statistics.median(m_dual) / statistics.median(m_ft):.3f}'
               '  (target <= 1.15)')
 
-        runs = {n: peak_of(args, 'profile', samples=n) for n in args.samples}
+        runs = {n: peak_of(args, 'profile', profile_samples=n) for n in args.samples}
         peaks = {n: statistics.median(v) for n, v in runs.items()}
         params = sum(p.numel() * p.element_size() for p in build_network(args.arch, args.scale).parameters())
         desc = ', '.join(f'N={n}: {mib(v)}' for n, v in runs.items())

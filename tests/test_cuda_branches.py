@@ -29,6 +29,7 @@ LDT-S host buffer (ldt/ldt_s.py):
          test_ldt_s_pins_only_when_cuda_is_there
 """
 import math
+import re
 
 import pytest
 import torch
@@ -346,3 +347,78 @@ def test_ldt_s_pins_only_when_cuda_is_there(monkeypatch):
     _run(algo, START, START + 1)
     assert pins and not any(pins) and algo.alternation._copies is None
     assert not any(b.is_pinned() for b in algo.alternation.buffer['stable'])
+
+
+# -- benchmark scripts: CUDA timing and memory counters, in-process workers -----------------------
+from conftest import load_script  # noqa: E402
+
+
+class _Tiny(nn.Module):
+    """A two-conv SR network with a BasicSR-style head name, so the benchmarks run in seconds."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+        self.conv_first = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv_last = nn.Conv2d(8, 3 * scale * scale, 3, padding=1)
+
+    def forward(self, x):
+        return nn.functional.pixel_shuffle(self.conv_last(torch.relu(self.conv_first(x))), self.scale)
+
+
+@pytest.fixture
+def fake_cuda_counters(monkeypatch):
+    """torch.cuda's clock and memory counters as the CUDA branches call them, on a CPU machine:
+    each call is logged; the peak grows by 1 MiB per reading."""
+    calls = []
+    peaks = iter(range(1, 10 ** 6))
+
+    def log(name, value=None):
+        def fn(*args, **kwargs):
+            calls.append(name)
+            return value() if callable(value) else value
+        monkeypatch.setattr(torch.cuda, name, fn)
+    log('synchronize')
+    log('reset_peak_memory_stats')
+    log('memory_allocated', 4096)
+    log('max_memory_allocated', lambda: 4096 + next(peaks) * 2 ** 20)
+    log('get_device_name', 'Fake GPU')
+    return calls
+
+
+def test_bench_ldt_cuda_path_runs_its_workers_in_process(fake_cuda_counters, monkeypatch, capsys):
+    """gpu_check.sh step 5 (bench_ldt.py --device cuda): the memory workers run in the benchmark's
+    own process (was: TypeError 'int' object is not subscriptable), timed regions are bracketed by
+    synchronize and memory is read from the allocator counters; here with CPU tensors."""
+    bench = load_script('bench_ldt')
+    monkeypatch.setattr(bench, 'on_cuda', lambda device: True)
+    monkeypatch.setattr(bench, 'build_network', lambda arch, scale: _Tiny(scale))
+    monkeypatch.setattr(bench.subprocess, 'run', _raise(AssertionError('no subprocess on CUDA')))
+    bench.main(['--device', 'cpu', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '2', '--warm', '1',
+                '--samples', '2', '3', '--profile-passes', '2', '--mem-iters', '1', '--ldt-s-interval', '2'])
+    out = capsys.readouterr().out
+    assert 'device=cpu amp=none LR patch 6 batch 1 x2' in out and 'Fake GPU' in out
+    assert re.search(r'peak memory \(torch\.cuda\.max_memory_allocated; median \[min-max\] of 1 runs\): '
+                     r'FT 1\.0 MiB \| dual 2\.0 MiB', out), out
+    assert 'memory ratio dual/FT = 2.000' in out
+    assert 'profiling peak memory (LR patch 12, batch 1): N=2: 3.0 MiB, N=3: 4.0 MiB' in out
+    assert 'memory ratio LDT-S/FT = 1.200' in out                # FT 5 MiB, LDT-S 6 MiB
+    assert re.search(r'step ratio LDT-S/FT = \d+\.\d+', out)
+    # every memory run: reset, base, work, synchronize, peak
+    assert fake_cuda_counters.count('max_memory_allocated') == 6
+    assert fake_cuda_counters.count('reset_peak_memory_stats') == 6
+    assert fake_cuda_counters.count('synchronize') > 20
+
+
+def test_bench_ldt_profile_worker_takes_its_sample_count_in_and_out_of_process(monkeypatch):
+    bench = load_script('bench_ldt')
+    monkeypatch.setattr(bench, 'build_network', lambda arch, scale: _Tiny(scale))
+    args = bench.parse_args(['--device', 'cpu', '--in-process', '--scale', '2', '--profile-patch', '4'])
+    assert args.in_process and bench.peak_of(args, 'profile', profile_samples=3)[0] >= 0
+    commands = []
+    monkeypatch.setattr(bench.subprocess, 'run', lambda cmd, **kw: commands.append(cmd) or
+                        types.SimpleNamespace(stdout='{"peak_bytes": 7}\n'))
+    args = bench.parse_args(['--device', 'cpu', '--mem-reps', '2'])
+    assert not args.in_process and bench.peak_of(args, 'profile', profile_samples=3) == [7, 7]
+    assert commands[0][-2:] == ['--profile-samples', '3']
+    assert bench.parse_args(commands[0][2:]).profile_samples == 3   # what the child process parses
