@@ -422,3 +422,23 @@ def test_bench_ldt_profile_worker_takes_its_sample_count_in_and_out_of_process(m
     assert not args.in_process and bench.peak_of(args, 'profile', profile_samples=3) == [7, 7]
     assert commands[0][-2:] == ['--profile-samples', '3']
     assert bench.parse_args(commands[0][2:]).profile_samples == 3   # what the child process parses
+
+
+def test_bench_scan_cuda_comparison_with_a_triton_that_fails_to_compile(fake_gpu, fake_cuda_counters, monkeypatch,
+                                                                        capsys):
+    """gpu_check.sh step 2 (bench_scan.py --device cuda) on a GPU image where Triton cannot build its
+    launcher: torch is timed with the CUDA clock and memory counters, triton is reported as not run
+    with the cause, mamba-ssm as missing."""
+    fake_gpu(_raise(FAILURES['no C compiler'][0]))
+    bench = load_script('bench_scan')
+    monkeypatch.setattr(bench, 'on_cuda', lambda device: True)
+    args = types.SimpleNamespace(batch=1, d_inner=2, d_state=2, side=2, repeats=2, warmup=1, skip_loop=True)
+    bench.compare_backends(args, torch.device('cpu'))
+    out = capsys.readouterr().out
+    assert out.startswith('device: Fake GPU; torch ')
+    assert re.search(r'^torch +fwd\+bwd: median [\d.]+ ms, best [\d.]+ ms, peak memory 1 MB above the inputs$', out,
+                     re.M), out
+    assert re.search(r'^triton +not run: network_g\.scan_backend=triton: the Triton selective scan failed to compile '
+                     r'or launch on cpu at its first call \(RuntimeError: Failed to find C compiler', out, re.M), out
+    assert re.search(r'^mamba-ssm +not run: .*mamba-ssm', out, re.M), out
+    assert fake_cuda_counters.count('synchronize') == 1 + 2 * 3   # before the counters, around each timed run
