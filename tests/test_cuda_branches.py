@@ -28,7 +28,9 @@ LDT-S host buffer (ldt/ldt_s.py):
          CUDA event disabled, i.e. the same lines on CPU parameters with a separate buffer),
          test_ldt_s_pins_only_when_cuda_is_there
 """
+import copy
 import math
+import os
 import re
 
 import pytest
@@ -442,3 +444,150 @@ def test_bench_scan_cuda_comparison_with_a_triton_that_fails_to_compile(fake_gpu
                      r'or launch on cpu at its first call \(RuntimeError: Failed to find C compiler', out, re.M), out
     assert re.search(r'^mamba-ssm +not run: .*mamba-ssm', out, re.M), out
     assert fake_cuda_counters.count('synchronize') == 1 + 2 * 3   # before the counters, around each timed run
+
+
+# -- train: amp: fp16 through the real models (FT, LDT dual, LDT-S), with skip logic and resume ---------
+from test_cli import train_options  # noqa: E402
+from test_ldt_model import ldt_options  # noqa: E402
+
+SCALER_FIELDS = dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, _growth_tracker=0)
+
+
+@pytest.fixture
+def fp16_models(monkeypatch, tmp_path):
+    """build(opt) -> a BasicSR model with ``train: amp: fp16`` on the CPU: the up-front check that
+    refuses fp16 off CUDA is told the run is on CUDA; everything after it is the CUDA code."""
+    from basicsr.models import build_model
+    from basicsr_ldt.models import guarded_step
+    real = guarded_step.resolve_dtype
+    monkeypatch.setattr(guarded_step, 'resolve_dtype',
+                        lambda key, value, choices, device_type: real(key, value, choices, 'cuda'))
+
+    def build(opt):
+        opt = copy.deepcopy(opt)
+        opt['train']['amp'] = 'fp16'
+        opt.update(is_train=True, dist=False, rank=0, world_size=1)
+        opt['path']['training_states'] = str(tmp_path)
+        model = build_model(opt)
+        assert model.precision.dtype is torch.float16 and model.precision.device_type == 'cpu'
+        return model
+    return build
+
+
+def _batch(i, nan=False):
+    g = torch.Generator().manual_seed(100 + i)
+    gt = torch.rand(2, 3, 32, 32, generator=g)
+    if nan:
+        gt[0, 0, 0, 0] = math.nan
+    return {'lq': torch.rand(2, 3, 8, 8, generator=g), 'gt': gt}
+
+
+def _step(model, i, **batch):
+    model.feed_data(_batch(i, **batch))
+    model.optimize_parameters(i)
+
+
+def _weights(network):
+    return {k: v.clone() for k, v in network.state_dict().items()}
+
+
+def _same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _resumed(build, opt, model, iteration):
+    """A fresh model resumed from the training state ``model`` writes at ``iteration`` (read back as
+    a file is), weights as BasicSR's resume loads them."""
+    model.save_training_state(0, iteration)
+    state = torch.load(os.path.join(model.opt['path']['training_states'], f'{iteration}.state'), weights_only=True)
+    again = build(opt)
+    again.net_g.load_state_dict(model.net_g.state_dict())
+    again.resume_training(state)
+    return again
+
+
+def test_fp16_ft_model_skips_overflow_and_nan_and_resumes_its_scaler(fp16_models, demo_data):
+    opt = train_options(demo_data, 'fp16_ft')
+    model = fp16_models(opt)
+    _step(model, 1)
+    assert model.precision.state_dict() == {'net_g': {'scale': 65536.0, **SCALER_FIELDS, '_growth_tracker': 1}}
+    # scaled gradients overflow: GradScaler skips the optimizer step and backs off; not a bad step
+    model.precision.scaler('net_g').update(2.0 ** 100)
+    before = _weights(model.net_g)
+    _step(model, 2)
+    assert _same_weights(_weights(model.net_g), before) and model.bad_steps == 0
+    assert model.precision.state_dict()['net_g']['scale'] == 2.0 ** 99
+    model.precision.scaler('net_g').update(1024.0)
+    _step(model, 3)
+    assert not _same_weights(_weights(model.net_g), before)
+    # a NaN loss: skipped before backward, counted, scaler untouched
+    scaler_state = model.precision.state_dict()
+    before = _weights(model.net_g)
+    _step(model, 4, nan=True)
+    assert model.bad_steps == 1 and _same_weights(_weights(model.net_g), before)
+    assert model.precision.state_dict() == scaler_state
+    again = _resumed(fp16_models, opt, model, 4)
+    assert again.bad_steps == 1 and again.precision.state_dict() == scaler_state
+    for i in (5, 6):
+        _step(model, i)
+        _step(again, i)
+    assert _same_weights(_weights(again.net_g), _weights(model.net_g))
+    assert again.precision.state_dict() == model.precision.state_dict() and again.bad_steps == model.bad_steps == 0
+
+
+def test_fp16_ldt_model_has_one_scaler_per_optimizer_and_resumes_them(fp16_models, demo_data):
+    # warm-up 1-2, profiling 3-5 (the first sample overflows), dual training from 6
+    opt = ldt_options(demo_data, 'fp16_ldt', total_iter=10, profile_iters=3)
+    model = fp16_models(opt)
+    for i in (1, 2):
+        _step(model, i)
+    # the profiling scaler, never used before: an overflow at its first sample (was: "Attempted
+    # update but _scale is None") leaves the sample out; a backoff of 2^-30 makes the next usable
+    model.precision.scaler('profile').load_state_dict({'scale': 2.0 ** 40, **SCALER_FIELDS, 'backoff_factor': 2.0 ** -30})
+    for i in (3, 4, 5):
+        _step(model, i)
+    assert model.ldt.statistics.samples == 2 and model.bad_steps == 0
+    assert model.precision.state_dict()['profile']['scale'] == 2.0 ** 10
+    _step(model, 6)
+    assert set(model.precision.state_dict()) == {'warmup', 'profile', 'primary', 'auxiliary'}
+    # an overflow in the primary branch skips its step and lowers its scale only
+    model.precision.scaler('primary').update(2.0 ** 100)
+    primary, auxiliary = _weights(model.ldt.primary), _weights(model.ldt.auxiliary)
+    aux_scale = model.precision.state_dict()['auxiliary']['scale']
+    _step(model, 7)
+    stable = model.ldt.partition.stable
+    assert all(torch.equal(model.ldt.primary.state_dict()[n], primary[n]) for n in stable)
+    assert any(not torch.equal(model.ldt.auxiliary.state_dict()[n], auxiliary[n]) for n in model.ldt.partition.unstable)
+    assert model.precision.state_dict()['primary']['scale'] == 2.0 ** 99
+    assert model.precision.state_dict()['auxiliary']['scale'] == aux_scale
+    model.precision.scaler('primary').update(4096.0)
+    _step(model, 8)
+    again = _resumed(fp16_models, opt, model, 8)
+    assert again.precision.state_dict() == model.precision.state_dict()
+    for i in (9, 10):
+        _step(model, i)
+        _step(again, i)
+    assert _same_weights(again.ldt.composite_state_dict(), model.ldt.composite_state_dict())
+    assert again.precision.state_dict() == model.precision.state_dict()
+
+
+def test_fp16_ldt_s_steps_and_resumes(fp16_models, demo_data):
+    opt = ldt_options(demo_data, 'fp16_ldt_s', total_iter=10, method='ldt_s', interval_iters=2, ema_every=1)
+    model = fp16_models(opt)
+    for i in range(1, 7):
+        _step(model, i)
+    assert model.ldt.alternation is not None and 'ldt_s' in model.precision.state_dict()
+    model.precision.scaler('ldt_s').update(2.0 ** 100)
+    active = model.ldt.alternation.active
+    before = _weights(model.ldt.primary)
+    _step(model, 7)                                   # overflow: no optimizer step (EMA still runs)
+    params = dict(model.ldt.primary.named_parameters())
+    assert model.precision.state_dict()['ldt_s']['scale'] == 2.0 ** 99
+    assert all(torch.equal(params[n], before[n]) for n in getattr(model.ldt.partition, active))
+    model.precision.scaler('ldt_s').update(2048.0)
+    again = _resumed(fp16_models, opt, model, 7)
+    for i in (8, 9, 10):
+        _step(model, i)
+        _step(again, i)
+    assert _same_weights(again.ldt.composite_state_dict(), model.ldt.composite_state_dict())
+    assert again.precision.state_dict() == model.precision.state_dict()
