@@ -29,9 +29,11 @@ LDT-S host buffer (ldt/ldt_s.py):
          test_ldt_s_pins_only_when_cuda_is_there
 """
 import copy
+import io
 import math
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -591,3 +593,122 @@ def test_fp16_ldt_s_steps_and_resumes(fp16_models, demo_data):
         _step(again, i)
     assert _same_weights(again.ldt.composite_state_dict(), model.ldt.composite_state_dict())
     assert again.precision.state_dict() == model.precision.state_dict()
+
+
+# -- other CUDA-only lines: bf16 support check, fp16 inference, CUDA RNG state, process group ------
+def test_resolve_dtype_on_cuda_checks_bf16_support(monkeypatch):
+    from basicsr_ldt.ldt import INFERENCE_DTYPES, resolve_dtype
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: False)
+    with pytest.raises(ValueError) as err:
+        resolve_dtype('test.precision', 'bf16', INFERENCE_DTYPES, 'cuda')
+    assert str(err.value) == 'test.precision: this GPU has no bfloat16 support; use fp16 or fp32'
+    assert resolve_dtype('test.precision', 'fp16', INFERENCE_DTYPES, 'cuda') is torch.float16
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: True)
+    assert resolve_dtype('test.precision', 'bf16', INFERENCE_DTYPES, 'cuda') is torch.bfloat16
+
+
+def test_fp16_inference_runs_under_fp16_autocast_and_returns_fp32(monkeypatch):
+    """test.py's and upscale()'s fp16 path (refused on the CPU up front; the check is bypassed)."""
+    from basicsr_ldt import api
+    from basicsr_ldt.inference import tiled_forward
+    torch.manual_seed(0)
+    net = _Tiny(2).eval()
+    lq = torch.rand(1, 3, 13, 11)
+    seen = []
+    net.conv_last.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    full = tiled_forward(net, lq, 2, tile_size=8, tile_overlap=4)
+    half = tiled_forward(net, lq, 2, tile_size=8, tile_overlap=4, dtype=torch.float16)
+    assert seen[-1] == torch.float16 and half.dtype == torch.float32
+    assert torch.allclose(half, full, atol=5e-3) and not torch.equal(half, full)
+    monkeypatch.setattr(api, 'check_precision', lambda device, precision: None)
+    out = api.upscale(net, lq, precision='fp16')
+    assert seen[-1] == torch.float16 and out.dtype == torch.float32
+    assert torch.allclose(out, full.clamp(0, 1), atol=5e-3)
+
+
+def test_asking_for_cuda_without_it_is_one_clear_error(tmp_path, monkeypatch):
+    from basicsr_ldt.api import load_network
+    from basicsr_ldt.errors import InputError
+    network = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscaling_factor': 2}
+    from basicsr.archs import build_network
+    torch.save({'params': build_network(dict(network)).state_dict()}, tmp_path / 'net.pth')
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    with pytest.raises(InputError, match="^device 'cuda' was asked for, but torch sees no CUDA device$"):
+        load_network(str(tmp_path / 'net.pth'), opt={'network_g': network}, device='cuda')
+    assert next(load_network(str(tmp_path / 'net.pth'), opt={'network_g': network}).parameters()).device.type == 'cpu'
+
+
+def test_cuda_rng_state_is_saved_and_restored(monkeypatch):
+    from basicsr_ldt.models import resumable
+    states = [torch.arange(16, dtype=torch.uint8), torch.arange(16, 32, dtype=torch.uint8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'is_initialized', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'get_rng_state_all', lambda: [s.clone() for s in states])
+    monkeypatch.setattr(torch.cuda, 'set_rng_state_all', restored.append)
+    buffer = io.BytesIO()
+    torch.save(resumable.rng_state(), buffer)
+    buffer.seek(0)
+    resumable.set_rng_state(torch.load(buffer, weights_only=True))   # as a .state file is read
+    assert len(restored) == 1 and all(torch.equal(a, b) for a, b in zip(restored[0], states))
+
+
+@pytest.mark.parametrize('gpus, ranks, backend', [(2, 2, 'nccl'), (1, 2, 'gloo')])
+def test_process_group_on_gpus_picks_the_device_and_backend(monkeypatch, capsys, gpus, ranks, backend):
+    from basicsr_ldt import distributed
+    started, devices = [], []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: gpus)
+    monkeypatch.setattr(torch.cuda, 'set_device', devices.append)
+    monkeypatch.setattr(distributed.dist, 'init_process_group', lambda backend: started.append(backend))
+    monkeypatch.setenv('LOCAL_WORLD_SIZE', str(ranks))
+    for rank in range(ranks):
+        monkeypatch.setenv('LOCAL_RANK', str(rank))
+        distributed.start_process_group()
+    assert started == [backend] * ranks and devices == [r % gpus for r in range(ranks)]
+    shared = [f'{ranks} ranks share {gpus} GPU(s): NCCL needs one GPU per rank, using the Gloo backend']
+    assert capsys.readouterr().err.splitlines() == (shared if backend == 'gloo' else [])
+
+
+# -- scripts/gpu_check.sh: its Python pieces --------------------------------------------------------
+from conftest import REPO  # noqa: E402
+
+
+def _gpu_check_python(marker):
+    """The Python heredoc of scripts/gpu_check.sh that follows the line containing ``marker``."""
+    text = (REPO / 'scripts' / 'gpu_check.sh').read_text()
+    match = re.search(re.escape(marker) + r"[^\n]*<<'EOF'\n(.*?)\nEOF\n", text, re.S)
+    assert match, marker
+    return match.group(1)
+
+
+def test_gpu_check_version_report(monkeypatch, capsys):
+    code = _gpu_check_python('run_step versions')
+    monkeypatch.setattr(torch.cuda, 'get_device_properties',
+                        lambda i: types.SimpleNamespace(total_memory=80 * 2 ** 30, major=9, minor=0))
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda i: 'NVIDIA H100 80GB HBM3')
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: True)
+    monkeypatch.setattr(torch.backends.cudnn, 'version', lambda: 91000)
+    monkeypatch.setenv('PATH', '/nonexistent')                  # no nvidia-smi
+    exec(compile(code, 'gpu_check.sh:versions', 'exec'), {'__name__': '__main__'})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f'GPU NVIDIA H100 80GB HBM3 (80 GiB, sm_90) x1, driver unknown (no nvidia-smi), '
+                        f'CUDA {torch.version.cuda}, cuDNN 91000')
+    assert re.fullmatch(rf'torch {re.escape(torch.__version__)}, triton \S+, mamba-ssm (present|absent), bf16 True',
+                        lines[1])
+
+
+@pytest.mark.parametrize('psnr, ok', [(27.31, True), (math.nan, False), (4.0, False)])
+def test_gpu_check_reads_the_mean_psnr_of_test_py_table(tmp_path, psnr, ok):
+    from collections import OrderedDict
+    from basicsr_ldt.evaluate import write_results
+    rows = OrderedDict([('Sony', {'psnr': psnr, 'ssim': 0.8, 'images': 2}),
+                        ('Mean', {'psnr': psnr, 'ssim': 0.8, 'images': 2})])
+    write_results(str(tmp_path), OrderedDict([('LDT-bf16', rows), ('Other', rows)]), {})
+    code = _gpu_check_python('"$PY" - "$table"')
+    run = subprocess.run([sys.executable, '-', str(tmp_path / 'metrics.md')], input=code, capture_output=True,
+                         text=True, timeout=60)
+    assert (run.returncode == 0) == ok
+    if not ok:
+        assert run.stderr.strip() == f'mean PSNR {psnr} is not a plausible SR output'
