@@ -1,45 +1,123 @@
-"""Every CUDA-only branch of the Python code, run on the CPU: the same lines, selected by a
-float16 ``MixedPrecision``, a fake "CUDA" condition or an in-process flag instead of a GPU.
+"""Every CUDA-only branch of the Python code, run on the CPU: the same lines, selected by a float16
+``MixedPrecision``, a faked GPU condition (one small function per module: ``_on_gpu``, ``on_cuda``,
+``_copy_event``) or an in-process flag instead of a GPU. "CUDA-only" = code that only a run with
+CUDA tensors, ``train: amp: fp16`` / ``test: precision: fp16`` (refused on the CPU up front) or
+``--device cuda`` reaches. Found with ``grep -rnE "is_cuda|device.type == 'cuda'|torch\.cuda\.|
+GradScaler|pin_memory|non_blocking|synchronize|max_memory_allocated|float16|fp16|autocast"`` over
+basicsr_ldt/, archs/, scripts/ and the entry points.
 
-BRANCHES (CUDA-only code -> the CPU test that runs its lines; "n/a" = nothing testable)
+BRANCH (file: what) -> TEST (in this module unless a file is named)
 
-Training and profiling precision (``train: amp: fp16`` is refused on the CPU up front, so the
-tests build ``MixedPrecision(torch.float16, 'cpu')``: torch's GradScaler and fp16 autocast run
-on the CPU):
-  ldt/precision.py MixedPrecision.scaler/backward/step (fp16 GradScaler per optimizer key)
-      -> test_fp16_ft_model_skips_overflow_and_nan_and_resumes_its_scaler (FT, GuardedStepMixin),
-         test_fp16_ldt_model_has_one_scaler_per_optimizer_and_resumes_them (LDT dual: warmup,
-         profile, primary, auxiliary), test_fp16_ldt_s_steps_and_resumes (LDT-S: ldt_s);
+Training and profiling precision (fp16 = torch's GradScaler, which runs on the CPU):
+  ldt/precision.py MixedPrecision.scaler/backward/step: one GradScaler per optimizer key
+      -> test_fp16_ft_model_skips_overflow_and_nan_and_resumes_its_scaler ('net_g'),
+         test_fp16_ldt_model_has_one_scaler_per_optimizer_and_resumes_them ('warmup', 'profile',
+         'primary', 'auxiliary'; an overflow in one branch leaves the other's scale and step alone),
+         test_fp16_ldt_s_steps_and_resumes ('ldt_s');
          tests/test_precision.py::test_fp16_scalers_are_per_branch_and_resume_exactly
-  ldt/precision.py MixedPrecision.backward_unscaled (fp16 profiling)
-      -> test_fp16_profiling_survives_an_overflow_and_backs_off (was: "Attempted update but
-         _scale is None"), test_fp16_profiling_gradients_are_the_true_gradients,
-         test_fp16_profiling_syncs_once_per_sample_not_per_parameter
-  ldt/precision.py resolve_dtype: fp16 accepted only for 'cuda', bf16 support check on 'cuda'
-      -> test_resolve_dtype_on_cuda_checks_bf16_support (torch.cuda.is_bf16_supported faked)
-  models/guarded_step.py setup_precision / optimize_parameters / extra_training_state /
-  load_extra_training_state with fp16 (skip on non-finite loss, scaler state in the training
-  state) -> test_fp16_ft_model_skips_overflow_and_nan_and_resumes_its_scaler
+  ldt/precision.py MixedPrecision.backward_unscaled: fp16 profiling (FIXED: the profiling scaler was
+  never initialised, the first overflow raised "Attempted update but _scale is None"; and it took
+  one host sync per parameter, now one per sample)
+      -> test_fp16_profiling_survives_an_overflow_and_backs_off,
+         test_fp16_profiling_gradients_are_the_true_gradients,
+         test_fp16_profiling_syncs_once_per_sample_not_per_parameter,
+         test_fp16_ldt_model_has_one_scaler_per_optimizer_and_resumes_them (through LDTSRModel);
+         tests/test_precision.py::test_fp16_loss_scaling_does_not_reach_the_profiling_statistics
+  ldt/precision.py resolve_dtype: fp16 accepted on 'cuda', bf16-support check on 'cuda'
+      -> test_resolve_dtype_on_cuda_checks_bf16_support
+  models/guarded_step.py fp16: setup_precision's log line, optimize_parameters (GradScaler skip on
+  overflow, skip before backward on a NaN loss, bad-step count), scaler state in the training
+  state and on resume -> test_fp16_ft_model_skips_overflow_and_nan_and_resumes_its_scaler
+  models/ldt_model.py fp16: the scalers inside the 'ldt' training state, resumed
+      -> test_fp16_ldt_model_has_one_scaler_per_optimizer_and_resumes_them, test_fp16_ldt_s_steps_and_resumes
 
 LDT-S host buffer (ldt/ldt_s.py):
-  pinned host buffer and non_blocking copies when the parameters are on CUDA; EMA on the device,
-  copy back, event before the host buffer is read again
-      -> test_ldt_s_device_exchange_matches_a_float64_ema (the device path with pin and the
-         CUDA event disabled, i.e. the same lines on CPU parameters with a separate buffer),
-         test_ldt_s_pins_only_when_cuda_is_there
+  _on_cuda -> _host_copy(pin=True) only for a network on CUDA
+      -> test_ldt_s_pins_only_when_cuda_is_there
+  exchange/swap on the device: buffer slices copied non_blocking, EMA (fused lerp) on the device,
+  copied back non_blocking, CUDA event recorded after the copies, waited for by the device before the
+  next exchange/swap and by the host before state_dict/composite_state_dict/load_state_dict
+      -> test_ldt_s_device_exchange_matches_a_float64_ema (float64 EMA written in the test),
+         test_ldt_s_copy_path_is_bitwise_the_same_with_one_or_many_slices;
+         tests/test_ldt_s.py (CPU results unchanged, exact resume)
+
+Selective scan (archs/selective_scan.py):
+  select_kernel for CUDA tensors ('auto' order, forced backends missing)
+      -> tests/test_scan_triton.py::test_auto_order_for_cuda_tensors,
+         ::test_forced_backends_that_are_unavailable_name_the_option,
+         tests/test_selective_scan.py::test_available_kernel_is_used_on_cuda_tensors_only
+  selective_scan's call of mamba-ssm's kernel (argument order)
+      -> test_mamba_ssm_kernel_gets_mamba_s_argument_order
+  checked_kernel/_triton_trial: first Triton call per device tried on copies (forward, backward when
+  needed); 'auto' falls back to torch with one warning, never retried; forced 'triton' stops with
+  ScanKernelFailed naming the option; CUDA OOM propagates
+      -> test_auto_falls_back_to_torch_once_when_triton_fails_at_its_first_call (ptxas, no C compiler,
+         compiler failed, shared memory), test_a_backward_kernel_that_fails_is_caught_at_the_first_call_too,
+         test_forced_triton_stops_with_one_line_naming_the_option, test_out_of_memory_is_not_a_kernel_failure,
+         test_the_decision_is_a_function_of_backend_device_and_trial
+  archs/scan_triton.py ``torch.cuda.device(u.device) if u.is_cuda``: n/a here (the kernel launch;
+  the kernels run under TRITON_INTERPRET and are compiled for sm_90 in tests/test_scan_triton.py)
+
+Benchmarks and gpu_check.sh:
+  scripts/bench_ldt.py on_cuda(): synchronize around timed regions, allocator peak counters, in-process
+  memory workers (FIXED: --device cuda crashed with "'int' object is not subscriptable"), one rep,
+  3 warm-up steps, device name
+      -> test_bench_ldt_cuda_path_runs_its_workers_in_process,
+         test_bench_ldt_profile_worker_takes_its_sample_count_in_and_out_of_process
+  scripts/bench_scan.py on_cuda(): synchronize in time_fwd_bwd, peak memory and device name in
+  compare_backends; a forced backend failing at its first call reported as not run
+      -> test_bench_scan_cuda_comparison_with_a_triton_that_fails_to_compile
+  scripts/gpu_check.sh Python: the versions report, check_test's mean-PSNR check
+      -> test_gpu_check_version_report, test_gpu_check_reads_the_mean_psnr_of_test_py_table;
+         no CUDA -> tests/test_gpu_check.py::test_gpu_check_without_cuda_is_one_line_and_non_zero;
+         its option files -> tests/test_gpu_check.py::test_gpu_check_option_files_train_and_test_on_cpu
+
+Inference, resume, processes:
+  inference.py tiled_forward and api._run under fp16 autocast
+      -> test_fp16_inference_runs_under_fp16_autocast_and_returns_fp32
+  api.load_network device 'cuda' (default when available; asked for without CUDA), upscale_cli --device
+      -> test_asking_for_cuda_without_it_is_one_clear_error
+  models/resumable.py CUDA RNG state saved in and restored from training states
+      -> test_cuda_rng_state_is_saved_and_restored
+  distributed.py start_process_group on GPUs: set_device per local rank, NCCL with a GPU per rank, Gloo
+  (and one line) when ranks share a GPU -> test_process_group_on_gpus_picks_the_device_and_backend
+  evaluate.py ``'cuda' if num_gpu and torch.cuda.is_available()``: the expression runs in every
+  test.py test; its CUDA value needs a GPU (n/a)
+  train.py ``prefetch_mode: cuda``: BasicSR's CUDAPrefetcher (CUDA streams), n/a; the option check
+  runs on the CPU
 """
 import copy
 import io
+import logging
 import math
 import os
 import re
+import subprocess
 import sys
+import types
+from collections import OrderedDict
 
 import pytest
 import torch
 from torch import nn
 
+import archs  # noqa: F401  (registers MambaIR)
+import archs.selective_scan as scan_module
+from archs.selective_scan import ScanKernelFailed, checked_kernel, selective_scan
 from basicsr_ldt.ldt import MixedPrecision
+from basicsr_ldt.ldt import ldt_s as ldt_s_module
+from conftest import REPO, load_script
+from test_cli import train_options
+from test_ldt_algorithm import _run
+from test_ldt_model import ldt_options
+from test_ldt_s import START, _ldt_s
+from test_selective_scan import make_inputs
+
+try:
+    from triton.runtime.errors import OutOfResources, PTXASError
+except ImportError:  # triton is for Linux x86-64: its own error types are then not needed
+    OutOfResources = PTXASError = None
+needs_triton = pytest.mark.skipif(PTXASError is None, reason='triton is not installed')
 
 _HOST_READS = ('item', 'tolist', '__bool__', '__float__', '__int__', 'cpu', 'numpy')
 
@@ -122,30 +200,23 @@ def test_fp16_profiling_syncs_once_per_sample_not_per_parameter(monkeypatch):
 
 
 # -- selective-scan backend: first-call check of Triton, fallback of 'auto' -----------------------
-import logging  # noqa: E402
-import subprocess  # noqa: E402
-import types  # noqa: E402
 
-from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
 
-import archs  # noqa: E402,F401  (registers MambaIR)
-import archs.selective_scan as scan_module  # noqa: E402
-from archs.selective_scan import ScanKernelFailed, checked_kernel, selective_scan  # noqa: E402
-from test_selective_scan import make_inputs  # noqa: E402
 
 FAILURES = {
-    'ptxas': (PTXASError('ptxas fatal   : Unresolved extern function\nmore lines'),
-              'PTXASError: PTXAS error: ptxas fatal   : Unresolved extern function'),
     'no C compiler': (RuntimeError('Failed to find C compiler. Please specify via CC environment variable '
                                    'or set triton.knobs.build.impl.'),
                       'RuntimeError: Failed to find C compiler. Please specify via CC environment variable '
                       'or set triton.knobs.build.impl.'),
     'compiler failed': (subprocess.CalledProcessError(1, ['gcc', 'main.c']),
                         "CalledProcessError: Command '['gcc', 'main.c']' returned non-zero exit status 1."),
-    'shared memory': (OutOfResources(232448, 101376, 'shared memory'),
-                      'OutOfResources: out of resource: shared memory, Required: 232448, Hardware limit: 101376. '
-                      'Reducing block sizes or `num_stages` may help.'),
 }
+if PTXASError is not None:
+    FAILURES['ptxas'] = (PTXASError('ptxas fatal   : Unresolved extern function\nmore lines'),
+                         'PTXASError: PTXAS error: ptxas fatal   : Unresolved extern function')
+    FAILURES['shared memory'] = (OutOfResources(232448, 101376, 'shared memory'),
+                                 'OutOfResources: out of resource: shared memory, Required: 232448, Hardware '
+                                 'limit: 101376. Reducing block sizes or `num_stages` may help.')
 
 
 class _FailsInBackward(torch.autograd.Function):
@@ -211,6 +282,7 @@ def test_auto_falls_back_to_torch_once_when_triton_fails_at_its_first_call(fake_
     assert all(a.grad is None for a in args.values())   # the trial left no gradient behind
 
 
+@needs_triton
 def test_a_backward_kernel_that_fails_is_caught_at_the_first_call_too(fake_gpu, caplog):
     calls = fake_gpu(lambda u, *rest: _FailsInBackward.apply(u))
     args, _ = make_inputs('const', 4, '')
@@ -223,6 +295,7 @@ def test_a_backward_kernel_that_fails_is_caught_at_the_first_call_too(fake_gpu, 
     assert args['u'].grad is not None
 
 
+@needs_triton
 def test_forced_triton_stops_with_one_line_naming_the_option(fake_gpu, monkeypatch):
     fake_gpu(_raise(FAILURES['ptxas'][0]))
     args, _ = make_inputs('const', 4, '')
@@ -236,6 +309,15 @@ def test_forced_triton_stops_with_one_line_naming_the_option(fake_gpu, monkeypat
         selective_scan(**args)
 
 
+def test_mamba_ssm_kernel_gets_mamba_s_argument_order(fake_gpu, monkeypatch):
+    calls = []
+    monkeypatch.setattr(scan_module, '_cuda_fn', lambda *args: calls.append(args) or 'from mamba-ssm')
+    args, _ = make_inputs('grouped', 4, 'D z bias')
+    assert selective_scan(**args, delta_softplus=True, return_last_state=True) == 'from mamba-ssm'
+    order = ('u', 'delta', 'A', 'B', 'C', 'D', 'z', 'delta_bias')
+    assert len(calls) == 1 and all(a is args[k] for a, k in zip(calls[0], order)) and calls[0][8:] == (True, True)
+
+
 def test_out_of_memory_is_not_a_kernel_failure(fake_gpu):
     calls = fake_gpu(_raise(torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')))
     args, _ = make_inputs('const', 4, '')
@@ -245,6 +327,7 @@ def test_out_of_memory_is_not_a_kernel_failure(fake_gpu):
     assert len(calls) == 2 and not scan_module._triton_failed
 
 
+@needs_triton
 def test_the_decision_is_a_function_of_backend_device_and_trial(fake_gpu):
     fake_gpu(_raise(AssertionError('not called')))
     trials = []
@@ -261,9 +344,6 @@ def test_the_decision_is_a_function_of_backend_device_and_trial(fake_gpu):
 
 
 # -- LDT-S host buffer: pinned on CUDA, EMA and swap on the device, event before host access ---------
-from basicsr_ldt.ldt import ldt_s as ldt_s_module  # noqa: E402
-from test_ldt_s import START, _ldt_s  # noqa: E402
-from test_ldt_algorithm import _run  # noqa: E402
 
 
 class _Event:
@@ -354,7 +434,6 @@ def test_ldt_s_pins_only_when_cuda_is_there(monkeypatch):
 
 
 # -- benchmark scripts: CUDA timing and memory counters, in-process workers -----------------------
-from conftest import load_script  # noqa: E402
 
 
 class _Tiny(nn.Module):
@@ -449,8 +528,6 @@ def test_bench_scan_cuda_comparison_with_a_triton_that_fails_to_compile(fake_gpu
 
 
 # -- train: amp: fp16 through the real models (FT, LDT dual, LDT-S), with skip logic and resume ---------
-from test_cli import train_options  # noqa: E402
-from test_ldt_model import ldt_options  # noqa: E402
 
 SCALER_FIELDS = dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, _growth_tracker=0)
 
@@ -671,7 +748,6 @@ def test_process_group_on_gpus_picks_the_device_and_backend(monkeypatch, capsys,
 
 
 # -- scripts/gpu_check.sh: its Python pieces --------------------------------------------------------
-from conftest import REPO  # noqa: E402
 
 
 def _gpu_check_python(marker):
