@@ -40,8 +40,9 @@ def resolve_dtype(key: str, value: object, choices: Mapping[str, Optional[torch.
     """The autocast dtype an option value names, or ``None`` for full precision.
 
     Raises ``ValueError`` naming ``key`` for an unknown value, for fp16 off CUDA (fp16 training
-    and inference are for GPUs; CPUs have no fast fp16 path and CPU loss scaling is untested
-    here) and for bf16 on a GPU without bf16 support.
+    and inference are for GPUs: CPUs have no fast fp16 path; tests run the fp16 code on the CPU
+    by building ``MixedPrecision(torch.float16, 'cpu')`` directly) and for bf16 on a GPU without
+    bf16 support.
     """
     if value not in choices:
         raise ValueError(f"{key}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
