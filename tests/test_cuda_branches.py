@@ -34,11 +34,12 @@ Training and profiling precision (fp16 = torch's GradScaler, which runs on the C
 LDT-S host buffer (ldt/ldt_s.py):
   _on_cuda -> _host_copy(pin=True) only for a network on CUDA
       -> test_ldt_s_pins_only_when_cuda_is_there
-  exchange/swap on the device: buffer slices copied non_blocking, EMA (fused lerp) on the device,
-  copied back non_blocking, CUDA event recorded after the copies, waited for by the device before the
-  next exchange/swap and by the host before state_dict/composite_state_dict/load_state_dict
+  exchange/swap on the device (the path taken when a CUDA event exists; on the CPU a stand-in
+  event): buffer slices copied non_blocking, EMA (fused lerp) on the device, copied back non_blocking,
+  event recorded after the copies, waited for by the device before the next exchange/swap and by
+  the host before state_dict/composite_state_dict/load_state_dict
       -> test_ldt_s_device_exchange_matches_a_float64_ema (float64 EMA written in the test),
-         test_ldt_s_copy_path_is_bitwise_the_same_with_one_or_many_slices;
+         test_ldt_s_copy_path_is_bitwise_the_in_place_host_ema;
          tests/test_ldt_s.py (CPU results unchanged, exact resume)
 
 Selective scan (archs/selective_scan.py):
@@ -406,17 +407,25 @@ def test_ldt_s_device_exchange_matches_a_float64_ema(cuda_copy_lines):
     assert cuda_copy_lines == ['synchronize']
 
 
-def test_ldt_s_copy_path_is_bitwise_the_same_with_one_or_many_slices(cuda_copy_lines, monkeypatch):
+def test_ldt_s_copy_path_is_bitwise_the_in_place_host_ema(cuda_copy_lines, monkeypatch):
+    """The CUDA path (buffer slices staged on the device, copied back) with many slices or one,
+    and the CPU path (EMA in place in the buffer): the same training run, bit for bit."""
     def run():
         algo = _ldt_s(ema_every=1, interval_iters=2)
         _run(algo, 1, START + 6)
         return algo.state_dict()['alternation'], algo.composite_state_dict()
-    sliced = run()
+    runs = [run()]
+    assert 'record' in cuda_copy_lines
     monkeypatch.setattr(ldt_s_module, 'STAGING_BYTES', 2 ** 40)
-    whole = run()
-    for group in ('stable', 'unstable'):
-        assert all(torch.equal(a, b) for a, b in zip(sliced[0]['buffer'][group], whole[0]['buffer'][group]))
-    assert all(torch.equal(sliced[1][n], whole[1][n]) for n in sliced[1])
+    runs.append(run())
+    monkeypatch.setattr(ldt_s_module, '_copy_event', lambda cuda: None)
+    cuda_copy_lines.clear()
+    runs.append(run())
+    assert cuda_copy_lines == []
+    for other in runs[1:]:
+        for group in ('stable', 'unstable'):
+            assert all(torch.equal(a, b) for a, b in zip(runs[0][0]['buffer'][group], other[0]['buffer'][group]))
+        assert all(torch.equal(runs[0][1][n], other[1][n]) for n in runs[0][1])
 
 
 def test_ldt_s_pins_only_when_cuda_is_there(monkeypatch):
