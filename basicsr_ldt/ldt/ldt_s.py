@@ -132,11 +132,12 @@ class AlternatingFreezing:
     @torch.no_grad()
     def swap(self) -> None:
         """Exchange device and buffer contents of every layer, then train the other group."""
+        fenced = self._copies is not None      # asynchronous copies only where an event orders them
         self._device_waits_for_copies()
         for group in GROUPS:
             for p, b in zip(self._params[group], self.buffer[group]):
-                incoming = b.to(p.device, non_blocking=True, copy=True)
-                b.copy_(p.detach(), non_blocking=True)   # stream order: after the read of b
+                incoming = b.to(p.device, non_blocking=fenced, copy=True)
+                b.copy_(p.detach(), non_blocking=fenced)   # stream order: after the read of b
                 p.copy_(incoming)
         self._record_copies()
         self.active = self.frozen
