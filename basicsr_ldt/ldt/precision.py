@@ -16,8 +16,8 @@ sync per sample. bf16 has fp32's exponent range and needs no scaler.
 A non-finite loss skips its step before ``backward``: no optimizer step, no statistics, and the
 caller skips the EMA/DPU exchange; batch-norm running statistics the forward pass already
 updated are put back (:class:`RunningStatistics`), so a corrupted batch leaves no trace. The
-decision is taken on all ranks together (one tiny all-reduce), because a rank that skipped ``backward`` while another ran it would deadlock the
-gradient all-reduce.
+decision is taken on all ranks together (one tiny all-reduce), because a rank that skipped
+``backward`` while another ran it would deadlock the gradient all-reduce.
 """
 from __future__ import annotations
 
