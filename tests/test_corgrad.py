@@ -93,7 +93,8 @@ def test_alpha_schedules_start_at_alpha_and_decay_to_zero():
     ({'slices': 4}, r"ldt.slices: expected an integer in \[5, 100\], got 4"),
     ({'slices': 101}, r"ldt.slices: expected an integer in \[5, 100\], got 101"),
     ({'alpha': 1.5}, r"ldt.alpha: expected a number in \[0, 1\], got 1.5"),
-    ({'alpha_decay': 'exp'}, "ldt.alpha_decay: expected one of 'log', 'linear', 'none', got 'exp'"),
+    ({'alpha_decay': 'exp'}, "ldt.alpha_decay: expected one of 'log', 'linear', 'none', or null, got 'exp'"),
+    ({'corgrad_variant': 'github'}, "ldt.corgrad_variant: expected one of 'paper', 'official', got 'github'"),
     ({'slice': 10}, "unknown CorGrad option 'slice'; did you mean 'slices'"),
 ])
 def test_bad_options_name_the_key(options, message):
@@ -119,28 +120,16 @@ def test_step_without_conflicts_equals_fine_tuning_on_the_mean_loss():
     assert all(p.grad is None for p in nets[0].parameters())
 
 
-def test_step_applies_the_mean_of_the_corrected_gradients_and_is_seeded():
-    torch.manual_seed(1)
+def test_camera_order_is_seeded_and_one_camera_is_refused():
+    # the step itself is checked against independent references in test_corgrad_reference.py
     net = nn.Linear(4, 1, bias=False)
-    start = net.weight.detach().clone()
-    xs = [torch.randn(3, 4) for _ in range(3)]
-    ys = [torch.randn(3, 1) for _ in range(3)]
-    losses = [lambda m, x=x, y=y: (m(x) - y).abs().mean() for x, y in zip(xs, ys)]
     corgrad = CorGrad(net, torch.optim.SGD(net.parameters(), lr=1.0), CorGradConfig(slices=5, seed=3), total_iters=4)
-    grads = []
-    for loss_of in losses:
-        w = start.clone().requires_grad_(True)
-        loss_of(lambda x, w=w: x @ w.t()).backward()
-        grads.append(w.grad)
-    order = corgrad.camera_order(3, 2)
-    assert order == corgrad.camera_order(3, 2)
-    expected, _, _ = remove_conflicts(grads, 5, order)
-    smooth_dominant(expected, alpha_at(corgrad.config, 2, 4))
-    corgrad.step(losses, iteration=2)
-    assert torch.allclose(net.weight.detach(), start - torch.stack(expected).mean(0), atol=1e-7)
+    orders = {tuple(corgrad.camera_order(4, i)) for i in range(1, 30)}
+    assert corgrad.camera_order(4, 2) == corgrad.camera_order(4, 2) and len(orders) > 5
+    other = CorGrad(net, corgrad.optimizer, CorGradConfig(slices=5, seed=4), total_iters=4)
+    assert [other.camera_order(4, i) for i in range(1, 30)] != [corgrad.camera_order(4, i) for i in range(1, 30)]
     with pytest.raises(ValueError, match='at least two source cameras'):
-        corgrad.step(losses[:1], iteration=3)
-    assert math.isfinite(alpha_at(corgrad.config, 3, 4))
+        corgrad.step([lambda m: m(torch.ones(1, 4)).sum()], iteration=3)
 
 
 def test_a_non_finite_camera_loss_skips_the_whole_step():
