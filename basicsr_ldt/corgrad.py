@@ -53,6 +53,11 @@ official code (github libzwo/CorGrad, ``domainbed/gradient.py::correct_grad`` as
 - dominance is two-sided (``|norm - mean| > std``, population std, with the margin above: two
   cameras would otherwise both be flagged by rounding, and the official code then fails on an
   empty mean); dominant gradients are smoothed towards the mean of the *non-dominant* cameras;
+- an anti-parallel chunk (every 1-entry chunk, e.g. of a 3-channel ``conv_last`` bias) projects
+  to exactly 0; left as float rounding noise (as the official code does) a later camera would
+  be projected against that noise with a coefficient of order 1, and whether its chunk is
+  zeroed would be decided by rounding. A result within ``PARALLEL_TOLERANCE`` eps of 0 is set
+  to 0;
 - alpha is constant (``alpha_decay`` defaults to ``none`` for this variant);
 - the update is the *sum* of the corrected camera gradients (``set_conv_grads``);
 - other parameters get the plain sum of the camera gradients. The official code leaves them the
@@ -79,6 +84,9 @@ VARIANTS = ('paper', 'official')
 SLICE_RANGE = (5, 100)                          # the paper's range of n
 #: Margin of the dominance test, relative to the largest norm (module docstring: two cameras).
 DOMINANCE_TOLERANCE = 1e-9
+#: A projected chunk this many float eps of its norm or smaller is anti-parallel: its exact
+#: projection is 0 (module docstring: in-place projection).
+PARALLEL_TOLERANCE = 64
 #: Type and range of each key (paper: alpha starts in [0.5, 1]).
 SPECS = {'slices': integer(*SLICE_RANGE), 'alpha': number(0, 1, '[]'), 'alpha_decay': optional(choice(*ALPHA_DECAYS)),
          'seed': integer(0), 'corgrad_variant': choice(*VARIANTS)}
@@ -205,7 +213,10 @@ def correct_layer_official(grads: Sequence[torch.Tensor], slices: int, alpha: fl
                 dot = torch.sum(piece * other)
                 compared += 1
                 if dot < 0:                                                 # eq. 12-13, in place
+                    before = float(piece.norm())
                     piece.sub_(other, alpha=float(dot / torch.sum(other * other)))
+                    if float(piece.norm()) <= PARALLEL_TOLERANCE * torch.finfo(piece.dtype).eps * before:
+                        piece.zero_()               # anti-parallel (e.g. 1-entry chunks): exactly 0
                     projected += 1
     dominant = dominant_cameras([float(g.norm()) for g in corrected], two_sided=True)
     if dominant:

@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from basicsr_ldt.corgrad import CorGrad, CorGradConfig, alpha_at, remove_conflicts, smooth_dominant
+from basicsr_ldt.corgrad import (CorGrad, CorGradConfig, alpha_at, correct_layer_official, remove_conflicts,
+                                 smooth_dominant)
 
 
 def t(*values):
@@ -75,6 +76,46 @@ def test_dominant_gradient_is_smoothed_towards_the_mean():
     assert torch.equal(grads[1], t(0, 1)) and torch.equal(grads[2], t(0, -1))
     two = [t(10, 0), t(0, 1)]       # with two cameras nobody is > 1 std above the mean
     assert smooth_dominant(two, alpha=0.0) == [] and torch.equal(two[0], t(10, 0))
+
+
+def test_two_cameras_are_never_dominant_whatever_the_rounding():
+    # |norm - mean| equals the population std identically for two norms; a bare `>` flagged about
+    # a quarter of random float32 pairs (one-sided) by rounding alone
+    torch.manual_seed(0)
+    for _ in range(3000):
+        scale = torch.rand(2) * 10 ** torch.randint(-6, 3, (2,)).float()
+        pair = [torch.randn(50) * scale[0], torch.randn(50) * scale[1]]
+        kept = [g.clone() for g in pair]
+        assert smooth_dominant(kept, alpha=0.0) == [] and all(torch.equal(a, b) for a, b in zip(kept, pair))
+        summed, _, _ = correct_layer_official([g.view(5, 10).abs() for g in pair], slices=5, alpha=0.0)
+        assert torch.equal(summed, pair[0].view(5, 10).abs() + pair[1].view(5, 10).abs())   # no smoothing
+
+
+@pytest.mark.parametrize('norms, two_sided_expected, one_sided_expected', [
+    ((1.0, 2.0, 2.6), [0, 2], [2]),          # 2.6 - mean = 0.733: population std 0.660 < it < sample 0.808
+    ((1.0, 2.0, 2.8, 3.0), [0, 3], [3]),     # 3.0 - mean = 0.8:   population std 0.787 < it < sample 0.909
+])
+def test_dominance_uses_the_population_standard_deviation(norms, two_sided_expected, one_sided_expected):
+    n = len(norms)
+    mean = sum(norms) / n
+    spread = sum((x - mean) ** 2 for x in norms)
+    top = max(norms) - mean
+    assert math.sqrt(spread / n) < top < math.sqrt(spread / (n - 1))   # the boundary case itself
+    # positive, non-parallel directions: no conflict, only the dominance test acts
+    directions = [torch.arange(1, 5, dtype=torch.float64) ** k for k in range(n)]
+    grads = [x * d / d.norm() for x, d in zip(norms, directions)]
+    alpha = 0.25
+    paper = [g.clone() for g in grads]
+    assert smooth_dominant(paper, alpha) == one_sided_expected         # paper: one-sided, mean of all
+    mean_all = sum(grads) / n
+    for i in range(n):
+        expected = alpha * grads[i] + (1 - alpha) * mean_all if i in one_sided_expected else grads[i]
+        assert torch.allclose(paper[i], expected, rtol=0, atol=1e-15)
+    summed, n_f, _ = correct_layer_official(grads, slices=5, alpha=alpha)   # official: two-sided
+    assert n_f == 0
+    rest = sum(g for i, g in enumerate(grads) if i not in two_sided_expected) / (n - len(two_sided_expected))
+    expected = sum(alpha * g + (1 - alpha) * rest if i in two_sided_expected else g for i, g in enumerate(grads))
+    assert torch.allclose(summed, expected, rtol=0, atol=1e-14)
 
 
 def test_alpha_schedules_start_at_alpha_and_decay_to_zero():
