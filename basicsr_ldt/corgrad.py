@@ -27,10 +27,11 @@ official code (github libzwo/CorGrad, ``domainbed/gradient.py::correct_grad`` as
   gradient over all cameras (eq. 11's definition).
 - **Two cameras.** With two norms, ``norm - mean`` equals the population std *exactly* (both
   are half the difference of the norms), so under the paper's test no camera is ever dominant;
-  a bare ``>`` decided it by float rounding (about 17% of random float32 pairs, the larger norm
-  then moved by its whole difference to the mean when alpha is small). The test therefore asks
-  for a margin: dominant when ``norm - mean - std > DOMINANCE_TOLERANCE * max norm`` (1e-9:
-  ten million times float64 rounding of the statistics, far below any real gap).
+  a bare ``>`` decided it by float rounding (17-25% of random float32 pairs, by how they are
+  drawn; the larger norm then moved by its whole difference to the mean when alpha is small).
+  The test therefore asks for a margin: dominant when ``norm - mean - std >
+  DOMINANCE_TOLERANCE * max norm`` (1e-9: ten million times float64 rounding of the
+  statistics, far below any real gap).
 - **Alpha schedule: the paper's.** Section 4.1 starts alpha in [0.5, 1] and lets it "gradually
   decay to 0" without a formula. ``alpha_decay: log`` (default) is ``alpha (1 - ln t / ln T)``
   for iteration t of T (1-based), our choice of shape; ``linear`` (``alpha (1 - (t-1)/(T-1))``)
@@ -42,7 +43,8 @@ official code (github libzwo/CorGrad, ``domainbed/gradient.py::correct_grad`` as
   only through epsilon).
 - ``slices`` default 10 (the code's ``n_parts``; the paper sets n in [5, 100]).
 
-``official`` (what ``correct_grad`` does, read in the code; one behaviour differs, see last):
+``official`` (what ``correct_grad`` does, read in the code; two rounding cases and the
+uncorrected parameters are handled differently, marked below):
 
 - only the parameters of ``nn.Conv2d`` and ``nn.Linear`` modules (weights *and* biases,
   ``get_conv_grads``) are corrected; each gradient is cut along dim 0 (output channels) into
@@ -50,19 +52,20 @@ official code (github libzwo/CorGrad, ``domainbed/gradient.py::correct_grad`` as
 - cameras are projected in the fixed order of the source cameras, *in place*: camera i is
   projected against cameras 0..i-1 already corrected and i+1.. still original, and each
   projection of camera i sees its own earlier projections;
-- dominance is two-sided (``|norm - mean| > std``, population std, with the margin above: two
-  cameras would otherwise both be flagged by rounding, and the official code then fails on an
-  empty mean); dominant gradients are smoothed towards the mean of the *non-dominant* cameras;
-- an anti-parallel chunk (every 1-entry chunk, e.g. of a 3-channel ``conv_last`` bias) projects
-  to exactly 0; left as float rounding noise (as the official code does) a later camera would
-  be projected against that noise with a coefficient of order 1, and whether its chunk is
-  zeroed would be decided by rounding. A result within ``PARALLEL_TOLERANCE`` eps of 0 is set
-  to 0;
+- dominance is two-sided (``|norm - mean| > std``, population std; (differs) with the margin
+  above: with two cameras rounding would otherwise flag one of them or both, and the official
+  code then fails on an empty mean); dominant gradients are smoothed towards the mean of the
+  *non-dominant* cameras;
+- (differs) an anti-parallel chunk (every 1-entry chunk, e.g. of a 3-channel ``conv_last``
+  bias) projects to exactly 0; left as float rounding noise (as the official code does), a
+  later camera would be projected against that noise with a coefficient of order 1, and
+  whether its chunk is zeroed would be decided by rounding. A result within
+  ``PARALLEL_TOLERANCE`` eps of its previous norm is set to 0;
 - alpha is constant (``alpha_decay`` defaults to ``none`` for this variant);
 - the update is the *sum* of the corrected camera gradients (``set_conv_grads``);
-- other parameters get the plain sum of the camera gradients. The official code leaves them the
-  last domain's gradient (a side effect of ``zero_grad`` before each domain's backward); its
-  README runs have none (their flags switch on BatchNorm correction as well through a swapped
+- (differs) other parameters get the plain sum of the camera gradients. The official code
+  leaves them the last domain's gradient (a side effect of ``zero_grad`` before each domain's
+  backward); its README runs have none (their flags switch on BatchNorm correction as well through a swapped
   positional argument, and a ResNet has only Conv2d, BatchNorm2d and Linear parameters).
 """
 from __future__ import annotations

@@ -108,8 +108,10 @@ def official_reference(grads, conv_linear_names, alpha, stats):
     along dim 0 (chunk size ceil(d0 / n)); for each domain i in index order, each piece, each
     other domain p in index order: a negative inner product with p's CURRENT piece projects i's
     piece in place (in exact arithmetic: an anti-parallel piece, e.g. any 1-entry piece, becomes
-    the zero vector, against which nothing is projected later). Outliers |norm - mean| > population std are replaced by alpha g + (1 - alpha)
-    (mean of the non-outliers); the update is the sum. Other parameters: the plain sum."""
+    the zero vector, against which nothing is projected later). Outliers |norm - mean| >
+    population std are replaced by alpha g + (1 - alpha) (mean of the non-outliers); the update
+    is the sum. Other parameters: the plain sum (the official code leaves them the last
+    domain's gradient; the project documents that difference)."""
     update = {}
     for name in grads[0]:
         work = [g[name].clone() for g in grads]
