@@ -43,7 +43,7 @@ official code (github libzwo/CorGrad, ``domainbed/gradient.py::correct_grad`` as
   only through epsilon).
 - ``slices`` default 10 (the code's ``n_parts``; the paper sets n in [5, 100]).
 
-``official`` (what ``correct_grad`` does, read in the code; two rounding cases and the
+``official`` (what ``correct_grad`` does, read in the code; a rounding case and the
 uncorrected parameters are handled differently, marked below):
 
 - only the parameters of ``nn.Conv2d`` and ``nn.Linear`` modules (weights *and* biases,
@@ -52,10 +52,10 @@ uncorrected parameters are handled differently, marked below):
 - cameras are projected in the fixed order of the source cameras, *in place*: camera i is
   projected against cameras 0..i-1 already corrected and i+1.. still original, and each
   projection of camera i sees its own earlier projections;
-- dominance is two-sided (``|norm - mean| > std``, population std; (differs) with the margin
-  above: with two cameras rounding would otherwise flag one of them or both, and the official
-  code then fails on an empty mean); dominant gradients are smoothed towards the mean of the
-  *non-dominant* cameras;
+- dominance is two-sided (``|norm - mean| > std``, population std, with the margin above);
+  dominant gradients are smoothed towards the mean of the *non-dominant* cameras. With two
+  cameras both deviations equal the std exactly; the official code's numpy statistics of
+  float32 norms happen to keep that exact, ours (float64 norms) need the margin;
 - (differs) an anti-parallel chunk (every 1-entry chunk, e.g. of a 3-channel ``conv_last``
   bias) projects to exactly 0; left as float rounding noise (as the official code does), a
   later camera would be projected against that noise with a coefficient of order 1, and
