@@ -40,6 +40,8 @@ def test_corgrad_trains_on_camera_balanced_batches_and_resumes_exactly(project, 
      "the training data has ['Olympus']"),
     (lambda d: corgrad_options(d, 'bad', slices=4),
      "error: ldt.slices: expected an integer in [5, 100], got"),
+    (lambda d: corgrad_options(d, 'bad', corgrad_variant='github'),
+     "error: ldt.corgrad_variant: expected one of 'paper', 'official', got 'github'"),
     (lambda d: corgrad_options(d, 'bad', slice=10),
      "error: ldt: unknown CorGrad option 'slice'; did you mean 'slices'?"),
     (lambda d: ldt_options(d, 'bad', method='ldt_s', interval_iters=0),
@@ -48,7 +50,7 @@ def test_corgrad_trains_on_camera_balanced_batches_and_resumes_exactly(project, 
      "error: ldt.method: expected one of 'ft', "),
     (lambda d: ldt_options(d, 'bad', criterion='fischer'),
      "error: ldt.criterion: expected one of"),
-], ids=['one_camera', 'slices', 'slice_typo', 'interval_iters', 'method', 'criterion'])
+], ids=['one_camera', 'slices', 'variant', 'slice_typo', 'interval_iters', 'method', 'criterion'])
 def test_bad_method_options_fail_in_one_line_and_write_nothing(project, demo_data, make, message):
     result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'bad.yml', make(demo_data)), check=False)
     assert_one_line_failure(project, result, 'bad')

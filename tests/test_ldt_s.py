@@ -109,3 +109,34 @@ def test_ldt_s_state_is_not_resumed_into_ldt():
     other = LDT(_net(), LDTConfig(**{k: v for k, v in CFG.items() if k != 'interval_iters'}), _factory)
     with pytest.raises(ValueError, match="different options: .*'interval_iters'.*'mode'"):
         other.load_state_dict(algo.state_dict())
+
+
+@pytest.mark.parametrize('interval_iters, ema_every', [(5, 10), (10, 20), (3, 2), (1, 1), (100, 10), (4, 3),
+                                                       (2, 8)])
+def test_every_interval_moves_the_ema_of_the_group_that_trained(interval_iters, ema_every):
+    # counted over the whole run, ema_every an even multiple of interval_iters put every exchange
+    # in the unstable intervals: the stable EMA never moved and the stable layers came back unchanged
+    algo = _ldt_s(interval_iters=interval_iters, ema_every=ema_every)
+    _run(algo, 1, START - 1)
+    algo.enter(START)
+    start = {n: p.clone() for n, p in algo.primary.named_parameters()}
+    moved = {'stable': 0, 'unstable': 0}
+    iteration = START
+    for _ in range(2):                                   # a stable interval, then an unstable one
+        group = algo.alternation.active
+        before = {n: t.clone() for n, t in algo.composite_state_dict().items()}
+        _run(algo, iteration, iteration + interval_iters - 1)
+        iteration += interval_iters
+        after = algo.composite_state_dict()
+        assert algo.alternation.active != group      # swapped at the interval's end
+        trained = set(getattr(algo.partition, group))
+        for name in algo.partition.stable + algo.partition.unstable:
+            changed = not torch.equal(after[name], before[name])
+            assert changed == (name in trained), (group, name)   # exactly the trained group's EMA moved
+        moved[group] += 1
+    final = dict(algo.primary.named_parameters())        # device: EMA of the frozen group, trained active group
+    for group in ('stable', 'unstable'):
+        names = getattr(algo.partition, group)
+        assert all(not torch.equal(final[n], start[n]) for n in names), group
+        assert all(not torch.equal(algo.composite_state_dict()[n], start[n]) for n in names), group
+    assert moved == {'stable': 1, 'unstable': 1}

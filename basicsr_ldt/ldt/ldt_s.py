@@ -4,7 +4,8 @@ One network instead of the cross-frozen pair: the stable and unstable groups tra
 interval of ``interval_iters`` iterations each, while the other group is frozen; a weight
 buffer in CPU memory holds what the pair would keep in its second network. Training cost is
 that of fine-tuning the active group (frozen tensors get no gradient), plus a host copy of the
-active group every ``ema_every`` iterations and a swap of device/buffer contents per interval.
+active group every ``ema_every`` iterations (and at each interval's end) and a swap of
+device/buffer contents per interval.
 
 The summary only says "alternately freezes stable and unstable layers across time intervals
 within one network, using a CPU weight buffer". Everything else is chosen to stay as close to
@@ -15,10 +16,16 @@ LDT (``pair.CrossFrozenPair``) as one network allows:
   stable layers (eq. 5, 8). So here the device holds the active group's trained weights and the
   frozen group's EMA weights; the buffer holds the active group's EMA and the frozen group's
   trained weights (parked until its next interval).
-- **EMA (eq. 8 / 11).** Every ``ema_every`` iterations the active group's EMA absorbs its
-  trained weights with the partition's coefficients (DPU, eq. 9-10, or ``w_fixed``). The frozen
-  group's trained weights do not change, so its EMA does not move either (LDT updates both
-  because both branches train at once).
+- **EMA (eq. 8 / 11).** Every ``ema_every`` iterations *counted within the interval*, and at
+  the last iteration of every interval, the active group's EMA absorbs its trained weights with
+  the partition's coefficients (DPU, eq. 9-10, or ``w_fixed``). So every exchange updates the
+  EMA of the group that trained since the previous exchange, and each group's EMA has absorbed
+  its last interval before the swap puts that EMA on the device, whatever ``interval_iters`` and
+  ``ema_every`` are. (Counting ``ema_every`` over the whole run instead made every exchange land
+  in the unstable group's intervals when ``ema_every`` is an even multiple of
+  ``interval_iters``, e.g. 5/10 or 10/20: the stable EMA never moved and the final network kept
+  its starting stable layers.) The frozen group's trained weights do not change, so its EMA
+  does not move either (LDT updates both because both branches train at once).
 - **Swap.** At the end of an interval device and buffer exchange their contents tensor by tensor:
   the group that trained parks its weights and gets its EMA on the device, the group that was
   frozen gets its trained weights back. The next interval trains the other group.
@@ -97,15 +104,16 @@ class AlternatingFreezing:
 
     def step(self, batch_loss: BatchLoss, precision: Optional[MixedPrecision] = None) -> float:
         """One iteration: eq. 6-7 for the active group, EMA (eq. 8/11) every ``ema_every``
-        iterations, and the swap at the end of an interval. A non-finite loss (returned as is)
-        skips the step and is not counted, so neither EMA nor swap moves for it."""
+        iterations of the interval and at its end, then the swap at the end of an interval. A
+        non-finite loss (returned as is) skips the step and is not counted, so neither EMA nor swap moves for it."""
         loss = optimizer_step(self.network, self.optimizer, batch_loss, precision, 'ldt_s')
         if not math.isfinite(loss):
             return loss
         self.steps += 1
-        if self.steps % self.ema_every == 0:
+        within = (self.steps - 1) % self.interval_iters + 1            # iteration within the interval
+        if within % self.ema_every == 0 or within == self.interval_iters:
             self.exchange()
-        if self.steps % self.interval_iters == 0:
+        if within == self.interval_iters:
             self.swap()
         return loss
 

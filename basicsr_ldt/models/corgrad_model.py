@@ -58,9 +58,10 @@ class CorGradSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRMo
         if self.precision.dtype is torch.float16:
             raise InputError('train.amp: CorGrad compares unscaled per-camera gradients; use bf16 or none, not fp16')
         self.corgrad = CorGrad(self.net_g, self.optimizer_g, self.corgrad_config, int(self.opt['train']['total_iter']))
-        get_root_logger().info(f'CorGrad over source cameras {self.source_cameras}: {self.corgrad_config.slices} '
-                               f'slices per layer, alpha {self.corgrad_config.alpha} '
-                               f'(decay {self.corgrad_config.alpha_decay}), camera-balanced batches'
+        config = self.corgrad_config
+        get_root_logger().info(f'CorGrad over source cameras {self.source_cameras}: {config.slices} '
+                               f'slices per layer, alpha {config.alpha} (decay {config.decay}), '
+                               f'{config.corgrad_variant} variant, camera-balanced batches'
                                + (f'; LDT options ignored by CorGrad: {", ".join(ignored)}' if ignored else ''))
 
     def _check_source_cameras(self) -> List[str]:
