@@ -15,6 +15,10 @@ import torch
 from basicsr_ldt.errors import InputError
 
 
+class UnreadableCheckpoint(InputError):
+    """The file is there but is not a readable checkpoint (truncated, empty, not a torch file)."""
+
+
 def save_atomic(obj: Any, path: str) -> None:
     """``torch.save`` to ``path`` so that readers see the old file or the complete new one."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -43,7 +47,7 @@ def load_safe(path: str, what: str = 'checkpoint') -> Any:
                          f"and plain containers, and loading them could run arbitrary code ({err})".split('\n')[0]
                          ) from None
     except (RuntimeError, EOFError, OSError) as err:
-        raise InputError(f"cannot read {what} '{path}': {err}".split('\n')[0]) from None
+        raise UnreadableCheckpoint(f"cannot read {what} '{path}': {err}".split('\n')[0]) from None
 
 
 def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'params') -> dict:
