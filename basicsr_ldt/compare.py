@@ -20,6 +20,7 @@ from basicsr.metrics.psnr_ssim import calculate_psnr
 from basicsr.utils import tensor2img
 
 from basicsr_ldt.checkpoint import load_weights
+from basicsr_ldt.releases import resolve_checkpoint
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.inference import tiled_forward
 from basicsr_ldt.ldt.typed import integer, mapping, string
@@ -162,6 +163,7 @@ class Comparison:
             for entry in checkpoints:
                 self.sources[entry['label']] = ('run', entry['label'])
         for label, path in (settings['methods'] or {}).items():
+            path = resolve_checkpoint(path)
             if os.path.isdir(path):
                 self._check_folder(label, path, datasets)
                 self.sources[label] = ('folder', path)
