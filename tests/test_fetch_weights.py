@@ -8,6 +8,8 @@ import subprocess
 import sys
 import threading
 
+import cv2
+import numpy as np
 import pytest
 import torch
 
@@ -215,12 +217,18 @@ def test_release_names_work_as_checkpoints(tmp_path, monkeypatch):
     """inference.py --checkpoint, test.py checkpoints and path.pretrain_network_g all load through load_weights."""
     from basicsr_ldt.api import load_network
     from basicsr_ldt.checkpoint import load_weights
+    from basicsr_ldt.upscale_cli import main as upscale_main
     monkeypatch.setattr(rel, 'PRETRAINED_DIR', str(tmp_path))
     monkeypatch.chdir(tmp_path)
     released = build_network(dict(rel.releases()['SAFMN_DF2K_x4'].network))
     torch.save({'params': released.state_dict()}, tmp_path / 'SAFMN_DF2K_x4.pth')
     network = load_network('SAFMN_DF2K_x4', arch='SAFMN', device='cpu')
     assert all(torch.equal(a, b) for a, b in zip(network.state_dict().values(), released.state_dict().values()))
+    # inference.py: the release name alone gives the file and its network.
+    cv2.imwrite(str(tmp_path / 'photo.png'), np.full((12, 10, 3), 128, np.uint8))
+    assert upscale_main(['--input', str(tmp_path / 'photo.png'), '--output', str(tmp_path / 'out'),
+                         '--checkpoint', 'SAFMN_DF2K_x4', '--device', 'cpu']) == 0
+    assert cv2.imread(str(tmp_path / 'out' / 'photo_x4.png')).shape == (48, 40, 3)
     with pytest.raises(InputError, match=r"^checkpoint 'HAT_SRx4' is the released model"):
         load_weights(torch.nn.Conv2d(3, 3, 3), 'HAT_SRx4')
     with pytest.raises(InputError, match=r"^checkpoint 'pretrained/HAT_SRx4\.pth' does not exist \(the released "
