@@ -85,8 +85,7 @@ def check_checksum(path: str, file_name: str, lock: Mapping[str, str], shown: st
     digest = sha256(path)
     if file_name in lock and lock[file_name] != digest:
         raise InputError(f'{shown} has SHA-256 {digest}, but {LOCK} recorded {lock[file_name]} for {file_name} when '
-                         'it was first fetched: the upstream file changed or the transfer was altered; the file '
-                         f'was not kept (delete its line in {LOCK} to accept the new one)')
+                         'it was first fetched (the upstream file changed, or the transfer altered it)')
     return digest
 
 
@@ -144,7 +143,10 @@ def fetch(name: str, folder: str = PRETRAINED_DIR, table: Optional[Mapping[str, 
         except InputError as err:
             raise InputError(f'the file downloaded from {url} is not a complete {release.network["type"]} '
                              f'checkpoint, not kept: {err}') from None
-        digest = check_checksum(path, file_name, lock, f'the file downloaded from {url}')
+        try:
+            digest = check_checksum(path, file_name, lock, f'the file downloaded from {url}')
+        except InputError as err:
+            raise InputError(f'{err}; not kept (delete its line in {LOCK} to accept the new file)') from None
         os.replace(path, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -99,7 +99,7 @@ def test_download_checks_records_then_skips(server, tmp_path):
 
 def test_a_later_download_that_differs_is_refused(server, tmp_path):
     endpoint, files, _ = server
-    files['tiny_x4.pth'] = checkpoint_bytes(tmp_path / 'a.pth', seed=0)
+    files['tiny_x4.pth'] = first = checkpoint_bytes(tmp_path / 'a.pth', seed=0)
     out = tmp_path / 'pretrained'
     fetch('Tiny_x4', out, endpoint)
     lock = (out / 'weights.lock').read_text()
@@ -108,11 +108,15 @@ def test_a_later_download_that_differs_is_refused(server, tmp_path):
     with pytest.raises(InputError) as err:
         fetch('Tiny_x4', out, endpoint)
     new = hashlib.sha256(files['tiny_x4.pth']).hexdigest()
-    assert f'has SHA-256 {new}, but weights.lock recorded' in str(err.value) and 'not kept' in str(err.value)
+    assert str(err.value) == (f'the file downloaded from {endpoint}/authors/tiny/resolve/main/ckpt/tiny_x4.pth has '
+                              f'SHA-256 {new}, but weights.lock recorded {hashlib.sha256(first).hexdigest()} for '
+                              'Tiny_x4.pth when it was first fetched (the upstream file changed, or the transfer '
+                              'altered it); not kept (delete its line in weights.lock to accept the new file)')
     assert listing_of(out) == ['weights.lock'] and (out / 'weights.lock').read_text() == lock
     # A file put there by hand is checked against the lock as well.
     (out / 'Tiny_x4.pth').write_bytes(files['tiny_x4.pth'])
-    with pytest.raises(InputError, match='is there but not usable: .* delete it to download it again'):
+    with pytest.raises(InputError, match=r'Tiny_x4\.pth is there but not usable: .*Tiny_x4\.pth has SHA-256 .* but '
+                                         r'weights\.lock recorded .*; delete it to download it again$'):
         fetch('Tiny_x4', out, endpoint)
 
 
