@@ -13,6 +13,11 @@ from typing import Any, Optional
 import torch
 
 from basicsr_ldt.errors import InputError
+from basicsr_ldt.releases import fetch_hint, resolve_checkpoint
+
+
+class UnreadableCheckpoint(InputError):
+    """The file is there but is not a readable checkpoint (truncated, empty, not a torch file)."""
 
 
 def save_atomic(obj: Any, path: str) -> None:
@@ -35,7 +40,7 @@ def save_atomic(obj: Any, path: str) -> None:
 def load_safe(path: str, what: str = 'checkpoint') -> Any:
     """Load a checkpoint on the CPU with ``weights_only=True``; refuse pickled code with a reason."""
     if not os.path.isfile(path):
-        raise InputError(f"{what} '{path}' does not exist")
+        raise InputError(f"{what} '{path}' does not exist{fetch_hint(path) if what == 'checkpoint' else ''}")
     try:
         return torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as err:
@@ -43,7 +48,7 @@ def load_safe(path: str, what: str = 'checkpoint') -> Any:
                          f"and plain containers, and loading them could run arbitrary code ({err})".split('\n')[0]
                          ) from None
     except (RuntimeError, EOFError, OSError) as err:
-        raise InputError(f"cannot read {what} '{path}': {err}".split('\n')[0]) from None
+        raise UnreadableCheckpoint(f"cannot read {what} '{path}': {err}".split('\n')[0]) from None
 
 
 def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'params') -> dict:
@@ -70,7 +75,10 @@ def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'p
 
 def load_weights(network: torch.nn.Module, path: str, param_key: Optional[str] = 'params',
                  strict: bool = True) -> None:
-    """Load weights into ``network``, naming a few mismatched keys instead of a wall of text."""
+    """Load weights into ``network``, naming a few mismatched keys instead of a wall of text.
+
+    ``path`` may be a release name (``HAT_SRx4``: ``pretrained/HAT_SRx4.pth``, see ``releases``)."""
+    path = resolve_checkpoint(path)
     state = extract_state_dict(load_safe(path), path, param_key)
     own = network.state_dict()
     missing = sorted(set(own) - set(state))

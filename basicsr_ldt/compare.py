@@ -1,6 +1,7 @@
 """Side-by-side comparison grids (the LDT paper's appendix E figures) written by ``test.py``.
 
-With ``test: compare:`` set, every test image gets ``results/<name>/compare/<camera>_<stem>.png``:
+With ``test: compare:`` set, every test image gets ``results/<name>/compare/<camera>_<stem>.png``
+(just ``<stem>.png`` when the stem already starts with the camera, as in ``Canon_012_x4``):
 a top row with the bicubic-upscaled LR, each method's output and the HR image, each labelled with
 its PSNR, and below it ``crops`` rows of zoomed ``size`` x ``size`` crops taken where the methods
 disagree most (their per-pixel spread; with one method, where it is furthest from the HR). The
@@ -19,6 +20,7 @@ from basicsr.metrics.psnr_ssim import calculate_psnr
 from basicsr.utils import tensor2img
 
 from basicsr_ldt.checkpoint import load_weights
+from basicsr_ldt.releases import resolve_checkpoint
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.inference import tiled_forward
 from basicsr_ldt.ldt.typed import integer, mapping, string
@@ -129,10 +131,17 @@ def comparison_grid(panels: Mapping[str, np.ndarray], psnr: Mapping[str, Optiona
     return np.concatenate([x for r in rows for x in (r, spacer)][:-1], axis=0)
 
 
+def grid_name(camera: str, stem: str) -> str:
+    """``<camera>_<stem>.png``, camera first so a camera's images sort together; a stem that already
+    starts with the camera (``Canon_012_x4``, ``DSC_1412_x4``) is not prefixed a second time."""
+    starts_with_camera = stem.startswith(camera) and not stem[len(camera):len(camera) + 1].isalpha()
+    return f'{stem}.png' if starts_with_camera else f'{camera}_{stem}.png'
+
+
 def write_grid(folder: str, camera: str, stem: str, grid: np.ndarray) -> str:
-    """Write ``<folder>/<camera>_<stem>.png`` (camera first, so a camera's images sort together)."""
+    """Write the grid of one test image to ``<folder>/<grid_name>``."""
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f'{camera}_{stem}.png')
+    path = os.path.join(folder, grid_name(camera, stem))
     if not cv2.imwrite(path, grid):
         raise OSError(f"cannot write '{path}'")
     return path
@@ -154,6 +163,7 @@ class Comparison:
             for entry in checkpoints:
                 self.sources[entry['label']] = ('run', entry['label'])
         for label, path in (settings['methods'] or {}).items():
+            path = resolve_checkpoint(path)
             if os.path.isdir(path):
                 self._check_folder(label, path, datasets)
                 self.sources[label] = ('folder', path)

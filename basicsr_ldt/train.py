@@ -13,6 +13,7 @@ import datetime
 import logging
 import math
 import os
+import sys
 import time
 from os import path as osp
 from typing import Dict, List, Optional, Tuple
@@ -28,7 +29,7 @@ from basicsr.utils import AvgTimer, MessageLogger, check_resume, get_env_info, g
 from basicsr.utils.options import copy_opt_file, dict2str
 from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY, MODEL_REGISTRY
 
-from basicsr_ldt.checkpoint import load_safe
+from basicsr_ldt.checkpoint import UnreadableCheckpoint, load_safe
 from basicsr_ldt.data.sampler import training_sampler
 from basicsr_ldt.distributed import end_process_group, parse_training_options
 from basicsr_ldt.errors import InputError
@@ -37,22 +38,52 @@ from basicsr_ldt.options import registered, validate_dataset_options
 from basicsr_ldt.outputs import OutputFolder, fail
 
 
-def latest_training_state(opt: Dict) -> Optional[str]:
-    """Path of the newest ``<iter>.state`` of this experiment, or ``None``."""
+def training_states(opt: Dict) -> List[str]:
+    """Paths of this experiment's ``<iter>.state`` files, newest first."""
     folder = opt['path']['training_states']
     if not osp.isdir(folder):
-        return None
+        return []
     iters = [int(f[:-len('.state')]) for f in os.listdir(folder) if f.endswith('.state') and f[:-6].isdigit()]
-    return osp.join(folder, f'{max(iters)}.state') if iters else None
+    return [osp.join(folder, f'{it}.state') for it in sorted(iters, reverse=True)]
+
+
+def newest_readable_state(opt: Dict) -> Tuple[Optional[str], Optional[Dict]]:
+    """``--auto_resume``: the newest training state that loads, and the state itself.
+
+    A damaged newer state (truncated or empty after a full disk or a failed copy; our own writes are
+    atomic) is moved aside to ``<name>.corrupt`` with one warning line, so that the run goes on from
+    the newest state that loads and later resumes do not trip over it again. When none loads,
+    nothing is moved and the newest one's error stops the run.
+    """
+    damaged: List[Tuple[str, UnreadableCheckpoint]] = []
+    for path in training_states(opt):
+        try:
+            state = load_safe(path, 'training state')
+        except UnreadableCheckpoint as err:
+            damaged.append((path, err))
+            continue
+        for bad, err in damaged:
+            if opt['rank'] == 0:
+                os.replace(bad, f'{bad}.corrupt')
+                print(f"warning: {err}; moved it to '{bad}.corrupt' and resuming from '{path}'",
+                      file=sys.stderr, flush=True)
+        return path, state
+    if damaged:
+        more = f' (nor any of the {len(damaged) - 1} older one(s))' if len(damaged) > 1 else ''
+        raise InputError(f'{damaged[0][1]}{more}')
+    return None, None
 
 
 def load_resume_state(opt: Dict) -> Optional[Dict]:
     """The training state to resume from (``--auto_resume`` or ``path.resume_state``), on the CPU."""
-    path = latest_training_state(opt) if opt['auto_resume'] else opt['path'].get('resume_state')
+    if opt['auto_resume']:
+        path, state = newest_readable_state(opt)
+    else:
+        path = opt['path'].get('resume_state')
+        state = None if path is None else load_safe(path, 'training state')
     if path is None:
         return None
     opt['path']['resume_state'] = path
-    state = load_safe(path, 'training state')
     if not isinstance(state, dict) or 'iter' not in state or 'epoch' not in state:
         raise InputError(f"training state '{path}' has no epoch/iter: not a BasicSR training state")
     check_resume(opt, state['iter'])

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from basicsr_ldt.api import PRECISIONS, check_precision, check_tiles, load_network, network_scale, upscale
 from basicsr_ldt.errors import InputError
+from basicsr_ldt.releases import releases
 
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.tif', '.tiff', '.webp')
 OUTPUT_EXTENSIONS = ('png', 'tif')
@@ -26,8 +27,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         description='Super-resolve images with a trained network (no ground truth needed).')
     parser.add_argument('--input', required=True, help='an image file or a folder of images')
     parser.add_argument('--output', required=True, help='folder for the results (created if missing)')
-    parser.add_argument('--checkpoint', required=True, help='net_g_*.pth of this project or an upstream release')
-    parser.add_argument('--arch', help='MambaIR, HAT or SAFMN with its classic x4 defaults (or use --opt)')
+    parser.add_argument('--checkpoint', required=True,
+                        help='net_g_*.pth of this project, an upstream release file, or a release name such as HAT_SRx4 '
+                             '(= pretrained/HAT_SRx4.pth, see scripts/fetch_weights.py --list)')
+    parser.add_argument('--arch', help='MambaIR, HAT or SAFMN with its classic x4 defaults (or use --opt; '
+                                       'a release name as --checkpoint implies its network)')
     parser.add_argument('--scale', type=int, help='upscaling factor for --arch (default: 4) or to override --opt')
     parser.add_argument('--opt', help='a train/test option file whose network_g describes the network')
     parser.add_argument('--tile', type=int, default=0, help='LR tile size in pixels; 0 = whole image (default)')
@@ -105,6 +109,8 @@ def write_image(image: np.ndarray, path: str) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit code (1 if any image failed)."""
     args = parse_args(argv)
+    if args.opt is None and args.arch is None and args.checkpoint in releases():
+        args.arch = releases()[args.checkpoint].network['type']   # released as that arch's classic x4 network
     if args.opt is None and args.arch is None:
         raise InputError('give the network as --opt OPTION_FILE or --arch MambaIR|HAT|SAFMN')
     if args.opt is not None and args.arch is not None:

@@ -4,7 +4,7 @@
 # 3 seeds each, tested per target camera and compared (results/demo/study.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
+source scripts/python_env.sh    # PY: the given Python, or the project's .venv on an externally managed one
 # The README's demo table was computed with 2 threads; the thread count changes floating-point
 # summation order and so the last digits (README, "Reproducing the figures"). Set it to override.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Install everything the project needs into the current Python environment.
+# Install everything the project needs into the current Python environment, or into the project's
+# .venv/ when that Python is externally managed (PEP 668; scripts/python_env.sh).
 # torch/torchvision come first so basicsr==1.4.2 can then build without build isolation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
+source scripts/python_env.sh
 torch_reqs=$(grep -E '^(torch|torchvision)[<>=]' requirements.txt)
 # shellcheck disable=SC2086
 "$PY" -m pip install --quiet setuptools wheel cython $torch_reqs

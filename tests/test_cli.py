@@ -86,6 +86,42 @@ def test_auto_resume_reproduces_uninterrupted_run(project, demo_data):
     assert not partial.exists()
 
 
+def test_auto_resume_moves_damaged_states_aside_and_resumes_from_a_readable_one(project, demo_data):
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'a.yml', train_options(demo_data, 'full')))
+    yml = write(project / 'b.yml', train_options(demo_data, 'cut'))
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'b4.yml', train_options(demo_data, 'cut', total_iter=4)))
+    states = project / 'experiments' / 'cut' / 'training_states'
+    assert sorted(p.name for p in states.iterdir()) == ['2.state', '4.state']
+    good = (states / '2.state').read_bytes()
+    four = (states / '4.state').read_bytes()
+    (states / '4.state').write_bytes(four[:len(four) // 2])   # truncated
+    (states / '5.state').write_bytes(b'')                       # zero-length (a newer one)
+
+    # None readable: the newest one's error, one line, and nothing is moved.
+    (states / '2.state').write_bytes(good[:100])
+    result = run_entry(project, 'Train_pip.py', '-opt', yml, '--auto_resume', check=False)
+    assert result.returncode == 2 and 'Traceback' not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: cannot read training state '{states / '5.state'}'")
+    assert '(nor any of the 2 older one(s))' in result.stderr.strip().splitlines()[-1]
+    assert sorted(p.name for p in states.iterdir()) == ['2.state', '4.state', '5.state']
+
+    # 2.state readable again: one warning per damaged state, both moved aside, the run goes on from 2.
+    (states / '2.state').write_bytes(good)
+    result = run_entry(project, 'Train_pip.py', '-opt', yml, '--auto_resume')
+    warnings = [line for line in result.stderr.splitlines() if line.startswith('warning: ')]
+    assert len(warnings) == 2
+    for name in ('5.state', '4.state'):
+        line = next(w for w in warnings if f"'{states / name}'" in w.split(';')[0])
+        assert line.startswith(f"warning: cannot read training state '{states / name}'")
+        assert line.endswith(f"moved it to '{states / name}.corrupt' and resuming from '{states / '2.state'}'")
+    assert (states / '5.state.corrupt').read_bytes() == b''
+    assert (states / '4.state.corrupt').read_bytes() == four[:len(four) // 2]
+    assert {'4.state', '6.state'} <= {p.name for p in states.iterdir()}   # rewritten by the resumed run
+    full = torch.load(project / 'experiments' / 'full' / 'models' / 'net_g_latest.pth', weights_only=True)['params']
+    cut = torch.load(project / 'experiments' / 'cut' / 'models' / 'net_g_latest.pth', weights_only=True)['params']
+    assert all(torch.equal(full[k], cut[k]) for k in full)
+
+
 def test_bad_camera_is_one_line_and_writes_nothing(project, demo_data):
     opt = train_options(demo_data, 'bad')
     opt['datasets']['train']['cameras'] = ['Nikon']

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from basicsr.archs import build_network
-from basicsr_ldt.compare import comparison_grid, crop_boxes, disagreement
+from basicsr_ldt.compare import comparison_grid, crop_boxes, disagreement, grid_name
 from conftest import run_entry
 from test_cli import dataset, write
 
@@ -27,6 +27,17 @@ def test_crops_go_where_the_methods_disagree():
     assert grid.dtype == np.uint8 and grid.shape == (22 + 154 + 2 * (6 + 192), 4 * 192 + 3 * 4, 3)
 
 
+def test_grid_names_put_the_camera_first_once():
+    assert grid_name('Canon', 'Canon_012_x4') == 'Canon_012_x4.png'
+    assert grid_name('DSC', 'DSC_1412_x4') == 'DSC_1412_x4.png'
+    assert grid_name('IMG', 'IMG0031_x4') == 'IMG0031_x4.png'
+    # DRealSR's Panasonic files (P1010042) are camera 'Pan' through an alias: prefixed.
+    assert grid_name('Pan', 'P1010042_x4') == 'Pan_P1010042_x4.png'
+    # A stem that only begins with the camera's letters is another word: prefixed.
+    assert grid_name('Pan', 'Panorama_3_x4') == 'Pan_Panorama_3_x4.png'
+    assert grid_name('Sony', 'a7_0001_x4') == 'Sony_a7_0001_x4.png'
+
+
 def test_test_py_writes_one_grid_per_image(project, demo_data, tmp_path):
     paths = []
     for seed in (0, 1):
@@ -41,8 +52,10 @@ def test_test_py_writes_one_grid_per_image(project, demo_data, tmp_path):
     run_entry(project, 'test.py', '-opt', write(project / 'first.yml', first))
     folder = project / 'results' / 'first' / 'compare'
     names = sorted(p.name for p in folder.iterdir())
-    assert [n.split('_')[0] for n in names] == ['Canon', 'Canon', 'Sony', 'Sony']  # <camera>_<stem>.png
-    assert all(n.endswith('_x4.png') for n in names)
+    # The demo stems already start with the camera (Canon_006_x4): no second camera prefix.
+    lr_names = sorted(p.name for cam in ('Sony', 'Canon')
+                      for p in (demo_data / 'Test_x4' / 'test_LR').glob(f'{cam}_*_x4.png'))
+    assert names == lr_names and len(names) == 4 and names[0].startswith('Canon_') and names[2].startswith('Sony_')
     grid = cv2.imread(str(folder / names[0]))
     assert grid.shape == (22 + 192 + 2 * (6 + 192), 4 * 192 + 3 * 4, 3)  # LR, A, B, HR; two crop rows
 

@@ -1,8 +1,11 @@
 """Studies (scripts/study.py): expansion, validation before anything runs, skipping finished runs,
 aggregation against hand-computed values, and one tiny study end to end through the entry points."""
+import io
 import json
 import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -233,6 +236,10 @@ def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsy
     assert '## Paired differences to FT' in (folder / 'study.md').read_text()
     log = next((project / 'experiments' / 'tiny' / 'LDT_seed1').glob('train_tiny_LDT_seed1_*.log')).read_text()
     assert 'manual_seed: 1' in log
+    # The live line's source: BasicSR's own log lines of the run (print_freq 1, 6 iterations).
+    assert runner.logged_iteration(log) == 6
+    console = (project / 'experiments' / 'tiny' / '_study' / 'LDT_seed1.out').read_text()
+    assert runner.logged_iteration(console) == 6
 
     stamp = (folder / 'LDT_seed1' / 'metrics.json').stat().st_mtime
     assert cli.main(str(project), ['-opt', path]) == 0
@@ -252,7 +259,37 @@ def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsy
     assert [runner.run_state(str(project), study, r) for r in study.runs] == [runner.DONE] * 4
 
 
-def test_a_run_is_tested_without_the_test_files_comparison_grids():
+def test_logged_iteration_reads_basicsr_message_lines():
+    assert runner.logged_iteration('no training yet') is None
+    text = ('2026-11-23 15:00:01,001 INFO: [LDT_s..][epoch:  0, iter:     100, lr:(2.000e-04,)] [eta: 0:00:41, '
+            'time (data): 0.041 (0.001)] l_primary: 1.2e-01 l_auxiliary: 1.3e-01\n'
+            '2026-11-23 15:00:05,001 INFO: Validation val_targets\n\t # psnr: 22.1000\tBest: 22.1000 @ 900 iter\n'
+            '2026-11-23 15:00:09,001 INFO: [LDT_s..][epoch: 12, iter:   1,200, lr:(1.000e-04,1.000e-04,)] '
+            '[eta: 0:00:02, time (data): 0.040 (0.001)] l_primary: 1.1e-01\n')
+    assert runner.logged_iteration(text) == 1200
+
+
+def test_live_line_follows_a_training_process(tmp_path):
+    """A process writing BasicSR log lines (a resumed run from iteration 400); the live line reports them."""
+    log = tmp_path / 'run.out'
+    script = ('import sys, time\n'
+              'for it in range(400, 1001, 150):\n'
+              '    print(f"INFO: [FT_se..][epoch:  1, iter:{it:8,d}, lr:(1.000e-04,)] [eta: 0:00:01] l_pix: 0.1", '
+              'flush=True)\n'
+              '    time.sleep(0.6)\n')
+    stream = io.StringIO()
+    with open(log, 'a', encoding='utf-8') as handle:
+        handle.write('$ earlier output\n[FT_se..][epoch:  0, iter:     300, lr:(1.000e-04,)]\n')
+        handle.flush()
+        process = subprocess.Popen([sys.executable, '-c', script], stdout=handle, stderr=subprocess.STDOUT)
+        line = runner.LiveLine(str(log), handle.tell(), 1000, 'FT_seed0', stream)
+        assert runner.follow(process, line, every=0.2) == 0
+    shown = stream.getvalue()
+    assert 'FT_seed0: iter 400/1000 | ?it/s | ? left' in shown          # first line seen: no rate yet
+    assert re.search(r'FT_seed0: iter (550|700|850)/1000 \| \d+(\.\d+)?it/s \| \d\d:\d\d left', shown)
+    assert 'iter 300/' not in shown                                   # output before this step is not read
+    assert line.bar.n == 1000                                          # the last line, read after the exit
+
     from basicsr_ldt.study.plan import evaluation_options
     base = {'test': {'tile_size': 0, 'compare': {'crops': 2}}, 'datasets': {'t': {'name': 't'}}}
     opt = evaluation_options(base, 'demo', 'FT_seed0', {'network_g': {'type': 'SAFMN'}, 'scale': 4}, '/r', ema=True)

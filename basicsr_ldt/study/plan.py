@@ -24,6 +24,7 @@ from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
 from basicsr_ldt.options import check_known_keys, closest_key_hint, registered
+from basicsr_ldt.releases import fetch_hint, release_file
 
 #: Keys of a study file. ``overrides`` applies to every method (before the method's own).
 STUDY_KEYS = ('name', 'train', 'test', 'seeds', 'methods', 'sweep', 'reference', 'overrides')
@@ -303,8 +304,8 @@ def missing_inputs(study: Study, root: str) -> List[str]:
                     if folder and not osp.isdir(osp.join(root, folder)):
                         missing.append(f"{kind} datasets.{phase}.{key} '{folder}'")
         weights = (run.train_opt.get('path') or {}).get('pretrain_network_g')
-        if weights and not osp.isfile(osp.join(root, weights)):
-            missing.append(f"path.pretrain_network_g '{weights}'")
+        if weights and not osp.isfile(release_file(weights) or osp.join(root, weights)):
+            missing.append(f"path.pretrain_network_g '{weights}'{fetch_hint(weights)}")
     return list(dict.fromkeys(missing))
 
 

@@ -9,17 +9,20 @@ Where things go (BasicSR's own layout, one level deeper):
     experiments/<study>/_study/         the generated option files and each run's console output
     results/<study>/<run>/metrics.json  the run's test results (test.py)
 A run is finished when its final checkpoint and test results newer than it exist; a run with
-training states resumes from the newest (``--auto_resume``).
+training states resumes from the newest (``--auto_resume``). While a run trains, one live line
+(on a terminal) shows its iteration, iterations/s and time left, read from its console output.
 """
 import os
+import re
 import shlex
 import subprocess
 import sys
 import time
 from os import path as osp
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, TextIO
 
 import yaml
+from tqdm import tqdm
 
 from basicsr_ldt.errors import InputError
 from basicsr_ldt.study.plan import Run, Study, final_checkpoint, read_yaml, results_file
@@ -104,8 +107,10 @@ def shell_line(root: str, steps: List[List[str]]) -> str:
     return f'cd {shlex.quote(root)} && ' + ' && '.join(f'{env} {shlex.join(step)}' for step in steps)
 
 
-def execute(root: str, study: Study, runs: List[Run], say: Callable[[str], None] = print) -> None:
-    """Bring every run to ``finished``, one after another, printing a progress line per run."""
+def execute(root: str, study: Study, runs: List[Run], say: Callable[[str], None] = print,
+            live: Optional[TextIO] = None) -> None:
+    """Bring every run to ``finished``, one after another, printing a progress line per run (and,
+    while one trains, a live line on ``live``; default: stderr when it is a terminal)."""
     start = time.time()
     durations: List[float] = []
     pending = [run for run in runs if run_state(root, study, run) != DONE]
@@ -118,7 +123,7 @@ def execute(root: str, study: Study, runs: List[Run], say: Callable[[str], None]
         write_option_files(root, study, run)
         began = time.time()
         for step in commands(root, study, run, state):
-            _call(root, study, run, step)
+            _call(root, study, run, step, live)
         durations.append(time.time() - began)
         left = len(pending) - len(durations)
         eta = sum(durations) / len(durations) * left
@@ -126,19 +131,84 @@ def execute(root: str, study: Study, runs: List[Run], say: Callable[[str], None]
             f'{_clock(time.time() - start)} | about {_clock(eta)} left for {left} run(s)')
 
 
-def _call(root: str, study: Study, run: Run, step: List[str]) -> None:
+def _call(root: str, study: Study, run: Run, step: List[str], live: Optional[TextIO] = None) -> None:
     log = osp.join(study_folder(root, study), f'{run.name}.out')
     env = dict(os.environ)
     env['PYTHONPATH'] = PACKAGE_PARENT + (os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
     with open(log, 'a', encoding='utf-8') as handle:
         handle.write(f"\n$ {' '.join(step)}\n")
         handle.flush()
-        code = subprocess.call(step, cwd=root, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(step, cwd=root, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        if osp.basename(step[1]) == 'Train_pip.py':
+            code = follow(process, LiveLine(log, handle.tell(), run.train_opt['train']['total_iter'], run.name, live))
+        else:
+            code = process.wait()
     if code != 0:
         with open(log, encoding='utf-8', errors='replace') as handle:
             tail = handle.read().splitlines()[-15:]
         raise RunFailed(f"run '{run.name}': {osp.basename(step[1])} exited with {code} (console output: {log}):\n"
                         + '\n'.join(tail))
+
+
+#: BasicSR's MessageLogger line, e.g. ``[LDT_s..][epoch:  3, iter:   1,200, lr:(1.000e-04,)] [eta: ...``.
+LOGGED_ITERATION = re.compile(r'\[epoch:\s*\d+, iter:\s*([\d,]+), lr:')
+
+
+def logged_iteration(text: str) -> Optional[int]:
+    """The last iteration BasicSR's message logger reported in ``text`` (``None`` if none)."""
+    found = LOGGED_ITERATION.findall(text)
+    return int(found[-1].replace(',', '')) if found else None
+
+
+class LiveLine:
+    """One live tqdm line for a training subprocess, fed by the console output it writes to ``path``.
+
+    The iteration is the one of the run's own log lines (every ``logger.print_freq`` iterations);
+    the rate and time left are tqdm's, counted from the first iteration seen, so a resumed run is
+    not credited with the iterations it skipped. Shown only on a terminal unless ``stream`` is given.
+    """
+
+    def __init__(self, path: str, offset: int, total: int, label: str, stream: Optional[TextIO] = None) -> None:
+        self.path, self.offset, self.total, self.label = path, offset, total, label
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = stream is not None or self.stream.isatty()
+        self.partial = b''
+        self.bar: Optional[tqdm] = None
+
+    def poll(self) -> Optional[int]:
+        """Read what the run wrote since the last call; update the line; the newest iteration seen."""
+        with open(self.path, 'rb') as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        self.offset += len(data)
+        complete, _, self.partial = (self.partial + data).rpartition(b'\n')
+        iteration = logged_iteration(complete.decode('utf-8', 'replace'))
+        if iteration is not None and self.enabled:
+            if self.bar is None:
+                self.bar = tqdm(total=self.total, initial=iteration, desc=self.label, unit='it', file=self.stream,
+                                leave=False, bar_format='  {desc}: iter {n}/{total} | {rate_fmt} | {remaining} left')
+            elif iteration > self.bar.n:
+                self.bar.update(iteration - self.bar.n)
+        return iteration
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def follow(process: subprocess.Popen, line: LiveLine, every: float = 0.5) -> int:
+    """Wait for ``process``, polling ``line`` meanwhile; its exit code."""
+    try:
+        while True:
+            try:
+                code = process.wait(timeout=every)
+            except subprocess.TimeoutExpired:
+                line.poll()
+            else:
+                line.poll()
+                return code
+    finally:
+        line.close()
 
 
 def _clock(seconds: Optional[float]) -> str:

@@ -1,0 +1,240 @@
+"""scripts/fetch_weights.py against a local HTTP server standing in for Hugging Face (offline), and release names
+as checkpoints."""
+import hashlib
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from basicsr.archs import build_network
+from basicsr_ldt import fetch_weights as fw
+from basicsr_ldt import releases as rel
+from basicsr_ldt.errors import InputError
+from conftest import REPO
+
+TINY = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscaling_factor': 4}
+PAGE = 'https://example.org/model-zoo'
+TABLE = {
+    'Tiny_x4': rel.Release(TINY, PAGE, repo='authors/tiny', file='ckpt/tiny_x4.pth'),
+    'Cut_x4': rel.Release(TINY, PAGE, repo='authors/tiny', file='ckpt/cut_x4.pth'),
+    'Gone_x4': rel.Release(TINY, PAGE, repo='authors/tiny', file='ckpt/gone_x4.pth'),
+    'Drive_x4': rel.Release(TINY, PAGE, manual='Google Drive https://drive.google.com/x'),
+}
+
+
+def checkpoint_bytes(path, seed, key='params'):
+    torch.manual_seed(seed)
+    torch.save({key: build_network(dict(TINY)).state_dict()}, path)
+    return path.read_bytes()
+
+
+@pytest.fixture
+def server(tmp_path):
+    """Serves /authors/tiny/resolve/main/ckpt/<file> from a dict; 'cut_x4.pth' announces its full length and
+    closes the connection half-way; anything else is 404. Yields (endpoint, files, requests)."""
+    files, requests = {}, []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            requests.append(self.path)
+            name = self.path.rsplit('/', 1)[-1]
+            if not self.path.startswith('/authors/tiny/resolve/main/ckpt/') or name not in files:
+                self.send_error(404)
+                return
+            body = files[name]
+            self.send_response(200)
+            self.send_header('Content-Length', str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[:len(body) // 2] if name == 'cut_x4.pth' else body)
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f'http://127.0.0.1:{httpd.server_address[1]}', files, requests
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def fetch(name, folder, endpoint):
+    return fw.fetch(name, str(folder), TABLE, endpoint=endpoint, progress=False, say=lambda line: None)
+
+
+def listing_of(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_download_checks_records_then_skips(server, tmp_path):
+    endpoint, files, requests = server
+    files['tiny_x4.pth'] = checkpoint_bytes(tmp_path / 'upstream.pth', seed=0)
+    out = tmp_path / 'pretrained'
+    message = fetch('Tiny_x4', out, endpoint)
+    digest = hashlib.sha256(files['tiny_x4.pth']).hexdigest()
+    assert message.startswith(f"Tiny_x4: saved {out / 'Tiny_x4.pth'} (loads into SAFMN)") and digest in message
+    assert requests == ['/authors/tiny/resolve/main/ckpt/tiny_x4.pth']
+    assert (out / 'Tiny_x4.pth').read_bytes() == files['tiny_x4.pth']
+    assert listing_of(out) == ['Tiny_x4.pth', 'weights.lock']      # no temporary file left
+    lock_lines = (out / 'weights.lock').read_text().splitlines()
+    assert lock_lines[1:] == [f'{digest}  Tiny_x4.pth']
+    # sha256sum can check the lock file as it is.
+    check = subprocess.run(['sha256sum', '-c', 'weights.lock'], cwd=out, capture_output=True, text=True)
+    assert check.returncode == 0 and 'Tiny_x4.pth: OK' in check.stdout
+    # Present and valid: skipped, no request.
+    assert fetch('Tiny_x4', out, endpoint).endswith('present and checked (SHA-256 as recorded), skipped')
+    assert len(requests) == 1
+    # The file loads strictly into its network.
+    network = build_network(dict(TINY))
+    network.load_state_dict(torch.load(out / 'Tiny_x4.pth', weights_only=True)['params'], strict=True)
+
+
+def test_a_later_download_that_differs_is_refused(server, tmp_path):
+    endpoint, files, _ = server
+    files['tiny_x4.pth'] = first = checkpoint_bytes(tmp_path / 'a.pth', seed=0)
+    out = tmp_path / 'pretrained'
+    fetch('Tiny_x4', out, endpoint)
+    lock = (out / 'weights.lock').read_text()
+    (out / 'Tiny_x4.pth').unlink()
+    files['tiny_x4.pth'] = checkpoint_bytes(tmp_path / 'b.pth', seed=1)   # upstream file replaced
+    with pytest.raises(InputError) as err:
+        fetch('Tiny_x4', out, endpoint)
+    new = hashlib.sha256(files['tiny_x4.pth']).hexdigest()
+    assert str(err.value) == (f'the file downloaded from {endpoint}/authors/tiny/resolve/main/ckpt/tiny_x4.pth has '
+                              f'SHA-256 {new}, but weights.lock recorded {hashlib.sha256(first).hexdigest()} for '
+                              'Tiny_x4.pth when it was first fetched (the upstream file changed, or the transfer '
+                              'altered it); not kept (delete its line in weights.lock to accept the new file)')
+    assert listing_of(out) == ['weights.lock'] and (out / 'weights.lock').read_text() == lock
+    # A file put there by hand is checked against the lock as well.
+    (out / 'Tiny_x4.pth').write_bytes(files['tiny_x4.pth'])
+    with pytest.raises(InputError, match=r'Tiny_x4\.pth is there but not usable: .*Tiny_x4\.pth has SHA-256 .* but '
+                                         r'weights\.lock recorded .*; delete it to download it again$'):
+        fetch('Tiny_x4', out, endpoint)
+
+
+def test_interrupted_transfer_leaves_no_file(server, tmp_path):
+    endpoint, files, _ = server
+    files['cut_x4.pth'] = checkpoint_bytes(tmp_path / 'cut.pth', seed=0)
+    out = tmp_path / 'pretrained'
+    with pytest.raises(InputError) as err:
+        fetch('Cut_x4', out, endpoint)
+    message = str(err.value)
+    # urllib hands over the short body without an error; the strict load is what catches it.
+    assert message.startswith(f'the file downloaded from {endpoint}/authors/tiny/resolve/main/ckpt/cut_x4.pth is not a '
+                              'complete SAFMN checkpoint, not kept: Cut_x4: cannot read checkpoint')
+    assert listing_of(out) == []          # neither the final name nor a temporary file nor a lock entry
+
+
+def test_404_and_unreachable_host_are_one_line(server, tmp_path):
+    endpoint, _, _ = server
+    out = tmp_path / 'pretrained'
+    with pytest.raises(InputError, match=r'^http://127\.0\.0\.1:\d+/authors/tiny/resolve/main/ckpt/gone_x4\.pth: '
+                                         r'HTTP 404 Not Found$'):
+        fetch('Gone_x4', out, endpoint)
+    with socket_closed() as port:
+        with pytest.raises(fw.Unreachable, match=r'^cannot reach 127\.0\.0\.1:\d+ \(.*refused.*\): no network'):
+            fetch('Tiny_x4', out, f'http://127.0.0.1:{port}')
+    assert listing_of(out) == []
+
+
+class socket_closed:
+    """A local port nothing listens on."""
+
+    def __enter__(self):
+        import socket
+        self.sock = socket.socket()
+        self.sock.bind(('127.0.0.1', 0))
+        return self.sock.getsockname()[1]
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+
+def test_wrong_network_and_manual_release(server, tmp_path):
+    endpoint, files, _ = server
+    other = dict(TINY, dim=16)
+    torch.save({'params': build_network(other).state_dict()}, tmp_path / 'other.pth')
+    files['tiny_x4.pth'] = (tmp_path / 'other.pth').read_bytes()
+    out = tmp_path / 'pretrained'
+    with pytest.raises(InputError, match='not a complete SAFMN checkpoint, not kept: Tiny_x4: checkpoint .* does not '
+                                         'fit network SAFMN: keys .* with another shape'):
+        fetch('Tiny_x4', out, endpoint)
+    assert listing_of(out) == []
+    # No direct link: the user is told where to get it; once there (params_ema here), it is checked and recorded.
+    with pytest.raises(InputError, match=r'^Drive_x4 has no direct download: .*Google Drive https://drive.google.com/x'
+                                         r'\. Download it by hand to .*Drive_x4\.pth, then run python '
+                                         r'scripts/fetch_weights\.py Drive_x4'):
+        fetch('Drive_x4', out, endpoint)
+    data = checkpoint_bytes(out / 'Drive_x4.pth', seed=2, key='params_ema')
+    assert 'checked (loads into SAFMN); SHA-256' in fetch('Drive_x4', out, endpoint)
+    assert fw.read_lock(str(out)) == {'Drive_x4.pth': hashlib.sha256(data).hexdigest()}
+
+
+def test_command_line_list_and_unreachable(tmp_path):
+    env = dict(os.environ, HF_ENDPOINT='http://127.0.0.1:9', PYTHONPATH=str(REPO))
+    script = str(REPO / 'scripts' / 'fetch_weights.py')
+    listed = subprocess.run([sys.executable, script, '--list', '--dir', str(tmp_path)], env=env, capture_output=True,
+                            text=True, check=True).stdout
+    for name in ('MambaIR_SR_x4', 'HAT_SRx4', 'SAFMN_DF2K_x4'):
+        assert name in listed
+    assert 'from http://127.0.0.1:9/cguoh/MambaIR/resolve/main/' in listed and 'by hand: Google Drive' in listed
+    result = subprocess.run([sys.executable, script, 'SAFMN_DF2K_x4', '--dir', str(tmp_path / 'p')], env=env,
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and 'Traceback' not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith('error: cannot reach 127.0.0.1:9 (')
+    assert not (tmp_path / 'p' / 'SAFMN_DF2K_x4.pth').exists()
+
+
+@pytest.mark.parametrize('name,keys', [('MambaIR_SR_x4', 'MambaIR_SR_x4'), ('HAT_SRx4', 'HAT_SRx4'),
+                                       ('SAFMN_DF2K_x4', 'SAFMN_x4')])
+def test_each_release_is_checked_against_its_upstream_layout(name, keys):
+    """The network a release is checked with has exactly the keys and shapes of the upstream released file
+    (tests/data/arch_keys, produced from the upstream code), so the real file loads strictly."""
+    with open(REPO / 'tests' / 'data' / 'arch_keys' / f'{keys}.json') as handle:
+        reference = json.load(handle)
+    with torch.device('meta'):
+        network = build_network(dict(rel.releases()[name].network))
+    assert [(k, list(v.shape)) for k, v in network.state_dict().items()] == list(reference['state_dict'].items())
+
+
+def test_release_names_resolve_to_pretrained(tmp_path, monkeypatch):
+    monkeypatch.setattr(rel, 'PRETRAINED_DIR', str(tmp_path))
+    assert rel.resolve_checkpoint('runs/net_g_latest.pth') == 'runs/net_g_latest.pth'
+    with pytest.raises(InputError, match=r"^checkpoint 'HAT_SRx4' is the released model .*HAT_SRx4\.pth, which is not "
+                                         r'there yet: run python scripts/fetch_weights\.py HAT_SRx4$'):
+        rel.resolve_checkpoint('HAT_SRx4')
+    (tmp_path / 'HAT_SRx4.pth').write_bytes(b'x')
+    assert rel.resolve_checkpoint('HAT_SRx4') == str(tmp_path / 'HAT_SRx4.pth')
+    assert rel.fetch_hint('pretrained/SAFMN_DF2K_x4.pth') == (' (the released SAFMN_DF2K_x4: python '
+                                                              'scripts/fetch_weights.py SAFMN_DF2K_x4)')
+
+
+def test_release_names_work_as_checkpoints(tmp_path, monkeypatch):
+    """inference.py --checkpoint, test.py checkpoints and path.pretrain_network_g all load through load_weights."""
+    from basicsr_ldt.api import load_network
+    from basicsr_ldt.checkpoint import load_weights
+    from basicsr_ldt.upscale_cli import main as upscale_main
+    monkeypatch.setattr(rel, 'PRETRAINED_DIR', str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    released = build_network(dict(rel.releases()['SAFMN_DF2K_x4'].network))
+    torch.save({'params': released.state_dict()}, tmp_path / 'SAFMN_DF2K_x4.pth')
+    network = load_network('SAFMN_DF2K_x4', arch='SAFMN', device='cpu')
+    assert all(torch.equal(a, b) for a, b in zip(network.state_dict().values(), released.state_dict().values()))
+    # inference.py: the release name alone gives the file and its network.
+    cv2.imwrite(str(tmp_path / 'photo.png'), np.full((12, 10, 3), 128, np.uint8))
+    assert upscale_main(['--input', str(tmp_path / 'photo.png'), '--output', str(tmp_path / 'out'),
+                         '--checkpoint', 'SAFMN_DF2K_x4', '--device', 'cpu']) == 0
+    assert cv2.imread(str(tmp_path / 'out' / 'photo_x4.png')).shape == (48, 40, 3)
+    with pytest.raises(InputError, match=r"^checkpoint 'HAT_SRx4' is the released model"):
+        load_weights(torch.nn.Conv2d(3, 3, 3), 'HAT_SRx4')
+    with pytest.raises(InputError, match=r"^checkpoint 'pretrained/HAT_SRx4\.pth' does not exist \(the released "
+                                         r'HAT_SRx4: python scripts/fetch_weights\.py HAT_SRx4\)$'):
+        load_weights(torch.nn.Conv2d(3, 3, 3), 'pretrained/HAT_SRx4.pth')
