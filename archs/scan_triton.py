@@ -1,32 +1,52 @@
-"""Selective scan as two Triton kernels (forward, backward), for GPUs without mamba-ssm.
+"""Selective scan as chunk-parallel Triton kernels, for GPUs without mamba-ssm.
 
-On a GPU the pure-PyTorch scan is launch-bound: it issues several small kernels per position or
-per interval, for every SS2D layer. Here one kernel launch runs the whole forward and one the
-whole backward. This module imports triton at import time, so :mod:`archs.selective_scan`
-imports it only when the 'triton' backend is used. ``TRITON_INTERPRET=1`` runs the same kernels
-on CPU tensors (the tests do); it must be set before triton itself is first imported, since
-Triton decorates its own library functions (``tl.sum``, ...) then (:func:`interpreting`).
+This module imports triton at import time, so :mod:`archs.selective_scan` imports it only when
+the 'triton' backend is used. ``TRITON_INTERPRET=1`` runs the same kernels on CPU tensors (the
+tests do); it must be set before triton itself is first imported, since Triton decorates its own
+library functions (``tl.sum``, ...) then (:func:`interpreting`).
 
-Work split: one program per (batch, group of channels sharing one slice of B and C, block of
-:data:`BLOCK_D` channels of that group). The program keeps its ``(BLOCK_D, n)`` state tile in
-float32 registers, whatever the input dtype, and walks the positions one by one, so B and C at a
-position are one length-n vector shared by all its channels. Non-power-of-two ``d`` and ``n`` are
-masked; any length works.
+Work split. Every kernel that walks positions runs one program per (chunk of ``chunk``
+positions, block of :data:`BLOCK_D` channels sharing one slice of B and C, batch element), so a
+launch has ``batch * channel blocks * chunks`` programs (6912 one-warp programs at MambaIR's x4
+training shapes) instead of one per channel block. Each lane owns one channel. A program walks
+its chunk in sub-tiles of :data:`SUB` consecutive positions: u, delta, z and the output gradient
+are loaded as ``(BLOCK_D, SUB)`` tiles (each lane reads ``SUB`` consecutive positions of its row),
+and what depends only on the position and channel (delta + bias, softplus, delta * u, the gate)
+is computed once per sub-tile and reused for all ``n`` states. The states are then updated one
+state index at a time (a loop unrolled over ``n``): the ``SUB`` decays ``exp2(delta * A log2 e)``
+and inputs of the row, a scan along the row held in the lane's registers (``tl.associative_scan``
+over an axis inside one thread is a plain sequential recurrence), the running state of every
+``(channel, state)`` carried from sub-tile to sub-tile in a ``(BLOCK_D, n)`` register tile. All
+arithmetic is float32 whatever the input dtype.
 
-What is saved for backward, and why. The states ``h[t]`` are ``b*d*n*L`` floats (about 850 MB per
-SS2D layer at MambaIR's x4 training shapes), too much to keep for every layer. Like mamba-ssm,
-forward saves only its inputs and the state *entering* every chunk of :data:`CHUNK` positions
-(``b*d*n*L/CHUNK`` floats, O(L/chunk)). Backward walks the chunks from the last to the first.
-For each chunk it recomputes the chunk's states from the saved entry state, writing them to a
-small per-program scratch buffer (``CHUNK`` state tiles), then runs the adjoint recurrence
-``g[t] = C[t] dy[t] + exp(delta[t+1] A) g[t+1]`` backwards through the chunk, reading ``h[t]``
-and ``h[t-1]`` back from the scratch buffer. Only the decays ``exp(delta A) <= 1`` are ever
-formed, so strong decay cannot overflow.
+Forward, three launches:
+1. ``_forward_chunk_kernel`` (``OUTPUT=False``): each chunk scanned from a zero state; writes the
+   chunk's end state and the sum of its deltas.
+2. ``_carry_kernel``: one program per (channel block, batch) walks the chunks in order:
+   ``H[c + 1] = exp2(A log2 e * sum(delta over c)) * H[c] + end[c]``, giving the state entering
+   every chunk (saved for backward: ``b*d*n*L/chunk`` floats, O(L/chunk)) and the last state.
+3. ``_forward_chunk_kernel`` (``OUTPUT=True``): each chunk scanned again from its true entering
+   state; ``y = C . h + D u``, times ``silu(z)``.
 
-Reductions: the gradients of B and C at a position are sums over channels, and those of A, D
-and delta_bias sums over batch and positions. Each program writes its own partial sums (B and C:
-per position, ``1/BLOCK_D`` of the state's size; A, D, delta_bias: one tile per program) and
-PyTorch sums them afterwards. No atomics, so gradients are deterministic.
+Backward, the same three steps in reverse with the adjoint ``r[t] = dL/dh[t-1]`` through ``h[t]``,
+``r[t] = exp(delta[t] A) * (C[t] dy[t] + r[t+1])``:
+1. ``_backward_chunk_kernel`` (``GRADS=False``): each chunk's adjoint from a zero one at its end.
+2. ``_carry_kernel`` (reversed): the adjoint entering every chunk from its right, starting from
+   the last state's gradient (compiled without it when that gradient is not needed).
+3. ``_backward_chunk_kernel`` (``GRADS=True``): the chunk's states recomputed forward from the
+   saved entering state (the state entering each sub-tile kept in a scratch buffer), then the
+   sub-tiles walked backwards: states and adjoints of the sub-tile from their carries, and every
+   gradient. ``exp(delta A) h[t-1] = h[t] - delta B u`` avoids keeping ``h[t-1]``.
+
+Only decays ``exp(delta A) <= 1`` (for delta >= 0) and their products over a chunk,
+``exp2(A log2 e * sum(delta))``, are formed: never the exponential of a positive cumulative sum,
+so strong decay cannot overflow.
+
+Reductions without atomics: the gradients of B and C at a position are sums over channels
+(each program writes its channel block's sum, per position), those of A, D, delta_bias and of
+constant B/C sums over positions (each program writes one tile). PyTorch adds the partial sums,
+so gradients are deterministic. Offsets that can pass 2**31 - 1 (batch x dim x L, partial sums,
+scratch) are formed in 64 bits: every one starts from the int64 batch index.
 """
 import math
 from typing import Optional, Tuple
@@ -35,10 +55,15 @@ import torch
 import triton
 import triton.language as tl
 
-# Positions per chunk: forward saves one state per chunk; backward recomputes a chunk at a time.
+# Positions per chunk (at least; longer sequences get longer chunks, see MAX_CHUNKS).
 CHUNK = 64
+# At most this many chunks: the carry kernel walks them one after another.
+MAX_CHUNKS = 128
 # Channels per program (rounded to a power of two, at most the channels of one B/C group).
-BLOCK_D = 16
+BLOCK_D = 32
+# Consecutive positions per lane and sub-tile: one 16-byte float32 load per row.
+SUB = 4
+LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -57,217 +82,315 @@ def _sigmoid(x):
 
 
 @triton.jit
-def _program_coordinates(dim, group_size, BLOCK_D: tl.constexpr):
-    """(batch index, first channel of the group, channel indices, their mask) of this program."""
-    pid = tl.program_id(0)
+def _combine(a_l, x_l, a_r, x_r):
+    """Composition of two steps ``h -> a h + x``: left first, then right."""
+    return a_l * a_r, a_r * x_l + x_r
+
+
+@triton.jit
+def _column(tile, index, k):
+    """Column ``k`` (static) of a tile whose columns are inside each thread: -0.0 elsewhere makes
+    the sum fold to a register read when compiled."""
+    return tl.sum(tl.where(index[None, :] == k, tile, -0.0), axis=1)
+
+
+@triton.jit
+def _set_column(tile, index, k, col):
+    return tl.where(index[None, :] == k, col[:, None], tile)
+
+
+@triton.jit
+def _shift_left(tile, kk, carry, SUB: tl.constexpr):
+    """``out[:, j] = tile[:, j + 1]``; the last column is ``carry``."""
+    out = tl.zeros_like(tile) + carry[:, None]
+    for j in tl.static_range(SUB - 1):
+        out = _set_column(out, kk, j, _column(tile, kk, j + 1))
+    return out
+
+
+@triton.jit
+def _coordinates(dim, group_size, BLOCK_D: tl.constexpr):
+    """(chunk, batch index (int64), block index, first channel of the group, channels, mask)."""
+    c = tl.program_id(0)
+    blk = tl.program_id(1)
+    bi = tl.program_id(2).to(tl.int64)
     blocks = (group_size + BLOCK_D - 1) // BLOCK_D
-    groups = dim // group_size
-    bi = pid // (groups * blocks)
-    grp = (pid // blocks) % groups
-    d_in = (pid % blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask_d = d_in < group_size
-    return bi, grp * group_size, grp * group_size + d_in, mask_d
+    g0 = (blk // blocks) * group_size
+    d_in = (blk % blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
+    return c, bi, blk, g0, g0 + d_in, d_in < group_size
 
 
 @triton.jit
-def _projection_source(ptr, tile, mask, bi, dim, chans, g0, dstate, n, length, VARIES: tl.constexpr):
-    """Where this program reads B (or C): when it varies along the sequence ((b, G, n, L)), the
-    offsets of its group's (n,) rows (all of the program's channels share group g0 // chans);
-    when constant ((d, n)), its tile, loaded once. Returns (rows, tile); the unused one is 0."""
+def _bc_row(bi, dim, chans, g0, dstate, length, VARIES: tl.constexpr):
+    """Offset of (batch, group, state 0, position 0) of a varying (b, G, n, L) B or C."""
     if VARIES:
-        rows = ((bi * (dim // chans) + g0 // chans) * dstate + n) * length
-        const = 0.0
-    else:
-        rows = 0
-        const = tl.load(ptr + tile, mask=mask, other=0.0).to(tl.float32)
-    return rows, const
+        return (bi * (dim // chans) + g0 // chans) * dstate * length
+    return bi * 0
 
 
 @triton.jit
-def _projection_at(ptr, rows, t, mask_n, const, VARIES: tl.constexpr):
-    """B (or C) at position ``t``: a (1, n) float32 row read at ``rows + t``, or the constant tile."""
+def _bc_at(ptr, row, k, t, mask_t, d, mask_d, dstate, length, VARIES: tl.constexpr):
+    """State ``k`` of B (or C) at the sub-tile's positions, broadcastable to (BLOCK_D, SUB):
+    a (1, SUB) row of a varying one, or a (BLOCK_D, 1) column of a constant (d, n) one."""
     if VARIES:
-        value = tl.load(ptr + rows + t, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        v = tl.load(ptr + row + k * length + t, mask=mask_t, other=0.0).to(tl.float32)[None, :]
     else:
-        value = const
-    return value
+        v = tl.load(ptr + d * dstate + k, mask=mask_d, other=0.0).to(tl.float32)[:, None]
+    return v
 
 
 @triton.jit
-def _delta(raw, bias, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+def _tile(ptr, offsets, mask):
+    return tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _delta_tile(delta_ptr, offsets, mask, bias, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """(delta after bias and softplus, delta before softplus); 0 outside the sequence, so that a
+    masked position leaves the state unchanged (decay 1, input 0)."""
+    raw = _tile(delta_ptr, offsets, mask)
     if HAS_BIAS:
-        raw = raw + bias
+        raw = raw + bias[:, None]
+    dt = raw
     if SOFTPLUS:
-        return _softplus(raw)
-    return raw
+        dt = _softplus(raw)
+    return tl.where(mask, dt, 0.0), raw
 
 
 @triton.jit
-def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
-                         out_ptr, last_ptr, saved_ptr,
-                         dim, length, dstate, group_size, b_chans, c_chans, n_chunks, chunk,
-                         VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
-                         HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                         SAVE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    bi, g0, d, mask_d = _program_coordinates(dim, group_size, BLOCK_D)
-    n = tl.arange(0, BLOCK_N)
-    mask_n = n < dstate
-    mask = mask_d[:, None] & mask_n[None, :]
-    tile = d[:, None] * dstate + n[None, :]
-    A = tl.load(A_ptr + tile, mask=mask, other=0.0)
-    row = (bi * dim + d) * length  # (b, d, 0) offsets of the (b, d, L) tensors
-    b_row, B_tile = _projection_source(B_ptr, tile, mask, bi, dim, b_chans, g0, dstate, n, length, VAR_B)
-    c_row, C_tile = _projection_source(C_ptr, tile, mask, bi, dim, c_chans, g0, dstate, n, length, VAR_C)
-    if HAS_D:
-        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
-    bias = 0.0
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0)
-    state_row = (bi * dim + d[:, None]) * n_chunks
-    h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    for c in range(0, n_chunks):
-        if SAVE:  # the state entering chunk c, from which backward recomputes the chunk
-            tl.store(saved_ptr + (state_row + c) * dstate + n[None, :], h, mask=mask)
-        t0 = c * chunk
-        for t in range(t0, tl.minimum(t0 + chunk, length)):
-            ut = tl.load(u_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-            dt = _delta(tl.load(delta_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32),
-                        bias, HAS_BIAS, SOFTPLUS)
-            Bt = _projection_at(B_ptr, b_row, t, mask_n, B_tile, VAR_B)
-            Ct = _projection_at(C_ptr, c_row, t, mask_n, C_tile, VAR_C)
-            h = tl.exp(dt[:, None] * A) * h + (dt * ut)[:, None] * Bt
-            y = tl.sum(h * Ct, axis=1)
-            if HAS_D:
-                y += Dv * ut
-            if HAS_Z:
-                zt = tl.load(z_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-                y = y * zt * _sigmoid(zt)
-            tl.store(out_ptr + row + t, y, mask=mask_d)
-    tl.store(last_ptr + tile + bi * dim * dstate, h, mask=mask)
-
-
-@triton.jit
-def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
-                          dout_ptr, dlast_ptr, saved_ptr, scratch_ptr,
-                          du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr,
-                          dim, length, dstate, group_size, b_chans, c_chans, n_chunks, chunk,
-                          VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
+def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
+                          out_ptr, states_ptr, dsum_ptr,
+                          dim, length, group_size, b_chans, c_chans, n_chunks, chunk,
+                          dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                           HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                          HAS_DLAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Outputs: du, ddelta, dz per position; dB, dC per position summed over this program's
-    channels (variable B/C) or per (channel, state) summed over positions (constant B/C, into
-    the dtile slots 1 and 2); the dA tile in dtile slot 0; dD and d(delta_bias) in dvec."""
-    pid = tl.program_id(0)
-    bi, g0, d, mask_d = _program_coordinates(dim, group_size, BLOCK_D)
-    n = tl.arange(0, BLOCK_N)
-    mask_n = n < dstate
-    mask = mask_d[:, None] & mask_n[None, :]
-    tile = d[:, None] * dstate + n[None, :]
-    local = tl.arange(0, BLOCK_D)[:, None] * BLOCK_N + n[None, :]  # offsets inside one tile
-    tile_size = BLOCK_D * BLOCK_N
-    scratch = scratch_ptr + pid * chunk * tile_size + local
-    A = tl.load(A_ptr + tile, mask=mask, other=0.0)
-    row = (bi * dim + d) * length
-    part_row = (pid * dstate + n) * length  # this program's slice of the dB/dC partial sums
-    b_row, B_tile = _projection_source(B_ptr, tile, mask, bi, dim, b_chans, g0, dstate, n, length, VAR_B)
-    c_row, C_tile = _projection_source(C_ptr, tile, mask, bi, dim, c_chans, g0, dstate, n, length, VAR_C)
-    if not VAR_B:  # constant B and C: their gradients are summed over positions in registers
-        dB_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    if not VAR_C:
-        dC_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    if HAS_D:
-        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
-    bias = 0.0
+                          OUTPUT: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                          SUB: tl.constexpr):
+    """OUTPUT=False: the chunk from a zero state; its end state into ``states`` and the sum of
+    its deltas into ``dsum``. OUTPUT=True: the chunk from the state in ``states``; the output."""
+    c, bi, blk, g0, d, mask_d = _coordinates(dim, group_size, BLOCK_D)
+    nn = tl.arange(0, BLOCK_N)
+    kk = tl.arange(0, SUB)
+    mask_dn = mask_d[:, None] & (nn < dstate)[None, :]
+    row = (bi * dim + d) * length  # (b, d, 0) of the (b, d, L) tensors, int64
+    state = ((bi * dim + d[:, None]) * n_chunks + c) * dstate + nn[None, :]
+    b_row = _bc_row(bi, dim, b_chans, g0, dstate, length, VAR_B)
+    c_row = _bc_row(bi, dim, c_chans, g0, dstate, length, VAR_C)
+    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0)
-    if HAS_DLAST:  # adjoint of the state, starting from the gradient of the last state
-        g = tl.load(dlast_ptr + tile + bi * dim * dstate, mask=mask, other=0.0).to(tl.float32)
+    if HAS_D:
+        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
+    if OUTPUT:
+        h = tl.load(states_ptr + state, mask=mask_dn, other=0.0)
     else:
-        g = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    dA_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    state_row = (bi * dim + d[:, None]) * n_chunks
-    for ci in range(0, n_chunks):
-        c = n_chunks - 1 - ci
-        t0 = c * chunk
-        t1 = tl.minimum(t0 + chunk, length)
-        h0 = tl.load(saved_ptr + (state_row + c) * dstate + n[None, :], mask=mask, other=0.0)
-        h = h0
-        for t in range(t0, t1):  # recompute the chunk's states into the scratch buffer
-            ut = tl.load(u_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-            dt = _delta(tl.load(delta_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32),
-                        bias, HAS_BIAS, SOFTPLUS)
-            Bt = _projection_at(B_ptr, b_row, t, mask_n, B_tile, VAR_B)
-            h = tl.exp(dt[:, None] * A) * h + (dt * ut)[:, None] * Bt
-            tl.store(scratch + (t - t0) * tile_size, h)
-        tl.debug_barrier()  # the states written above are read below by other threads
-        for k in range(0, t1 - t0):
-            j = t1 - t0 - 1 - k
-            t = t0 + j
-            ut = tl.load(u_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-            raw = tl.load(delta_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-            if HAS_BIAS:
-                raw = raw + bias
-            if SOFTPLUS:
-                dt = _softplus(raw)
-            else:
-                dt = raw
-            Bt = _projection_at(B_ptr, b_row, t, mask_n, B_tile, VAR_B)
-            Ct = _projection_at(C_ptr, c_row, t, mask_n, C_tile, VAR_C)
-            h_t = tl.load(scratch + j * tile_size)
-            first = (tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.int32) + j) == 0
-            h_prev = tl.load(scratch + (j - 1) * tile_size, mask=~first, other=0.0)
-            h_prev = tl.where(first, h0, h_prev)
-            dy = tl.load(dout_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-            if HAS_Z:  # out = (y + D u) * silu(z)
-                zt = tl.load(z_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-                sz = _sigmoid(zt)
-                y = tl.sum(h_t * Ct, axis=1)
-                if HAS_D:
-                    y += Dv * ut
-                tl.store(dz_ptr + row + t, dy * y * sz * (1.0 + zt * (1.0 - sz)), mask=mask_d)
-                dy = dy * zt * sz
-            du_t = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    t0 = c * chunk
+    t1 = tl.minimum(t0 + chunk, length)
+    for s in range(t0, t1, SUB):
+        t = s + kk
+        mask_t = t < t1
+        m2 = mask_d[:, None] & mask_t[None, :]
+        offs = row[:, None] + t[None, :]
+        dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
+        u = _tile(u_ptr, offs, m2)
+        dtu = dt * u
+        dsum += tl.sum(dt, axis=1)
+        y = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)
+        for k in tl.static_range(dstate):
+            a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
+            x = dtu * _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
+            x = tl.where(kk[None, :] == 0, a * _column(h, nn, k)[:, None] + x, x)  # carry in
+            _, hs = tl.associative_scan((a, x), 1, _combine)
+            if OUTPUT:
+                y += hs * _bc_at(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
+            h = _set_column(h, nn, k, _column(hs, kk, SUB - 1))
+        if OUTPUT:
             if HAS_D:
-                dD_acc += dy * ut
-                du_t = dy * Dv
-            if VAR_C:
-                tl.store(dC_ptr + part_row + t, tl.sum(dy[:, None] * h_t, axis=0), mask=mask_n)
-            else:
-                dC_acc += dy[:, None] * h_t
-            g = g + dy[:, None] * Ct  # gradient w.r.t. h[t]
-            dx = dt * ut
-            if VAR_B:
-                tl.store(dB_ptr + part_row + t, tl.sum(g * dx[:, None], axis=0), mask=mask_n)
-            else:
-                dB_acc += g * dx[:, None]
-            a = tl.exp(dt[:, None] * A)
-            gda = g * a * h_prev  # gradient w.r.t. delta[t] * A
-            dA_acc += gda * dt[:, None]
-            ddx = tl.sum(g * Bt, axis=1)  # gradient w.r.t. delta[t] * u[t]
-            ddt = tl.sum(gda * A, axis=1) + ddx * ut
-            du_t += ddx * dt
+                y += Dv[:, None] * u
+            if HAS_Z:
+                zt = _tile(z_ptr, offs, m2)
+                y = y * zt * _sigmoid(zt)
+            tl.store(out_ptr + offs, y, mask=m2)
+    if not OUTPUT:
+        tl.store(states_ptr + state, h, mask=mask_dn)
+        tl.store(dsum_ptr + (bi * dim + d) * n_chunks + c, dsum, mask=mask_d)
+
+
+@triton.jit
+def _carry_kernel(A_ptr, states_ptr, dsum_ptr, start_ptr, last_ptr, dim, dstate, n_chunks,
+                  REVERSE: tl.constexpr, HAS_START: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """Replaces each chunk's own contribution in ``states`` by the carry entering the chunk
+    (from the left, or from the right when REVERSE): ``carry <- exp2(A log2 e * dsum) * carry +
+    own``, starting from ``start`` (HAS_START) or zero; the final carry into ``last``."""
+    d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    bi = tl.program_id(1).to(tl.int64)
+    nn = tl.arange(0, BLOCK_N)
+    mask_d = d < dim
+    mask = mask_d[:, None] & (nn < dstate)[None, :]
+    A2 = tl.load(A_ptr + d[:, None] * dstate + nn[None, :], mask=mask, other=0.0) * 1.4426950408889634
+    rows = (bi * dim + d) * n_chunks
+    tile = (bi * dim + d[:, None]) * dstate + nn[None, :]
+    if HAS_START:
+        carry = tl.load(start_ptr + tile, mask=mask, other=0.0).to(tl.float32)
+    else:
+        carry = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    for i in range(0, n_chunks):
+        c = n_chunks - 1 - i if REVERSE else i
+        offs = (rows[:, None] + c) * dstate + nn[None, :]
+        own = tl.load(states_ptr + offs, mask=mask, other=0.0)
+        total = tl.load(dsum_ptr + rows + c, mask=mask_d, other=0.0)
+        tl.store(states_ptr + offs, carry, mask=mask)
+        carry = tl.exp2(A2 * total[:, None]) * carry + own
+    tl.store(last_ptr + tile, carry, mask=mask)
+
+
+@triton.jit
+def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
+                           dout_ptr, states_ptr, adj_ptr, scratch_ptr,
+                           du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr,
+                           dim, length, group_size, b_chans, c_chans, n_chunks, chunk,
+                           dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
+                           HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                           GRADS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                           SUB: tl.constexpr):
+    """GRADS=False: the adjoint entering the chunk from a zero one at its end, into ``adj``.
+    GRADS=True: from the chunk's entering state (``states``) and the adjoint entering it from
+    the right (``adj``): du, ddelta, dz per position; dB, dC per position summed over the
+    program's channels (varying B/C, ``dB``/``dC``) or per (channel, state) summed over the
+    chunk (constant, ``dtile`` slots 1, 2); dA in ``dtile`` slot 0; dD, d(delta_bias) in
+    ``dvec``."""
+    c, bi, blk, g0, d, mask_d = _coordinates(dim, group_size, BLOCK_D)
+    nn = tl.arange(0, BLOCK_N)
+    kk = tl.arange(0, SUB)
+    mask_dn = mask_d[:, None] & (nn < dstate)[None, :]
+    row = (bi * dim + d) * length
+    state = ((bi * dim + d[:, None]) * n_chunks + c) * dstate + nn[None, :]
+    b_row = _bc_row(bi, dim, b_chans, g0, dstate, length, VAR_B)
+    c_row = _bc_row(bi, dim, c_chans, g0, dstate, length, VAR_C)
+    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0)
+    if HAS_D:
+        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
+    t0 = c * chunk
+    t1 = tl.minimum(t0 + chunk, length)
+    last_sub = t0 + ((t1 - t0 - 1) // SUB) * SUB  # first position of the chunk's last sub-tile
+    # this program's slots: per-position partial sums and per-program tiles
+    program = (bi * tl.num_programs(1) + blk) * n_chunks + c
+    local = tl.arange(0, BLOCK_D)[:, None] * BLOCK_N + nn[None, :]
+    tile_size = BLOCK_D * BLOCK_N
+    scratch = scratch_ptr + program * (chunk // SUB) * tile_size + local
+    if GRADS:
+        # states entering each sub-tile, recomputed forward from the chunk's entering state
+        h = tl.load(states_ptr + state, mask=mask_dn, other=0.0)
+        for s in range(t0, t1, SUB):
+            tl.store(scratch + ((s - t0) // SUB) * tile_size, h)
+            t = s + kk
+            m2 = mask_d[:, None] & (t < t1)[None, :]
+            offs = row[:, None] + t[None, :]
+            dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
+            dtu = dt * _tile(u_ptr, offs, m2)
+            for k in tl.static_range(dstate):
+                a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
+                x = dtu * _bc_at(B_ptr, b_row, k, t, t < t1, d, mask_d, dstate, length, VAR_B)
+                x = tl.where(kk[None, :] == 0, a * _column(h, nn, k)[:, None] + x, x)
+                _, hs = tl.associative_scan((a, x), 1, _combine)
+                h = _set_column(h, nn, k, _column(hs, kk, SUB - 1))
+        tl.debug_barrier()  # the scratch states written above are read below
+        r = tl.load(adj_ptr + state, mask=mask_dn, other=0.0)
+        dA_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        dB_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        dC_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        part = (bi * tl.num_programs(1) + blk) * dstate * length  # dB/dC partial sums, int64
+    else:
+        r = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    for i in range(0, (t1 - t0 + SUB - 1) // SUB):
+        s = last_sub - i * SUB
+        t = s + kk
+        mask_t = t < t1
+        m2 = mask_d[:, None] & mask_t[None, :]
+        offs = row[:, None] + t[None, :]
+        dt, raw = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
+        dy = _tile(dout_ptr, offs, m2)
+        if HAS_Z:
+            zt = _tile(z_ptr, offs, m2)
+            zs = _sigmoid(zt)
+            dy_gated = dy * zt * zs  # out = (y + D u) * silu(z)
+        else:
+            dy_gated = dy
+        if GRADS:
+            u = _tile(u_ptr, offs, m2)
+            dtu = dt * u
+            h_in = tl.load(scratch + ((s - t0) // SUB) * tile_size)
+            y = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)
+            ddt = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)  # d loss / d delta (after softplus)
+            ddx = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)  # d loss / d (delta u)
+        for k in tl.static_range(dstate):
+            Ak = tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0)
+            a = tl.exp2(dt * (Ak * 1.4426950408889634)[:, None])
+            Ck = _bc_at(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
+            cy = dy_gated * Ck  # d loss / d h[t] directly through y[t]
+            rk = _column(r, nn, k)
+            xr = a * cy
+            xr = tl.where(kk[None, :] == SUB - 1, a * rk[:, None] + xr, xr)  # carry in from the right
+            _, rs = tl.associative_scan((a, xr), 1, _combine, reverse=True)
+            if GRADS:
+                Bk = _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
+                x = dtu * Bk
+                xh = tl.where(kk[None, :] == 0, a * _column(h_in, nn, k)[:, None] + x, x)
+                _, hs = tl.associative_scan((a, xh), 1, _combine)
+                g = cy + _shift_left(rs, kk, rk, SUB)  # d loss / d h[t]
+                p = g * (hs - x)  # g[t] * exp(delta A) * h[t-1]
+                dA_acc = _set_column(dA_acc, nn, k, _column(dA_acc, nn, k) + tl.sum(p * dt, axis=1))
+                ddt += p * Ak[:, None]
+                ddx += g * Bk
+                if VAR_B:
+                    tl.store(dB_ptr + part + k * length + t, tl.sum(g * dtu, axis=0), mask=mask_t)
+                else:
+                    dB_acc = _set_column(dB_acc, nn, k, _column(dB_acc, nn, k) + tl.sum(g * dtu, axis=1))
+                if VAR_C:
+                    tl.store(dC_ptr + part + k * length + t, tl.sum(dy_gated * hs, axis=0), mask=mask_t)
+                else:
+                    dC_acc = _set_column(dC_acc, nn, k, _column(dC_acc, nn, k) + tl.sum(dy_gated * hs, axis=1))
+                if HAS_Z:
+                    y += hs * Ck
+            r = _set_column(r, nn, k, _column(rs, kk, 0))
+        if GRADS:
+            du = ddx * dt
+            if HAS_D:
+                du += dy_gated * Dv[:, None]
+                dD_acc += tl.sum(dy_gated * u, axis=1)
+            if HAS_Z:
+                if HAS_D:
+                    y += Dv[:, None] * u
+                tl.store(dz_ptr + offs, dy * y * zs * (1.0 + zt * (1.0 - zs)), mask=m2)
+            ddt += ddx * u
             if SOFTPLUS:
                 ddt = ddt * _sigmoid(raw)
-            dbias_acc += ddt
-            tl.store(du_ptr + row + t, du_t, mask=mask_d)
-            tl.store(ddelta_ptr + row + t, ddt, mask=mask_d)
-            g = g * a  # gradient w.r.t. h[t-1]
-        tl.debug_barrier()  # the next chunk overwrites the scratch states read above
-    dtile = dtile_ptr + pid * 3 * tile_size + local
-    tl.store(dtile, dA_acc)
-    if not VAR_B:
-        tl.store(dtile + tile_size, dB_acc)
-    if not VAR_C:
-        tl.store(dtile + 2 * tile_size, dC_acc)
-    dvec = dvec_ptr + pid * 2 * BLOCK_D + tl.arange(0, BLOCK_D)
-    tl.store(dvec, dD_acc)
-    tl.store(dvec + BLOCK_D, dbias_acc)
+            ddt = tl.where(m2, ddt, 0.0)
+            dbias_acc += tl.sum(ddt, axis=1)
+            tl.store(du_ptr + offs, du, mask=m2)
+            tl.store(ddelta_ptr + offs, ddt, mask=m2)
+    if GRADS:
+        dtile = dtile_ptr + program * 3 * tile_size + local
+        tl.store(dtile, dA_acc)
+        if not VAR_B:
+            tl.store(dtile + tile_size, dB_acc)
+        if not VAR_C:
+            tl.store(dtile + 2 * tile_size, dC_acc)
+        dvec = dvec_ptr + program * 2 * BLOCK_D + tl.arange(0, BLOCK_D)
+        tl.store(dvec, dD_acc)
+        tl.store(dvec + BLOCK_D, dbias_acc)
+    else:
+        tl.store(adj_ptr + state, r, mask=mask_dn)
 
 
 class _Layout:
-    """Shapes and launch grid shared by the two kernels."""
+    """Shapes, chunking and launch grid shared by the kernels."""
 
     def __init__(self, u: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                  chunk: int, block_d: int):
@@ -280,27 +403,34 @@ class _Layout:
         self.group_size = self.dim // groups
         self.b_chans = self.dim // B.shape[1] if B.dim() == 4 else 1
         self.c_chans = self.dim // C.shape[1] if C.dim() == 4 else 1
-        self.chunk = max(1, int(chunk))
+        # whole sub-tiles per chunk, and no more than MAX_CHUNKS chunks
+        chunk = max(int(chunk), -(-self.length // MAX_CHUNKS), 1)
+        self.chunk = -(-chunk // SUB) * SUB
         self.n_chunks = -(-self.length // self.chunk)
         self.block_d = min(triton.next_power_of_2(max(1, int(block_d))),
                            triton.next_power_of_2(self.group_size))
         self.block_n = triton.next_power_of_2(self.dstate)
         self.blocks = -(-self.group_size // self.block_d)
-        self.programs = self.batch * groups * self.blocks
+        self.fine = groups
+        self.grid = (self.n_chunks, groups * self.blocks, self.batch)
+        self.programs = self.n_chunks * groups * self.blocks * self.batch
+        if self.grid[1] > 65535 or self.batch > 65535:
+            raise ValueError(f'the Triton selective scan launches (chunks, channel blocks, batch) = '
+                             f'{self.grid} programs; channel blocks and batch must be at most 65535')
 
     def args(self) -> Tuple[int, ...]:
-        return (self.dim, self.length, self.dstate, self.group_size, self.b_chans, self.c_chans,
+        return (self.dim, self.length, self.group_size, self.b_chans, self.c_chans,
                 self.n_chunks, self.chunk)
 
     def per_channel(self, t: torch.Tensor, width: int) -> torch.Tensor:
-        """Per-program partial sums (programs, width) -> (dim, ...), summed over the batch."""
-        t = t.reshape(self.batch, self.dim // self.group_size, self.blocks * self.block_d, -1).sum(0)
-        return t[:, :self.group_size].reshape(self.dim, -1)[:, :width]
+        """Per-program partial sums (programs, ...) -> (dim, width), summed over batch and chunks."""
+        t = t.reshape(self.batch, self.fine, self.blocks, self.n_chunks, self.block_d, -1).sum((0, 3))
+        t = t.reshape(self.fine, self.blocks * self.block_d, -1)[:, :self.group_size]
+        return t.reshape(self.dim, -1)[:, :width]
 
     def per_position(self, part: torch.Tensor, groups: int) -> torch.Tensor:
-        """dB/dC partial sums (programs, n, L) -> (b, groups, n, L)."""
-        fine = self.dim // self.group_size
-        part = part.view(self.batch, groups, fine // groups * self.blocks, self.dstate, self.length)
+        """dB/dC partial sums (b, channel blocks, n, L) -> (b, groups, n, L)."""
+        part = part.view(self.batch, groups, self.fine // groups * self.blocks, self.dstate, self.length)
         return part.sum(2)
 
 
@@ -313,8 +443,13 @@ def _float(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.float().contiguous()
 
 
+def _flags(Bn, Cn, D, z, delta_bias, softplus) -> dict:
+    return dict(VAR_B=Bn.dim() == 4, VAR_C=Cn.dim() == 4, HAS_D=D is not None, HAS_Z=z is not None,
+                HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus))
+
+
 class SelectiveScanTriton(torch.autograd.Function):
-    """Autograd function over the two kernels; arguments as :func:`selective_scan_triton`."""
+    """Autograd function over the kernels; arguments as :func:`selective_scan_triton`."""
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: int,
@@ -326,26 +461,30 @@ class SelectiveScanTriton(torch.autograd.Function):
         Bn, Cn = _normalise_bc(B), _normalise_bc(C)
         A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
         lay = _Layout(u, A32, Bn, Cn, chunk, block_d)
+        f32 = dict(device=u.device, dtype=torch.float32)
         out = torch.empty_like(u)
-        last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
-        save = any(ctx.needs_input_grad)
-        saved = u.new_empty(lay.batch, lay.dim, lay.n_chunks if save else 1, lay.dstate,
-                            dtype=torch.float32)
+        last = torch.empty(lay.batch, lay.dim, lay.dstate, **f32)
+        states = torch.empty(lay.batch, lay.dim, lay.n_chunks, lay.dstate, **f32)
+        dsum = torch.empty(lay.batch, lay.dim, lay.n_chunks, **f32)
+        inputs = (u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32))
+        tiles = dict(_flags(Bn, Cn, D, z, delta_bias, softplus), dstate=lay.dstate, BLOCK_D=lay.block_d,
+                     BLOCK_N=lay.block_n, SUB=SUB)
         with torch.cuda.device(u.device) if u.is_cuda else _nothing():
-            _scan_forward_kernel[(lay.programs,)](
-                u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32),
-                out, last, saved, *lay.args(),
-                VAR_B=Bn.dim() == 4, VAR_C=Cn.dim() == 4, HAS_D=D is not None, HAS_Z=z is not None,
-                HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus), SAVE=save,
-                BLOCK_D=lay.block_d, BLOCK_N=lay.block_n, num_warps=1)
-        if save:
-            ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, saved)
+            for output in (False, True):
+                _forward_chunk_kernel[lay.grid](*inputs, out, states, dsum, *lay.args(), OUTPUT=output,
+                                                num_warps=1, **tiles)
+                if not output:
+                    _carry_kernel[(triton.cdiv(lay.dim, BLOCK_D), lay.batch)](
+                        A32, states, dsum, A32, last, lay.dim, lay.dstate, lay.n_chunks, REVERSE=False,
+                        HAS_START=False, BLOCK_D=BLOCK_D, BLOCK_N=lay.block_n, num_warps=1)
+        if any(ctx.needs_input_grad):
+            ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, states, dsum)
             ctx.softplus, ctx.chunk, ctx.block_d = bool(softplus), chunk, block_d
         return out, last
 
     @staticmethod
     def backward(ctx, dout, dlast):  # type: ignore[override]
-        u, delta, A, B, C, D, z, delta_bias, saved = ctx.saved_tensors
+        u, delta, A, B, C, D, z, delta_bias, states, dsum = ctx.saved_tensors
         Bn, Cn = _normalise_bc(B), _normalise_bc(C)
         A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
         lay = _Layout(u, A32, Bn, Cn, ctx.chunk, ctx.block_d)
@@ -355,24 +494,30 @@ class SelectiveScanTriton(torch.autograd.Function):
         dz = None if z is None else torch.empty_like(z)
         f32 = dict(device=u.device, dtype=torch.float32)
         tile_size = lay.block_d * lay.block_n
-        scratch = torch.empty(lay.programs * lay.chunk * tile_size, **f32)
+        adj = torch.empty_like(states)
+        dinit = torch.empty(lay.batch, lay.dim, lay.dstate, **f32)  # gradient of a zero initial state
+        scratch = torch.empty(lay.programs * (lay.chunk // SUB) * tile_size, **f32)
         dtile = torch.zeros(lay.programs, 3, lay.block_d, lay.block_n, **f32)
-        dvec = torch.zeros(lay.programs, 2, lay.block_d, **f32)
-        var_b, var_c = Bn.dim() == 4, Cn.dim() == 4
-        dB_part = torch.empty(lay.programs, lay.dstate, lay.length, **f32) if var_b else None
-        dC_part = torch.empty(lay.programs, lay.dstate, lay.length, **f32) if var_c else None
+        dvec = torch.empty(lay.programs, 2, lay.block_d, **f32)
+        flags = _flags(Bn, Cn, D, z, delta_bias, ctx.softplus)
+        part = dict(device=u.device, dtype=torch.float32)
+        dB_part = (torch.empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **part)
+                   if flags['VAR_B'] else None)
+        dC_part = (torch.empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **part)
+                   if flags['VAR_C'] else None)
+        inputs = (u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32), dout, states, adj,
+                  scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch), _or(dC_part, scratch), dtile, dvec)
+        tiles = dict(flags, dstate=lay.dstate, BLOCK_D=lay.block_d, BLOCK_N=lay.block_n, SUB=SUB)
         with torch.cuda.device(u.device) if u.is_cuda else _nothing():
-            _scan_backward_kernel[(lay.programs,)](
-                u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32),
-                dout, _or(dlast, A32), saved, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
-                _or(dC_part, scratch), dtile, dvec, *lay.args(),
-                VAR_B=var_b, VAR_C=var_c, HAS_D=D is not None, HAS_Z=z is not None,
-                HAS_BIAS=delta_bias is not None, SOFTPLUS=ctx.softplus, HAS_DLAST=dlast is not None,
-                BLOCK_D=lay.block_d, BLOCK_N=lay.block_n, num_warps=1)
+            _backward_chunk_kernel[lay.grid](*inputs, *lay.args(), GRADS=False, num_warps=1, **tiles)
+            _carry_kernel[(triton.cdiv(lay.dim, BLOCK_D), lay.batch)](
+                A32, adj, dsum, _or(dlast, A32), dinit, lay.dim, lay.dstate, lay.n_chunks, REVERSE=True,
+                HAS_START=dlast is not None, BLOCK_D=BLOCK_D, BLOCK_N=lay.block_n, num_warps=1)
+            _backward_chunk_kernel[lay.grid](*inputs, *lay.args(), GRADS=True, num_warps=1, **tiles)
         n = lay.dstate
         dA = lay.per_channel(dtile[:, 0], n)
-        dB = lay.per_position(dB_part, Bn.shape[1]) if var_b else lay.per_channel(dtile[:, 1], n)
-        dC = lay.per_position(dC_part, Cn.shape[1]) if var_c else lay.per_channel(dtile[:, 2], n)
+        dB = lay.per_position(dB_part, Bn.shape[1]) if flags['VAR_B'] else lay.per_channel(dtile[:, 1], n)
+        dC = lay.per_position(dC_part, Cn.shape[1]) if flags['VAR_C'] else lay.per_channel(dtile[:, 2], n)
         dD = None if D is None else lay.per_channel(dvec[:, 0], 1).view(-1).to(D.dtype)
         dbias = None if delta_bias is None else lay.per_channel(dvec[:, 1], 1).view(-1).to(delta_bias.dtype)
         return (du, ddelta, dA.to(A.dtype), dB.view(B.shape).to(B.dtype), dC.view(C.shape).to(C.dtype),
@@ -401,8 +546,9 @@ def selective_scan_triton(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
                           delta_softplus: bool = False, chunk: int = CHUNK, block_d: int = BLOCK_D
                           ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(output in u's dtype, last state in float32); shapes as :func:`archs.selective_scan.selective_scan`
-    (which checks them). ``chunk``: positions between saved states; ``block_d``: channels per
-    program."""
+    (which checks them). ``chunk``: positions per program (rounded up to whole sub-tiles of
+    :data:`SUB`, and raised so that there are at most :data:`MAX_CHUNKS` chunks); ``block_d``:
+    channels per program."""
     return SelectiveScanTriton.apply(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus),
                                      int(chunk), int(block_d))
 
@@ -411,4 +557,4 @@ def interpreting() -> bool:
     """Whether these kernels run on Triton's CPU interpreter: TRITON_INTERPRET=1 was set before
     triton was imported (its own library functions, such as ``tl.sum``, are decorated then) and
     still when this module was."""
-    return not any(isinstance(f, triton.runtime.JITFunction) for f in (_scan_forward_kernel, tl.sum))
+    return not any(isinstance(f, triton.runtime.JITFunction) for f in (_forward_chunk_kernel, tl.sum))

@@ -270,20 +270,22 @@ from triton.compiler import ASTSource
 import archs.scan_triton as st
 if 'constexprs' not in inspect.signature(ASTSource.__init__).parameters:
     sys.exit(77)  # another triton's ahead-of-time API
+io_ptrs = ('u_ptr', 'delta_ptr', 'B_ptr', 'C_ptr', 'z_ptr', 'out_ptr', 'dout_ptr', 'du_ptr',
+           'ddelta_ptr', 'dz_ptr')
+tiles = dict(dstate=16, BLOCK_D=32, BLOCK_N=16, SUB=st.SUB)
 for var_bc, flag, io in ((True, True, 'fp32'), (False, False, 'bf16')):
-    flags = dict(VAR_B=var_bc, VAR_C=var_bc, HAS_D=flag, HAS_Z=flag, HAS_BIAS=flag, SOFTPLUS=flag,
-                 BLOCK_D=16, BLOCK_N=16)
-    for fn, extra in ((st._scan_forward_kernel, 'SAVE'), (st._scan_backward_kernel, 'HAS_DLAST')):
-        consts = dict(flags, **{extra: True})
-        names = inspect.signature(fn.fn).parameters
-        io_ptrs = ('u_ptr', 'delta_ptr', 'B_ptr', 'C_ptr', 'z_ptr', 'out_ptr', 'dout_ptr', 'du_ptr',
-                   'ddelta_ptr', 'dz_ptr')
-        signature = {p: 'constexpr' if p in consts else
-                     ('*' + (io if p in io_ptrs else 'fp32') if p.endswith('_ptr') else 'i32')
-                     for p in names}
-        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts),
-                                target=GPUTarget('cuda', 90, 32), options=dict(num_warps=1))
-        assert kernel.asm['cubin'] and 'bar.sync' in kernel.asm['ptx'], fn
+    flags = dict(VAR_B=var_bc, VAR_C=var_bc, HAS_D=flag, HAS_Z=flag, HAS_BIAS=flag, SOFTPLUS=flag, **tiles)
+    for fn, extra in ((st._forward_chunk_kernel, 'OUTPUT'), (st._backward_chunk_kernel, 'GRADS'),
+                      (st._carry_kernel, 'REVERSE')):
+        for value in (False, True):
+            names = inspect.signature(fn.fn).parameters
+            consts = {k: v for k, v in dict(flags, HAS_START=value, **{extra: value}).items() if k in names}
+            signature = {p: 'constexpr' if p in consts else
+                         ('*' + (io if p in io_ptrs else 'fp32') if p.endswith('_ptr') else 'i32')
+                         for p in names}
+            kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts),
+                                    target=GPUTarget('cuda', 90, 32), options=dict(num_warps=1))
+            assert kernel.asm['cubin'], fn
 print('compiled')
 """
 
@@ -291,7 +293,8 @@ print('compiled')
 def test_kernels_compile_for_an_h100_without_a_gpu():
     """The interpreter runs the kernels as Python; this compiles them as a GPU would (Triton to
     PTX to an sm_90 cubin, no device needed), which catches what only the compiler rejects.
-    Float32 inputs with every option, and bfloat16 inputs with constant B/C and none."""
+    Every kernel in both of its modes; float32 inputs with every option, and bfloat16 inputs with
+    constant B/C and none."""
     run = subprocess.run([sys.executable, '-c', _COMPILE_FOR_H100], cwd=REPO, capture_output=True,
                          text=True, env=dict(os.environ, TRITON_INTERPRET='0'))
     if run.returncode == 77:
