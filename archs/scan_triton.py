@@ -27,9 +27,16 @@ Reductions: the gradients of B and C at a position are sums over channels, and t
 and delta_bias sums over batch and positions. Each program writes its own partial sums (B and C:
 per position, ``1/BLOCK_D`` of the state's size; A, D, delta_bias: one tile per program) and
 PyTorch sums them afterwards. No atomics, so gradients are deterministic.
+
+Launches are described in one place: :func:`forward_launch` and :func:`backward_launch` return a
+:class:`KernelLaunch` (kernel, grid, arguments, constexprs, num_warps, the outputs it writes).
+The autograd function runs them; ``scripts/scan_static_report.py`` calls the same functions with
+``meta`` tensors and compiles what a launch would compile for sm_80/sm_90 without a GPU. A new
+kernel keeps this contract, so the report and its test follow it unchanged.
 """
 import math
-from typing import Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import triton
@@ -304,6 +311,99 @@ class _Layout:
         return part.sum(2)
 
 
+@dataclass
+class KernelLaunch:
+    """One kernel launch, complete: ``kernel[grid](*args, num_warps=num_warps, **constexprs)``.
+
+    ``args`` are the kernel's non-constexpr parameters in order (tensors and Python ints; on a GPU
+    Triton specialises on them: pointer alignment, ints divisible by 16, ints past 2**31 - 1 as
+    int64), ``constexprs`` its constexpr parameters by name. ``outputs`` holds the tensors the
+    launch writes (allocated with it), ``layout`` the shapes the caller needs afterwards."""
+    name: str
+    kernel: Any
+    grid: Tuple[int, ...]
+    args: Tuple[Any, ...]
+    constexprs: Dict[str, Any]
+    num_warps: int
+    outputs: Dict[str, torch.Tensor] = field(default_factory=dict)
+    layout: Any = None
+
+    def run(self) -> Dict[str, torch.Tensor]:
+        device = self.args[0].device
+        with torch.cuda.device(device) if device.type == 'cuda' else _nothing():
+            self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.constexprs)
+        return self.outputs
+
+
+def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: int = CHUNK,
+                   block_d: int = BLOCK_D, save: bool = True) -> KernelLaunch:
+    """The forward kernel's launch for these inputs (shapes and dtypes as
+    :func:`selective_scan_triton`; ``save``: keep the chunk-entry states for backward).
+    Outputs: ``out`` (u's dtype), ``last`` (float32 last state), ``saved`` (chunk-entry states).
+
+    This is the one description of the launch: :class:`SelectiveScanTriton` runs it, and
+    ``scripts/scan_static_report.py`` compiles it for GPUs it does not have, by calling it with
+    tensors on the ``meta`` device (shapes and dtypes only, nothing allocated). So it must do
+    nothing but prepare inputs, allocate outputs with ``new_empty``/``empty_like`` on the inputs'
+    device and describe the launch; it must never read tensor values."""
+    u, delta = u.contiguous(), delta.contiguous()
+    z = None if z is None else z.contiguous()
+    Bn, Cn = _normalise_bc(B), _normalise_bc(C)
+    A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
+    lay = _Layout(u, A32, Bn, Cn, chunk, block_d)
+    out = torch.empty_like(u)
+    last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
+    saved = u.new_empty(lay.batch, lay.dim, lay.n_chunks if save else 1, lay.dstate,
+                        dtype=torch.float32)
+    return KernelLaunch(
+        'forward', _scan_forward_kernel, (lay.programs,),
+        (u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32), out, last, saved,
+         *lay.args()),
+        dict(VAR_B=Bn.dim() == 4, VAR_C=Cn.dim() == 4, HAS_D=D is not None, HAS_Z=z is not None,
+             HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus), SAVE=bool(save),
+             BLOCK_D=lay.block_d, BLOCK_N=lay.block_n),
+        num_warps=1, outputs=dict(out=out, last=last, saved=saved), layout=lay)
+
+
+def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, dout: torch.Tensor,
+                    dlast: Optional[torch.Tensor], softplus: bool, chunk: int = CHUNK,
+                    block_d: int = BLOCK_D) -> KernelLaunch:
+    """The backward kernel's launch (same contract as :func:`forward_launch`): the forward's
+    inputs, its ``saved`` states, the output gradient ``dout`` and the last state's gradient
+    ``dlast`` (None: not needed, the kernel is compiled without that work). Outputs: ``du``,
+    ``ddelta``, ``dz`` (or None), and the per-program partial sums ``dB_part``/``dC_part``
+    (variable B/C, else None), ``dtile`` (dA, constant dB, dC) and ``dvec`` (dD, d delta_bias)
+    that ``layout`` reduces."""
+    u, delta = u.contiguous(), delta.contiguous()
+    z = None if z is None else z.contiguous()
+    Bn, Cn = _normalise_bc(B), _normalise_bc(C)
+    A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
+    lay = _Layout(u, A32, Bn, Cn, chunk, block_d)
+    dout = dout.contiguous()
+    dlast = None if dlast is None else dlast.float().contiguous()
+    du, ddelta = torch.empty_like(u), torch.empty_like(delta)
+    dz = None if z is None else torch.empty_like(z)
+    f32 = dict(device=u.device, dtype=torch.float32)
+    tile_size = lay.block_d * lay.block_n
+    scratch = torch.empty(lay.programs * lay.chunk * tile_size, **f32)
+    dtile = torch.zeros(lay.programs, 3, lay.block_d, lay.block_n, **f32)
+    dvec = torch.zeros(lay.programs, 2, lay.block_d, **f32)
+    var_b, var_c = Bn.dim() == 4, Cn.dim() == 4
+    dB_part = torch.empty(lay.programs, lay.dstate, lay.length, **f32) if var_b else None
+    dC_part = torch.empty(lay.programs, lay.dstate, lay.length, **f32) if var_c else None
+    return KernelLaunch(
+        'backward', _scan_backward_kernel, (lay.programs,),
+        (u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32), dout, _or(dlast, A32),
+         saved, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch), _or(dC_part, scratch),
+         dtile, dvec, *lay.args()),
+        dict(VAR_B=var_b, VAR_C=var_c, HAS_D=D is not None, HAS_Z=z is not None,
+             HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus), HAS_DLAST=dlast is not None,
+             BLOCK_D=lay.block_d, BLOCK_N=lay.block_n),
+        num_warps=1, outputs=dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part,
+                                  dtile=dtile, dvec=dvec),
+        layout=lay)
+
+
 def _normalise_bc(m: torch.Tensor) -> torch.Tensor:
     """(b, n, L) -> (b, 1, n, L); (d, n) and (b, G, n, L) unchanged; contiguous, dtype kept."""
     return (m.unsqueeze(1) if m.dim() == 3 else m).contiguous()
@@ -321,62 +421,31 @@ class SelectiveScanTriton(torch.autograd.Function):
                 block_d: int):  # type: ignore[override]
         if u.shape[-1] == 0:
             raise ValueError('the selective scan needs a sequence length of at least 1')
-        u, delta = u.contiguous(), delta.contiguous()
-        z = None if z is None else z.contiguous()
-        Bn, Cn = _normalise_bc(B), _normalise_bc(C)
-        A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
-        lay = _Layout(u, A32, Bn, Cn, chunk, block_d)
-        out = torch.empty_like(u)
-        last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
         save = any(ctx.needs_input_grad)
-        saved = u.new_empty(lay.batch, lay.dim, lay.n_chunks if save else 1, lay.dstate,
-                            dtype=torch.float32)
-        with torch.cuda.device(u.device) if u.is_cuda else _nothing():
-            _scan_forward_kernel[(lay.programs,)](
-                u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32),
-                out, last, saved, *lay.args(),
-                VAR_B=Bn.dim() == 4, VAR_C=Cn.dim() == 4, HAS_D=D is not None, HAS_Z=z is not None,
-                HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus), SAVE=save,
-                BLOCK_D=lay.block_d, BLOCK_N=lay.block_n, num_warps=1)
+        outputs = forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d,
+                                 save).run()
         if save:
-            ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, saved)
+            ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, outputs['saved'])
             ctx.softplus, ctx.chunk, ctx.block_d = bool(softplus), chunk, block_d
-        return out, last
+        return outputs['out'], outputs['last']
 
     @staticmethod
     def backward(ctx, dout, dlast):  # type: ignore[override]
         u, delta, A, B, C, D, z, delta_bias, saved = ctx.saved_tensors
-        Bn, Cn = _normalise_bc(B), _normalise_bc(C)
-        A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
-        lay = _Layout(u, A32, Bn, Cn, ctx.chunk, ctx.block_d)
-        dout = dout.contiguous()
-        dlast = None if dlast is None else dlast.float().contiguous()
-        du, ddelta = torch.empty_like(u), torch.empty_like(delta)
-        dz = None if z is None else torch.empty_like(z)
-        f32 = dict(device=u.device, dtype=torch.float32)
-        tile_size = lay.block_d * lay.block_n
-        scratch = torch.empty(lay.programs * lay.chunk * tile_size, **f32)
-        dtile = torch.zeros(lay.programs, 3, lay.block_d, lay.block_n, **f32)
-        dvec = torch.zeros(lay.programs, 2, lay.block_d, **f32)
-        var_b, var_c = Bn.dim() == 4, Cn.dim() == 4
-        dB_part = torch.empty(lay.programs, lay.dstate, lay.length, **f32) if var_b else None
-        dC_part = torch.empty(lay.programs, lay.dstate, lay.length, **f32) if var_c else None
-        with torch.cuda.device(u.device) if u.is_cuda else _nothing():
-            _scan_backward_kernel[(lay.programs,)](
-                u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32),
-                dout, _or(dlast, A32), saved, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
-                _or(dC_part, scratch), dtile, dvec, *lay.args(),
-                VAR_B=var_b, VAR_C=var_c, HAS_D=D is not None, HAS_Z=z is not None,
-                HAS_BIAS=delta_bias is not None, SOFTPLUS=ctx.softplus, HAS_DLAST=dlast is not None,
-                BLOCK_D=lay.block_d, BLOCK_N=lay.block_n, num_warps=1)
+        launch = backward_launch(u, delta, A, B, C, D, z, delta_bias, saved, dout, dlast,
+                                 ctx.softplus, ctx.chunk, ctx.block_d)
+        grads, lay = launch.run(), launch.layout
+        dtile, dvec = grads['dtile'], grads['dvec']
         n = lay.dstate
         dA = lay.per_channel(dtile[:, 0], n)
-        dB = lay.per_position(dB_part, Bn.shape[1]) if var_b else lay.per_channel(dtile[:, 1], n)
-        dC = lay.per_position(dC_part, Cn.shape[1]) if var_c else lay.per_channel(dtile[:, 2], n)
+        dB = (lay.per_position(grads['dB_part'], _normalise_bc(B).shape[1])
+              if grads['dB_part'] is not None else lay.per_channel(dtile[:, 1], n))
+        dC = (lay.per_position(grads['dC_part'], _normalise_bc(C).shape[1])
+              if grads['dC_part'] is not None else lay.per_channel(dtile[:, 2], n))
         dD = None if D is None else lay.per_channel(dvec[:, 0], 1).view(-1).to(D.dtype)
         dbias = None if delta_bias is None else lay.per_channel(dvec[:, 1], 1).view(-1).to(delta_bias.dtype)
-        return (du, ddelta, dA.to(A.dtype), dB.view(B.shape).to(B.dtype), dC.view(C.shape).to(C.dtype),
-                dD, dz, dbias, None, None, None)
+        return (grads['du'], grads['ddelta'], dA.to(A.dtype), dB.view(B.shape).to(B.dtype),
+                dC.view(C.shape).to(C.dtype), dD, grads['dz'], dbias, None, None, None)
 
 
 class _nothing:
