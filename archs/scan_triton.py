@@ -42,10 +42,13 @@ import torch
 import triton
 import triton.language as tl
 
+from basicsr_ldt.errors import InputError
+
 # Positions per chunk: forward saves one state per chunk; backward recomputes a chunk at a time.
 CHUNK = 64
 # Channels per program (rounded to a power of two, at most the channels of one B/C group).
 BLOCK_D = 16
+INT32_MAX = 2 ** 31 - 1
 
 
 @triton.jit
@@ -63,17 +66,53 @@ def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 
 
+# Offsets. A product of sizes can pass 2**31 - 1: b*dim*L already at batch 1 for a 1024 x 1024
+# image at MambaIR's 1440 channels (1.5e9 elements) and at batch 2, the dB/dC partial sums
+# (programs*n*L) likewise. So the batch index and the program index are int64 and every offset
+# built from them is; offsets inside one sequence, one channel's row or one program's slot stay
+# 32-bit, within the limits _Layout checks. Each offset is one helper, evaluated by the tests.
 @triton.jit
-def _program_coordinates(dim, group_size, BLOCK_D: tl.constexpr):
-    """(batch index, first channel of the group, channel indices, their mask) of this program."""
-    pid = tl.program_id(0)
+def _program_coordinates(pid, dim, group_size, BLOCK_D: tl.constexpr):
+    """(batch index (int64), first channel of the group, channel indices, their mask) of
+    program ``pid``."""
     blocks = (group_size + BLOCK_D - 1) // BLOCK_D
     groups = dim // group_size
-    bi = pid // (groups * blocks)
+    bi = (pid // (groups * blocks)).to(tl.int64)
     grp = (pid // blocks) % groups
     d_in = (pid % blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = d_in < group_size
     return bi, grp * group_size, grp * group_size + d_in, mask_d
+
+
+@triton.jit
+def _sequence_rows(bi, dim, d, length):
+    """Offsets of position 0 of channels ``d`` of batch ``bi`` in a (b, dim, L) tensor."""
+    return (bi * dim + d) * length
+
+
+@triton.jit
+def _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, n):
+    """Offsets of the (channels d, states n) tile entering chunk ``c`` in the saved
+    (b, dim, n_chunks, dstate) states."""
+    return ((bi * dim + d[:, None]) * n_chunks + c) * dstate + n[None, :]
+
+
+@triton.jit
+def _last_state_offsets(bi, dim, dstate, tile):
+    """Offsets of a (channels, states) ``tile`` of batch ``bi`` in a (b, dim, dstate) tensor."""
+    return bi * dim * dstate + tile
+
+
+@triton.jit
+def _program_slot(pid, slots, slot_size):
+    """Start of program ``pid``'s ``slots`` x ``slot_size`` elements in a per-program buffer."""
+    return pid.to(tl.int64) * slots * slot_size
+
+
+@triton.jit
+def _partial_rows(pid, dstate, n, length):
+    """Offsets of program ``pid``'s rows ``n`` in the (programs, dstate, L) dB/dC partial sums."""
+    return (pid.to(tl.int64) * dstate + n) * length
 
 
 @triton.jit
@@ -116,13 +155,13 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
                          VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                          HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                          SAVE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    bi, g0, d, mask_d = _program_coordinates(dim, group_size, BLOCK_D)
+    bi, g0, d, mask_d = _program_coordinates(tl.program_id(0), dim, group_size, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     mask_n = n < dstate
     mask = mask_d[:, None] & mask_n[None, :]
     tile = d[:, None] * dstate + n[None, :]
     A = tl.load(A_ptr + tile, mask=mask, other=0.0)
-    row = (bi * dim + d) * length  # (b, d, 0) offsets of the (b, d, L) tensors
+    row = _sequence_rows(bi, dim, d, length)  # (b, d, 0) offsets of the (b, d, L) tensors
     b_row, B_tile = _projection_source(B_ptr, tile, mask, bi, dim, b_chans, g0, dstate, n, length, VAR_B)
     c_row, C_tile = _projection_source(C_ptr, tile, mask, bi, dim, c_chans, g0, dstate, n, length, VAR_C)
     if HAS_D:
@@ -130,11 +169,11 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
     bias = 0.0
     if HAS_BIAS:
         bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0)
-    state_row = (bi * dim + d[:, None]) * n_chunks
     h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     for c in range(0, n_chunks):
         if SAVE:  # the state entering chunk c, from which backward recomputes the chunk
-            tl.store(saved_ptr + (state_row + c) * dstate + n[None, :], h, mask=mask)
+            tl.store(saved_ptr + _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, n), h,
+                     mask=mask)
         t0 = c * chunk
         for t in range(t0, tl.minimum(t0 + chunk, length)):
             ut = tl.load(u_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
@@ -150,7 +189,7 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
                 zt = tl.load(z_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
                 y = y * zt * _sigmoid(zt)
             tl.store(out_ptr + row + t, y, mask=mask_d)
-    tl.store(last_ptr + tile + bi * dim * dstate, h, mask=mask)
+    tl.store(last_ptr + _last_state_offsets(bi, dim, dstate, tile), h, mask=mask)
 
 
 @triton.jit
@@ -165,17 +204,17 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
     channels (variable B/C) or per (channel, state) summed over positions (constant B/C, into
     the dtile slots 1 and 2); the dA tile in dtile slot 0; dD and d(delta_bias) in dvec."""
     pid = tl.program_id(0)
-    bi, g0, d, mask_d = _program_coordinates(dim, group_size, BLOCK_D)
+    bi, g0, d, mask_d = _program_coordinates(pid, dim, group_size, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     mask_n = n < dstate
     mask = mask_d[:, None] & mask_n[None, :]
     tile = d[:, None] * dstate + n[None, :]
     local = tl.arange(0, BLOCK_D)[:, None] * BLOCK_N + n[None, :]  # offsets inside one tile
     tile_size = BLOCK_D * BLOCK_N
-    scratch = scratch_ptr + pid * chunk * tile_size + local
+    scratch = scratch_ptr + _program_slot(pid, chunk, tile_size) + local
     A = tl.load(A_ptr + tile, mask=mask, other=0.0)
-    row = (bi * dim + d) * length
-    part_row = (pid * dstate + n) * length  # this program's slice of the dB/dC partial sums
+    row = _sequence_rows(bi, dim, d, length)
+    part_row = _partial_rows(pid, dstate, n, length)  # this program's dB/dC partial sums
     b_row, B_tile = _projection_source(B_ptr, tile, mask, bi, dim, b_chans, g0, dstate, n, length, VAR_B)
     c_row, C_tile = _projection_source(C_ptr, tile, mask, bi, dim, c_chans, g0, dstate, n, length, VAR_C)
     if not VAR_B:  # constant B and C: their gradients are summed over positions in registers
@@ -188,18 +227,19 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
     if HAS_BIAS:
         bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0)
     if HAS_DLAST:  # adjoint of the state, starting from the gradient of the last state
-        g = tl.load(dlast_ptr + tile + bi * dim * dstate, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dlast_ptr + _last_state_offsets(bi, dim, dstate, tile), mask=mask,
+                    other=0.0).to(tl.float32)
     else:
         g = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     dA_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    state_row = (bi * dim + d[:, None]) * n_chunks
     for ci in range(0, n_chunks):
         c = n_chunks - 1 - ci
         t0 = c * chunk
         t1 = tl.minimum(t0 + chunk, length)
-        h0 = tl.load(saved_ptr + (state_row + c) * dstate + n[None, :], mask=mask, other=0.0)
+        h0 = tl.load(saved_ptr + _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, n),
+                     mask=mask, other=0.0)
         h = h0
         for t in range(t0, t1):  # recompute the chunk's states into the scratch buffer
             ut = tl.load(u_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
@@ -262,13 +302,13 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
             tl.store(ddelta_ptr + row + t, ddt, mask=mask_d)
             g = g * a  # gradient w.r.t. h[t-1]
         tl.debug_barrier()  # the next chunk overwrites the scratch states read above
-    dtile = dtile_ptr + pid * 3 * tile_size + local
+    dtile = dtile_ptr + _program_slot(pid, 3, tile_size) + local
     tl.store(dtile, dA_acc)
     if not VAR_B:
         tl.store(dtile + tile_size, dB_acc)
     if not VAR_C:
         tl.store(dtile + 2 * tile_size, dC_acc)
-    dvec = dvec_ptr + pid * 2 * BLOCK_D + tl.arange(0, BLOCK_D)
+    dvec = dvec_ptr + _program_slot(pid, 2, BLOCK_D) + tl.arange(0, BLOCK_D)
     tl.store(dvec, dD_acc)
     tl.store(dvec + BLOCK_D, dbias_acc)
 
@@ -294,6 +334,21 @@ class _Layout:
         self.block_n = triton.next_power_of_2(self.dstate)
         self.blocks = -(-self.group_size // self.block_d)
         self.programs = self.batch * groups * self.blocks
+        self._check_32_bit_limits(tuple(u.shape))
+
+    def _check_32_bit_limits(self, shape: Tuple[int, ...]) -> None:
+        """Refuse, before any work, what the kernels' remaining 32-bit indices cannot address:
+        positions within one sequence, offsets within one program's scratch slot and the A tile,
+        and the launch grid (at most 2**31 - 1 programs on CUDA)."""
+        for what, value in (('positions L + chunk', self.length + self.chunk),
+                            ('chunk x state tile', self.chunk * self.block_d * self.block_n),
+                            ('dim x d_state', self.dim * self.dstate),
+                            ('programs', self.programs)):
+            if value > INT32_MAX:
+                raise InputError(
+                    f'the Triton selective scan cannot take u of shape {shape} (batch, dim, L): '
+                    f'its {what} = {value} passes 2**31 - 1, which its 32-bit indices address. '
+                    f'Split the image into tiles, or use scan_backend: torch.')
 
     def args(self) -> Tuple[int, ...]:
         return (self.dim, self.length, self.dstate, self.group_size, self.b_chans, self.c_chans,

@@ -20,6 +20,9 @@ import archs  # noqa: E402,F401
 import archs.selective_scan as scan_module  # noqa: E402
 from archs.selective_scan import (BACKEND_ENV, ScanBackendUnavailable, resolve_backend,  # noqa: E402
                                   select_kernel, selective_scan)
+import archs.scan_triton as scan_triton  # noqa: E402  (kernels interpreted: see `interpreted`)
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from basicsr_ldt.errors import InputError  # noqa: E402
 from conftest import load_script  # noqa: E402
 from test_selective_scan import make_inputs, sequential_reference  # noqa: E402
@@ -158,6 +161,66 @@ def test_backward_keeps_one_state_per_chunk(interpreted):
         again, _ = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=8)
     assert again.grad_fn is None
     torch.testing.assert_close(again, out.detach(), rtol=0, atol=0)
+
+
+@triton.jit
+def _offsets_probe(rows_ptr, part_ptr, state_ptr, last_ptr, slot_ptr, pid, dim, length, dstate,
+                   group_size, n_chunks, chunk, c, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The kernels' own offset helpers for program ``pid`` (any pid: no grid of that size is
+    launched), written to int64 outputs."""
+    bi, g0, d, mask_d = scan_triton._program_coordinates(pid, dim, group_size, BLOCK_D)
+    k, n = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_N)
+    tile = d[:, None] * dstate + n[None, :]
+    square = k[:, None] * BLOCK_N + n[None, :]
+    tl.store(rows_ptr + k, scan_triton._sequence_rows(bi, dim, d, length))
+    tl.store(part_ptr + n, scan_triton._partial_rows(pid, dstate, n, length))
+    tl.store(state_ptr + square, scan_triton._chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, n))
+    tl.store(last_ptr + square, scan_triton._last_state_offsets(bi, dim, dstate, tile))
+    tl.store(slot_ptr, scan_triton._program_slot(pid, chunk, BLOCK_D * BLOCK_N))
+    tl.store(slot_ptr + 1, scan_triton._program_slot(pid, 3, BLOCK_D * BLOCK_N))
+
+
+@pytest.mark.parametrize('batch, length', [(2, 1024 * 1024), (2000, 48 * 48)])
+def test_offsets_past_2_31_are_exact(interpreted, batch, length):
+    """The last program's offsets at MambaIR's 1440 channels (4 groups of 360, 16 states), where
+    b*dim*L passes 2**31: a 1024x1024 image at batch 2, and training patches at batch 2000 (the
+    per-program scratch slots pass it there). Reference: Python integers of the same layout
+    (channel c of group g in block k is g*360 + k*16 + c; tensors row-major)."""
+    dim, group, dstate, chunk, bd, bn = 1440, 360, 16, 64, 16, 16
+    blocks = -(-group // bd)
+    pid = batch * (dim // group) * blocks - 1
+    n_chunks = -(-length // chunk)
+    c = n_chunks - 1
+    bi, grp, blk = pid // (dim // group * blocks), pid // blocks % (dim // group), pid % blocks
+    chans = [grp * group + blk * bd + i for i in range(bd)]
+    expected = {
+        'rows': [(bi * dim + ch) * length for ch in chans],
+        'part': [(pid * dstate + j) * length for j in range(bn)],
+        'state': [[((bi * dim + ch) * n_chunks + c) * dstate + j for j in range(bn)] for ch in chans],
+        'last': [[bi * dim * dstate + ch * dstate + j for j in range(bn)] for ch in chans],
+        'slot': [pid * chunk * bd * bn, pid * 3 * bd * bn]}
+    got = {k: torch.zeros(torch.tensor(v).shape, dtype=torch.int64) for k, v in expected.items()}
+    _offsets_probe[(1,)](got['rows'], got['part'], got['state'], got['last'], got['slot'], pid, dim,
+                         length, dstate, group, n_chunks, chunk, c, BLOCK_D=bd, BLOCK_N=bn)
+    assert max(max(torch.tensor(v).view(-1).tolist()) for v in expected.values()) > 2 ** 31
+    for name, value in expected.items():
+        assert got[name].tolist() == value, name
+
+
+def test_shapes_past_the_kernels_32_bit_limits_are_refused_by_name_before_any_work(interpreted):
+    """A sequence of 2**31 positions (an image of 46341 x 46341 pixels) cannot be indexed by the
+    kernels' 32-bit positions: refused with the shape named, before anything is allocated
+    (meta tensors: shapes only)."""
+    def meta(*shape):
+        return torch.empty(*shape, device='meta')
+    L = 2 ** 31
+    with pytest.raises(InputError, match=r'shape \(1, 8, 2147483648\).*positions L \+ chunk'):
+        interpreted.forward_launch(meta(1, 8, L), meta(1, 8, L), meta(8, 4), meta(1, 2, 4, L),
+                                   meta(1, 2, 4, L), None, None, None, True)
+    launch = interpreted.forward_launch(meta(1, 8, L - 65), meta(1, 8, L - 65), meta(8, 4),
+                                        meta(1, 2, 4, L - 65), meta(1, 2, 4, L - 65), None, None,
+                                        None, True)  # the longest sequence it takes
+    assert launch.grid == (2,)
 
 
 def test_mambair_with_the_triton_backend_matches_the_torch_backend(interpreted):
