@@ -477,6 +477,10 @@ class SelectiveScanTriton(torch.autograd.Function):
         if u.shape[-1] == 0:
             raise ValueError('the selective scan needs a sequence length of at least 1')
         save = any(ctx.needs_input_grad)
+        # An output that no loss uses gets None in backward, not zeros: without the last
+        # state's gradient (MambaIR never uses the last state) the kernel is compiled without
+        # that work (HAS_DLAST=False).
+        ctx.set_materialize_grads(False)
         outputs = forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d,
                                  save).run()
         if save:
@@ -487,6 +491,8 @@ class SelectiveScanTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlast):  # type: ignore[override]
         u, delta, A, B, C, D, z, delta_bias, saved = ctx.saved_tensors
+        if dout is None:  # only the last state is used
+            dout = torch.zeros_like(u)
         launch = backward_launch(u, delta, A, B, C, D, z, delta_bias, saved, dout, dlast,
                                  ctx.softplus, ctx.chunk, ctx.block_d)
         grads, lay = launch.run(), launch.layout

@@ -163,6 +163,33 @@ def test_backward_keeps_one_state_per_chunk(interpreted):
     torch.testing.assert_close(again, out.detach(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize('used', ['output', 'last state', 'both'])
+def test_backward_does_final_state_work_only_when_its_gradient_is_needed(interpreted, monkeypatch, used):
+    """Only the outputs a loss uses get a gradient: with the output alone (MambaIR's case) the
+    backward kernel runs without the last state's gradient (HAS_DLAST off, its branch compiled
+    out), with the last state alone the output gradient is zero; every gradient equals the
+    float64 reference of the same loss."""
+    launches = []
+    real = interpreted.backward_launch
+    monkeypatch.setattr(interpreted, 'backward_launch',
+                        lambda *a, **k: launches.append(real(*a, **k)) or launches[-1])
+    args, softplus = make_inputs('grouped', 19, 'D+bias+softplus', dim=4, groups=2)
+    out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=8)
+    ref_out, ref_last = sequential_reference(**args, delta_softplus=softplus)
+
+    def loss(o, s):
+        w_out = torch.randn(o.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+        w_last = torch.randn(s.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+        return ((o.double() * w_out).sum() if used != 'last state' else 0) + \
+            ((s.double() * w_last).sum() if used != 'output' else 0)
+    grads = torch.autograd.grad(loss(out, last), list(args.values()))
+    refs = torch.autograd.grad(loss(ref_out, ref_last), list(args.values()), allow_unused=True)
+    assert [launch.constexprs['HAS_DLAST'] for launch in launches] == [used != 'output']
+    for (name, a), g, r in zip(args.items(), grads, refs):  # (the last state does not use C)
+        r = torch.zeros_like(a) if r is None else r.float()
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4, msg=f'gradient of {name}')
+
+
 @triton.jit
 def _offsets_probe(rows_ptr, part_ptr, state_ptr, last_ptr, slot_ptr, pid, dim, length, dstate,
                    group_size, n_chunks, chunk, c, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
