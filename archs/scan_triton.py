@@ -49,11 +49,14 @@ so gradients are deterministic. Offsets that can pass 2**31 - 1 (batch x dim x L
 scratch) are formed in 64 bits: every one starts from the int64 batch index.
 """
 import math
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
+
+from basicsr_ldt.errors import InputError
 
 # Positions per chunk (at least; longer sequences get longer chunks, see MAX_CHUNKS).
 CHUNK = 64
@@ -63,7 +66,7 @@ MAX_CHUNKS = 128
 BLOCK_D = 32
 # Consecutive positions per lane and sub-tile: one 16-byte float32 load per row.
 SUB = 4
-LOG2E = 1.4426950408889634
+INT32_MAX = 2 ** 31 - 1
 
 
 @triton.jit
@@ -108,16 +111,58 @@ def _shift_left(tile, kk, carry, SUB: tl.constexpr):
     return out
 
 
+# Offsets. A product of sizes can pass 2**31 - 1: b*dim*L already at batch 1 for a 1024 x 1024
+# image at MambaIR's 1440 channels (1.5e9 elements), and the dB/dC partial sums and the scratch
+# likewise. So the batch index is int64 and every offset built from it is; offsets inside one
+# sequence (positions), one channel block or one program's slot stay 32-bit, within the limits
+# _Layout checks. Each offset is one helper, evaluated by the tests at sizes past 2**31.
 @triton.jit
-def _coordinates(dim, group_size, BLOCK_D: tl.constexpr):
-    """(chunk, batch index (int64), block index, first channel of the group, channels, mask)."""
-    c = tl.program_id(0)
-    blk = tl.program_id(1)
-    bi = tl.program_id(2).to(tl.int64)
+def _program_coordinates(bi, blk, dim, group_size, BLOCK_D: tl.constexpr):
+    """(batch index (int64), first channel of the group, channel indices, their mask) of the
+    programs of channel block ``blk`` (blocks of one group are consecutive) and batch ``bi``."""
     blocks = (group_size + BLOCK_D - 1) // BLOCK_D
     g0 = (blk // blocks) * group_size
     d_in = (blk % blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
-    return c, bi, blk, g0, g0 + d_in, d_in < group_size
+    return bi.to(tl.int64), g0, g0 + d_in, d_in < group_size
+
+
+@triton.jit
+def _sequence_rows(bi, dim, d, length):
+    """Offsets of position 0 of channels ``d`` of batch ``bi`` in a (b, dim, L) tensor."""
+    return (bi * dim + d) * length
+
+
+@triton.jit
+def _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, n):
+    """Offsets of the (channels d, states n) tile of chunk ``c`` in a (b, dim, n_chunks, dstate)
+    tensor (the states or adjoints entering the chunks)."""
+    return ((bi * dim + d[:, None]) * n_chunks + c) * dstate + n[None, :]
+
+
+@triton.jit
+def _chunk_sum_offsets(bi, dim, d, n_chunks, c):
+    """Offsets of channels ``d``, chunk ``c`` in the (b, dim, n_chunks) sums of delta."""
+    return (bi * dim + d) * n_chunks + c
+
+
+@triton.jit
+def _last_state_offsets(bi, dim, dstate, tile):
+    """Offsets of a (channels, states) ``tile`` of batch ``bi`` in a (b, dim, dstate) tensor."""
+    return bi * dim * dstate + tile
+
+
+@triton.jit
+def _program_slot(bi, blk, blocks, n_chunks, c, slot_size):
+    """Start of program (chunk ``c``, block ``blk``, batch ``bi``)'s ``slot_size`` elements in a
+    per-program buffer laid out (b, blocks, n_chunks, slot_size)."""
+    return ((bi.to(tl.int64) * blocks + blk) * n_chunks + c) * slot_size
+
+
+@triton.jit
+def _partial_rows(bi, blk, blocks, dstate, length):
+    """Offset of (block ``blk``, state 0, position 0) of batch ``bi`` in the
+    (b, blocks, dstate, L) dB/dC partial sums."""
+    return (bi.to(tl.int64) * blocks + blk) * dstate * length
 
 
 @triton.jit
@@ -167,12 +212,13 @@ def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
                           SUB: tl.constexpr):
     """OUTPUT=False: the chunk from a zero state; its end state into ``states`` and the sum of
     its deltas into ``dsum``. OUTPUT=True: the chunk from the state in ``states``; the output."""
-    c, bi, blk, g0, d, mask_d = _coordinates(dim, group_size, BLOCK_D)
+    c, blk = tl.program_id(0), tl.program_id(1)
+    bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
     nn = tl.arange(0, BLOCK_N)
     kk = tl.arange(0, SUB)
     mask_dn = mask_d[:, None] & (nn < dstate)[None, :]
-    row = (bi * dim + d) * length  # (b, d, 0) of the (b, d, L) tensors, int64
-    state = ((bi * dim + d[:, None]) * n_chunks + c) * dstate + nn[None, :]
+    row = _sequence_rows(bi, dim, d, length)  # (b, d, 0) of the (b, d, L) tensors
+    state = _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn)
     b_row = _bc_row(bi, dim, b_chans, g0, dstate, length, VAR_B)
     c_row = _bc_row(bi, dim, c_chans, g0, dstate, length, VAR_C)
     bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -214,7 +260,7 @@ def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
             tl.store(out_ptr + offs, y, mask=m2)
     if not OUTPUT:
         tl.store(states_ptr + state, h, mask=mask_dn)
-        tl.store(dsum_ptr + (bi * dim + d) * n_chunks + c, dsum, mask=mask_d)
+        tl.store(dsum_ptr + _chunk_sum_offsets(bi, dim, d, n_chunks, c), dsum, mask=mask_d)
 
 
 @triton.jit
@@ -230,17 +276,16 @@ def _carry_kernel(A_ptr, states_ptr, dsum_ptr, start_ptr, last_ptr, dim, dstate,
     mask_d = d < dim
     mask = mask_d[:, None] & (nn < dstate)[None, :]
     A2 = tl.load(A_ptr + d[:, None] * dstate + nn[None, :], mask=mask, other=0.0) * 1.4426950408889634
-    rows = (bi * dim + d) * n_chunks
-    tile = (bi * dim + d[:, None]) * dstate + nn[None, :]
+    tile = _last_state_offsets(bi, dim, dstate, d[:, None] * dstate + nn[None, :])
     if HAS_START:
         carry = tl.load(start_ptr + tile, mask=mask, other=0.0).to(tl.float32)
     else:
         carry = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     for i in range(0, n_chunks):
         c = n_chunks - 1 - i if REVERSE else i
-        offs = (rows[:, None] + c) * dstate + nn[None, :]
+        offs = _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn)
         own = tl.load(states_ptr + offs, mask=mask, other=0.0)
-        total = tl.load(dsum_ptr + rows + c, mask=mask_d, other=0.0)
+        total = tl.load(dsum_ptr + _chunk_sum_offsets(bi, dim, d, n_chunks, c), mask=mask_d, other=0.0)
         tl.store(states_ptr + offs, carry, mask=mask)
         carry = tl.exp2(A2 * total[:, None]) * carry + own
     tl.store(last_ptr + tile, carry, mask=mask)
@@ -261,12 +306,13 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     program's channels (varying B/C, ``dB``/``dC``) or per (channel, state) summed over the
     chunk (constant, ``dtile`` slots 1, 2); dA in ``dtile`` slot 0; dD, d(delta_bias) in
     ``dvec``."""
-    c, bi, blk, g0, d, mask_d = _coordinates(dim, group_size, BLOCK_D)
+    c, blk, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
     nn = tl.arange(0, BLOCK_N)
     kk = tl.arange(0, SUB)
     mask_dn = mask_d[:, None] & (nn < dstate)[None, :]
-    row = (bi * dim + d) * length
-    state = ((bi * dim + d[:, None]) * n_chunks + c) * dstate + nn[None, :]
+    row = _sequence_rows(bi, dim, d, length)
+    state = _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn)
     b_row = _bc_row(bi, dim, b_chans, g0, dstate, length, VAR_B)
     c_row = _bc_row(bi, dim, c_chans, g0, dstate, length, VAR_C)
     bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -277,11 +323,9 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
     last_sub = t0 + ((t1 - t0 - 1) // SUB) * SUB  # first position of the chunk's last sub-tile
-    # this program's slots: per-position partial sums and per-program tiles
-    program = (bi * tl.num_programs(1) + blk) * n_chunks + c
-    local = tl.arange(0, BLOCK_D)[:, None] * BLOCK_N + nn[None, :]
+    local = tl.arange(0, BLOCK_D)[:, None] * BLOCK_N + nn[None, :]  # offsets inside one tile
     tile_size = BLOCK_D * BLOCK_N
-    scratch = scratch_ptr + program * (chunk // SUB) * tile_size + local
+    scratch = scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * tile_size) + local
     if GRADS:
         # states entering each sub-tile, recomputed forward from the chunk's entering state
         h = tl.load(states_ptr + state, mask=mask_dn, other=0.0)
@@ -305,7 +349,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         dC_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
         dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
         dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        part = (bi * tl.num_programs(1) + blk) * dstate * length  # dB/dC partial sums, int64
+        part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
     else:
         r = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     for i in range(0, (t1 - t0 + SUB - 1) // SUB):
@@ -376,13 +420,13 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             tl.store(du_ptr + offs, du, mask=m2)
             tl.store(ddelta_ptr + offs, ddt, mask=m2)
     if GRADS:
-        dtile = dtile_ptr + program * 3 * tile_size + local
+        dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 3 * tile_size) + local
         tl.store(dtile, dA_acc)
         if not VAR_B:
             tl.store(dtile + tile_size, dB_acc)
         if not VAR_C:
             tl.store(dtile + 2 * tile_size, dC_acc)
-        dvec = dvec_ptr + program * 2 * BLOCK_D + tl.arange(0, BLOCK_D)
+        dvec = dvec_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 2 * BLOCK_D) + tl.arange(0, BLOCK_D)
         tl.store(dvec, dD_acc)
         tl.store(dvec + BLOCK_D, dbias_acc)
     else:
@@ -413,10 +457,24 @@ class _Layout:
         self.blocks = -(-self.group_size // self.block_d)
         self.fine = groups
         self.grid = (self.n_chunks, groups * self.blocks, self.batch)
-        self.programs = self.n_chunks * groups * self.blocks * self.batch
-        if self.grid[1] > 65535 or self.batch > 65535:
-            raise ValueError(f'the Triton selective scan launches (chunks, channel blocks, batch) = '
-                             f'{self.grid} programs; channel blocks and batch must be at most 65535')
+        self.carry_grid = (triton.cdiv(self.dim, BLOCK_D), self.batch)
+        self.programs = math.prod(self.grid)
+        self._check_limits(tuple(u.shape))
+
+    def _check_limits(self, shape: Tuple[int, ...]) -> None:
+        """Refuse, before any work, what the kernels' 32-bit indices (positions within one
+        sequence, offsets within one program's slot, the A tile) or CUDA's grid (at most 65535
+        programs along its second and third axes) cannot address."""
+        for what, value, limit in (('positions L + chunk', self.length + self.chunk, INT32_MAX),
+                                   ('chunk x state tile', self.chunk * self.block_d * self.block_n, INT32_MAX),
+                                   ('dim x d_state', self.dim * self.dstate, INT32_MAX),
+                                   ('channel blocks', self.grid[1], 65535),
+                                   ('batch', self.batch, 65535)):
+            if value > limit:
+                raise InputError(
+                    f'the Triton selective scan cannot take u of shape {shape} (batch, dim, L): '
+                    f'its {what} = {value} passes {limit}, the most its indices or launch grid '
+                    f'address. Split the input, or use scan_backend: torch.')
 
     def args(self) -> Tuple[int, ...]:
         return (self.dim, self.length, self.group_size, self.b_chans, self.c_chans,
@@ -434,6 +492,128 @@ class _Layout:
         return part.sum(2)
 
 
+@dataclass
+class KernelLaunch:
+    """One kernel launch, complete: ``kernel[grid](*args, num_warps=num_warps, **constexprs)``.
+
+    ``args`` are the kernel's non-constexpr parameters in order (tensors and Python ints; on a GPU
+    Triton specialises on them: pointer alignment, ints divisible by 16, ints past 2**31 - 1 as
+    int64), ``constexprs`` its constexpr parameters by name. ``updates_per_pass``: state updates
+    (channel, state, position) one warp makes per pass of the kernel's sequence loop (0 for the
+    carry kernel, whose loop walks chunks), so that static figures can be put per update."""
+    name: str
+    kernel: Any
+    grid: Tuple[int, ...]
+    args: Tuple[Any, ...]
+    constexprs: Dict[str, Any]
+    num_warps: int
+    updates_per_pass: int = 0
+
+    def run(self) -> None:
+        device = self.args[0].device
+        with torch.cuda.device(device) if device.type == 'cuda' else _nothing():
+            self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.constexprs)
+
+
+@dataclass
+class ScanLaunches:
+    """The launches of one direction, run in order, the tensors they write (``outputs``) and
+    the shapes the caller needs afterwards (``layout``)."""
+    launches: List[KernelLaunch]
+    outputs: Dict[str, Optional[torch.Tensor]]
+    layout: _Layout
+
+    def run(self) -> Dict[str, Optional[torch.Tensor]]:
+        for launch in self.launches:
+            launch.run()
+        return self.outputs
+
+
+def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
+    """Contiguous inputs in the kernels' argument order, the flags they are compiled for, and
+    the layout."""
+    u, delta = u.contiguous(), delta.contiguous()
+    z = None if z is None else z.contiguous()
+    Bn, Cn = _normalise_bc(B), _normalise_bc(C)
+    A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
+    lay = _Layout(u, A32, Bn, Cn, chunk, block_d)
+    inputs = (u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32))
+    flags = dict(VAR_B=Bn.dim() == 4, VAR_C=Cn.dim() == 4, HAS_D=D is not None, HAS_Z=z is not None,
+                 HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus), dstate=lay.dstate,
+                 BLOCK_D=lay.block_d, BLOCK_N=lay.block_n, SUB=SUB)
+    return inputs, flags, lay
+
+
+def _chunk_launch(name, kernel, lay, args, flags, **mode) -> KernelLaunch:
+    return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
+                        updates_per_pass=lay.block_d * lay.dstate * SUB)
+
+
+def _carry_launch(name, lay, A32, own, dsum, start, last, reverse: bool) -> KernelLaunch:
+    return KernelLaunch(name, _carry_kernel, lay.carry_grid,
+                        (A32, own, dsum, _or(start, A32), last, lay.dim, lay.dstate, lay.n_chunks),
+                        dict(REVERSE=reverse, HAS_START=start is not None, BLOCK_D=BLOCK_D,
+                             BLOCK_N=lay.block_n), num_warps=1)
+
+
+def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: int = CHUNK,
+                   block_d: int = BLOCK_D) -> ScanLaunches:
+    """The forward's launches for these inputs (shapes and dtypes as :func:`selective_scan_triton`).
+    Outputs: ``out`` (u's dtype), ``last`` (float32 last state), ``saved`` (the float32 states
+    entering the chunks, kept for backward) and ``dsum`` (each chunk's sum of delta).
+
+    This is the one description of the launches: :class:`SelectiveScanTriton` runs them, and
+    ``scripts/scan_static_report.py`` compiles them for GPUs it does not have, by calling this
+    with tensors on the ``meta`` device (shapes and dtypes only, nothing allocated). So it must
+    do nothing but prepare inputs, allocate outputs on the inputs' device and describe the
+    launches; it must never read tensor values."""
+    inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d)
+    u = inputs[0]
+    out = torch.empty_like(u)
+    last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
+    saved = u.new_empty(lay.batch, lay.dim, lay.n_chunks, lay.dstate, dtype=torch.float32)
+    dsum = u.new_empty(lay.batch, lay.dim, lay.n_chunks, dtype=torch.float32)
+    args = (*inputs, out, saved, dsum, *lay.args())
+    return ScanLaunches([
+        _chunk_launch('forward: chunks from zero', _forward_chunk_kernel, lay, args, flags, OUTPUT=False),
+        _carry_launch('forward: carries', lay, inputs[2], saved, dsum, None, last, reverse=False),
+        _chunk_launch('forward: output', _forward_chunk_kernel, lay, args, flags, OUTPUT=True),
+    ], dict(out=out, last=last, saved=saved, dsum=dsum), lay)
+
+
+def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, dsum: torch.Tensor,
+                    dout: torch.Tensor, dlast: Optional[torch.Tensor], softplus: bool,
+                    chunk: int = CHUNK, block_d: int = BLOCK_D) -> ScanLaunches:
+    """The backward's launches (same contract as :func:`forward_launch`): the forward's inputs,
+    its ``saved`` states and ``dsum``, the output gradient ``dout`` and the last state's gradient
+    ``dlast`` (None: not needed, the carry kernel is compiled without it). Outputs: ``du``,
+    ``ddelta``, ``dz`` (or None), and the partial sums ``dB_part``/``dC_part`` (variable B/C,
+    else None), ``dtile`` (dA, constant dB, dC) and ``dvec`` (dD, d delta_bias) that ``layout``
+    reduces."""
+    inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d)
+    u, delta = inputs[0], inputs[1]
+    dout = dout.contiguous()
+    dlast = None if dlast is None else dlast.float().contiguous()
+    du, ddelta = torch.empty_like(u), torch.empty_like(delta)
+    dz = None if z is None else torch.empty_like(inputs[6])
+    f32 = dict(dtype=torch.float32)
+    tile_size = lay.block_d * lay.block_n
+    adj = torch.empty_like(saved)
+    dinit = u.new_empty(lay.batch, lay.dim, lay.dstate, **f32)  # gradient of the zero initial state
+    scratch = u.new_empty(lay.programs * (lay.chunk // SUB) * tile_size, **f32)
+    dtile = u.new_zeros(lay.programs, 3, lay.block_d, lay.block_n, **f32)
+    dvec = u.new_empty(lay.programs, 2, lay.block_d, **f32)
+    dB_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_B'] else None
+    dC_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_C'] else None
+    args = (*inputs, dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
+            _or(dC_part, scratch), dtile, dvec, *lay.args())
+    return ScanLaunches([
+        _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, GRADS=False),
+        _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
+        _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, GRADS=True),
+    ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
+
+
 def _normalise_bc(m: torch.Tensor) -> torch.Tensor:
     """(b, n, L) -> (b, 1, n, L); (d, n) and (b, G, n, L) unchanged; contiguous, dtype kept."""
     return (m.unsqueeze(1) if m.dim() == 3 else m).contiguous()
@@ -441,11 +621,6 @@ def _normalise_bc(m: torch.Tensor) -> torch.Tensor:
 
 def _float(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.float().contiguous()
-
-
-def _flags(Bn, Cn, D, z, delta_bias, softplus) -> dict:
-    return dict(VAR_B=Bn.dim() == 4, VAR_C=Cn.dim() == 4, HAS_D=D is not None, HAS_Z=z is not None,
-                HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus))
 
 
 class SelectiveScanTriton(torch.autograd.Function):
@@ -456,72 +631,34 @@ class SelectiveScanTriton(torch.autograd.Function):
                 block_d: int):  # type: ignore[override]
         if u.shape[-1] == 0:
             raise ValueError('the selective scan needs a sequence length of at least 1')
-        u, delta = u.contiguous(), delta.contiguous()
-        z = None if z is None else z.contiguous()
-        Bn, Cn = _normalise_bc(B), _normalise_bc(C)
-        A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
-        lay = _Layout(u, A32, Bn, Cn, chunk, block_d)
-        f32 = dict(device=u.device, dtype=torch.float32)
-        out = torch.empty_like(u)
-        last = torch.empty(lay.batch, lay.dim, lay.dstate, **f32)
-        states = torch.empty(lay.batch, lay.dim, lay.n_chunks, lay.dstate, **f32)
-        dsum = torch.empty(lay.batch, lay.dim, lay.n_chunks, **f32)
-        inputs = (u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32))
-        tiles = dict(_flags(Bn, Cn, D, z, delta_bias, softplus), dstate=lay.dstate, BLOCK_D=lay.block_d,
-                     BLOCK_N=lay.block_n, SUB=SUB)
-        with torch.cuda.device(u.device) if u.is_cuda else _nothing():
-            for output in (False, True):
-                _forward_chunk_kernel[lay.grid](*inputs, out, states, dsum, *lay.args(), OUTPUT=output,
-                                                num_warps=1, **tiles)
-                if not output:
-                    _carry_kernel[(triton.cdiv(lay.dim, BLOCK_D), lay.batch)](
-                        A32, states, dsum, A32, last, lay.dim, lay.dstate, lay.n_chunks, REVERSE=False,
-                        HAS_START=False, BLOCK_D=BLOCK_D, BLOCK_N=lay.block_n, num_warps=1)
+        # An output that no loss uses gets None in backward, not zeros: without the last
+        # state's gradient (MambaIR never uses the last state) the reverse carry kernel is
+        # compiled without that work (HAS_START=False).
+        ctx.set_materialize_grads(False)
+        outputs = forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d).run()
         if any(ctx.needs_input_grad):
-            ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, states, dsum)
+            ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, outputs['saved'], outputs['dsum'])
             ctx.softplus, ctx.chunk, ctx.block_d = bool(softplus), chunk, block_d
-        return out, last
+        return outputs['out'], outputs['last']
 
     @staticmethod
     def backward(ctx, dout, dlast):  # type: ignore[override]
-        u, delta, A, B, C, D, z, delta_bias, states, dsum = ctx.saved_tensors
-        Bn, Cn = _normalise_bc(B), _normalise_bc(C)
-        A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
-        lay = _Layout(u, A32, Bn, Cn, ctx.chunk, ctx.block_d)
-        dout = dout.contiguous()
-        dlast = None if dlast is None else dlast.float().contiguous()
-        du, ddelta = torch.empty_like(u), torch.empty_like(delta)
-        dz = None if z is None else torch.empty_like(z)
-        f32 = dict(device=u.device, dtype=torch.float32)
-        tile_size = lay.block_d * lay.block_n
-        adj = torch.empty_like(states)
-        dinit = torch.empty(lay.batch, lay.dim, lay.dstate, **f32)  # gradient of a zero initial state
-        scratch = torch.empty(lay.programs * (lay.chunk // SUB) * tile_size, **f32)
-        dtile = torch.zeros(lay.programs, 3, lay.block_d, lay.block_n, **f32)
-        dvec = torch.empty(lay.programs, 2, lay.block_d, **f32)
-        flags = _flags(Bn, Cn, D, z, delta_bias, ctx.softplus)
-        part = dict(device=u.device, dtype=torch.float32)
-        dB_part = (torch.empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **part)
-                   if flags['VAR_B'] else None)
-        dC_part = (torch.empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **part)
-                   if flags['VAR_C'] else None)
-        inputs = (u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32), dout, states, adj,
-                  scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch), _or(dC_part, scratch), dtile, dvec)
-        tiles = dict(flags, dstate=lay.dstate, BLOCK_D=lay.block_d, BLOCK_N=lay.block_n, SUB=SUB)
-        with torch.cuda.device(u.device) if u.is_cuda else _nothing():
-            _backward_chunk_kernel[lay.grid](*inputs, *lay.args(), GRADS=False, num_warps=1, **tiles)
-            _carry_kernel[(triton.cdiv(lay.dim, BLOCK_D), lay.batch)](
-                A32, adj, dsum, _or(dlast, A32), dinit, lay.dim, lay.dstate, lay.n_chunks, REVERSE=True,
-                HAS_START=dlast is not None, BLOCK_D=BLOCK_D, BLOCK_N=lay.block_n, num_warps=1)
-            _backward_chunk_kernel[lay.grid](*inputs, *lay.args(), GRADS=True, num_warps=1, **tiles)
-        n = lay.dstate
+        u, delta, A, B, C, D, z, delta_bias, saved, dsum = ctx.saved_tensors
+        if dout is None:  # only the last state is used
+            dout = torch.zeros_like(u)
+        plan = backward_launch(u, delta, A, B, C, D, z, delta_bias, saved, dsum, dout, dlast,
+                               ctx.softplus, ctx.chunk, ctx.block_d)
+        grads, lay = plan.run(), plan.layout
+        dtile, dvec, n = grads['dtile'], grads['dvec'], lay.dstate
         dA = lay.per_channel(dtile[:, 0], n)
-        dB = lay.per_position(dB_part, Bn.shape[1]) if flags['VAR_B'] else lay.per_channel(dtile[:, 1], n)
-        dC = lay.per_position(dC_part, Cn.shape[1]) if flags['VAR_C'] else lay.per_channel(dtile[:, 2], n)
+        dB = (lay.per_position(grads['dB_part'], _normalise_bc(B).shape[1])
+              if grads['dB_part'] is not None else lay.per_channel(dtile[:, 1], n))
+        dC = (lay.per_position(grads['dC_part'], _normalise_bc(C).shape[1])
+              if grads['dC_part'] is not None else lay.per_channel(dtile[:, 2], n))
         dD = None if D is None else lay.per_channel(dvec[:, 0], 1).view(-1).to(D.dtype)
         dbias = None if delta_bias is None else lay.per_channel(dvec[:, 1], 1).view(-1).to(delta_bias.dtype)
-        return (du, ddelta, dA.to(A.dtype), dB.view(B.shape).to(B.dtype), dC.view(C.shape).to(C.dtype),
-                dD, dz, dbias, None, None, None)
+        return (grads['du'], grads['ddelta'], dA.to(A.dtype), dB.view(B.shape).to(B.dtype),
+                dC.view(C.shape).to(C.dtype), dD, grads['dz'], dbias, None, None, None)
 
 
 class _nothing:
