@@ -85,12 +85,6 @@ def _sigmoid(x):
 
 
 @triton.jit
-def _combine(a_l, x_l, a_r, x_r):
-    """Composition of two steps ``h -> a h + x``: left first, then right."""
-    return a_l * a_r, a_r * x_l + x_r
-
-
-@triton.jit
 def _column(tile, index, k):
     """Column ``k`` (static) of a tile whose columns are inside each thread: -0.0 elsewhere makes
     the sum fold to a register read when compiled."""
@@ -103,12 +97,28 @@ def _set_column(tile, index, k, col):
 
 
 @triton.jit
-def _shift_left(tile, kk, carry, SUB: tl.constexpr):
-    """``out[:, j] = tile[:, j + 1]``; the last column is ``carry``."""
-    out = tl.zeros_like(tile) + carry[:, None]
-    for j in tl.static_range(SUB - 1):
-        out = _set_column(out, kk, j, _column(tile, kk, j + 1))
-    return out
+def _scan_row(a, x, h, kk, SUB: tl.constexpr):
+    """The states ``h[j] = a[j] h[j-1] + x[j]`` along a sub-tile's columns (each lane's own
+    registers), from the state ``h`` (one per row) entering it: (the states, the last one)."""
+    hs = tl.zeros_like(x)
+    for j in tl.static_range(SUB):
+        h = _column(a, kk, j) * h + _column(x, kk, j)
+        hs = _set_column(hs, kk, j, h)
+    return hs, h
+
+
+@triton.jit
+def _adjoint_row(a, cy, r, kk, SUB: tl.constexpr):
+    """The adjoints ``g[j] = cy[j] + r[j+1]``, ``r[j] = a[j] g[j]`` backwards along a
+    sub-tile's columns, from ``r`` (one per row) entering it from the right: (g, the r leaving
+    it on the left)."""
+    g = tl.zeros_like(cy)
+    for i in tl.static_range(SUB):
+        j = SUB - 1 - i
+        gj = _column(cy, kk, j) + r
+        r = _column(a, kk, j) * gj
+        g = _set_column(g, kk, j, gj)
+    return g, r
 
 
 # Offsets. A product of sizes can pass 2**31 - 1: b*dim*L already at batch 1 for a 1024 x 1024
@@ -133,10 +143,16 @@ def _sequence_rows(bi, dim, d, length):
 
 
 @triton.jit
+def _chunk_state_rows(bi, dim, d, n_chunks, c, dstate):
+    """Offsets of state 0 of channels ``d``, chunk ``c`` in a (b, dim, n_chunks, dstate) tensor
+    (the states or adjoints entering the chunks)."""
+    return ((bi * dim + d) * n_chunks + c) * dstate
+
+
+@triton.jit
 def _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, n):
-    """Offsets of the (channels d, states n) tile of chunk ``c`` in a (b, dim, n_chunks, dstate)
-    tensor (the states or adjoints entering the chunks)."""
-    return ((bi * dim + d[:, None]) * n_chunks + c) * dstate + n[None, :]
+    """Offsets of the (channels d, states n) tile of chunk ``c`` in such a tensor."""
+    return _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)[:, None] + n[None, :]
 
 
 @triton.jit
@@ -218,7 +234,6 @@ def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
     kk = tl.arange(0, SUB)
     mask_dn = mask_d[:, None] & (nn < dstate)[None, :]
     row = _sequence_rows(bi, dim, d, length)  # (b, d, 0) of the (b, d, L) tensors
-    state = _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn)
     b_row = _bc_row(bi, dim, b_chans, g0, dstate, length, VAR_B)
     c_row = _bc_row(bi, dim, c_chans, g0, dstate, length, VAR_C)
     bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -227,9 +242,13 @@ def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
     if HAS_D:
         Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
     if OUTPUT:
-        h = tl.load(states_ptr + state, mask=mask_dn, other=0.0)
-    else:
-        h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        h = tl.load(states_ptr + _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn), mask=mask_dn,
+                    other=0.0)
+    else:  # the running state is kept in this program's slot of ``states``, which ends as its output
+        tl.store(states_ptr + _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn),
+                 tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32), mask=mask_dn)
+        tl.debug_barrier()
+        h_col = states_ptr + _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)
     dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
@@ -241,17 +260,21 @@ def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
         dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
         u = _tile(u_ptr, offs, m2)
         dtu = dt * u
-        dsum += tl.sum(dt, axis=1)
-        y = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)
-        for k in tl.static_range(dstate):
-            a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
-            x = dtu * _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
-            x = tl.where(kk[None, :] == 0, a * _column(h, nn, k)[:, None] + x, x)  # carry in
-            _, hs = tl.associative_scan((a, x), 1, _combine)
-            if OUTPUT:
+        if not OUTPUT:
+            dsum += tl.sum(dt, axis=1)
+            for k in range(0, dstate):  # not unrolled: the state is in memory, not registers
+                a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
+                x = dtu * _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
+                _, hk = _scan_row(a, x, tl.load(h_col + k, mask=mask_d, other=0.0), kk, SUB)
+                tl.store(h_col + k, hk, mask=mask_d)
+        else:
+            y = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)
+            for k in tl.static_range(dstate):
+                a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
+                x = dtu * _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
+                hs, hk = _scan_row(a, x, _column(h, nn, k), kk, SUB)
                 y += hs * _bc_at(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
-            h = _set_column(h, nn, k, _column(hs, kk, SUB - 1))
-        if OUTPUT:
+                h = _set_column(h, nn, k, hk)
             if HAS_D:
                 y += Dv[:, None] * u
             if HAS_Z:
@@ -259,7 +282,6 @@ def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
                 y = y * zt * _sigmoid(zt)
             tl.store(out_ptr + offs, y, mask=m2)
     if not OUTPUT:
-        tl.store(states_ptr + state, h, mask=mask_dn)
         tl.store(dsum_ptr + _chunk_sum_offsets(bi, dim, d, n_chunks, c), dsum, mask=mask_d)
 
 
@@ -323,35 +345,41 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
     last_sub = t0 + ((t1 - t0 - 1) // SUB) * SUB  # first position of the chunk's last sub-tile
-    local = tl.arange(0, BLOCK_D)[:, None] * BLOCK_N + nn[None, :]  # offsets inside one tile
     tile_size = BLOCK_D * BLOCK_N
-    scratch = scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * tile_size) + local
+    # a column (BLOCK_D,) per state: stored and loaded in the layout the loops use
+    scratch = scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * tile_size) + \
+        tl.arange(0, BLOCK_D)
     if GRADS:
         # states entering each sub-tile, recomputed forward from the chunk's entering state
         h = tl.load(states_ptr + state, mask=mask_dn, other=0.0)
         for s in range(t0, t1, SUB):
-            tl.store(scratch + ((s - t0) // SUB) * tile_size, h)
             t = s + kk
             m2 = mask_d[:, None] & (t < t1)[None, :]
             offs = row[:, None] + t[None, :]
             dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
             dtu = dt * _tile(u_ptr, offs, m2)
             for k in tl.static_range(dstate):
+                hk = _column(h, nn, k)
+                tl.store(scratch + (((s - t0) // SUB) * BLOCK_N + k) * BLOCK_D, hk)
                 a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
                 x = dtu * _bc_at(B_ptr, b_row, k, t, t < t1, d, mask_d, dstate, length, VAR_B)
-                x = tl.where(kk[None, :] == 0, a * _column(h, nn, k)[:, None] + x, x)
-                _, hs = tl.associative_scan((a, x), 1, _combine)
-                h = _set_column(h, nn, k, _column(hs, kk, SUB - 1))
-        tl.debug_barrier()  # the scratch states written above are read below
-        r = tl.load(adj_ptr + state, mask=mask_dn, other=0.0)
-        dA_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-        dB_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-        dC_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+                _, hk = _scan_row(a, x, hk, kk, SUB)
+                h = _set_column(h, nn, k, hk)
+        tl.debug_barrier()  # the scratch columns written above are read below
         dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
         dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
         part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
+        # this program's (dA, constant dB, constant dC) tiles, zero-initialised, one column per state
+        dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 3 * tile_size) + \
+            tl.arange(0, BLOCK_D) * BLOCK_N
     else:
-        r = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        tl.store(adj_ptr + state, tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32), mask=mask_dn)
+        tl.debug_barrier()
+    # The adjoint r of each (channel, state) is carried from sub-tile to sub-tile in this
+    # program's own slot of ``adj`` (it starts as the adjoint entering from the right, or zero,
+    # and ends as the adjoint leaving the chunk on the left), so that the loop over the states
+    # need not be unrolled to keep it in registers.
+    adj_col = adj_ptr + _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)
     for i in range(0, (t1 - t0 + SUB - 1) // SUB):
         s = last_sub - i * SUB
         t = s + kk
@@ -369,40 +397,36 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         if GRADS:
             u = _tile(u_ptr, offs, m2)
             dtu = dt * u
-            h_in = tl.load(scratch + ((s - t0) // SUB) * tile_size)
             y = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)
             ddt = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)  # d loss / d delta (after softplus)
             ddx = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)  # d loss / d (delta u)
-        for k in tl.static_range(dstate):
+        for k in range(0, dstate):
             Ak = tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0)
             a = tl.exp2(dt * (Ak * 1.4426950408889634)[:, None])
             Ck = _bc_at(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
             cy = dy_gated * Ck  # d loss / d h[t] directly through y[t]
-            rk = _column(r, nn, k)
-            xr = a * cy
-            xr = tl.where(kk[None, :] == SUB - 1, a * rk[:, None] + xr, xr)  # carry in from the right
-            _, rs = tl.associative_scan((a, xr), 1, _combine, reverse=True)
-            if GRADS:
+            g, rk = _adjoint_row(a, cy, tl.load(adj_col + k, mask=mask_d, other=0.0), kk, SUB)
+            tl.store(adj_col + k, rk, mask=mask_d)
+            if GRADS:  # g: d loss / d h[t]
                 Bk = _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
                 x = dtu * Bk
-                xh = tl.where(kk[None, :] == 0, a * _column(h_in, nn, k)[:, None] + x, x)
-                _, hs = tl.associative_scan((a, xh), 1, _combine)
-                g = cy + _shift_left(rs, kk, rk, SUB)  # d loss / d h[t]
+                h_in = tl.load(scratch + (((s - t0) // SUB) * BLOCK_N + k) * BLOCK_D)
+                hs, _ = _scan_row(a, x, h_in, kk, SUB)
                 p = g * (hs - x)  # g[t] * exp(delta A) * h[t-1]
-                dA_acc = _set_column(dA_acc, nn, k, _column(dA_acc, nn, k) + tl.sum(p * dt, axis=1))
+                tl.store(dtile + k, tl.load(dtile + k) + tl.sum(p * dt, axis=1))
                 ddt += p * Ak[:, None]
                 ddx += g * Bk
                 if VAR_B:
                     tl.store(dB_ptr + part + k * length + t, tl.sum(g * dtu, axis=0), mask=mask_t)
                 else:
-                    dB_acc = _set_column(dB_acc, nn, k, _column(dB_acc, nn, k) + tl.sum(g * dtu, axis=1))
+                    tl.store(dtile + tile_size + k, tl.load(dtile + tile_size + k) + tl.sum(g * dtu, axis=1))
                 if VAR_C:
                     tl.store(dC_ptr + part + k * length + t, tl.sum(dy_gated * hs, axis=0), mask=mask_t)
                 else:
-                    dC_acc = _set_column(dC_acc, nn, k, _column(dC_acc, nn, k) + tl.sum(dy_gated * hs, axis=1))
+                    tl.store(dtile + 2 * tile_size + k,
+                             tl.load(dtile + 2 * tile_size + k) + tl.sum(dy_gated * hs, axis=1))
                 if HAS_Z:
                     y += hs * Ck
-            r = _set_column(r, nn, k, _column(rs, kk, 0))
         if GRADS:
             du = ddx * dt
             if HAS_D:
@@ -420,17 +444,9 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             tl.store(du_ptr + offs, du, mask=m2)
             tl.store(ddelta_ptr + offs, ddt, mask=m2)
     if GRADS:
-        dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 3 * tile_size) + local
-        tl.store(dtile, dA_acc)
-        if not VAR_B:
-            tl.store(dtile + tile_size, dB_acc)
-        if not VAR_C:
-            tl.store(dtile + 2 * tile_size, dC_acc)
         dvec = dvec_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 2 * BLOCK_D) + tl.arange(0, BLOCK_D)
         tl.store(dvec, dD_acc)
         tl.store(dvec + BLOCK_D, dbias_acc)
-    else:
-        tl.store(adj_ptr + state, r, mask=mask_dn)
 
 
 class _Layout:
@@ -498,16 +514,17 @@ class KernelLaunch:
 
     ``args`` are the kernel's non-constexpr parameters in order (tensors and Python ints; on a GPU
     Triton specialises on them: pointer alignment, ints divisible by 16, ints past 2**31 - 1 as
-    int64), ``constexprs`` its constexpr parameters by name. ``updates_per_pass``: state updates
-    (channel, state, position) one warp makes per pass of the kernel's sequence loop (0 for the
-    carry kernel, whose loop walks chunks), so that static figures can be put per update."""
+    int64), ``constexprs`` its constexpr parameters by name. ``updates_per_pass``: for each
+    innermost loop of the compiled kernel, in code order, the state updates (channel, state,
+    position) one warp makes per pass (empty for the carry kernel, whose loop walks chunks), so
+    that static figures can be put per update."""
     name: str
     kernel: Any
     grid: Tuple[int, ...]
     args: Tuple[Any, ...]
     constexprs: Dict[str, Any]
     num_warps: int
-    updates_per_pass: int = 0
+    updates_per_pass: Tuple[int, ...] = ()
 
     def run(self) -> None:
         device = self.args[0].device
@@ -544,9 +561,12 @@ def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
     return inputs, flags, lay
 
 
-def _chunk_launch(name, kernel, lay, args, flags, **mode) -> KernelLaunch:
+def _chunk_launch(name, kernel, lay, args, flags, loops, **mode) -> KernelLaunch:
+    """``loops``: per innermost loop, whether one pass covers all states of a sub-tile ('tile')
+    or one state of it ('state')."""
+    per = dict(tile=lay.block_d * lay.dstate * SUB, state=lay.block_d * SUB)
     return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
-                        updates_per_pass=lay.block_d * lay.dstate * SUB)
+                        updates_per_pass=tuple(per[loop] for loop in loops))
 
 
 def _carry_launch(name, lay, A32, own, dsum, start, last, reverse: bool) -> KernelLaunch:
@@ -575,9 +595,10 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: i
     dsum = u.new_empty(lay.batch, lay.dim, lay.n_chunks, dtype=torch.float32)
     args = (*inputs, out, saved, dsum, *lay.args())
     return ScanLaunches([
-        _chunk_launch('forward: chunks from zero', _forward_chunk_kernel, lay, args, flags, OUTPUT=False),
+        _chunk_launch('forward: chunks from zero', _forward_chunk_kernel, lay, args, flags, ['state'],
+                      OUTPUT=False),
         _carry_launch('forward: carries', lay, inputs[2], saved, dsum, None, last, reverse=False),
-        _chunk_launch('forward: output', _forward_chunk_kernel, lay, args, flags, OUTPUT=True),
+        _chunk_launch('forward: output', _forward_chunk_kernel, lay, args, flags, ['tile'], OUTPUT=True),
     ], dict(out=out, last=last, saved=saved, dsum=dsum), lay)
 
 
@@ -608,9 +629,11 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     args = (*inputs, dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
             _or(dC_part, scratch), dtile, dvec, *lay.args())
     return ScanLaunches([
-        _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, GRADS=False),
+        _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, ['state'],
+                      GRADS=False),
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
-        _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, GRADS=True),
+        _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags,
+                      ['tile', 'state'], GRADS=True),
     ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
 
 

@@ -16,9 +16,10 @@ STL/LDL instructions in the SASS); shared memory per program; programs and warps
 resident warps per SM (the occupancy limit from registers, shared memory, warps per program and
 the architecture's limits) and the warps the busiest SM actually gets at this launch (programs
 spread over the SMs: 132 for an H100 SXM at sm_90, 108 for an A100 at sm_80); the SASS
-instructions of each innermost loop (one pass of a sequence loop is one position, one state
-update; see :func:`innermost_loops`); and the pointer arguments whose first offset is computed
-in 32 bits (see :func:`narrow_offsets`), which must only be small per-channel tensors.
+instructions of each innermost loop (see :func:`innermost_loops`) and, from the state updates
+per pass of each that the launch declares, the SASS warp-instructions per state update (every
+update passes once through each of those loops); and the pointer arguments whose first offset is
+computed in 32 bits (see :func:`narrow_offsets`), which must only be small per-channel tensors.
 
 Triton's interpreter must be off: this script sets ``TRITON_INTERPRET=0`` before importing
 triton (run it in its own process).
@@ -216,16 +217,20 @@ class Row:
     occupancy_warps: int
     launch_warps: int
     loop_instructions: List[int]
-    updates_per_pass: int
+    updates_per_pass: List[int]
     narrow_offsets: List[str]
 
     @property
     def per_update(self) -> Optional[float]:
-        """SASS warp-instructions per state update: the sequence loop's instructions over the
-        state updates one warp makes per pass (None for a kernel without a sequence loop)."""
-        if not self.updates_per_pass or not self.loop_instructions:
+        """SASS warp-instructions per state update: each innermost loop's instructions over the
+        state updates one warp makes per pass of it, summed over the loops (every state update
+        goes through each loop once). None for a kernel without a sequence loop (the carries)."""
+        if not self.updates_per_pass:
             return None
-        return sum(self.loop_instructions) / self.updates_per_pass
+        if len(self.updates_per_pass) != len(self.loop_instructions):
+            raise RuntimeError(f'{self.kernel}: {len(self.loop_instructions)} innermost loops in the '
+                               f'SASS, {len(self.updates_per_pass)} described by its launch')
+        return sum(i / u for i, u in zip(self.loop_instructions, self.updates_per_pass))
 
 
 def occupancy_warps(registers: int, shared: int, warps: int, limits: dict) -> int:
@@ -250,7 +255,7 @@ def analyse(launch, arch: int, shape: str, combo: Combo, compiled=None) -> Row:
     return Row(arch, shape, combo.label, launch.name, usage['REG'],
                usage.get('LOCAL', 0) + usage.get('STACK', 0), spills, shared, programs, warps,
                occupancy, busiest, [len(loop_body(sass, lp)) for lp in innermost_loops(sass)],
-               launch.updates_per_pass, narrow_offsets(kernel.asm['ttir']))
+               list(launch.updates_per_pass), narrow_offsets(kernel.asm['ttir']))
 
 
 def collect(arches: Iterable[int], shapes: Iterable[str], cases: Iterable[Combo],

@@ -97,10 +97,32 @@ def test_matches_float64_reference_over_several_chunks(interpreted, bc, options,
     _check_against_reference(args, softplus, out, last)
 
 
-@pytest.mark.parametrize('length, chunk', [(1, 4), (16, 16), (9, 1)])
-def test_chunk_edges(interpreted, length, chunk):
-    args, softplus = make_inputs('grouped', length, 'D+bias+softplus', dim=4, groups=2)
+@pytest.mark.parametrize('length, chunk, n_chunks', [
+    (1, 4, 1),    # a sequence of one position: one sub-tile, three positions of it masked
+    (16, 16, 1),  # exactly one chunk of whole sub-tiles
+    (9, 8, 2),    # one chunk and one position: the second chunk is a single position
+    (13, 4, 4),   # chunks of one sub-tile, the last one partial
+    (9, 1, 3),    # chunk 1 rounded up to a whole sub-tile of 4
+    (30, 12, 3),  # chunks of three sub-tiles, the last chunk partial (6 of 12)
+])
+def test_chunk_boundaries(interpreted, length, chunk, n_chunks):
+    """Carries between chunks and sub-tiles at every kind of boundary: output, last state and
+    every gradient against the float64 reference, with the chunk count the launch used."""
+    args, softplus = make_inputs('grouped', length, 'D+z+bias+softplus', dim=4, groups=2)
     out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=chunk)
+    saved = [t for t in out.grad_fn.saved_tensors if t is not None and t.dim() == 4 and t.shape[-1] == 3]
+    assert [tuple(t.shape) for t in saved] == [(2, 4, n_chunks, 3)]
+    _check_against_reference(args, softplus, out, last)
+
+
+def test_long_sequences_get_longer_chunks_not_more_than_max_chunks(interpreted, monkeypatch):
+    """The carry kernel walks the chunks one after another, so their number is capped: with a
+    cap of 3, L = 37 at chunk 4 runs 3 chunks of 16 positions (the last one partial)."""
+    monkeypatch.setattr(interpreted, 'MAX_CHUNKS', 3)
+    args, softplus = make_inputs('shared', 37, 'D+bias+softplus', dim=3)
+    out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=4)
+    assert [tuple(t.shape) for t in out.grad_fn.saved_tensors if t is not None and t.dim() == 4] == \
+        [(2, 3, 3, 3)]
     _check_against_reference(args, softplus, out, last)
 
 
