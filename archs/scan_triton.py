@@ -548,12 +548,13 @@ class ScanLaunches:
 
 def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
     """Contiguous inputs in the kernels' argument order, the flags they are compiled for, and
-    the layout."""
+    the layout. A shape past the kernels' limits raises :class:`InputError` naming it, before
+    any input is copied."""
+    lay = _Layout(u, A, _grouped_view(B), _grouped_view(C), chunk, block_d)  # checks limits first
     u, delta = u.contiguous(), delta.contiguous()
     z = None if z is None else z.contiguous()
-    Bn, Cn = _normalise_bc(B), _normalise_bc(C)
+    Bn, Cn = _grouped_view(B).contiguous(), _grouped_view(C).contiguous()
     A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
-    lay = _Layout(u, A32, Bn, Cn, chunk, block_d)
     inputs = (u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32))
     flags = dict(VAR_B=Bn.dim() == 4, VAR_C=Cn.dim() == 4, HAS_D=D is not None, HAS_Z=z is not None,
                  HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus), dstate=lay.dstate,
@@ -637,9 +638,9 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
 
 
-def _normalise_bc(m: torch.Tensor) -> torch.Tensor:
-    """(b, n, L) -> (b, 1, n, L); (d, n) and (b, G, n, L) unchanged; contiguous, dtype kept."""
-    return (m.unsqueeze(1) if m.dim() == 3 else m).contiguous()
+def _grouped_view(m: torch.Tensor) -> torch.Tensor:
+    """(b, n, L) -> (b, 1, n, L) (a view); (d, n) and (b, G, n, L) unchanged."""
+    return m.unsqueeze(1) if m.dim() == 3 else m
 
 
 def _float(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -674,9 +675,9 @@ class SelectiveScanTriton(torch.autograd.Function):
         grads, lay = plan.run(), plan.layout
         dtile, dvec, n = grads['dtile'], grads['dvec'], lay.dstate
         dA = lay.per_channel(dtile[:, 0], n)
-        dB = (lay.per_position(grads['dB_part'], _normalise_bc(B).shape[1])
+        dB = (lay.per_position(grads['dB_part'], _grouped_view(B).shape[1])
               if grads['dB_part'] is not None else lay.per_channel(dtile[:, 1], n))
-        dC = (lay.per_position(grads['dC_part'], _normalise_bc(C).shape[1])
+        dC = (lay.per_position(grads['dC_part'], _grouped_view(C).shape[1])
               if grads['dC_part'] is not None else lay.per_channel(dtile[:, 2], n))
         dD = None if D is None else lay.per_channel(dvec[:, 0], 1).view(-1).to(D.dtype)
         dbias = None if delta_bias is None else lay.per_channel(dvec[:, 1], 1).view(-1).to(delta_bias.dtype)
