@@ -400,12 +400,13 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: i
     ``scripts/scan_static_report.py`` compiles it for GPUs it does not have, by calling it with
     tensors on the ``meta`` device (shapes and dtypes only, nothing allocated). So it must do
     nothing but prepare inputs, allocate outputs with ``new_empty``/``empty_like`` on the inputs'
-    device and describe the launch; it must never read tensor values."""
+    device and describe the launch; it must never read tensor values. A shape past the kernels'
+    32-bit limits raises :class:`InputError` naming it, before any work."""
+    lay = _Layout(u, A, _grouped_view(B), _grouped_view(C), chunk, block_d)  # checks limits first
     u, delta = u.contiguous(), delta.contiguous()
     z = None if z is None else z.contiguous()
-    Bn, Cn = _normalise_bc(B), _normalise_bc(C)
+    Bn, Cn = _grouped_view(B).contiguous(), _grouped_view(C).contiguous()
     A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
-    lay = _Layout(u, A32, Bn, Cn, chunk, block_d)
     out = torch.empty_like(u)
     last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
     saved = u.new_empty(lay.batch, lay.dim, lay.n_chunks if save else 1, lay.dstate,
@@ -429,11 +430,11 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, do
     ``ddelta``, ``dz`` (or None), and the per-program partial sums ``dB_part``/``dC_part``
     (variable B/C, else None), ``dtile`` (dA, constant dB, dC) and ``dvec`` (dD, d delta_bias)
     that ``layout`` reduces."""
+    lay = _Layout(u, A, _grouped_view(B), _grouped_view(C), chunk, block_d)  # checks limits first
     u, delta = u.contiguous(), delta.contiguous()
     z = None if z is None else z.contiguous()
-    Bn, Cn = _normalise_bc(B), _normalise_bc(C)
+    Bn, Cn = _grouped_view(B).contiguous(), _grouped_view(C).contiguous()
     A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
-    lay = _Layout(u, A32, Bn, Cn, chunk, block_d)
     dout = dout.contiguous()
     dlast = None if dlast is None else dlast.float().contiguous()
     du, ddelta = torch.empty_like(u), torch.empty_like(delta)
@@ -459,9 +460,9 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, do
         layout=lay)
 
 
-def _normalise_bc(m: torch.Tensor) -> torch.Tensor:
-    """(b, n, L) -> (b, 1, n, L); (d, n) and (b, G, n, L) unchanged; contiguous, dtype kept."""
-    return (m.unsqueeze(1) if m.dim() == 3 else m).contiguous()
+def _grouped_view(m: torch.Tensor) -> torch.Tensor:
+    """(b, n, L) -> (b, 1, n, L) (a view); (d, n) and (b, G, n, L) unchanged."""
+    return m.unsqueeze(1) if m.dim() == 3 else m
 
 
 def _float(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -499,9 +500,9 @@ class SelectiveScanTriton(torch.autograd.Function):
         dtile, dvec = grads['dtile'], grads['dvec']
         n = lay.dstate
         dA = lay.per_channel(dtile[:, 0], n)
-        dB = (lay.per_position(grads['dB_part'], _normalise_bc(B).shape[1])
+        dB = (lay.per_position(grads['dB_part'], _grouped_view(B).shape[1])
               if grads['dB_part'] is not None else lay.per_channel(dtile[:, 1], n))
-        dC = (lay.per_position(grads['dC_part'], _normalise_bc(C).shape[1])
+        dC = (lay.per_position(grads['dC_part'], _grouped_view(C).shape[1])
               if grads['dC_part'] is not None else lay.per_channel(dtile[:, 2], n))
         dD = None if D is None else lay.per_channel(dvec[:, 0], 1).view(-1).to(D.dtype)
         dbias = None if delta_bias is None else lay.per_channel(dvec[:, 1], 1).view(-1).to(delta_bias.dtype)
