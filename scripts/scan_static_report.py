@@ -66,7 +66,7 @@ SUB_PARTITIONS = 4              # an SM's register file is split over 4 schedule
 
 @dataclass(frozen=True)
 class Combo:
-    """One way MambaIR calls the scan: input dtype and which optional inputs are given."""
+    """One input combination: the dtype of u, delta, z, B, C and which optional inputs exist."""
     dtype: str
     z: bool
     bias: bool
@@ -86,8 +86,9 @@ def combos(which: str, dtypes: Sequence[str]) -> List[Combo]:
             for z in (False, True) for bias in (False, True) for D in (False, True)]
 
 
-def meta_launches(batch: int, length: int, combo: Combo, need_dlast: bool = False):
-    """The forward and backward launches of ``combo`` at this shape, on meta tensors."""
+def meta_launches(batch: int, length: int, combo: Combo):
+    """The forward and backward launches of ``combo`` at this shape, on meta tensors. The
+    backward has no last-state gradient: MambaIR never uses the last state."""
     def meta(*shape, dtype=DTYPES[combo.dtype]):
         return torch.empty(*shape, dtype=dtype, device='meta')
     u = meta(batch, DIM, length)
@@ -97,16 +98,19 @@ def meta_launches(batch: int, length: int, combo: Combo, need_dlast: bool = Fals
     z = meta(batch, DIM, length) if combo.z else None
     bias = meta(DIM, dtype=torch.float32) if combo.bias else None
     fwd = scan_triton.forward_launch(u, meta(batch, DIM, length), A, B, C, D, z, bias, True)
-    dlast = meta(batch, DIM, DSTATE, dtype=torch.float32) if need_dlast else None
     bwd = scan_triton.backward_launch(u, meta(batch, DIM, length), A, B, C, D, z, bias,
                                       fwd.outputs['saved'], fwd.outputs['dsum'],
-                                      meta(batch, DIM, length), dlast, True)
+                                      meta(batch, DIM, length), None, True)
     return fwd.launches + bwd.launches
+
+
+UNSUPPORTED_TRITON = 77  # exit status when this triton lacks the JIT internals used below
 
 
 def compile_launch(launch, arch: int):
     """Compile ``launch`` for sm_<arch> exactly as ``kernel[grid](...)`` would on that GPU: the
-    JIT's own binder computes the signature, constexprs and divisibility attributes."""
+    JIT's own binder computes the signature, constexprs and divisibility attributes (Triton
+    3.x internals: ``create_function_from_signature`` and ``JITFunction._pack_args``)."""
     target = GPUTarget('cuda', arch, 32)
     backend = make_backend(target)
     fn = launch.kernel
@@ -260,6 +264,7 @@ def analyse(launch, arch: int, shape: str, combo: Combo, compiled=None) -> Row:
 
 def collect(arches: Iterable[int], shapes: Iterable[str], cases: Iterable[Combo],
             log=None) -> List[Row]:
+    """Every launch compiled and analysed; a compile error names kernel, inputs, shape, arch."""
     rows = []
     for shape in shapes:
         batch, length = SHAPES[shape]
@@ -276,7 +281,7 @@ def collect(arches: Iterable[int], shapes: Iterable[str], cases: Iterable[Combo]
     return rows
 
 
-HEADER = ('arch', 'shape', 'inputs', 'kernel', 'regs', 'spills (B / instr)', 'smem B',
+HEADER = ('arch', 'shape', 'inputs', 'kernel', 'regs', 'spill B / STL+LDL', 'smem B',
           'programs', 'warps/prog', 'warps/SM limit', 'warps/SM this launch',
           'SASS per loop pass', 'SASS per state update', '32-bit offsets into')
 
@@ -313,6 +318,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         line = lambda values: '  '.join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
         print(line(HEADER))
         log = lambda row: print(line(cells(row)), flush=True)  # noqa: E731
+    if not hasattr(scan_triton._scan_forward_kernel, '_pack_args'):
+        print(f'error: triton {triton.__version__} lacks the JIT internals this report uses '
+              f'(JITFunction._pack_args); written for triton 3.8', file=sys.stderr)
+        return UNSUPPORTED_TRITON
     try:
         rows = collect(args.arch, args.shape, combos(args.combos, args.dtype), log)
     except RuntimeError as err:

@@ -24,6 +24,8 @@ def _report(tmp_path, *args):
     run = subprocess.run([sys.executable, 'scripts/scan_static_report.py', *args, '--json', str(out)],
                          cwd=REPO, capture_output=True, text=True,
                          env=dict(os.environ, TRITON_INTERPRET='0'))
+    if run.returncode == 77:
+        pytest.skip(run.stderr.strip())
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     return {(r['shape'], r['combo'], r['kernel']): r for r in json.loads(out.read_text())}, run.stdout
 
