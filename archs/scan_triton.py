@@ -13,11 +13,12 @@ its chunk in sub-tiles of :data:`SUB` consecutive positions: u, delta, z and the
 are loaded as ``(BLOCK_D, SUB)`` tiles (each lane reads ``SUB`` consecutive positions of its row),
 and what depends only on the position and channel (delta + bias, softplus, delta * u, the gate)
 is computed once per sub-tile and reused for all ``n`` states. The states are then updated one
-state index at a time (a loop unrolled over ``n``): the ``SUB`` decays ``exp2(delta * A log2 e)``
-and inputs of the row, a scan along the row held in the lane's registers (``tl.associative_scan``
-over an axis inside one thread is a plain sequential recurrence), the running state of every
-``(channel, state)`` carried from sub-tile to sub-tile in a ``(BLOCK_D, n)`` register tile. All
-arithmetic is float32 whatever the input dtype.
+state index at a time: the ``SUB`` decays ``exp2(delta * A log2 e)`` and inputs of the row, and
+the recurrence along the row in the lane's own registers (:func:`_scan_row`). The running state
+of every (channel, state) is carried from sub-tile to sub-tile either in a ``(BLOCK_D, n)``
+register tile (the state loop unrolled: the forward output kernel, the backward's recompute) or in
+the program's own slot of its output in memory (the state loop not unrolled, so that fewer
+registers are live: the other chunk kernels). All arithmetic is float32 whatever the input dtype.
 
 Forward, three launches:
 1. ``_forward_chunk_kernel`` (``OUTPUT=False``): each chunk scanned from a zero state; writes the
@@ -206,6 +207,15 @@ def _tile(ptr, offsets, mask):
 
 
 @triton.jit
+def _sub_tile(s, kk, t1, mask_d, row):
+    """Positions, their mask (inside the chunk), the (channel, position) mask and offsets into
+    the (b, d, L) tensors of the sub-tile starting at position ``s``."""
+    t = s + kk
+    mask_t = t < t1
+    return t, mask_t, mask_d[:, None] & mask_t[None, :], row[:, None] + t[None, :]
+
+
+@triton.jit
 def _delta_tile(delta_ptr, offsets, mask, bias, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
     """(delta after bias and softplus, delta before softplus); 0 outside the sequence, so that a
     masked position leaves the state unchanged (decay 1, input 0)."""
@@ -253,10 +263,7 @@ def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
     for s in range(t0, t1, SUB):
-        t = s + kk
-        mask_t = t < t1
-        m2 = mask_d[:, None] & mask_t[None, :]
-        offs = row[:, None] + t[None, :]
+        t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
         dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
         u = _tile(u_ptr, offs, m2)
         dtu = dt * u
@@ -353,16 +360,14 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         # states entering each sub-tile, recomputed forward from the chunk's entering state
         h = tl.load(states_ptr + state, mask=mask_dn, other=0.0)
         for s in range(t0, t1, SUB):
-            t = s + kk
-            m2 = mask_d[:, None] & (t < t1)[None, :]
-            offs = row[:, None] + t[None, :]
+            t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
             dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
             dtu = dt * _tile(u_ptr, offs, m2)
             for k in tl.static_range(dstate):
                 hk = _column(h, nn, k)
                 tl.store(scratch + (((s - t0) // SUB) * BLOCK_N + k) * BLOCK_D, hk)
                 a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
-                x = dtu * _bc_at(B_ptr, b_row, k, t, t < t1, d, mask_d, dstate, length, VAR_B)
+                x = dtu * _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
                 _, hk = _scan_row(a, x, hk, kk, SUB)
                 h = _set_column(h, nn, k, hk)
         tl.debug_barrier()  # the scratch columns written above are read below
@@ -382,10 +387,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     adj_col = adj_ptr + _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)
     for i in range(0, (t1 - t0 + SUB - 1) // SUB):
         s = last_sub - i * SUB
-        t = s + kk
-        mask_t = t < t1
-        m2 = mask_d[:, None] & mask_t[None, :]
-        offs = row[:, None] + t[None, :]
+        t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
         dt, raw = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
         dy = _tile(dout_ptr, offs, m2)
         if HAS_Z:
