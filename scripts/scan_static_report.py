@@ -318,7 +318,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         line = lambda values: '  '.join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
         print(line(HEADER))
         log = lambda row: print(line(cells(row)), flush=True)  # noqa: E731
-    if not hasattr(scan_triton._scan_forward_kernel, '_pack_args'):
+    if not hasattr(scan_triton._forward_chunk_kernel, '_pack_args'):
         print(f'error: triton {triton.__version__} lacks the JIT internals this report uses '
               f'(JITFunction._pack_args); written for triton 3.8', file=sys.stderr)
         return UNSUPPORTED_TRITON
