@@ -1,44 +1,73 @@
-"""Selective scan as two Triton kernels (forward, backward), for GPUs without mamba-ssm.
+"""Selective scan as chunk-parallel Triton kernels, for GPUs without mamba-ssm.
 
-On a GPU the pure-PyTorch scan is launch-bound: it issues several small kernels per position or
-per interval, for every SS2D layer. Here one kernel launch runs the whole forward and one the
-whole backward. This module imports triton at import time, so :mod:`archs.selective_scan`
-imports it only when the 'triton' backend is used. ``TRITON_INTERPRET=1`` runs the same kernels
-on CPU tensors (the tests do); it must be set before triton itself is first imported, since
-Triton decorates its own library functions (``tl.sum``, ...) then (:func:`interpreting`).
+This module imports triton at import time, so :mod:`archs.selective_scan` imports it only when
+the 'triton' backend is used. ``TRITON_INTERPRET=1`` runs the same kernels on CPU tensors (the
+tests do); it must be set before triton itself is first imported, since Triton decorates its own
+library functions (``tl.sum``, ...) then (:func:`interpreting`).
 
-Work split: one program per (batch, group of channels sharing one slice of B and C, block of
-:data:`BLOCK_D` channels of that group). The program keeps its ``(BLOCK_D, n)`` state tile in
-float32 registers, whatever the input dtype, and walks the positions one by one, so B and C at a
-position are one length-n vector shared by all its channels. Non-power-of-two ``d`` and ``n`` are
-masked; any length works.
+Work split. Every kernel that walks positions runs one program per (chunk of ``chunk``
+positions, block of :data:`BLOCK_D` channels sharing one slice of B and C, batch element), so a
+launch has ``batch * channel blocks * chunks`` programs (6912 one-warp programs at MambaIR's x4
+training shapes) instead of one per channel block. Each lane owns one channel. A program walks
+its chunk in sub-tiles of :data:`SUB` consecutive positions: u, delta, z and the output gradient
+are loaded as ``(BLOCK_D, SUB)`` tiles (each lane reads ``SUB`` consecutive positions of its row),
+and what depends only on the position and channel (delta + bias, softplus, delta * u, the gate)
+is computed once per sub-tile and reused for all ``n`` states. The states are then updated one
+state index at a time: the ``SUB`` decays ``exp2(delta * A log2 e)`` and inputs of the row, and
+the recurrence along the row in the lane's own registers (:func:`_scan_row`). The running state
+of every (channel, state) is carried from sub-tile to sub-tile either in a ``(BLOCK_D, n)``
+register tile (the state loop unrolled: the forward output kernel, the backward's recompute) or in
+the program's own slot of its output in memory (the state loop not unrolled, so that fewer
+registers are live: the other chunk kernels). All arithmetic is float32 whatever the input dtype.
 
-What is saved for backward, and why. The states ``h[t]`` are ``b*d*n*L`` floats (about 850 MB per
-SS2D layer at MambaIR's x4 training shapes), too much to keep for every layer. Like mamba-ssm,
-forward saves only its inputs and the state *entering* every chunk of :data:`CHUNK` positions
-(``b*d*n*L/CHUNK`` floats, O(L/chunk)). Backward walks the chunks from the last to the first.
-For each chunk it recomputes the chunk's states from the saved entry state, writing them to a
-small per-program scratch buffer (``CHUNK`` state tiles), then runs the adjoint recurrence
-``g[t] = C[t] dy[t] + exp(delta[t+1] A) g[t+1]`` backwards through the chunk, reading ``h[t]``
-and ``h[t-1]`` back from the scratch buffer. Only the decays ``exp(delta A) <= 1`` are ever
-formed, so strong decay cannot overflow.
+Forward, three launches:
+1. ``_forward_chunk_kernel`` (``OUTPUT=False``): each chunk scanned from a zero state; writes the
+   chunk's end state and the sum of its deltas.
+2. ``_carry_kernel``: one program per (channel block, batch) walks the chunks in order:
+   ``H[c + 1] = exp2(A log2 e * sum(delta over c)) * H[c] + end[c]``, giving the state entering
+   every chunk (saved for backward: ``b*d*n*L/chunk`` floats, O(L/chunk)) and the last state.
+3. ``_forward_chunk_kernel`` (``OUTPUT=True``): each chunk scanned again from its true entering
+   state; ``y = C . h + D u``, times ``silu(z)``.
 
-Reductions: the gradients of B and C at a position are sums over channels, and those of A, D
-and delta_bias sums over batch and positions. Each program writes its own partial sums (B and C:
-per position, ``1/BLOCK_D`` of the state's size; A, D, delta_bias: one tile per program) and
-PyTorch sums them afterwards. No atomics, so gradients are deterministic.
+Backward, the same three steps in reverse with the adjoint ``r[t] = dL/dh[t-1]`` through ``h[t]``,
+``r[t] = exp(delta[t] A) * (C[t] dy[t] + r[t+1])``:
+1. ``_backward_chunk_kernel`` (``GRADS=False``): each chunk's adjoint from a zero one at its end.
+2. ``_carry_kernel`` (reversed): the adjoint entering every chunk from its right, starting from
+   the last state's gradient (compiled without it when that gradient is not needed).
+3. ``_backward_chunk_kernel`` (``GRADS=True``): the chunk's states recomputed forward from the
+   saved entering state (the state entering each sub-tile kept in a scratch buffer), then the
+   sub-tiles walked backwards: states and adjoints of the sub-tile from their carries, and every
+   gradient. ``exp(delta A) h[t-1] = h[t] - delta B u`` avoids keeping ``h[t-1]``.
+
+Only decays ``exp(delta A) <= 1`` (for delta >= 0) and their products over a chunk,
+``exp2(A log2 e * sum(delta))``, are formed: never the exponential of a positive cumulative sum,
+so strong decay cannot overflow.
+
+Reductions without atomics: the gradients of B and C at a position are sums over channels
+(each program writes its channel block's sum, per position), those of A, D, delta_bias and of
+constant B/C sums over positions (each program writes one tile). PyTorch adds the partial sums,
+so gradients are deterministic. Offsets that can pass 2**31 - 1 (batch x dim x L, partial sums,
+scratch) are formed in 64 bits: every one starts from the int64 batch index.
 """
 import math
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
-# Positions per chunk: forward saves one state per chunk; backward recomputes a chunk at a time.
+from basicsr_ldt.errors import InputError
+
+# Positions per chunk (at least; longer sequences get longer chunks, see MAX_CHUNKS).
 CHUNK = 64
+# At most this many chunks: the carry kernel walks them one after another.
+MAX_CHUNKS = 128
 # Channels per program (rounded to a power of two, at most the channels of one B/C group).
-BLOCK_D = 16
+BLOCK_D = 32
+# Consecutive positions per lane and sub-tile: one 16-byte float32 load per row.
+SUB = 4
+INT32_MAX = 2 ** 31 - 1
 
 
 @triton.jit
@@ -57,217 +86,373 @@ def _sigmoid(x):
 
 
 @triton.jit
-def _program_coordinates(dim, group_size, BLOCK_D: tl.constexpr):
-    """(batch index, first channel of the group, channel indices, their mask) of this program."""
-    pid = tl.program_id(0)
+def _column(tile, index, k):
+    """Column ``k`` (static) of a tile whose columns are inside each thread: -0.0 elsewhere makes
+    the sum fold to a register read when compiled."""
+    return tl.sum(tl.where(index[None, :] == k, tile, -0.0), axis=1)
+
+
+@triton.jit
+def _set_column(tile, index, k, col):
+    return tl.where(index[None, :] == k, col[:, None], tile)
+
+
+@triton.jit
+def _scan_row(a, x, h, kk, SUB: tl.constexpr):
+    """The states ``h[j] = a[j] h[j-1] + x[j]`` along a sub-tile's columns (each lane's own
+    registers), from the state ``h`` (one per row) entering it: (the states, the last one)."""
+    hs = tl.zeros_like(x)
+    for j in tl.static_range(SUB):
+        h = _column(a, kk, j) * h + _column(x, kk, j)
+        hs = _set_column(hs, kk, j, h)
+    return hs, h
+
+
+@triton.jit
+def _adjoint_row(a, cy, r, kk, SUB: tl.constexpr):
+    """The adjoints ``g[j] = cy[j] + r[j+1]``, ``r[j] = a[j] g[j]`` backwards along a
+    sub-tile's columns, from ``r`` (one per row) entering it from the right: (g, the r leaving
+    it on the left)."""
+    g = tl.zeros_like(cy)
+    for i in tl.static_range(SUB):
+        j = SUB - 1 - i
+        gj = _column(cy, kk, j) + r
+        r = _column(a, kk, j) * gj
+        g = _set_column(g, kk, j, gj)
+    return g, r
+
+
+# Offsets. A product of sizes can pass 2**31 - 1: b*dim*L already at batch 1 for a 1024 x 1024
+# image at MambaIR's 1440 channels (1.5e9 elements), and the dB/dC partial sums and the scratch
+# likewise. So the batch index is int64 and every offset built from it is; offsets inside one
+# sequence (positions), one channel block or one program's slot stay 32-bit, within the limits
+# _Layout checks. Each offset is one helper, evaluated by the tests at sizes past 2**31.
+@triton.jit
+def _program_coordinates(bi, blk, dim, group_size, BLOCK_D: tl.constexpr):
+    """(batch index (int64), first channel of the group, channel indices, their mask) of the
+    programs of channel block ``blk`` (blocks of one group are consecutive) and batch ``bi``."""
     blocks = (group_size + BLOCK_D - 1) // BLOCK_D
-    groups = dim // group_size
-    bi = pid // (groups * blocks)
-    grp = (pid // blocks) % groups
-    d_in = (pid % blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask_d = d_in < group_size
-    return bi, grp * group_size, grp * group_size + d_in, mask_d
+    g0 = (blk // blocks) * group_size
+    d_in = (blk % blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
+    return bi.to(tl.int64), g0, g0 + d_in, d_in < group_size
 
 
 @triton.jit
-def _projection_source(ptr, tile, mask, bi, dim, chans, g0, dstate, n, length, VARIES: tl.constexpr):
-    """Where this program reads B (or C): when it varies along the sequence ((b, G, n, L)), the
-    offsets of its group's (n,) rows (all of the program's channels share group g0 // chans);
-    when constant ((d, n)), its tile, loaded once. Returns (rows, tile); the unused one is 0."""
+def _sequence_rows(bi, dim, d, length):
+    """Offsets of position 0 of channels ``d`` of batch ``bi`` in a (b, dim, L) tensor."""
+    return (bi * dim + d) * length
+
+
+@triton.jit
+def _chunk_state_rows(bi, dim, d, n_chunks, c, dstate):
+    """Offsets of state 0 of channels ``d``, chunk ``c`` in a (b, dim, n_chunks, dstate) tensor
+    (the states or adjoints entering the chunks)."""
+    return ((bi * dim + d) * n_chunks + c) * dstate
+
+
+@triton.jit
+def _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, n):
+    """Offsets of the (channels d, states n) tile of chunk ``c`` in such a tensor."""
+    return _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)[:, None] + n[None, :]
+
+
+@triton.jit
+def _chunk_sum_offsets(bi, dim, d, n_chunks, c):
+    """Offsets of channels ``d``, chunk ``c`` in the (b, dim, n_chunks) sums of delta."""
+    return (bi * dim + d) * n_chunks + c
+
+
+@triton.jit
+def _last_state_offsets(bi, dim, dstate, tile):
+    """Offsets of a (channels, states) ``tile`` of batch ``bi`` in a (b, dim, dstate) tensor."""
+    return bi * dim * dstate + tile
+
+
+@triton.jit
+def _program_slot(bi, blk, blocks, n_chunks, c, slot_size):
+    """Start of program (chunk ``c``, block ``blk``, batch ``bi``)'s ``slot_size`` elements in a
+    per-program buffer laid out (b, blocks, n_chunks, slot_size)."""
+    return ((bi.to(tl.int64) * blocks + blk) * n_chunks + c) * slot_size
+
+
+@triton.jit
+def _partial_rows(bi, blk, blocks, dstate, length):
+    """Offset of (block ``blk``, state 0, position 0) of batch ``bi`` in the
+    (b, blocks, dstate, L) dB/dC partial sums."""
+    return (bi.to(tl.int64) * blocks + blk) * dstate * length
+
+
+@triton.jit
+def _bc_row(bi, dim, chans, g0, dstate, length, VARIES: tl.constexpr):
+    """Offset of (batch, group, state 0, position 0) of a varying (b, G, n, L) B or C."""
     if VARIES:
-        rows = ((bi * (dim // chans) + g0 // chans) * dstate + n) * length
-        const = 0.0
-    else:
-        rows = 0
-        const = tl.load(ptr + tile, mask=mask, other=0.0).to(tl.float32)
-    return rows, const
+        return (bi * (dim // chans) + g0 // chans) * dstate * length
+    return bi * 0
 
 
 @triton.jit
-def _projection_at(ptr, rows, t, mask_n, const, VARIES: tl.constexpr):
-    """B (or C) at position ``t``: a (1, n) float32 row read at ``rows + t``, or the constant tile."""
+def _bc_at(ptr, row, k, t, mask_t, d, mask_d, dstate, length, VARIES: tl.constexpr):
+    """State ``k`` of B (or C) at the sub-tile's positions, broadcastable to (BLOCK_D, SUB):
+    a (1, SUB) row of a varying one, or a (BLOCK_D, 1) column of a constant (d, n) one."""
     if VARIES:
-        value = tl.load(ptr + rows + t, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        v = tl.load(ptr + row + k * length + t, mask=mask_t, other=0.0).to(tl.float32)[None, :]
     else:
-        value = const
-    return value
+        v = tl.load(ptr + d * dstate + k, mask=mask_d, other=0.0).to(tl.float32)[:, None]
+    return v
 
 
 @triton.jit
-def _delta(raw, bias, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+def _tile(ptr, offsets, mask):
+    return tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _sub_tile(s, kk, t1, mask_d, row):
+    """Positions, their mask (inside the chunk), the (channel, position) mask and offsets into
+    the (b, d, L) tensors of the sub-tile starting at position ``s``."""
+    t = s + kk
+    mask_t = t < t1
+    return t, mask_t, mask_d[:, None] & mask_t[None, :], row[:, None] + t[None, :]
+
+
+@triton.jit
+def _delta_tile(delta_ptr, offsets, mask, bias, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """(delta after bias and softplus, delta before softplus); 0 outside the sequence, so that a
+    masked position leaves the state unchanged (decay 1, input 0)."""
+    raw = _tile(delta_ptr, offsets, mask)
     if HAS_BIAS:
-        raw = raw + bias
+        raw = raw + bias[:, None]
+    dt = raw
     if SOFTPLUS:
-        return _softplus(raw)
-    return raw
+        dt = _softplus(raw)
+    return tl.where(mask, dt, 0.0), raw
 
 
 @triton.jit
-def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
-                         out_ptr, last_ptr, saved_ptr,
-                         dim, length, dstate, group_size, b_chans, c_chans, n_chunks, chunk,
-                         VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
-                         HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                         SAVE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    bi, g0, d, mask_d = _program_coordinates(dim, group_size, BLOCK_D)
-    n = tl.arange(0, BLOCK_N)
-    mask_n = n < dstate
-    mask = mask_d[:, None] & mask_n[None, :]
-    tile = d[:, None] * dstate + n[None, :]
-    A = tl.load(A_ptr + tile, mask=mask, other=0.0)
-    row = (bi * dim + d) * length  # (b, d, 0) offsets of the (b, d, L) tensors
-    b_row, B_tile = _projection_source(B_ptr, tile, mask, bi, dim, b_chans, g0, dstate, n, length, VAR_B)
-    c_row, C_tile = _projection_source(C_ptr, tile, mask, bi, dim, c_chans, g0, dstate, n, length, VAR_C)
-    if HAS_D:
-        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
-    bias = 0.0
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0)
-    state_row = (bi * dim + d[:, None]) * n_chunks
-    h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    for c in range(0, n_chunks):
-        if SAVE:  # the state entering chunk c, from which backward recomputes the chunk
-            tl.store(saved_ptr + (state_row + c) * dstate + n[None, :], h, mask=mask)
-        t0 = c * chunk
-        for t in range(t0, tl.minimum(t0 + chunk, length)):
-            ut = tl.load(u_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-            dt = _delta(tl.load(delta_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32),
-                        bias, HAS_BIAS, SOFTPLUS)
-            Bt = _projection_at(B_ptr, b_row, t, mask_n, B_tile, VAR_B)
-            Ct = _projection_at(C_ptr, c_row, t, mask_n, C_tile, VAR_C)
-            h = tl.exp(dt[:, None] * A) * h + (dt * ut)[:, None] * Bt
-            y = tl.sum(h * Ct, axis=1)
-            if HAS_D:
-                y += Dv * ut
-            if HAS_Z:
-                zt = tl.load(z_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-                y = y * zt * _sigmoid(zt)
-            tl.store(out_ptr + row + t, y, mask=mask_d)
-    tl.store(last_ptr + tile + bi * dim * dstate, h, mask=mask)
-
-
-@triton.jit
-def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
-                          dout_ptr, dlast_ptr, saved_ptr, scratch_ptr,
-                          du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr,
-                          dim, length, dstate, group_size, b_chans, c_chans, n_chunks, chunk,
-                          VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
+def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
+                          out_ptr, states_ptr, dsum_ptr,
+                          dim, length, group_size, b_chans, c_chans, n_chunks, chunk,
+                          dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                           HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                          HAS_DLAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Outputs: du, ddelta, dz per position; dB, dC per position summed over this program's
-    channels (variable B/C) or per (channel, state) summed over positions (constant B/C, into
-    the dtile slots 1 and 2); the dA tile in dtile slot 0; dD and d(delta_bias) in dvec."""
-    pid = tl.program_id(0)
-    bi, g0, d, mask_d = _program_coordinates(dim, group_size, BLOCK_D)
-    n = tl.arange(0, BLOCK_N)
-    mask_n = n < dstate
-    mask = mask_d[:, None] & mask_n[None, :]
-    tile = d[:, None] * dstate + n[None, :]
-    local = tl.arange(0, BLOCK_D)[:, None] * BLOCK_N + n[None, :]  # offsets inside one tile
-    tile_size = BLOCK_D * BLOCK_N
-    scratch = scratch_ptr + pid * chunk * tile_size + local
-    A = tl.load(A_ptr + tile, mask=mask, other=0.0)
-    row = (bi * dim + d) * length
-    part_row = (pid * dstate + n) * length  # this program's slice of the dB/dC partial sums
-    b_row, B_tile = _projection_source(B_ptr, tile, mask, bi, dim, b_chans, g0, dstate, n, length, VAR_B)
-    c_row, C_tile = _projection_source(C_ptr, tile, mask, bi, dim, c_chans, g0, dstate, n, length, VAR_C)
-    if not VAR_B:  # constant B and C: their gradients are summed over positions in registers
-        dB_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    if not VAR_C:
-        dC_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    if HAS_D:
-        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
-    bias = 0.0
+                          OUTPUT: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                          SUB: tl.constexpr):
+    """OUTPUT=False: the chunk from a zero state; its end state into ``states`` and the sum of
+    its deltas into ``dsum``. OUTPUT=True: the chunk from the state in ``states``; the output."""
+    c, blk = tl.program_id(0), tl.program_id(1)
+    bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
+    nn = tl.arange(0, BLOCK_N)
+    kk = tl.arange(0, SUB)
+    mask_dn = mask_d[:, None] & (nn < dstate)[None, :]
+    row = _sequence_rows(bi, dim, d, length)  # (b, d, 0) of the (b, d, L) tensors
+    b_row = _bc_row(bi, dim, b_chans, g0, dstate, length, VAR_B)
+    c_row = _bc_row(bi, dim, c_chans, g0, dstate, length, VAR_C)
+    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0)
-    if HAS_DLAST:  # adjoint of the state, starting from the gradient of the last state
-        g = tl.load(dlast_ptr + tile + bi * dim * dstate, mask=mask, other=0.0).to(tl.float32)
-    else:
-        g = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    dA_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    state_row = (bi * dim + d[:, None]) * n_chunks
-    for ci in range(0, n_chunks):
-        c = n_chunks - 1 - ci
-        t0 = c * chunk
-        t1 = tl.minimum(t0 + chunk, length)
-        h0 = tl.load(saved_ptr + (state_row + c) * dstate + n[None, :], mask=mask, other=0.0)
-        h = h0
-        for t in range(t0, t1):  # recompute the chunk's states into the scratch buffer
-            ut = tl.load(u_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-            dt = _delta(tl.load(delta_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32),
-                        bias, HAS_BIAS, SOFTPLUS)
-            Bt = _projection_at(B_ptr, b_row, t, mask_n, B_tile, VAR_B)
-            h = tl.exp(dt[:, None] * A) * h + (dt * ut)[:, None] * Bt
-            tl.store(scratch + (t - t0) * tile_size, h)
-        tl.debug_barrier()  # the states written above are read below by other threads
-        for k in range(0, t1 - t0):
-            j = t1 - t0 - 1 - k
-            t = t0 + j
-            ut = tl.load(u_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-            raw = tl.load(delta_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-            if HAS_BIAS:
-                raw = raw + bias
-            if SOFTPLUS:
-                dt = _softplus(raw)
-            else:
-                dt = raw
-            Bt = _projection_at(B_ptr, b_row, t, mask_n, B_tile, VAR_B)
-            Ct = _projection_at(C_ptr, c_row, t, mask_n, C_tile, VAR_C)
-            h_t = tl.load(scratch + j * tile_size)
-            first = (tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.int32) + j) == 0
-            h_prev = tl.load(scratch + (j - 1) * tile_size, mask=~first, other=0.0)
-            h_prev = tl.where(first, h0, h_prev)
-            dy = tl.load(dout_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-            if HAS_Z:  # out = (y + D u) * silu(z)
-                zt = tl.load(z_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-                sz = _sigmoid(zt)
-                y = tl.sum(h_t * Ct, axis=1)
-                if HAS_D:
-                    y += Dv * ut
-                tl.store(dz_ptr + row + t, dy * y * sz * (1.0 + zt * (1.0 - sz)), mask=mask_d)
-                dy = dy * zt * sz
-            du_t = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if HAS_D:
+        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
+    if OUTPUT:
+        h = tl.load(states_ptr + _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn), mask=mask_dn,
+                    other=0.0)
+    else:  # the running state is kept in this program's slot of ``states``, which ends as its output
+        tl.store(states_ptr + _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn),
+                 tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32), mask=mask_dn)
+        tl.debug_barrier()
+        h_col = states_ptr + _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)
+    dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    t0 = c * chunk
+    t1 = tl.minimum(t0 + chunk, length)
+    for s in range(t0, t1, SUB):
+        t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
+        dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
+        u = _tile(u_ptr, offs, m2)
+        dtu = dt * u
+        if not OUTPUT:
+            dsum += tl.sum(dt, axis=1)
+            for k in range(0, dstate):  # not unrolled: the state is in memory, not registers
+                a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
+                x = dtu * _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
+                _, hk = _scan_row(a, x, tl.load(h_col + k, mask=mask_d, other=0.0), kk, SUB)
+                tl.store(h_col + k, hk, mask=mask_d)
+        else:
+            y = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)
+            for k in tl.static_range(dstate):
+                a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
+                x = dtu * _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
+                hs, hk = _scan_row(a, x, _column(h, nn, k), kk, SUB)
+                y += hs * _bc_at(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
+                h = _set_column(h, nn, k, hk)
             if HAS_D:
-                dD_acc += dy * ut
-                du_t = dy * Dv
-            if VAR_C:
-                tl.store(dC_ptr + part_row + t, tl.sum(dy[:, None] * h_t, axis=0), mask=mask_n)
-            else:
-                dC_acc += dy[:, None] * h_t
-            g = g + dy[:, None] * Ct  # gradient w.r.t. h[t]
-            dx = dt * ut
-            if VAR_B:
-                tl.store(dB_ptr + part_row + t, tl.sum(g * dx[:, None], axis=0), mask=mask_n)
-            else:
-                dB_acc += g * dx[:, None]
-            a = tl.exp(dt[:, None] * A)
-            gda = g * a * h_prev  # gradient w.r.t. delta[t] * A
-            dA_acc += gda * dt[:, None]
-            ddx = tl.sum(g * Bt, axis=1)  # gradient w.r.t. delta[t] * u[t]
-            ddt = tl.sum(gda * A, axis=1) + ddx * ut
-            du_t += ddx * dt
+                y += Dv[:, None] * u
+            if HAS_Z:
+                zt = _tile(z_ptr, offs, m2)
+                y = y * zt * _sigmoid(zt)
+            tl.store(out_ptr + offs, y, mask=m2)
+    if not OUTPUT:
+        tl.store(dsum_ptr + _chunk_sum_offsets(bi, dim, d, n_chunks, c), dsum, mask=mask_d)
+
+
+@triton.jit
+def _carry_kernel(A_ptr, states_ptr, dsum_ptr, start_ptr, last_ptr, dim, dstate, n_chunks,
+                  REVERSE: tl.constexpr, HAS_START: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """Replaces each chunk's own contribution in ``states`` by the carry entering the chunk
+    (from the left, or from the right when REVERSE): ``carry <- exp2(A log2 e * dsum) * carry +
+    own``, starting from ``start`` (HAS_START) or zero; the final carry into ``last``."""
+    d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    bi = tl.program_id(1).to(tl.int64)
+    nn = tl.arange(0, BLOCK_N)
+    mask_d = d < dim
+    mask = mask_d[:, None] & (nn < dstate)[None, :]
+    A2 = tl.load(A_ptr + d[:, None] * dstate + nn[None, :], mask=mask, other=0.0) * 1.4426950408889634
+    tile = _last_state_offsets(bi, dim, dstate, d[:, None] * dstate + nn[None, :])
+    if HAS_START:
+        carry = tl.load(start_ptr + tile, mask=mask, other=0.0).to(tl.float32)
+    else:
+        carry = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    for i in range(0, n_chunks):
+        c = n_chunks - 1 - i if REVERSE else i
+        offs = _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn)
+        own = tl.load(states_ptr + offs, mask=mask, other=0.0)
+        total = tl.load(dsum_ptr + _chunk_sum_offsets(bi, dim, d, n_chunks, c), mask=mask_d, other=0.0)
+        tl.store(states_ptr + offs, carry, mask=mask)
+        carry = tl.exp2(A2 * total[:, None]) * carry + own
+    tl.store(last_ptr + tile, carry, mask=mask)
+
+
+@triton.jit
+def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
+                           dout_ptr, states_ptr, adj_ptr, scratch_ptr,
+                           du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr,
+                           dim, length, group_size, b_chans, c_chans, n_chunks, chunk,
+                           dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
+                           HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                           GRADS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                           SUB: tl.constexpr):
+    """GRADS=False: the adjoint entering the chunk from a zero one at its end, into ``adj``.
+    GRADS=True: from the chunk's entering state (``states``) and the adjoint entering it from
+    the right (``adj``): du, ddelta, dz per position; dB, dC per position summed over the
+    program's channels (varying B/C, ``dB``/``dC``) or per (channel, state) summed over the
+    chunk (constant, ``dtile`` slots 1, 2); dA in ``dtile`` slot 0; dD, d(delta_bias) in
+    ``dvec``."""
+    c, blk, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
+    nn = tl.arange(0, BLOCK_N)
+    kk = tl.arange(0, SUB)
+    mask_dn = mask_d[:, None] & (nn < dstate)[None, :]
+    row = _sequence_rows(bi, dim, d, length)
+    state = _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn)
+    b_row = _bc_row(bi, dim, b_chans, g0, dstate, length, VAR_B)
+    c_row = _bc_row(bi, dim, c_chans, g0, dstate, length, VAR_C)
+    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0)
+    if HAS_D:
+        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
+    t0 = c * chunk
+    t1 = tl.minimum(t0 + chunk, length)
+    last_sub = t0 + ((t1 - t0 - 1) // SUB) * SUB  # first position of the chunk's last sub-tile
+    tile_size = BLOCK_D * BLOCK_N
+    # a column (BLOCK_D,) per state: stored and loaded in the layout the loops use
+    scratch = scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * tile_size) + \
+        tl.arange(0, BLOCK_D)
+    if GRADS:
+        # states entering each sub-tile, recomputed forward from the chunk's entering state
+        h = tl.load(states_ptr + state, mask=mask_dn, other=0.0)
+        for s in range(t0, t1, SUB):
+            t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
+            dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
+            dtu = dt * _tile(u_ptr, offs, m2)
+            for k in tl.static_range(dstate):
+                hk = _column(h, nn, k)
+                tl.store(scratch + (((s - t0) // SUB) * BLOCK_N + k) * BLOCK_D, hk)
+                a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
+                x = dtu * _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
+                _, hk = _scan_row(a, x, hk, kk, SUB)
+                h = _set_column(h, nn, k, hk)
+        tl.debug_barrier()  # the scratch columns written above are read below
+        dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
+        # this program's (dA, constant dB, constant dC) tiles, zero-initialised, one column per state
+        dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 3 * tile_size) + \
+            tl.arange(0, BLOCK_D) * BLOCK_N
+    else:
+        tl.store(adj_ptr + state, tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32), mask=mask_dn)
+        tl.debug_barrier()
+    # The adjoint r of each (channel, state) is carried from sub-tile to sub-tile in this
+    # program's own slot of ``adj`` (it starts as the adjoint entering from the right, or zero,
+    # and ends as the adjoint leaving the chunk on the left), so that the loop over the states
+    # need not be unrolled to keep it in registers.
+    adj_col = adj_ptr + _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)
+    for i in range(0, (t1 - t0 + SUB - 1) // SUB):
+        s = last_sub - i * SUB
+        t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
+        dt, raw = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
+        dy = _tile(dout_ptr, offs, m2)
+        if HAS_Z:
+            zt = _tile(z_ptr, offs, m2)
+            zs = _sigmoid(zt)
+            dy_gated = dy * zt * zs  # out = (y + D u) * silu(z)
+        else:
+            dy_gated = dy
+        if GRADS:
+            u = _tile(u_ptr, offs, m2)
+            dtu = dt * u
+            y = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)
+            ddt = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)  # d loss / d delta (after softplus)
+            ddx = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)  # d loss / d (delta u)
+        for k in range(0, dstate):
+            Ak = tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0)
+            a = tl.exp2(dt * (Ak * 1.4426950408889634)[:, None])
+            Ck = _bc_at(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
+            cy = dy_gated * Ck  # d loss / d h[t] directly through y[t]
+            g, rk = _adjoint_row(a, cy, tl.load(adj_col + k, mask=mask_d, other=0.0), kk, SUB)
+            tl.store(adj_col + k, rk, mask=mask_d)
+            if GRADS:  # g: d loss / d h[t]
+                Bk = _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
+                x = dtu * Bk
+                h_in = tl.load(scratch + (((s - t0) // SUB) * BLOCK_N + k) * BLOCK_D)
+                hs, _ = _scan_row(a, x, h_in, kk, SUB)
+                p = g * (hs - x)  # g[t] * exp(delta A) * h[t-1]
+                tl.store(dtile + k, tl.load(dtile + k) + tl.sum(p * dt, axis=1))
+                ddt += p * Ak[:, None]
+                ddx += g * Bk
+                if VAR_B:
+                    tl.store(dB_ptr + part + k * length + t, tl.sum(g * dtu, axis=0), mask=mask_t)
+                else:
+                    tl.store(dtile + tile_size + k, tl.load(dtile + tile_size + k) + tl.sum(g * dtu, axis=1))
+                if VAR_C:
+                    tl.store(dC_ptr + part + k * length + t, tl.sum(dy_gated * hs, axis=0), mask=mask_t)
+                else:
+                    tl.store(dtile + 2 * tile_size + k,
+                             tl.load(dtile + 2 * tile_size + k) + tl.sum(dy_gated * hs, axis=1))
+                if HAS_Z:
+                    y += hs * Ck
+        if GRADS:
+            du = ddx * dt
+            if HAS_D:
+                du += dy_gated * Dv[:, None]
+                dD_acc += tl.sum(dy_gated * u, axis=1)
+            if HAS_Z:
+                if HAS_D:
+                    y += Dv[:, None] * u
+                tl.store(dz_ptr + offs, dy * y * zs * (1.0 + zt * (1.0 - zs)), mask=m2)
+            ddt += ddx * u
             if SOFTPLUS:
                 ddt = ddt * _sigmoid(raw)
-            dbias_acc += ddt
-            tl.store(du_ptr + row + t, du_t, mask=mask_d)
-            tl.store(ddelta_ptr + row + t, ddt, mask=mask_d)
-            g = g * a  # gradient w.r.t. h[t-1]
-        tl.debug_barrier()  # the next chunk overwrites the scratch states read above
-    dtile = dtile_ptr + pid * 3 * tile_size + local
-    tl.store(dtile, dA_acc)
-    if not VAR_B:
-        tl.store(dtile + tile_size, dB_acc)
-    if not VAR_C:
-        tl.store(dtile + 2 * tile_size, dC_acc)
-    dvec = dvec_ptr + pid * 2 * BLOCK_D + tl.arange(0, BLOCK_D)
-    tl.store(dvec, dD_acc)
-    tl.store(dvec + BLOCK_D, dbias_acc)
+            ddt = tl.where(m2, ddt, 0.0)
+            dbias_acc += tl.sum(ddt, axis=1)
+            tl.store(du_ptr + offs, du, mask=m2)
+            tl.store(ddelta_ptr + offs, ddt, mask=m2)
+    if GRADS:
+        dvec = dvec_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 2 * BLOCK_D) + tl.arange(0, BLOCK_D)
+        tl.store(dvec, dD_acc)
+        tl.store(dvec + BLOCK_D, dbias_acc)
 
 
 class _Layout:
-    """Shapes and launch grid shared by the two kernels."""
+    """Shapes, chunking and launch grid shared by the kernels."""
 
     def __init__(self, u: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                  chunk: int, block_d: int):
@@ -280,33 +465,184 @@ class _Layout:
         self.group_size = self.dim // groups
         self.b_chans = self.dim // B.shape[1] if B.dim() == 4 else 1
         self.c_chans = self.dim // C.shape[1] if C.dim() == 4 else 1
-        self.chunk = max(1, int(chunk))
+        # whole sub-tiles per chunk, and no more than MAX_CHUNKS chunks
+        chunk = max(int(chunk), -(-self.length // MAX_CHUNKS), 1)
+        self.chunk = -(-chunk // SUB) * SUB
         self.n_chunks = -(-self.length // self.chunk)
         self.block_d = min(triton.next_power_of_2(max(1, int(block_d))),
                            triton.next_power_of_2(self.group_size))
         self.block_n = triton.next_power_of_2(self.dstate)
         self.blocks = -(-self.group_size // self.block_d)
-        self.programs = self.batch * groups * self.blocks
+        self.fine = groups
+        self.grid = (self.n_chunks, groups * self.blocks, self.batch)
+        self.carry_grid = (triton.cdiv(self.dim, BLOCK_D), self.batch)
+        self.programs = math.prod(self.grid)
+        self._check_limits(tuple(u.shape))
+
+    def _check_limits(self, shape: Tuple[int, ...]) -> None:
+        """Refuse, before any work, what the kernels' 32-bit indices (positions within one
+        sequence, offsets within one program's slot, the A tile) or CUDA's grid (at most 65535
+        programs along its second and third axes) cannot address."""
+        for what, value, limit in (('positions L + chunk', self.length + self.chunk, INT32_MAX),
+                                   ('chunk x state tile', self.chunk * self.block_d * self.block_n, INT32_MAX),
+                                   ('dim x d_state', self.dim * self.dstate, INT32_MAX),
+                                   ('channel blocks', self.grid[1], 65535),
+                                   ('batch', self.batch, 65535)):
+            if value > limit:
+                raise InputError(
+                    f'the Triton selective scan cannot take u of shape {shape} (batch, dim, L): '
+                    f'its {what} = {value} passes {limit}, the most its indices or launch grid '
+                    f'address. Split the input, or use scan_backend: torch.')
 
     def args(self) -> Tuple[int, ...]:
-        return (self.dim, self.length, self.dstate, self.group_size, self.b_chans, self.c_chans,
+        return (self.dim, self.length, self.group_size, self.b_chans, self.c_chans,
                 self.n_chunks, self.chunk)
 
     def per_channel(self, t: torch.Tensor, width: int) -> torch.Tensor:
-        """Per-program partial sums (programs, width) -> (dim, ...), summed over the batch."""
-        t = t.reshape(self.batch, self.dim // self.group_size, self.blocks * self.block_d, -1).sum(0)
-        return t[:, :self.group_size].reshape(self.dim, -1)[:, :width]
+        """Per-program partial sums (programs, ...) -> (dim, width), summed over batch and chunks."""
+        t = t.reshape(self.batch, self.fine, self.blocks, self.n_chunks, self.block_d, -1).sum((0, 3))
+        t = t.reshape(self.fine, self.blocks * self.block_d, -1)[:, :self.group_size]
+        return t.reshape(self.dim, -1)[:, :width]
 
     def per_position(self, part: torch.Tensor, groups: int) -> torch.Tensor:
-        """dB/dC partial sums (programs, n, L) -> (b, groups, n, L)."""
-        fine = self.dim // self.group_size
-        part = part.view(self.batch, groups, fine // groups * self.blocks, self.dstate, self.length)
+        """dB/dC partial sums (b, channel blocks, n, L) -> (b, groups, n, L)."""
+        part = part.view(self.batch, groups, self.fine // groups * self.blocks, self.dstate, self.length)
         return part.sum(2)
 
 
-def _normalise_bc(m: torch.Tensor) -> torch.Tensor:
-    """(b, n, L) -> (b, 1, n, L); (d, n) and (b, G, n, L) unchanged; contiguous, dtype kept."""
-    return (m.unsqueeze(1) if m.dim() == 3 else m).contiguous()
+@dataclass
+class KernelLaunch:
+    """One kernel launch, complete: ``kernel[grid](*args, num_warps=num_warps, **constexprs)``.
+
+    ``args`` are the kernel's non-constexpr parameters in order (tensors and Python ints; on a GPU
+    Triton specialises on them: pointer alignment, ints divisible by 16, ints past 2**31 - 1 as
+    int64), ``constexprs`` its constexpr parameters by name. ``updates_per_pass``: for each
+    innermost loop of the compiled kernel, in code order, the state updates (channel, state,
+    position) one warp makes per pass (empty for the carry kernel, whose loop walks chunks), so
+    that static figures can be put per update."""
+    name: str
+    kernel: Any
+    grid: Tuple[int, ...]
+    args: Tuple[Any, ...]
+    constexprs: Dict[str, Any]
+    num_warps: int
+    updates_per_pass: Tuple[int, ...] = ()
+
+    def run(self) -> None:
+        device = self.args[0].device
+        with torch.cuda.device(device) if device.type == 'cuda' else _nothing():
+            self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.constexprs)
+
+
+@dataclass
+class ScanLaunches:
+    """The launches of one direction, run in order, the tensors they write (``outputs``) and
+    the shapes the caller needs afterwards (``layout``)."""
+    launches: List[KernelLaunch]
+    outputs: Dict[str, Optional[torch.Tensor]]
+    layout: _Layout
+
+    def run(self) -> Dict[str, Optional[torch.Tensor]]:
+        for launch in self.launches:
+            launch.run()
+        return self.outputs
+
+
+def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
+    """Contiguous inputs in the kernels' argument order, the flags they are compiled for, and
+    the layout. A shape past the kernels' limits raises :class:`InputError` naming it, before
+    any input is copied."""
+    lay = _Layout(u, A, _grouped_view(B), _grouped_view(C), chunk, block_d)  # checks limits first
+    u, delta = u.contiguous(), delta.contiguous()
+    z = None if z is None else z.contiguous()
+    Bn, Cn = _grouped_view(B).contiguous(), _grouped_view(C).contiguous()
+    A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
+    inputs = (u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32))
+    flags = dict(VAR_B=Bn.dim() == 4, VAR_C=Cn.dim() == 4, HAS_D=D is not None, HAS_Z=z is not None,
+                 HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus), dstate=lay.dstate,
+                 BLOCK_D=lay.block_d, BLOCK_N=lay.block_n, SUB=SUB)
+    return inputs, flags, lay
+
+
+def _chunk_launch(name, kernel, lay, args, flags, loops, **mode) -> KernelLaunch:
+    """``loops``: per innermost loop, whether one pass covers all states of a sub-tile ('tile')
+    or one state of it ('state')."""
+    per = dict(tile=lay.block_d * lay.dstate * SUB, state=lay.block_d * SUB)
+    return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
+                        updates_per_pass=tuple(per[loop] for loop in loops))
+
+
+def _carry_launch(name, lay, A32, own, dsum, start, last, reverse: bool) -> KernelLaunch:
+    return KernelLaunch(name, _carry_kernel, lay.carry_grid,
+                        (A32, own, dsum, _or(start, A32), last, lay.dim, lay.dstate, lay.n_chunks),
+                        dict(REVERSE=reverse, HAS_START=start is not None, BLOCK_D=BLOCK_D,
+                             BLOCK_N=lay.block_n), num_warps=1)
+
+
+def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: int = CHUNK,
+                   block_d: int = BLOCK_D) -> ScanLaunches:
+    """The forward's launches for these inputs (shapes and dtypes as :func:`selective_scan_triton`).
+    Outputs: ``out`` (u's dtype), ``last`` (float32 last state), ``saved`` (the float32 states
+    entering the chunks, kept for backward) and ``dsum`` (each chunk's sum of delta).
+
+    This is the one description of the launches: :class:`SelectiveScanTriton` runs them, and
+    ``scripts/scan_static_report.py`` compiles them for GPUs it does not have, by calling this
+    with tensors on the ``meta`` device (shapes and dtypes only, nothing allocated). So it must
+    do nothing but prepare inputs, allocate outputs on the inputs' device and describe the
+    launches; it must never read tensor values."""
+    inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d)
+    u = inputs[0]
+    out = torch.empty_like(u)
+    last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
+    saved = u.new_empty(lay.batch, lay.dim, lay.n_chunks, lay.dstate, dtype=torch.float32)
+    dsum = u.new_empty(lay.batch, lay.dim, lay.n_chunks, dtype=torch.float32)
+    args = (*inputs, out, saved, dsum, *lay.args())
+    return ScanLaunches([
+        _chunk_launch('forward: chunks from zero', _forward_chunk_kernel, lay, args, flags, ['state'],
+                      OUTPUT=False),
+        _carry_launch('forward: carries', lay, inputs[2], saved, dsum, None, last, reverse=False),
+        _chunk_launch('forward: output', _forward_chunk_kernel, lay, args, flags, ['tile'], OUTPUT=True),
+    ], dict(out=out, last=last, saved=saved, dsum=dsum), lay)
+
+
+def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, dsum: torch.Tensor,
+                    dout: torch.Tensor, dlast: Optional[torch.Tensor], softplus: bool,
+                    chunk: int = CHUNK, block_d: int = BLOCK_D) -> ScanLaunches:
+    """The backward's launches (same contract as :func:`forward_launch`): the forward's inputs,
+    its ``saved`` states and ``dsum``, the output gradient ``dout`` and the last state's gradient
+    ``dlast`` (None: not needed, the carry kernel is compiled without it). Outputs: ``du``,
+    ``ddelta``, ``dz`` (or None), and the partial sums ``dB_part``/``dC_part`` (variable B/C,
+    else None), ``dtile`` (dA, constant dB, dC) and ``dvec`` (dD, d delta_bias) that ``layout``
+    reduces."""
+    inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d)
+    u, delta = inputs[0], inputs[1]
+    dout = dout.contiguous()
+    dlast = None if dlast is None else dlast.float().contiguous()
+    du, ddelta = torch.empty_like(u), torch.empty_like(delta)
+    dz = None if z is None else torch.empty_like(inputs[6])
+    f32 = dict(dtype=torch.float32)
+    tile_size = lay.block_d * lay.block_n
+    adj = torch.empty_like(saved)
+    dinit = u.new_empty(lay.batch, lay.dim, lay.dstate, **f32)  # gradient of the zero initial state
+    scratch = u.new_empty(lay.programs * (lay.chunk // SUB) * tile_size, **f32)
+    dtile = u.new_zeros(lay.programs, 3, lay.block_d, lay.block_n, **f32)
+    dvec = u.new_empty(lay.programs, 2, lay.block_d, **f32)
+    dB_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_B'] else None
+    dC_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_C'] else None
+    args = (*inputs, dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
+            _or(dC_part, scratch), dtile, dvec, *lay.args())
+    return ScanLaunches([
+        _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, ['state'],
+                      GRADS=False),
+        _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
+        _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags,
+                      ['tile', 'state'], GRADS=True),
+    ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
+
+
+def _grouped_view(m: torch.Tensor) -> torch.Tensor:
+    """(b, n, L) -> (b, 1, n, L) (a view); (d, n) and (b, G, n, L) unchanged."""
+    return m.unsqueeze(1) if m.dim() == 3 else m
 
 
 def _float(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -314,69 +650,41 @@ def _float(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 class SelectiveScanTriton(torch.autograd.Function):
-    """Autograd function over the two kernels; arguments as :func:`selective_scan_triton`."""
+    """Autograd function over the kernels; arguments as :func:`selective_scan_triton`."""
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: int,
                 block_d: int):  # type: ignore[override]
         if u.shape[-1] == 0:
             raise ValueError('the selective scan needs a sequence length of at least 1')
-        u, delta = u.contiguous(), delta.contiguous()
-        z = None if z is None else z.contiguous()
-        Bn, Cn = _normalise_bc(B), _normalise_bc(C)
-        A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
-        lay = _Layout(u, A32, Bn, Cn, chunk, block_d)
-        out = torch.empty_like(u)
-        last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
-        save = any(ctx.needs_input_grad)
-        saved = u.new_empty(lay.batch, lay.dim, lay.n_chunks if save else 1, lay.dstate,
-                            dtype=torch.float32)
-        with torch.cuda.device(u.device) if u.is_cuda else _nothing():
-            _scan_forward_kernel[(lay.programs,)](
-                u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32),
-                out, last, saved, *lay.args(),
-                VAR_B=Bn.dim() == 4, VAR_C=Cn.dim() == 4, HAS_D=D is not None, HAS_Z=z is not None,
-                HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus), SAVE=save,
-                BLOCK_D=lay.block_d, BLOCK_N=lay.block_n, num_warps=1)
-        if save:
-            ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, saved)
+        # An output that no loss uses gets None in backward, not zeros: without the last
+        # state's gradient (MambaIR never uses the last state) the reverse carry kernel is
+        # compiled without that work (HAS_START=False).
+        ctx.set_materialize_grads(False)
+        outputs = forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d).run()
+        if any(ctx.needs_input_grad):
+            ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, outputs['saved'], outputs['dsum'])
             ctx.softplus, ctx.chunk, ctx.block_d = bool(softplus), chunk, block_d
-        return out, last
+        return outputs['out'], outputs['last']
 
     @staticmethod
     def backward(ctx, dout, dlast):  # type: ignore[override]
-        u, delta, A, B, C, D, z, delta_bias, saved = ctx.saved_tensors
-        Bn, Cn = _normalise_bc(B), _normalise_bc(C)
-        A32, D32, bias32 = A.float().contiguous(), _float(D), _float(delta_bias)
-        lay = _Layout(u, A32, Bn, Cn, ctx.chunk, ctx.block_d)
-        dout = dout.contiguous()
-        dlast = None if dlast is None else dlast.float().contiguous()
-        du, ddelta = torch.empty_like(u), torch.empty_like(delta)
-        dz = None if z is None else torch.empty_like(z)
-        f32 = dict(device=u.device, dtype=torch.float32)
-        tile_size = lay.block_d * lay.block_n
-        scratch = torch.empty(lay.programs * lay.chunk * tile_size, **f32)
-        dtile = torch.zeros(lay.programs, 3, lay.block_d, lay.block_n, **f32)
-        dvec = torch.zeros(lay.programs, 2, lay.block_d, **f32)
-        var_b, var_c = Bn.dim() == 4, Cn.dim() == 4
-        dB_part = torch.empty(lay.programs, lay.dstate, lay.length, **f32) if var_b else None
-        dC_part = torch.empty(lay.programs, lay.dstate, lay.length, **f32) if var_c else None
-        with torch.cuda.device(u.device) if u.is_cuda else _nothing():
-            _scan_backward_kernel[(lay.programs,)](
-                u, delta, A32, Bn, Cn, _or(D32, A32), _or(z, u), _or(bias32, A32),
-                dout, _or(dlast, A32), saved, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
-                _or(dC_part, scratch), dtile, dvec, *lay.args(),
-                VAR_B=var_b, VAR_C=var_c, HAS_D=D is not None, HAS_Z=z is not None,
-                HAS_BIAS=delta_bias is not None, SOFTPLUS=ctx.softplus, HAS_DLAST=dlast is not None,
-                BLOCK_D=lay.block_d, BLOCK_N=lay.block_n, num_warps=1)
-        n = lay.dstate
+        u, delta, A, B, C, D, z, delta_bias, saved, dsum = ctx.saved_tensors
+        if dout is None:  # only the last state is used
+            dout = torch.zeros_like(u)
+        plan = backward_launch(u, delta, A, B, C, D, z, delta_bias, saved, dsum, dout, dlast,
+                               ctx.softplus, ctx.chunk, ctx.block_d)
+        grads, lay = plan.run(), plan.layout
+        dtile, dvec, n = grads['dtile'], grads['dvec'], lay.dstate
         dA = lay.per_channel(dtile[:, 0], n)
-        dB = lay.per_position(dB_part, Bn.shape[1]) if var_b else lay.per_channel(dtile[:, 1], n)
-        dC = lay.per_position(dC_part, Cn.shape[1]) if var_c else lay.per_channel(dtile[:, 2], n)
+        dB = (lay.per_position(grads['dB_part'], _grouped_view(B).shape[1])
+              if grads['dB_part'] is not None else lay.per_channel(dtile[:, 1], n))
+        dC = (lay.per_position(grads['dC_part'], _grouped_view(C).shape[1])
+              if grads['dC_part'] is not None else lay.per_channel(dtile[:, 2], n))
         dD = None if D is None else lay.per_channel(dvec[:, 0], 1).view(-1).to(D.dtype)
         dbias = None if delta_bias is None else lay.per_channel(dvec[:, 1], 1).view(-1).to(delta_bias.dtype)
-        return (du, ddelta, dA.to(A.dtype), dB.view(B.shape).to(B.dtype), dC.view(C.shape).to(C.dtype),
-                dD, dz, dbias, None, None, None)
+        return (grads['du'], grads['ddelta'], dA.to(A.dtype), dB.view(B.shape).to(B.dtype),
+                dC.view(C.shape).to(C.dtype), dD, grads['dz'], dbias, None, None, None)
 
 
 class _nothing:
@@ -401,8 +709,9 @@ def selective_scan_triton(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
                           delta_softplus: bool = False, chunk: int = CHUNK, block_d: int = BLOCK_D
                           ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(output in u's dtype, last state in float32); shapes as :func:`archs.selective_scan.selective_scan`
-    (which checks them). ``chunk``: positions between saved states; ``block_d``: channels per
-    program."""
+    (which checks them). ``chunk``: positions per program (rounded up to whole sub-tiles of
+    :data:`SUB`, and raised so that there are at most :data:`MAX_CHUNKS` chunks); ``block_d``:
+    channels per program."""
     return SelectiveScanTriton.apply(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus),
                                      int(chunk), int(block_d))
 
@@ -411,4 +720,4 @@ def interpreting() -> bool:
     """Whether these kernels run on Triton's CPU interpreter: TRITON_INTERPRET=1 was set before
     triton was imported (its own library functions, such as ``tl.sum``, are decorated then) and
     still when this module was."""
-    return not any(isinstance(f, triton.runtime.JITFunction) for f in (_scan_forward_kernel, tl.sum))
+    return not any(isinstance(f, triton.runtime.JITFunction) for f in (_forward_chunk_kernel, tl.sum))

@@ -20,6 +20,9 @@ import archs  # noqa: E402,F401
 import archs.selective_scan as scan_module  # noqa: E402
 from archs.selective_scan import (BACKEND_ENV, ScanBackendUnavailable, resolve_backend,  # noqa: E402
                                   select_kernel, selective_scan)
+import archs.scan_triton as scan_triton  # noqa: E402  (kernels interpreted: see `interpreted`)
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from basicsr_ldt.errors import InputError  # noqa: E402
 from conftest import load_script  # noqa: E402
 from test_selective_scan import make_inputs, sequential_reference  # noqa: E402
@@ -94,10 +97,32 @@ def test_matches_float64_reference_over_several_chunks(interpreted, bc, options,
     _check_against_reference(args, softplus, out, last)
 
 
-@pytest.mark.parametrize('length, chunk', [(1, 4), (16, 16), (9, 1)])
-def test_chunk_edges(interpreted, length, chunk):
-    args, softplus = make_inputs('grouped', length, 'D+bias+softplus', dim=4, groups=2)
+@pytest.mark.parametrize('length, chunk, n_chunks', [
+    (1, 4, 1),    # a sequence of one position: one sub-tile, three positions of it masked
+    (16, 16, 1),  # exactly one chunk of whole sub-tiles
+    (9, 8, 2),    # one chunk and one position: the second chunk is a single position
+    (13, 4, 4),   # chunks of one sub-tile, the last one partial
+    (9, 1, 3),    # chunk 1 rounded up to a whole sub-tile of 4
+    (30, 12, 3),  # chunks of three sub-tiles, the last chunk partial (6 of 12)
+])
+def test_chunk_boundaries(interpreted, length, chunk, n_chunks):
+    """Carries between chunks and sub-tiles at every kind of boundary: output, last state and
+    every gradient against the float64 reference, with the chunk count the launch used."""
+    args, softplus = make_inputs('grouped', length, 'D+z+bias+softplus', dim=4, groups=2)
     out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=chunk)
+    saved = [t for t in out.grad_fn.saved_tensors if t is not None and t.dim() == 4 and t.shape[-1] == 3]
+    assert [tuple(t.shape) for t in saved] == [(2, 4, n_chunks, 3)]
+    _check_against_reference(args, softplus, out, last)
+
+
+def test_long_sequences_get_longer_chunks_not_more_than_max_chunks(interpreted, monkeypatch):
+    """The carry kernel walks the chunks one after another, so their number is capped: with a
+    cap of 3, L = 37 at chunk 4 runs 3 chunks of 16 positions (the last one partial)."""
+    monkeypatch.setattr(interpreted, 'MAX_CHUNKS', 3)
+    args, softplus = make_inputs('shared', 37, 'D+bias+softplus', dim=3)
+    out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=4)
+    assert [tuple(t.shape) for t in out.grad_fn.saved_tensors if t is not None and t.dim() == 4] == \
+        [(2, 3, 3, 3)]
     _check_against_reference(args, softplus, out, last)
 
 
@@ -158,6 +183,100 @@ def test_backward_keeps_one_state_per_chunk(interpreted):
         again, _ = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=8)
     assert again.grad_fn is None
     torch.testing.assert_close(again, out.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('used', ['output', 'last state', 'both'])
+def test_backward_does_final_state_work_only_when_its_gradient_is_needed(interpreted, monkeypatch, used):
+    """Only the outputs a loss uses get a gradient: with the output alone (MambaIR's case) the
+    backward kernel runs without the last state's gradient (HAS_DLAST off, its branch compiled
+    out), with the last state alone the output gradient is zero; every gradient equals the
+    float64 reference of the same loss."""
+    launches = []
+    real = interpreted.backward_launch
+    monkeypatch.setattr(interpreted, 'backward_launch',
+                        lambda *a, **k: launches.append(real(*a, **k)) or launches[-1])
+    args, softplus = make_inputs('grouped', 19, 'D+bias+softplus', dim=4, groups=2)
+    out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=8)
+    ref_out, ref_last = sequential_reference(**args, delta_softplus=softplus)
+    assert out.grad_fn is not None and last.shape == (2, 4, 3)
+
+    def loss(o, s):
+        w_out = torch.randn(o.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+        w_last = torch.randn(s.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+        return ((o.double() * w_out).sum() if used != 'last state' else 0) + \
+            ((s.double() * w_last).sum() if used != 'output' else 0)
+    grads = torch.autograd.grad(loss(out, last), list(args.values()))
+    refs = torch.autograd.grad(loss(ref_out, ref_last), list(args.values()), allow_unused=True)
+    carries = [launch for plan in launches for launch in plan.launches if launch.kernel is interpreted._carry_kernel]
+    assert [launch.constexprs['HAS_START'] for launch in carries] == [used != 'output']
+    for (name, a), g, r in zip(args.items(), grads, refs):  # (the last state does not use C)
+        r = torch.zeros_like(a) if r is None else r.float()
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4, msg=f'gradient of {name}')
+
+
+@triton.jit
+def _offsets_probe(rows_ptr, part_ptr, state_ptr, sums_ptr, last_ptr, slot_ptr, bi, blk, blocks, dim,
+                   length, dstate, group_size, n_chunks, c, slot_size, BLOCK_D: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """The kernels' own offset helpers for the program (chunk c, block blk, batch bi) (any: no
+    grid of that size is launched), written to int64 outputs."""
+    bi, g0, d, mask_d = scan_triton._program_coordinates(bi, blk, dim, group_size, BLOCK_D)
+    k, n = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_N)
+    tile = d[:, None] * dstate + n[None, :]
+    square = k[:, None] * BLOCK_N + n[None, :]
+    tl.store(rows_ptr + k, scan_triton._sequence_rows(bi, dim, d, length))
+    tl.store(part_ptr, scan_triton._partial_rows(bi, blk, blocks, dstate, length))
+    tl.store(state_ptr + square, scan_triton._chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, n))
+    tl.store(sums_ptr + k, scan_triton._chunk_sum_offsets(bi, dim, d, n_chunks, c))
+    tl.store(last_ptr + square, scan_triton._last_state_offsets(bi, dim, dstate, tile))
+    tl.store(slot_ptr, scan_triton._program_slot(bi, blk, blocks, n_chunks, c, slot_size))
+
+
+@pytest.mark.parametrize('batch, length', [(2, 1024 * 1024), (2000, 48 * 48)])
+def test_offsets_past_2_31_are_exact(interpreted, batch, length):
+    """The last program's offsets at MambaIR's 1440 channels (4 groups of 360, 16 states), where
+    b*dim*L passes 2**31: a 1024x1024 image at batch 2, and training patches at batch 2000 (the
+    backward's per-program scratch slots pass it there). Reference: Python integers of the same
+    layout (channel c of group g in block k is g*360 + k*32 + c; tensors row-major)."""
+    dim, group, dstate, bd, bn = 1440, 360, 16, 32, 16
+    chunk = max(64, -(-length // scan_triton.MAX_CHUNKS))
+    blocks_per_group = -(-group // bd)
+    blocks = dim // group * blocks_per_group
+    n_chunks = -(-length // chunk)
+    bi, blk, c = batch - 1, blocks - 1, n_chunks - 1
+    slot_size = chunk // scan_triton.SUB * bd * bn  # the backward's scratch slot
+    grp, within = blk // blocks_per_group, blk % blocks_per_group
+    chans = [grp * group + within * bd + i for i in range(bd)]
+    expected = {
+        'rows': [(bi * dim + ch) * length for ch in chans],
+        'part': [(bi * blocks + blk) * dstate * length],
+        'state': [[((bi * dim + ch) * n_chunks + c) * dstate + j for j in range(bn)] for ch in chans],
+        'sums': [(bi * dim + ch) * n_chunks + c for ch in chans],
+        'last': [[bi * dim * dstate + ch * dstate + j for j in range(bn)] for ch in chans],
+        'slot': [((bi * blocks + blk) * n_chunks + c) * slot_size]}
+    got = {k: torch.zeros(torch.tensor(v).shape, dtype=torch.int64) for k, v in expected.items()}
+    _offsets_probe[(1,)](got['rows'], got['part'], got['state'], got['sums'], got['last'], got['slot'],
+                         bi, blk, blocks, dim, length, dstate, group, n_chunks, c, slot_size,
+                         BLOCK_D=bd, BLOCK_N=bn)
+    assert max(max(torch.tensor(v).view(-1).tolist()) for v in expected.values()) > 2 ** 31
+    for name, value in expected.items():
+        assert got[name].tolist() == value, name
+
+
+def test_shapes_past_the_kernels_32_bit_limits_are_refused_by_name_before_any_work(interpreted):
+    """A sequence of 2**31 positions (an image of 46341 x 46341 pixels) cannot be indexed by the
+    kernels' 32-bit positions: refused with the shape named, before anything is allocated
+    (meta tensors: shapes only)."""
+    def meta(*shape):
+        return torch.empty(*shape, device='meta')
+    L = 2 ** 31
+    with pytest.raises(InputError, match=r'shape \(1, 8, 2147483648\).*positions L \+ chunk'):
+        interpreted.forward_launch(meta(1, 8, L), meta(1, 8, L), meta(8, 4), meta(1, 2, 4, L),
+                                   meta(1, 2, 4, L), None, None, None, True)
+    L = 2 ** 31 - 2 ** 24 - 64  # a long sequence it takes: 128 chunks of 16646144 positions
+    plan = interpreted.forward_launch(meta(1, 8, L), meta(1, 8, L), meta(8, 4), meta(1, 2, 4, L),
+                                      meta(1, 2, 4, L), None, None, None, True)
+    assert [launch.grid for launch in plan.launches] == [(128, 2, 1), (1, 1), (128, 2, 1)]
 
 
 def test_mambair_with_the_triton_backend_matches_the_torch_backend(interpreted):
@@ -260,40 +379,3 @@ def test_benchmark_compares_backends_against_the_torch_path(interpreted, without
     values = [float(errors.group(1))] + [float(v.split()[1]) for v in errors.group(2).split(', ')]
     assert len(values) == 8 and max(values) < 1e-4, out
     assert 'speed-up of triton over torch' in out and 'sequential loop fwd+bwd' in out
-
-
-_COMPILE_FOR_H100 = """
-import inspect, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import archs.scan_triton as st
-if 'constexprs' not in inspect.signature(ASTSource.__init__).parameters:
-    sys.exit(77)  # another triton's ahead-of-time API
-for var_bc, flag, io in ((True, True, 'fp32'), (False, False, 'bf16')):
-    flags = dict(VAR_B=var_bc, VAR_C=var_bc, HAS_D=flag, HAS_Z=flag, HAS_BIAS=flag, SOFTPLUS=flag,
-                 BLOCK_D=16, BLOCK_N=16)
-    for fn, extra in ((st._scan_forward_kernel, 'SAVE'), (st._scan_backward_kernel, 'HAS_DLAST')):
-        consts = dict(flags, **{extra: True})
-        names = inspect.signature(fn.fn).parameters
-        io_ptrs = ('u_ptr', 'delta_ptr', 'B_ptr', 'C_ptr', 'z_ptr', 'out_ptr', 'dout_ptr', 'du_ptr',
-                   'ddelta_ptr', 'dz_ptr')
-        signature = {p: 'constexpr' if p in consts else
-                     ('*' + (io if p in io_ptrs else 'fp32') if p.endswith('_ptr') else 'i32')
-                     for p in names}
-        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts),
-                                target=GPUTarget('cuda', 90, 32), options=dict(num_warps=1))
-        assert kernel.asm['cubin'] and 'bar.sync' in kernel.asm['ptx'], fn
-print('compiled')
-"""
-
-
-def test_kernels_compile_for_an_h100_without_a_gpu():
-    """The interpreter runs the kernels as Python; this compiles them as a GPU would (Triton to
-    PTX to an sm_90 cubin, no device needed), which catches what only the compiler rejects.
-    Float32 inputs with every option, and bfloat16 inputs with constant B/C and none."""
-    run = subprocess.run([sys.executable, '-c', _COMPILE_FOR_H100], cwd=REPO, capture_output=True,
-                         text=True, env=dict(os.environ, TRITON_INTERPRET='0'))
-    if run.returncode == 77:
-        pytest.skip("this triton's ahead-of-time compile API differs (ASTSource without constexprs)")
-    assert run.returncode == 0 and 'compiled' in run.stdout, run.stderr[-3000:]

@@ -1,0 +1,53 @@
+"""The Triton scan kernels compiled for an H100 (sm_90) without a GPU, as a real launch would
+specialise them (scripts/scan_static_report.py), at MambaIR's x4 training shape and at a
+1024x1024 image (b*dim*L = 1.5e9 elements): they compile, no kernel spills, the chunk kernels
+fill an H100 (16 warps per SM at training, 8 at inference), the report finds the sequence loops
+in the machine code and puts them per state update, and every offset into a tensor sized by
+batch or length is computed in 64 bits."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip('triton', reason='triton is not installed (it ships with the Linux torch wheel)')
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Small per-channel tensors (dim or dim x d_state elements), the only ones with 32-bit offsets.
+PER_CHANNEL = {'A_ptr', 'D_ptr', 'bias_ptr'}
+
+
+def _report(tmp_path, *args):
+    out = tmp_path / 'rows.json'
+    # The report compiles, so Triton's interpreter (set by conftest.py without a GPU) is off there.
+    run = subprocess.run([sys.executable, 'scripts/scan_static_report.py', *args, '--json', str(out)],
+                         cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, TRITON_INTERPRET='0'))
+    if run.returncode == 77:
+        pytest.skip(run.stderr.strip())
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    return {(r['shape'], r['combo'], r['kernel']): r for r in json.loads(out.read_text())}, run.stdout
+
+
+def test_kernels_compile_for_sm90_without_spills_and_with_64_bit_offsets(tmp_path):
+    rows, out = _report(tmp_path, '--arch', '90', '--shape', 'train', 'infer', '--dtype', 'fp32',
+                        'bf16', '--combos', 'mambair')
+    kernels = [f'{d}: {k}' for d in ('forward', 'backward') for k in ('chunks from zero', 'carries')] + \
+        ['forward: output', 'backward: gradients']
+    assert set(rows) == {(s, c, k) for s in ('train', 'infer') for c in ('fp32 bias+D', 'bf16 bias+D')
+                         for k in kernels}
+    assert 'not timings' in out
+    for (shape, combo, kernel), row in rows.items():
+        batch, chunks = (4, 36) if shape == 'train' else (1, 128)  # L/64, or at most 128 chunks
+        if 'carries' in kernel:  # one program per 32 channels and batch element, walking the chunks
+            assert row['programs'] == batch * 45 and row['per_update'] is None, row
+        else:  # chunks x (4 groups x 12 blocks of 32 of 360 channels) x batch
+            assert row['programs'] == chunks * 48 * batch, row
+            assert row['launch_warps'] >= (16 if shape == 'train' else 8), row  # warps per H100 SM
+            assert 0 < row['per_update'] < 2.5, row  # SASS per state update (the old kernel: 2.5 bwd)
+        assert 0 < row['registers'] <= 255, row
+        assert row['loop_instructions'] and min(row['loop_instructions']) > 10, row
+        assert 0 < row['launch_warps'] <= row['occupancy_warps'] <= 64, row
+        assert set(row['narrow_offsets']) <= PER_CHANNEL, row
+        assert row['spill_bytes'] == 0 and row['spill_instructions'] == 0, row
