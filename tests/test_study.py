@@ -206,8 +206,11 @@ def test_paper_study_files_validate_without_data(name, capsys):
 
 def test_demo_study_file_validates():
     study = plan.load_study(str(REPO / 'options' / 'study' / 'demo.yml'), str(REPO))
-    assert list(study.methods) == ['FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT'] and study.seeds == [0, 1, 2]
-    assert [r.uses_ema for r in study.runs[:5]] == [False, True, False, False, False]
+    assert list(study.methods) == ['Bicubic', 'FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT', 'LDT-S']
+    assert study.seeds == [0, 1, 2] and study.untrained == ['Bicubic'] and len(study.runs) == 1 + 6 * 3
+    assert study.runs[0].name == 'Bicubic' and not study.runs[0].trained
+    assert [r.uses_ema for r in study.runs[1:7]] == [False, True, False, False, False, False]
+    assert study.runs[6].train_opt['ldt']['method'] == 'ldt_s'
 
 
 def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
