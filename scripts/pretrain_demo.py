@@ -99,6 +99,7 @@ def install(trained: Path) -> None:
         os.close(handle)
         try:
             write(tmp)
+            os.chmod(tmp, 0o644)   # mkstemp creates 0600
             os.replace(tmp, target)
         except BaseException:
             os.remove(tmp)
