@@ -2,7 +2,8 @@
 
 With ``test: compare:`` set, every test image gets ``results/<name>/compare/<camera>_<stem>.png``
 (just ``<stem>.png`` when the stem already starts with the camera, as in ``Canon_012_x4``):
-a top row with the bicubic-upscaled LR, each method's output and the HR image, each labelled with
+a top row with the bicubic-upscaled LR (``Bicubic``, the same pixels as test.py's Bicubic row),
+each method's output and the HR image, each labelled with
 its PSNR, and below it ``crops`` rows of zoomed ``size`` x ``size`` crops taken where the methods
 disagree most (their per-pixel spread; with one method, where it is furthest from the HR). The
 file names start with the camera, so a camera's images sort together.
@@ -22,7 +23,7 @@ from basicsr.utils import tensor2img
 from basicsr_ldt.checkpoint import load_weights
 from basicsr_ldt.releases import resolve_checkpoint
 from basicsr_ldt.errors import InputError
-from basicsr_ldt.inference import tiled_forward
+from basicsr_ldt.inference import bicubic_upscale, tiled_forward
 from basicsr_ldt.ldt.typed import integer, mapping, string
 from basicsr_ldt.options import check_known_keys
 
@@ -30,6 +31,8 @@ from basicsr_ldt.options import check_known_keys
 COMPARE_SPECS = {'compare': mapping(), 'compare.crops': integer(0, 8), 'compare.size': integer(8),
                  'compare.methods': mapping(string())}
 COMPARE_DEFAULTS = {'crops': 2, 'size': 32, 'methods': None}
+#: The first panel: the LR image upscaled exactly as the Bicubic row of the tables.
+BICUBIC_LABEL = 'Bicubic'
 PANEL_MIN, PANEL_MAX, LABEL_HEIGHT = 192, 480, 22
 CROP_COLOURS = [(0, 0, 255), (0, 200, 0), (255, 128, 0), (0, 200, 255), (255, 0, 255), (255, 255, 0),
                 (128, 0, 255), (0, 128, 128)]
@@ -161,7 +164,8 @@ class Comparison:
         self.sources: Dict[str, Tuple[str, object]] = OrderedDict()
         if settings['methods'] is None:
             for entry in checkpoints:
-                self.sources[entry['label']] = ('run', entry['label'])
+                if not entry.get('bicubic'):   # every grid shows Bicubic first anyway
+                    self.sources[entry['label']] = ('run', entry['label'])
         for label, path in (settings['methods'] or {}).items():
             path = resolve_checkpoint(path)
             if os.path.isdir(path):
@@ -196,9 +200,9 @@ class Comparison:
                 lq = item['lq'].unsqueeze(0).to(next(source.parameters()).device)
                 outputs[label] = tensor2img(tiled_forward(source, lq, scale, test_opt['tile_size'],
                                                           test_opt['tile_overlap']).cpu())
-        hr, lr = tensor2img(item['gt']), tensor2img(item['lq'])
-        bicubic = cv2.resize(lr, (lr.shape[1] * scale, lr.shape[0] * scale), interpolation=cv2.INTER_CUBIC)
-        panels = OrderedDict([('LR (bicubic)', bicubic), *outputs.items(), ('HR', hr)])
+        hr = tensor2img(item['gt'])
+        bicubic = tensor2img(bicubic_upscale(item['lq'].unsqueeze(0), scale))   # the tables' Bicubic row
+        panels = OrderedDict([(BICUBIC_LABEL, bicubic), *outputs.items(), ('HR', hr)])
         psnr = {label: float(calculate_psnr(image, hr, test_opt['crop_border'], test_y_channel=test_opt['test_y_channel']))
                 for label, image in panels.items() if label != 'HR'}
         size = self.settings['size']

@@ -2,7 +2,9 @@
 
 Reports PSNR and SSIM the way the LDT paper's Table 1 does: BasicSR's ``calculate_psnr`` and
 ``calculate_ssim`` on the Y channel with ``crop_border = scale``, averaged per camera, with one
-column pair per checkpoint so FT, LDT and baselines sit side by side.
+column pair per checkpoint so FT, LDT and baselines sit side by side. A ``{bicubic: true}`` entry
+is the Bicubic row every SR table needs: the LR image upscaled by ``bicubic_upscale`` and measured
+by the same code as the networks.
 """
 import csv
 import json
@@ -23,7 +25,7 @@ from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY
 from basicsr_ldt.checkpoint import load_weights
 from basicsr_ldt.compare import COMPARE_SPECS, Comparison, compare_settings
 from basicsr_ldt.errors import InputError
-from basicsr_ldt.inference import tiled_forward
+from basicsr_ldt.inference import bicubic_upscale, tiled_forward
 from basicsr_ldt.ldt.precision import INFERENCE_DTYPES, resolve_dtype
 from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, optional, string
 from basicsr_ldt.options import check_known_keys, registered, validate_dataset_options
@@ -37,7 +39,9 @@ TEST_DEFAULTS = {'tile_size': 0, 'tile_overlap': 16, 'save_img': False, 'crop_bo
 TEST_SPECS = {'tile_size': integer(0), 'tile_overlap': integer(0), 'save_img': boolean(),
               'crop_border': optional(integer(0)), 'test_y_channel': boolean(),
               'precision': choice(*INFERENCE_DTYPES), **COMPARE_SPECS}
-CHECKPOINT_SPECS = {'label': string(), 'path': string(), 'param_key': string()}
+CHECKPOINT_SPECS = {'label': string(), 'path': string(), 'param_key': string(), 'bicubic': boolean()}
+#: The label of a ``{bicubic: true}`` entry when it gives none.
+BICUBIC_LABEL = 'Bicubic'
 
 
 def checkpoints_of(opt: Mapping) -> List[Dict]:
@@ -57,10 +61,17 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
             entry = {'path': entry}
         check_known_keys(f'checkpoints[{i}]', entry, CHECKPOINT_SPECS)
         check_options(f'checkpoints[{i}]', entry, CHECKPOINT_SPECS, InputError)
+        if entry.get('bicubic'):
+            extra = [key for key in ('path', 'param_key') if key in entry]
+            if extra:
+                raise InputError(f"checkpoints[{i}]: an entry with 'bicubic: true' upscales the LR image and "
+                                 f"loads no weights, so it takes no {' or '.join(extra)}")
+            result.append({'label': entry.get('label') or BICUBIC_LABEL, 'bicubic': True})
+            continue
         if 'path' not in entry:
-            raise InputError(f'checkpoints[{i}] has no path')
+            raise InputError(f'checkpoints[{i}] has no path (or give bicubic: true for the Bicubic baseline)')
         label = entry.get('label') or osp.splitext(osp.basename(entry['path']))[0]
-        result.append({'label': label, 'path': entry['path'],
+        result.append({'label': label, 'path': entry['path'], 'bicubic': False,
                        'param_key': entry.get('param_key', opt.get('path', {}).get('param_key_g', 'params'))})
     labels = [e['label'] for e in result]
     if len(set(labels)) != len(labels):
@@ -145,9 +156,11 @@ def _build(opt: Dict, device: torch.device):
         datasets.append(dataset_cls(dataset_opt))
     if not datasets:
         raise InputError("the option file has no 'datasets' section to test on")
-    registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), 'network_g.type')
+    checkpoints = checkpoints_of(opt)
+    if not all(entry['bicubic'] for entry in checkpoints):   # Bicubic alone needs no network
+        registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), 'network_g.type')
     test_opt['compare'] = compare_settings(test_opt['compare'])
-    return test_opt, datasets, checkpoints_of(opt)
+    return test_opt, datasets, checkpoints
 
 
 def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
@@ -159,6 +172,9 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
         test_opt, datasets, checkpoints = _build(opt, device)
         networks = []
         for entry in checkpoints:
+            if entry['bicubic']:
+                networks.append(None)
+                continue
             network = build_network(dict(opt['network_g']))
             load_weights(network, entry['path'], entry['param_key'], strict=opt['path'].get('strict_load_g', True))
             networks.append(network.to(device).eval())
@@ -179,8 +195,11 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
         lq, gt = item['lq'].unsqueeze(0).to(device), item['gt'].unsqueeze(0)
         results = {}
         for entry, network in zip(checkpoints, networks):
-            sr = tiled_forward(network, lq, scale, test_opt['tile_size'], test_opt['tile_overlap'],
-                               test_opt['dtype']).cpu()
+            if network is None:
+                sr = bicubic_upscale(lq, scale).cpu()
+            else:
+                sr = tiled_forward(network, lq, scale, test_opt['tile_size'], test_opt['tile_overlap'],
+                                   test_opt['dtype']).cpu()
             results[entry['label']] = sr
             values = evaluate_image(sr, gt, test_opt['crop_border'], test_opt['test_y_channel'])
             per_image[entry['label']].append({'camera': item['camera'], 'image': stem, **values})

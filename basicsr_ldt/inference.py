@@ -1,6 +1,8 @@
 """Super-resolving whole test images, in tiles when they are too large for memory."""
 from typing import List, Optional
 
+import cv2
+import numpy as np
 import torch
 from torch import nn
 
@@ -42,6 +44,25 @@ def tiled_forward(network: nn.Module, lq: torch.Tensor, scale: int, tile_size: i
             output[..., rows[0] * scale:rows[1] * scale, cols[0] * scale:cols[1] * scale] = \
                 sr[..., (rows[0] - top) * scale:(rows[1] - top) * scale, (cols[0] - left) * scale:(cols[1] - left) * scale]
     return output
+
+
+@torch.no_grad()
+def bicubic_upscale(lq: torch.Tensor, scale: int) -> torch.Tensor:
+    """The Bicubic row of every results table: each LR image of ``lq`` (NCHW float in [0, 1])
+    upscaled with ``cv2.resize(..., interpolation=cv2.INTER_CUBIC)`` (OpenCV's bicubic, Keys
+    kernel a = -0.75, pixel centres aligned, border pixels replicated) in float32, NOT clipped.
+
+    It is returned like a network's output (float NCHW on ``lq``'s device), so the same metric
+    code turns it into uint8 the same way (BasicSR ``tensor2img``: clamp to [0, 1], x 255, round):
+    a comparison with bicubic then differs from one with a network only in the upscaler.
+    """
+    n, c, h, w = lq.shape
+    images = lq.detach().float().cpu().numpy().transpose(0, 2, 3, 1)   # NHWC
+    out = np.empty((n, h * scale, w * scale, c), np.float32)
+    for i, image in enumerate(images):
+        out[i] = cv2.resize(np.ascontiguousarray(image), (w * scale, h * scale),
+                            interpolation=cv2.INTER_CUBIC).reshape(h * scale, w * scale, c)
+    return torch.from_numpy(out.transpose(0, 3, 1, 2).copy()).to(lq.device)
 
 
 def _starts(length: int, tile: int, stride: int) -> List[int]:

@@ -114,9 +114,9 @@ class CameraProfile:
 #: The six camera branches the LDT paper names for DRealSR, each given a fixed, clearly different
 #: and plausible character (these are synthetic profiles, not measurements of the real cameras).
 CAMERA_PROFILES: Dict[str, CameraProfile] = {
-    'Olympus': CameraProfile('neutral-cool, moderate isotropic lens blur, low noise, fine JPEG',
-                             (0.97, 1.0, 1.05), 1.0, 1.10, 'gaussian', 1.6, 1.6, 0.0, 0,
-                             0.0010, 0.005, 0.5, 0.0, 92),
+    'Olympus': CameraProfile('neutral-cool, moderate isotropic lens blur, very low noise, fine JPEG',
+                             (0.97, 1.0, 1.05), 1.0, 1.10, 'gaussian', 2.0, 2.0, 0.0, 0,
+                             0.0003, 0.002, 0.5, 0.0, 92),
     'Pan': CameraProfile('warm, strongly anisotropic lens blur (astigmatism), moderate noise',
                          (1.05, 1.0, 0.95), 0.95, 1.00, 'gaussian', 3.2, 0.7, 30.0, 0,
                          0.0020, 0.008, 0.7, 0.0, 85),
@@ -135,12 +135,18 @@ CAMERA_PROFILES: Dict[str, CameraProfile] = {
 }
 #: The DRealSR branches: the default build.
 DEFAULT_CAMERAS = tuple(CAMERA_PROFILES)
-#: Not a DRealSR camera: a clean, bicubic-like degradation standing in for the synthetic DF2K
-#: pretraining of released SR weights, so the demo can fine-tune from a pretrained network as
-#: the paper does. Built only when asked for (``--cameras ... Clean``).
-CAMERA_PROFILES['Clean'] = CameraProfile('synthetic pretraining data: neutral colour, mild blur, no noise, JPEG quality 100',
-                                         (1.0, 1.0, 1.0), 1.0, 1.0, 'gaussian', 0.8, 0.8, 0.0, 0,
+#: Not a DRealSR camera: a clean degradation (Gaussian lens blur, area downsampling, no noise)
+#: standing in for the synthetic DF2K pretraining of released SR weights, so the demo can
+#: fine-tune from a pretrained network as the paper does. Its blur (sigma 2 HR pixels) is one
+#: that bicubic interpolation cannot undo and a small network learns to (README, "Demo data"),
+#: so the pretrained start does real super-resolution. Built only when asked for
+#: (``--cameras ... Clean``), with ``pretrain_train_per_camera`` train pairs.
+CAMERA_PROFILES['Clean'] = CameraProfile('synthetic pretraining data: neutral colour, Gaussian blur, no noise, JPEG quality 100',
+                                         (1.0, 1.0, 1.0), 1.0, 1.0, 'gaussian', 2.0, 2.0, 0.0, 0,
                                          0.0, 0.0, 0.0, 0.0, 100)
+#: Pretraining cameras get more train pairs (``--pretrain-train-per-camera``): one network learns
+#: from them for many iterations, and 12 crops would be learnt by heart.
+PRETRAIN_CAMERAS = ('Clean',)
 
 
 def skimage_data_dir() -> Path:
@@ -259,12 +265,13 @@ def folder_size(path: Path) -> int:
 
 
 def _check_args(cameras: Sequence[str], train_per_camera: int, test_per_camera: int,
-                hr_size: int, test_hr_size: int) -> None:
+                hr_size: int, test_hr_size: int, pretrain_train_per_camera: int = 1) -> None:
     for flag, value in (('--hr-size', hr_size), ('--test-hr-size', test_hr_size)):
         if value <= 0 or value % SCALE:
             raise ValueError(f'{flag} must be a positive multiple of {SCALE} (the x{SCALE} scale), '
                              f'got {value}')
-    for flag, value in (('--train-per-camera', train_per_camera), ('--test-per-camera', test_per_camera)):
+    for flag, value in (('--train-per-camera', train_per_camera), ('--test-per-camera', test_per_camera),
+                        ('--pretrain-train-per-camera', pretrain_train_per_camera)):
         if value < 1:
             raise ValueError(f'{flag} must be at least 1, got {value}')
     if not cameras:
@@ -276,7 +283,7 @@ def _check_args(cameras: Sequence[str], train_per_camera: int, test_per_camera: 
         raise ValueError(f"--cameras lists a camera twice: {', '.join(cameras)}")
 
 
-def _build(root: Path, seed: int, cameras: Sequence[str], counts: Dict[str, int],
+def _build(root: Path, seed: int, cameras: Sequence[str], counts: Dict[str, Dict[str, int]],
            sizes: Dict[str, int], data_dir: Path) -> List[dict]:
     """Write every pair under ``root``; returns the manifest rows (one per pair)."""
     split_photos = {'train': TRAIN_PHOTOS, 'test': TEST_PHOTOS}
@@ -299,7 +306,7 @@ def _build(root: Path, seed: int, cameras: Sequence[str], counts: Dict[str, int]
             # Test: every camera shows the same scenes, so per-camera test scores differ only
             # by the degradation (the noise still differs: it is drawn per camera).
             offset = cam_code % len(names) if split == 'train' else 0
-            for i in range(counts[split]):
+            for i in range(counts[split][cam]):
                 name = names[(offset + i) % len(names)]
                 crop_key = [seed, cam_code, SPLIT_CODES[split], i] if split == 'train' else [seed, SPLIT_CODES[split], i]
                 crop_rng = np.random.default_rng(crop_key)
@@ -317,7 +324,8 @@ def _build(root: Path, seed: int, cameras: Sequence[str], counts: Dict[str, int]
 
 def make_demo_data(out: Path = DEFAULT_OUT, seed: int = 0, cameras: Sequence[str] = DEFAULT_CAMERAS,
                    train_per_camera: int = 12, test_per_camera: int = 10, hr_size: int = 128,
-                   test_hr_size: int = 192, force: bool = False, verbose: bool = False) -> dict:
+                   test_hr_size: int = 192, force: bool = False, verbose: bool = False,
+                   pretrain_train_per_camera: int = 64) -> dict:
     """Build the demo dataset at ``out`` and return a summary dict.
 
     Raises ``ValueError`` for bad arguments and ``FileExistsError`` when ``out`` exists and
@@ -327,11 +335,13 @@ def make_demo_data(out: Path = DEFAULT_OUT, seed: int = 0, cameras: Sequence[str
     start = time.perf_counter()
     out = Path(out).resolve()
     cameras = list(cameras)
-    _check_args(cameras, train_per_camera, test_per_camera, hr_size, test_hr_size)
+    _check_args(cameras, train_per_camera, test_per_camera, hr_size, test_hr_size, pretrain_train_per_camera)
     if out.exists() and not force:
         raise FileExistsError(f'{out} already exists; pass --force to overwrite it')
     data_dir = skimage_data_dir()
-    counts = {'train': train_per_camera, 'test': test_per_camera}
+    counts = {'train': {cam: pretrain_train_per_camera if cam in PRETRAIN_CAMERAS else train_per_camera
+                        for cam in cameras},
+              'test': {cam: test_per_camera for cam in cameras}}
     sizes = {'train': hr_size, 'test': test_hr_size}
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -367,7 +377,7 @@ def make_demo_data(out: Path = DEFAULT_OUT, seed: int = 0, cameras: Sequence[str
 
     summary = {
         'out': str(out), 'cameras': cameras,
-        'counts': {split: {cam: counts[split] for cam in cameras} for split in ('train', 'test')},
+        'counts': counts,
         'bytes': folder_size(out), 'seconds': time.perf_counter() - start, 'pairs': rows,
     }
     if verbose:
@@ -395,6 +405,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--cameras', nargs='+', default=list(DEFAULT_CAMERAS),
                         help=f"camera profiles to build (known: {', '.join(CAMERA_PROFILES)})")
     parser.add_argument('--train-per-camera', type=int, default=12)
+    parser.add_argument('--pretrain-train-per-camera', type=int, default=64,
+                        help=f"train pairs of the pretraining camera(s) ({', '.join(PRETRAIN_CAMERAS)})")
     parser.add_argument('--test-per-camera', type=int, default=10,
                         help='test pairs per camera (10: per-camera means over enough images to compare methods)')
     parser.add_argument('--hr-size', type=int, default=128, help='train HR crop side (multiple of 4)')
@@ -408,6 +420,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         make_demo_data(args.out, seed=args.seed, cameras=args.cameras,
                        train_per_camera=args.train_per_camera, test_per_camera=args.test_per_camera,
+                       pretrain_train_per_camera=args.pretrain_train_per_camera,
                        hr_size=args.hr_size, test_hr_size=args.test_hr_size, force=args.force,
                        verbose=True)
     except (ValueError, FileExistsError, RuntimeError) as err:

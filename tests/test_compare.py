@@ -1,12 +1,16 @@
 """Comparison grids from test.py (test: compare:) and where their zoomed crops land."""
+import json
+
 import cv2
 import numpy as np
 import torch
 
 from basicsr.archs import build_network
+from basicsr.metrics.psnr_ssim import calculate_psnr
 from basicsr_ldt.compare import comparison_grid, crop_boxes, disagreement, grid_name
 from conftest import run_entry
 from test_cli import dataset, write
+from test_evaluate import keys_bicubic
 
 TINY = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscaling_factor': 4}
 
@@ -47,7 +51,8 @@ def test_test_py_writes_one_grid_per_image(project, demo_data, tmp_path):
         torch.save({'params': network.state_dict()}, paths[-1])
     first = {'name': 'first', 'scale': 4, 'num_gpu': 0, 'network_g': TINY, 'path': {},
              'datasets': {'test_1': dataset(demo_data, 'Test', ['Sony', 'Canon'])},
-             'checkpoints': [{'label': 'A', 'path': str(paths[0])}, {'label': 'B', 'path': str(paths[1])}],
+             'checkpoints': [{'label': 'Bicubic', 'bicubic': True}, {'label': 'A', 'path': str(paths[0])},
+                             {'label': 'B', 'path': str(paths[1])}],
              'test': {'save_img': True, 'compare': {'crops': 2, 'size': 16}}}
     run_entry(project, 'test.py', '-opt', write(project / 'first.yml', first))
     folder = project / 'results' / 'first' / 'compare'
@@ -57,7 +62,17 @@ def test_test_py_writes_one_grid_per_image(project, demo_data, tmp_path):
                       for p in (demo_data / 'Test_x4' / 'test_LR').glob(f'{cam}_*_x4.png'))
     assert names == lr_names and len(names) == 4 and names[0].startswith('Canon_') and names[2].startswith('Sony_')
     grid = cv2.imread(str(folder / names[0]))
-    assert grid.shape == (22 + 192 + 2 * (6 + 192), 4 * 192 + 3 * 4, 3)  # LR, A, B, HR; two crop rows
+    # Bicubic (always first, not repeated for the Bicubic entry), A, B, HR; two crop rows.
+    assert grid.shape == (22 + 192 + 2 * (6 + 192), 4 * 192 + 3 * 4, 3)
+    # The Bicubic row: the float LR upscaled (Keys cubic, in the reference), converted to uint8 as a
+    # network output (clip, x255, round), BasicSR's PSNR on Y with crop 4.
+    bicubic = json.loads((project / 'results' / 'first' / 'metrics.json').read_text())['images']['Bicubic']
+    assert len(bicubic) == 4
+    for row in bicubic:
+        lr = cv2.imread(str(demo_data / 'Test_x4' / 'test_LR' / f"{row['image']}.png")).astype(np.float64) / 255.0
+        hr = cv2.imread(str(demo_data / 'Test_x4' / 'test_HR' / f"{row['image'][:-3]}_x1.png"))
+        up = np.round(np.clip(keys_bicubic(lr, 4), 0, 1) * 255).astype(np.uint8)
+        assert abs(row['psnr'] - calculate_psnr(up, hr, 4, test_y_channel=True)) < 0.01
 
     # Methods from a checkpoint file and from the saved images of the first run.
     second = dict(first, name='second', checkpoints=[{'label': 'A', 'path': str(paths[0])}],

@@ -216,3 +216,14 @@ def test_failure_leaves_nothing_half_written(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match='disk full'):
         mdd.make_demo_data(tmp_path / 'demo', **SMALL)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_pretraining_camera_gets_its_own_train_count(tmp_path, capsys):
+    summary = mdd.make_demo_data(tmp_path / 'demo', cameras=['Sony', 'Clean'], train_per_camera=2,
+                                 pretrain_train_per_camera=3, test_per_camera=1)
+    assert summary['counts'] == {'train': {'Sony': 2, 'Clean': 3}, 'test': {'Sony': 1, 'Clean': 1}}
+    names = sorted(p.name for p in (tmp_path / 'demo' / 'Train_x4' / 'train_HR').iterdir())
+    assert names == ['Clean_000_x1.png', 'Clean_001_x1.png', 'Clean_002_x1.png', 'Sony_000_x1.png', 'Sony_001_x1.png']
+    assert mdd.main(['--out', str(tmp_path / 'bad'), '--pretrain-train-per-camera', '0']) == 2
+    err = capsys.readouterr().err
+    assert '--pretrain-train-per-camera must be at least 1, got 0' in err and not (tmp_path / 'bad').exists()

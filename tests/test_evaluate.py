@@ -1,12 +1,16 @@
-"""test.py's numbers are BasicSR's numbers, grouped by camera; tiling does not change them."""
+"""test.py's numbers are BasicSR's numbers, grouped by camera; tiling does not change them; the
+Bicubic row is OpenCV's bicubic of the LR image, measured by the same code as the networks."""
+import numpy as np
+import pytest
 import torch
 from torch import nn
 
 from basicsr.metrics.psnr_ssim import calculate_psnr, calculate_ssim
 from basicsr.utils import tensor2img
 
-from basicsr_ldt.evaluate import evaluate_image, format_table, summarise
-from basicsr_ldt.inference import tiled_forward
+from basicsr_ldt.errors import InputError
+from basicsr_ldt.evaluate import checkpoints_of, evaluate_image, format_table, summarise
+from basicsr_ldt.inference import bicubic_upscale, tiled_forward
 
 
 class LocalSR(nn.Module):
@@ -51,3 +55,47 @@ def test_summary_groups_by_camera_and_averages_cameras():
     markdown = format_table({'FT': table, 'LDT': table}, markdown=True).splitlines()
     assert markdown[0] == '| Camera | Images | FT PSNR | FT SSIM | LDT PSNR | LDT SSIM |'
     assert markdown[3] == '| Sony | 2 | 31.00 | 0.8000 | 31.00 | 0.8000 |'
+
+
+def keys_bicubic(image: np.ndarray, scale: int, a: float = -0.75) -> np.ndarray:
+    """Reference in float64: Keys' cubic convolution kernel, output pixel i sampling the input at
+    (i + 0.5) / scale - 0.5, indices outside the image clamped to its border (OpenCV's convention)."""
+    def weights(n: int) -> np.ndarray:
+        matrix = np.zeros((n * scale, n))
+        for i in range(n * scale):
+            src = (i + 0.5) / scale - 0.5
+            base = np.floor(src)
+            for k in range(-1, 3):
+                x = abs(src - (base + k))
+                w = (a + 2) * x ** 3 - (a + 3) * x ** 2 + 1 if x <= 1 else a * x ** 3 - 5 * a * x ** 2 + 8 * a * x - 4 * a
+                matrix[i, min(max(int(base) + k, 0), n - 1)] += w
+        return matrix
+    h, w = image.shape[:2]
+    return np.einsum('ij,jkc,lk->ilc', weights(h), image.astype(np.float64), weights(w))
+
+
+def test_bicubic_is_keys_cubic_convolution_of_the_lr_and_is_not_clipped():
+    rng = np.random.default_rng(0)
+    lq = np.zeros((2, 3, 7, 9), np.float32)
+    lq[0] = rng.random((3, 7, 9))
+    lq[1, :, :, 5:] = 1.0                      # a step edge: the cubic overshoots above 1 and below 0
+    sr = bicubic_upscale(torch.from_numpy(lq), 4)
+    assert sr.shape == (2, 3, 28, 36) and sr.dtype == torch.float32
+    for i in range(2):
+        reference = keys_bicubic(lq[i].transpose(1, 2, 0), 4).transpose(2, 0, 1)
+        assert np.abs(sr[i].numpy() - reference).max() < 1e-5
+    assert sr[1].max() > 1.01 and sr[1].min() < -0.01  # clipping is left to tensor2img, as for networks
+
+
+def test_bicubic_checkpoint_entry():
+    entries = checkpoints_of({'checkpoints': [{'label': 'Bicubic', 'bicubic': True}, {'bicubic': True, 'label': 'B2'},
+                                              {'label': 'FT', 'path': 'ft.pth'}]})
+    assert entries[0] == {'label': 'Bicubic', 'bicubic': True}
+    assert entries[2] == {'label': 'FT', 'path': 'ft.pth', 'bicubic': False, 'param_key': 'params'}
+    assert checkpoints_of({'checkpoints': [{'bicubic': True}]})[0]['label'] == 'Bicubic'
+    with pytest.raises(InputError, match=r"checkpoints\[0\]: an entry with 'bicubic: true' .* takes no path"):
+        checkpoints_of({'checkpoints': [{'bicubic': True, 'path': 'x.pth'}]})
+    with pytest.raises(InputError, match=r"checkpoints\[0\].bicubic: expected true or false, got 'yes'"):
+        checkpoints_of({'checkpoints': [{'label': 'B', 'bicubic': 'yes'}]})
+    with pytest.raises(InputError, match=r'checkpoints\[0\] has no path'):
+        checkpoints_of({'checkpoints': [{'label': 'B', 'bicubic': False}]})

@@ -209,8 +209,11 @@ def test_paper_study_files_validate_without_data(name, capsys):
 
 def test_demo_study_file_validates():
     study = plan.load_study(str(REPO / 'options' / 'study' / 'demo.yml'), str(REPO))
-    assert list(study.methods) == ['FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT'] and study.seeds == [0, 1, 2]
-    assert [r.uses_ema for r in study.runs[:5]] == [False, True, False, False, False]
+    assert list(study.methods) == ['Bicubic', 'FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT', 'LDT-S']
+    assert study.seeds == [0, 1, 2] and study.untrained == ['Bicubic'] and len(study.runs) == 1 + 6 * 3
+    assert study.runs[0].name == 'Bicubic' and not study.runs[0].trained
+    assert [r.uses_ema for r in study.runs[1:7]] == [False, True, False, False, False, False]
+    assert study.runs[6].train_opt['ldt']['method'] == 'ldt_s'
 
 
 def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
@@ -296,3 +299,54 @@ def test_live_line_follows_a_training_process(tmp_path):
     assert opt['test'] == {'tile_size': 0}
     assert opt['checkpoints'][0]['param_key'] == 'params_ema'
     assert base['test']['compare'] == {'crops': 2}       # the study's test file itself is untouched
+
+
+def test_bicubic_method_is_one_untrained_run_paired_with_every_seed(project, demo_data, capsys):
+    """Bicubic is tested once through test.py; the FT results are written by hand, so the
+    differences below are checked against values computed here."""
+    methods = {'FT': {}, 'Bicubic': {'bicubic': True}}
+    study = plan.load_study(tiny_study(project, demo_data, seeds=[0, 1], methods=methods), str(project))
+    assert [(r.name, r.seed, r.trained) for r in study.runs] == [
+        ('Bicubic', None, False), ('FT_seed0', 0, True), ('FT_seed1', 1, True)]
+    bicubic = study.runs[0]
+    assert study.untrained == ['Bicubic'] and bicubic.source_cameras() == ['Olympus'] and not bicubic.uses_ema
+    assert bicubic.test_opt['checkpoints'] == [{'label': 'Bicubic', 'bicubic': True}]
+    assert 'network_g' not in bicubic.test_opt
+    root = str(project)
+    assert runner.run_state(root, study, bicubic) == runner.TEST
+    assert [s[1] for s in runner.commands(root, study, bicubic, runner.TEST)] == [str(project / 'test.py')]
+    runner.execute(root, study, [bicubic], say=print)
+    assert runner.run_state(root, study, bicubic) == runner.DONE
+    assert not (project / 'experiments' / 'tiny' / 'Bicubic').exists()   # nothing trained
+    values = json.loads((project / 'results' / 'tiny' / 'Bicubic' / 'metrics.json').read_text())['summary']['Bicubic']
+    bic = {cam: values[cam]['psnr'] for cam in ('Sony', 'Canon')}
+    ft = {0: {'Sony': 30.0, 'Canon': 31.0}, 1: {'Sony': 32.0, 'Canon': 31.5}}
+    for seed, cams in ft.items():
+        folder = project / 'results' / 'tiny' / f'FT_seed{seed}'
+        folder.mkdir(parents=True)
+        summary = {cam: {'psnr': v, 'ssim': 0.5, 'images': 2} for cam, v in cams.items()}
+        (folder / 'metrics.json').write_text(json.dumps({'summary': {f'FT_seed{seed}': summary}}))
+    capsys.readouterr()
+    assert cli.main(root, ['-opt', study.path, '--collect']) == 0
+    result = json.loads((project / 'results' / 'tiny' / 'study.json').read_text())
+    ft_row, bic_row = result['summary']
+    assert bic_row['method'] == 'Bicubic' and bic_row['n'] == 1 and bic_row['cameras']['Sony']['psnr']['std'] is None
+    assert bic_row['cameras']['Mean']['psnr']['mean'] == pytest.approx((bic['Sony'] + bic['Canon']) / 2)
+    (diff,) = result['differences']
+    assert diff['method'] == 'Bicubic' and diff['seeds'] == [0, 1]
+    sony = [bic['Sony'] - ft[s]['Sony'] for s in (0, 1)]
+    assert diff['cameras']['Sony']['psnr'] == pytest.approx({'mean': np.mean(sony), 'ci_low': min(sony),
+                                                             'ci_high': max(sony)})
+    means = [(bic['Sony'] + bic['Canon']) / 2 - (ft[s]['Sony'] + ft[s]['Canon']) / 2 for s in (0, 1)]
+    assert diff['cameras']['Mean']['psnr']['mean'] == pytest.approx(np.mean(means))
+    text = (project / 'results' / 'tiny' / 'study.md').read_text()
+    assert f"| Bicubic | {bic['Sony']:.2f} | {bic['Canon']:.2f} |" in text and 'tested once (n = 1)' in text
+
+
+@pytest.mark.parametrize('method, message', [
+    ({'bicubic': True, 'train': {'total_iter': 3}}, "method 'B' has 'bicubic: true'.*takes no other key, got train"),
+    ({'bicubic': 'yes'}, "method 'B': bicubic: expected true or false, got 'yes'"),
+])
+def test_bad_bicubic_method(tmp_path, demo_data, method, message):
+    with pytest.raises(InputError, match=message):
+        plan.load_study(tiny_study(tmp_path, demo_data, methods={'FT': {}, 'B': method}), str(tmp_path))

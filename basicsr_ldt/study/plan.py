@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import re
 from os import path as osp
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
@@ -30,6 +30,9 @@ from basicsr_ldt.releases import fetch_hint, release_file
 STUDY_KEYS = ('name', 'train', 'test', 'seeds', 'methods', 'sweep', 'reference', 'overrides')
 #: A method's key naming another base training file than the study's ``train`` (e.g. per network).
 METHOD_BASE_KEY = 'base'
+#: ``Bicubic: {bicubic: true}``: a method that trains nothing, the LR image upscaled bicubically.
+#: It is deterministic, so it is tested once (run name = its label) and paired with every seed.
+BICUBIC_KEY = 'bicubic'
 #: Options that BasicSR or this project reads but an option file may leave out, by section
 #: (``''`` = top level). A key that is neither in the base file nor here is refused.
 OPTIONAL_KEYS: Dict[str, Tuple[str, ...]] = {
@@ -46,22 +49,32 @@ RUN_NAME_CHARS = re.compile(r'[^A-Za-z0-9._+=-]+')
 
 @dataclasses.dataclass
 class Run:
-    """One training + test of a study: a method at a sweep point with a seed."""
+    """One training + test of a study: a method at a sweep point with a seed; or, for a method
+    without training (Bicubic), one test (``train_opt`` and ``seed`` None)."""
     index: int
     name: str
     method: str
-    seed: int
+    seed: Optional[int]
     sweep: Dict[str, Any]
-    train_opt: Dict[str, Any]
+    train_opt: Optional[Dict[str, Any]]
     test_opt: Dict[str, Any]
+    #: Without training: the study's source cameras (the base training file's), marked and left
+    #: out of the Mean like the trained methods' sources.
+    untrained_sources: List[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def trained(self) -> bool:
+        return self.train_opt is not None
 
     @property
     def uses_ema(self) -> bool:
         """Whether BasicSR keeps an EMA copy of the weights (``train.ema_decay`` > 0)."""
-        return bool((self.train_opt.get('train') or {}).get('ema_decay', 0))
+        return self.trained and bool((self.train_opt.get('train') or {}).get('ema_decay', 0))
 
     def source_cameras(self) -> List[str]:
-        return list(((self.train_opt.get('datasets') or {}).get('train') or {}).get('cameras') or [])
+        if not self.trained:
+            return list(self.untrained_sources)
+        return train_cameras(self.train_opt)
 
 
 @dataclasses.dataclass
@@ -76,6 +89,8 @@ class Study:
     sweep: Dict[str, List[Any]]
     reference: str
     runs: List[Run]
+    #: Methods without training (``bicubic: true``): one seed-less run each.
+    untrained: List[str] = dataclasses.field(default_factory=list)
 
     def sweep_points(self) -> List[Dict[str, Any]]:
         return sweep_points(self.sweep)
@@ -88,6 +103,11 @@ class Study:
                 if camera not in cameras:
                     cameras.append(camera)
         return cameras
+
+
+def train_cameras(opt: Mapping[str, Any]) -> List[str]:
+    """The source cameras of training options (``datasets.train.cameras``)."""
+    return list(((opt.get('datasets') or {}).get('train') or {}).get('cameras') or [])
 
 
 def read_yaml(path: str, what: str) -> Dict[str, Any]:
@@ -183,6 +203,14 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
     for label, overrides in study['methods'].items():
         if not isinstance(overrides, (dict, type(None))):
             raise InputError(f"study file '{path}': method '{label}' must map to option overrides (a mapping)")
+        if overrides and BICUBIC_KEY in overrides:
+            if not isinstance(overrides[BICUBIC_KEY], bool):
+                raise InputError(f"study file '{path}': method '{label}': {BICUBIC_KEY}: expected true or false, "
+                                 f"got {overrides[BICUBIC_KEY]!r}")
+            extra = [str(k) for k in overrides if k != BICUBIC_KEY]
+            if overrides[BICUBIC_KEY] and extra:
+                raise InputError(f"study file '{path}': method '{label}' has 'bicubic: true' (it upscales the LR "
+                                 f"image, nothing is trained), so it takes no other key, got {', '.join(extra)}")
     sweep = study.get('sweep') or {}
     if not isinstance(sweep, dict):
         raise InputError(f"study file '{path}': sweep must map a dotted option key to a list of values")
@@ -222,13 +250,25 @@ def check_test_options(opt: Mapping[str, Any], where: str) -> None:
 def evaluation_options(base: Dict[str, Any], study: str, name: str, train_opt: Mapping[str, Any], root: str,
                  ema: bool) -> Dict[str, Any]:
     """The test file evaluating this run's final weights (the EMA copy when the run keeps one)."""
+    opt = _single_entry_test(base, study, name, train_opt.get('scale', base.get('scale', 4)),
+                             {'path': final_checkpoint(root, study, name), 'param_key': 'params_ema' if ema else 'params'})
+    opt['network_g'] = copy.deepcopy(train_opt['network_g'])
+    return opt
+
+
+def bicubic_evaluation_options(base: Dict[str, Any], study: str, name: str, scale: int) -> Dict[str, Any]:
+    """The test file of a method without training: one ``{bicubic: true}`` entry, no network."""
+    opt = _single_entry_test(base, study, name, scale, {'bicubic': True})
+    opt.pop('network_g', None)
+    return opt
+
+
+def _single_entry_test(base: Dict[str, Any], study: str, name: str, scale: int, entry: Dict[str, Any]) -> Dict[str, Any]:
     opt = copy.deepcopy(base)
     opt['name'] = f'{study}/{name}'
-    opt['network_g'] = copy.deepcopy(train_opt['network_g'])
-    opt['scale'] = train_opt.get('scale', opt.get('scale', 4))
+    opt['scale'] = scale
     opt['path'] = {}
-    opt['checkpoints'] = [{'label': name, 'path': final_checkpoint(root, study, name),
-                           'param_key': 'params_ema' if ema else 'params'}]
+    opt['checkpoints'] = [{'label': name, **entry}]
     # Comparison grids set one network against others; a study run has one (compare afterwards
     # with a test file that lists the runs, as options/demo/test_demo.yml does).
     (opt.get('test') or {}).pop('compare', None)
@@ -256,8 +296,11 @@ def load_study(path: str, root: str) -> Study:
     common = raw.get('overrides') or {}
     sweep = raw.get('sweep') or {}
     methods = {str(label): dict(overrides or {}) for label, overrides in raw['methods'].items()}
+    untrained = [label for label, overrides in methods.items() if overrides.pop(BICUBIC_KEY, False)]
     points: List[Tuple[str, Dict[str, Any], Dict[str, Any]]] = []   # (method, sweep point, options)
     for label, overrides in methods.items():
+        if label in untrained:
+            continue
         overrides = dict(overrides)
         base_file = overrides.pop(METHOD_BASE_KEY, None)
         base = read_yaml(base_file, f"method '{label}': base training file") if base_file else base_train
@@ -272,6 +315,14 @@ def load_study(path: str, root: str) -> Study:
             points.append((label, point, opt))
     runs: List[Run] = []
     names = set()
+    # Methods without training come first: one test each, seconds long, valid for every seed.
+    for label in untrained:
+        run = RUN_NAME_CHARS.sub('-', re.sub(r'\s+', '', label))
+        names.add(run)
+        merged = merge_options(base_train, common, f"study '{name}' overrides")
+        runs.append(Run(len(runs), run, label, None, {}, None,
+                        bicubic_evaluation_options(base_test, name, run, merged.get('scale', base_test.get('scale', 4))),
+                        untrained_sources=train_cameras(merged)))
     # Seed-major order: a study stopped half-way has every method for its first seeds (paired data).
     for seed in raw['seeds']:
         for label, point, opt in points:
@@ -288,7 +339,8 @@ def load_study(path: str, root: str) -> Study:
             runs.append(Run(len(runs), run, label, seed, dict(point), train_opt,
                             evaluation_options(base_test, name, run, train_opt, root, ema)))
     reference = raw.get('reference') or next(iter(methods))
-    return Study(path, name, raw['train'], raw['test'], list(raw['seeds']), methods, dict(sweep), reference, runs)
+    return Study(path, name, raw['train'], raw['test'], list(raw['seeds']), methods, dict(sweep), reference, runs,
+                 untrained)
 
 
 def missing_inputs(study: Study, root: str) -> List[str]:
@@ -296,14 +348,14 @@ def missing_inputs(study: Study, root: str) -> List[str]:
     by ``--dry-run``, so that study files validate on machines without the data)."""
     missing: List[str] = []
     for run in study.runs:
-        opts = [(run.train_opt, 'train'), (run.test_opt, 'test')]
+        opts = [(run.train_opt, 'train'), (run.test_opt, 'test')] if run.trained else [(run.test_opt, 'test')]
         for opt, kind in opts:
             for phase, dataset in (opt.get('datasets') or {}).items():
                 for key in ('dataroot_gt', 'dataroot_lq'):
                     folder = dataset.get(key)
                     if folder and not osp.isdir(osp.join(root, folder)):
                         missing.append(f"{kind} datasets.{phase}.{key} '{folder}'")
-        weights = (run.train_opt.get('path') or {}).get('pretrain_network_g')
+        weights = ((run.train_opt or {}).get('path') or {}).get('pretrain_network_g')
         if weights and not osp.isfile(release_file(weights) or osp.join(root, weights)):
             missing.append(f"path.pretrain_network_g '{weights}'{fetch_hint(weights)}")
     return list(dict.fromkeys(missing))

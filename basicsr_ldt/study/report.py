@@ -65,11 +65,17 @@ def point_key(method: str, sweep: Mapping[str, Any]) -> str:
     return f"{method} ({', '.join(f'{k}={v}' for k, v in sweep.items())})"
 
 
+def method_points(study: Study, method: str) -> List[Dict[str, Any]]:
+    """The sweep points a method has results for: one (no sweep) for a method without training."""
+    return [{}] if method in study.untrained else study.sweep_points()
+
+
 def summarise(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Per method and sweep point: mean and sample std over seeds, per camera and for the mean."""
+    """Per method and sweep point: mean and sample std over seeds, per camera and for the mean
+    (a method without training has one seed-less run: n = 1, no std)."""
     rows = []
     for method in study.methods:
-        for point in study.sweep_points():
+        for point in method_points(study, method):
             runs = [with_mean(r) for r in records if r['method'] == method and r['sweep'] == point]
             if not runs:
                 continue
@@ -84,24 +90,31 @@ def summarise(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, Any
 
 def differences(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Per other method and sweep point: the mean of (method - reference) over the seeds both have,
-    per camera and for the mean over cameras, with a bootstrap interval."""
+    per camera and for the mean over cameras, with a bootstrap interval. A method without training
+    has one result, the same for every seed and sweep point: it is paired with each of them."""
     by_key = {(r['method'], json.dumps(r['sweep'], sort_keys=True), r['seed']): with_mean(r)
               for r in records}
+
+    def result(method: str, sweep: str, seed: int) -> Optional[Dict[str, Dict[str, float]]]:
+        if method in study.untrained:
+            return by_key.get((method, json.dumps({}), None))
+        return by_key.get((method, sweep, seed))
+
     rows = []
     for method in study.methods:
         if method == study.reference:
             continue
         for point in study.sweep_points():
             sweep = json.dumps(point, sort_keys=True)
-            seeds = [s for s in study.seeds if (method, sweep, s) in by_key and (study.reference, sweep, s) in by_key]
+            seeds = [s for s in study.seeds if result(method, sweep, s) and result(study.reference, sweep, s)]
             if not seeds:
                 continue
-            cameras = list(by_key[(method, sweep, seeds[0])])
+            cameras = list(result(method, sweep, seeds[0]))
             table = {}
             for cam in cameras:
                 table[cam] = {}
                 for m in METRICS:
-                    diffs = [by_key[(method, sweep, s)][cam][m] - by_key[(study.reference, sweep, s)][cam][m]
+                    diffs = [result(method, sweep, s)[cam][m] - result(study.reference, sweep, s)[cam][m]
                              for s in seeds]
                     low, high = bootstrap_ci(diffs)
                     table[cam][m] = {'mean': float(np.mean(diffs)), 'ci_low': low, 'ci_high': high}
@@ -114,7 +127,8 @@ def aggregate(study: Study, records: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Everything ``study.json`` holds."""
     return {'name': study.name, 'study_file': study.path, 'train': study.train, 'test': study.test,
             'seeds': study.seeds, 'methods': list(study.methods), 'sweep': study.sweep,
-            'reference': study.reference, 'cameras': ordered_cameras(study, records),
+            'reference': study.reference, 'untrained': list(study.untrained),
+            'cameras': ordered_cameras(study, records),
             'planned_runs': len(study.runs), 'runs': records, 'summary': summarise(study, records),
             'differences': differences(study, records), 'bootstrap': dict(BOOTSTRAP)}
 
@@ -147,6 +161,10 @@ def markdown(result: Mapping[str, Any]) -> str:
              'runs finished. Cells: mean ± sample standard deviation over seeds; Mean = mean over the target '
              'cameras (each weighs the same; cameras the method trained on, marked "(source)", are left out) '
              'per seed, then over seeds.', '']
+    if result.get('untrained'):
+        lines += [f"{', '.join(result['untrained'])}: no training, the LR image upscaled bicubically "
+                  '(`cv2.resize` INTER_CUBIC), measured by the same code; deterministic, so tested once (n = 1) '
+                  'and paired with every seed in the differences.', '']
     for metric, title, digits in (('psnr', 'PSNR (dB)', 2), ('ssim', 'SSIM', 4)):
         lines += [f'## {title}', '', '| Method | ' + ' | '.join(columns) + ' | n |',
                   '|---|' + '---|' * (len(columns) + 1)]
