@@ -1,5 +1,5 @@
-"""The Triton scan kernels compiled for an H100 (sm_90) without a GPU, as a real launch would
-specialise them (scripts/scan_static_report.py), at MambaIR's x4 training shape and at a
+"""The Triton scan kernels compiled for an H100 (sm_90) and an A100 (sm_80) without a GPU, as a
+real launch would specialise them (scripts/scan_static_report.py), at MambaIR's x4 training shape and at a
 1024x1024 image (b*dim*L = 1.5e9 elements): they compile, no kernel spills, the chunk kernels
 fill an H100 (16 warps per SM at training, 8 at inference), the report finds the sequence loops
 in the machine code and puts them per state update, and every offset into a tensor sized by
@@ -51,3 +51,15 @@ def test_kernels_compile_for_sm90_without_spills_and_with_64_bit_offsets(tmp_pat
         assert 0 < row['launch_warps'] <= row['occupancy_warps'] <= 64, row
         assert set(row['narrow_offsets']) <= PER_CHANNEL, row
         assert row['spill_bytes'] == 0 and row['spill_instructions'] == 0, row
+
+
+def test_kernels_compile_for_sm80_without_spills(tmp_path):
+    """An A100 (sm_80) has fewer registers per SM to spare than an H100: the same kernels at the
+    training shape compile for it, spill nothing and keep 64-bit offsets."""
+    rows, out = _report(tmp_path, '--arch', '80', '--shape', 'train', '--dtype', 'fp32',
+                        '--combos', 'mambair')
+    assert len(rows) == 6 and 'A100' in out
+    for row in rows.values():
+        assert row['arch'] == 80, row
+        assert row['spill_bytes'] == 0 and row['spill_instructions'] == 0, row
+        assert set(row['narrow_offsets']) <= PER_CHANNEL, row
