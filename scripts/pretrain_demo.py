@@ -18,7 +18,6 @@ kind of CPU with the same thread count, and a file within rounding differences e
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import subprocess
@@ -39,13 +38,8 @@ DEMO_CAMERAS = ('Olympus', 'Pan', 'Sony', 'DSC', 'IMG', 'Canon', 'Clean')
 LAST_CLEAN_PAIR = DATA / 'Train_x4' / 'train_HR' / 'Clean_063_x1.png'
 THREADS = 1
 
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, 'rb') as handle:
-        for block in iter(lambda: handle.read(1 << 20), b''):
-            digest.update(block)
-    return digest.hexdigest()
+sys.path.insert(0, str(REPO))
+from basicsr_ldt.fetch_weights import sha256  # noqa: E402  (one file digest for the project)
 
 
 def recorded_digest() -> str:
