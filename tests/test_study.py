@@ -350,3 +350,42 @@ def test_bicubic_method_is_one_untrained_run_paired_with_every_seed(project, dem
 def test_bad_bicubic_method(tmp_path, demo_data, method, message):
     with pytest.raises(InputError, match=message):
         plan.load_study(tiny_study(tmp_path, demo_data, methods={'FT': {}, 'B': method}), str(tmp_path))
+
+
+def test_jobs_run_several_runs_at_a_time_each_with_its_share_of_the_cores(tmp_path, demo_data, capsys,
+                                                                           monkeypatch):
+    """--jobs 2: two runs' processes overlap in time, each gets OMP_NUM_THREADS = cores / 2 when
+    the user set none, every run prints its finished line; after a failure no new run starts."""
+    root = str(tmp_path)
+    study = plan.load_study(tiny_study(tmp_path, demo_data), root)   # 4 runs: FT, LDT x seeds 0, 1
+    record = tmp_path / 'record'
+    record.mkdir()
+    fail = {'name': None}
+
+    def fake_commands(root_, study_, run, state):   # each run: one process that records itself
+        pause = 0.0 if run.name == fail['name'] else 1.0
+        code = (f"import os, sys, time; t = time.time(); time.sleep({pause}); "
+                f"open(r'{record}/{run.name}', 'w').write(f\"{{t}} {{time.time()}} {{os.environ.get('OMP_NUM_THREADS')}}\"); "
+                f"sys.exit(1 if {run.name!r} == {fail['name']!r} else 0)")
+        return [[sys.executable, '-c', code]]
+    monkeypatch.setattr(runner, 'commands', fake_commands)
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    runner.execute(root, study, study.runs, say=print, jobs=2)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4 and all(': new, done in ' in line for line in lines)
+    spans = {p.name: [float(v) for v in p.read_text().split()[:2]] for p in record.iterdir()}
+    threads = {p.read_text().split()[2] for p in record.iterdir()}
+    assert threads == {str(max(1, (os.cpu_count() or 1) // 2))}
+    first, second = (spans[r.name] for r in study.runs[:2])
+    assert second[0] < first[1] and first[0] < second[1]        # the first two ran side by side
+
+    # A user's OMP_NUM_THREADS is kept; a failing run stops the study before its last run starts.
+    for p in record.iterdir():
+        p.unlink()
+    monkeypatch.setenv('OMP_NUM_THREADS', '3')
+    fail['name'] = study.runs[0].name
+    with pytest.raises(runner.RunFailed, match=study.runs[0].name):
+        runner.execute(root, study, study.runs, say=print, jobs=2)
+    started = {p.name for p in record.iterdir()}     # the failure ends before the second run does
+    assert started == {study.runs[0].name, study.runs[1].name}
+    assert {p.read_text().split()[2] for p in record.iterdir()} == {'3'}

@@ -1,4 +1,4 @@
-"""``python scripts/study.py -opt options/study/<name>.yml [--dry-run | --commands FILE | --collect]``."""
+"""``python scripts/study.py -opt options/study/<name>.yml [--dry-run | --commands FILE | --collect] [--jobs N]``."""
 import argparse
 import os
 import sys
@@ -22,7 +22,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     mode.add_argument('--commands', metavar='FILE',
                       help='write one shell command per pending run to FILE instead of running them')
     mode.add_argument('--collect', action='store_true', help='only aggregate the results that exist')
+    parser.add_argument('--jobs', type=_positive, default=1, metavar='N',
+                        help='runs trained at a time (default 1); each gets OMP_NUM_THREADS = cores / N '
+                             'unless OMP_NUM_THREADS is set')
     return parser.parse_args(argv)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f'expected an integer >= 1, got {text!r}')
+    return int(text)
 
 
 def describe(root: str, study: Study) -> List[str]:
@@ -62,7 +71,7 @@ def main(root: str, argv: Optional[Sequence[str]] = None) -> int:
         return _write_commands(root, study, args.commands)
     print('\n'.join(describe(root, study)), flush=True)
     try:
-        execute(root, study, study.runs, say=lambda line: print(line, flush=True))
+        execute(root, study, study.runs, say=lambda line: print(line, flush=True), jobs=args.jobs)
     except RunFailed as err:
         print(f'error: {err}', file=sys.stderr, flush=True)
         _report(root, study)
