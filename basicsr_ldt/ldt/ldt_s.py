@@ -105,7 +105,8 @@ class AlternatingFreezing:
     def step(self, batch_loss: BatchLoss, precision: Optional[MixedPrecision] = None) -> float:
         """One iteration: eq. 6-7 for the active group, EMA (eq. 8/11) every ``ema_every``
         iterations of the interval and at its end, then the swap at the end of an interval. A
-        non-finite loss (returned as is) skips the step and is not counted, so neither EMA nor swap moves for it."""
+        non-finite loss (returned as is) skips the step and is not counted, so neither EMA nor
+        swap moves for it."""
         loss = optimizer_step(self.network, self.optimizer, batch_loss, precision, 'ldt_s')
         if not math.isfinite(loss):
             return loss

@@ -180,9 +180,11 @@ def nested(dotted: str, value: Any) -> Dict[str, Any]:
     return result
 
 
-def run_name(method: str, point: Mapping[str, Any], seed: int) -> str:
-    """A folder name: the method label, each sweep value as ``<last key part>=<value>``, the seed."""
-    parts = [method] + [f"{key.split('.')[-1]}={value}" for key, value in point.items()] + [f'seed{seed}']
+def run_name(method: str, point: Mapping[str, Any], seed: Optional[int]) -> str:
+    """A folder name: the method label, each sweep value as ``<last key part>=<value>``, the seed
+    (none for a method without training)."""
+    parts = [method] + [f"{key.split('.')[-1]}={value}" for key, value in point.items()]
+    parts += [] if seed is None else [f'seed{seed}']
     return RUN_NAME_CHARS.sub('-', re.sub(r'\s+', '', '_'.join(str(p) for p in parts)))
 
 
@@ -316,10 +318,10 @@ def load_study(path: str, root: str) -> Study:
     runs: List[Run] = []
     names = set()
     # Methods without training come first: one test each, seconds long, valid for every seed.
+    merged = merge_options(base_train, common, f"study '{name}' overrides") if untrained else {}
     for label in untrained:
-        run = RUN_NAME_CHARS.sub('-', re.sub(r'\s+', '', label))
+        run = run_name(label, {}, None)
         names.add(run)
-        merged = merge_options(base_train, common, f"study '{name}' overrides")
         runs.append(Run(len(runs), run, label, None, {}, None,
                         bicubic_evaluation_options(base_test, name, run, merged.get('scale', base_test.get('scale', 4))),
                         untrained_sources=train_cameras(merged)))

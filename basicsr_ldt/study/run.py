@@ -134,7 +134,6 @@ def execute(root: str, study: Study, runs: List[Run], say: Callable[[str], None]
     lock = threading.Lock()
     # Several runs at a time share the cores: unless the user chose, each gets its share of them.
     threads = None if jobs == 1 or os.environ.get('OMP_NUM_THREADS') else max(1, (os.cpu_count() or 1) // jobs)
-
     failed = threading.Event()
 
     def bring(position: int, run: Run) -> None:
