@@ -98,6 +98,54 @@ def _set_column(tile, index, k, col):
 
 
 @triton.jit
+def _even_odd(x):
+    """(the even, the odd) entries along the last axis of ``x``, a (rows, w) tile or a (w,)
+    vector. In registers only: the reshape splits no lane's run of consecutive entries."""
+    w: tl.constexpr = x.shape[len(x.shape) - 1]
+    if w == 2:
+        even, odd = tl.split(x)
+    elif len(x.shape) == 1:
+        even, odd = tl.split(tl.reshape(x, (w // 2, 2)))
+    else:
+        even, odd = tl.split(tl.reshape(x, (x.shape[0], w // 2, 2)))
+    return even, odd
+
+
+@triton.jit
+def _columns(tile):
+    """The columns of a (rows, W) tile as a tuple of W (rows,) vectors, in order (W a power of
+    two); of a (W,) vector, its W scalars. Each lane holds its rows whole (or the whole vector),
+    so this only names registers: no data moves between lanes."""
+    parts = (tile,)
+    for level in tl.static_range(8):
+        if len(parts) < tile.shape[len(tile.shape) - 1]:
+            evens = ()
+            odds = ()
+            for p in tl.static_range(len(parts)):
+                even, odd = _even_odd(parts[p])
+                evens = evens + (even,)
+                odds = odds + (odd,)
+            parts = evens + odds  # evens first keeps the columns in order at the last level
+    return parts
+
+
+@triton.jit
+def _stack(columns):
+    """The inverse of :func:`_columns` for (rows,) vectors: a (rows, W) tile."""
+    parts = ()
+    for j in tl.static_range(len(columns)):
+        parts = parts + (tl.reshape(columns[j], (columns[j].shape[0], 1)),)
+    for level in tl.static_range(8):
+        if len(parts) > 1:
+            merged = ()
+            for p in tl.static_range(len(parts) // 2):
+                x = tl.join(parts[p], parts[p + len(parts) // 2])  # interleaved: (rows, w, 2)
+                merged = merged + (tl.reshape(x, (x.shape[0], 2 * x.shape[1])),)
+            parts = merged
+    return parts[0]
+
+
+@triton.jit
 def _scan_row(a, x, h, kk, SUB: tl.constexpr):
     """The states ``h[j] = a[j] h[j-1] + x[j]`` along a sub-tile's columns (each lane's own
     registers), from the state ``h`` (one per row) entering it: (the states, the last one)."""
@@ -321,6 +369,34 @@ def _carry_kernel(A_ptr, states_ptr, dsum_ptr, start_ptr, last_ptr, dim, dstate,
 
 
 @triton.jit
+def _state_vectors(ptr, offsets, mask, dstate: tl.constexpr):
+    """A tuple of ``dstate`` (BLOCK_D,) vectors: state k of each channel at ``ptr + offsets + k``."""
+    v = ()
+    for k in tl.static_range(dstate):
+        v = v + (tl.load(ptr + offsets + k, mask=mask, other=0.0).to(tl.float32),)
+    return v
+
+
+@triton.jit
+def _store_state_vectors(ptr, offsets, mask, v):
+    for k in tl.static_range(len(v)):
+        tl.store(ptr + offsets + k, v[k], mask=mask)
+
+
+@triton.jit
+def _bc_columns(ptr, row, k, t, mask_t, d, mask_d, dstate, length, VARIES: tl.constexpr):
+    """State ``k`` of B (or C) at the sub-tile's SUB positions, as a tuple of SUB values that
+    broadcast against (BLOCK_D,) vectors: the scalars of a varying B (one 16-byte load that every
+    lane makes alike), or the (BLOCK_D,) column of a constant (d, n) one, repeated."""
+    if VARIES:
+        cols = _columns(tl.load(ptr + row + k * length + t, mask=mask_t, other=0.0).to(tl.float32))
+    else:
+        col = tl.load(ptr + d * dstate + k, mask=mask_d, other=0.0).to(tl.float32)
+        cols = (col,) * t.shape[0]
+    return cols
+
+
+@triton.jit
 def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
                            dout_ptr, states_ptr, adj_ptr, scratch_ptr,
                            du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr,
@@ -334,14 +410,16 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     the right (``adj``): du, ddelta, dz per position; dB, dC per position summed over the
     program's channels (varying B/C, ``dB``/``dC``) or per (channel, state) summed over the
     chunk (constant, ``dtile`` slots 1, 2); dA in ``dtile`` slot 0; dD, d(delta_bias) in
-    ``dvec``."""
+    ``dvec``.
+
+    Every per-lane quantity is a (BLOCK_D,) vector (lane = channel); the ``dstate`` states,
+    adjoints and dA sums are tuples of them, carried in registers from sub-tile to sub-tile; the
+    SUB positions of a sub-tile are the columns of (BLOCK_D, SUB) tiles (:func:`_columns`)."""
     c, blk, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
-    nn = tl.arange(0, BLOCK_N)
     kk = tl.arange(0, SUB)
-    mask_dn = mask_d[:, None] & (nn < dstate)[None, :]
     row = _sequence_rows(bi, dim, d, length)
-    state = _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn)
+    state = _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)  # (channels, state 0) of chunk c
     b_row = _bc_row(bi, dim, b_chans, g0, dstate, length, VAR_B)
     c_row = _bc_row(bi, dim, c_chans, g0, dstate, length, VAR_C)
     bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -349,42 +427,47 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0)
     if HAS_D:
         Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
+    A2 = ()  # A log2 e per state: a decay is exp2(delta * A2)
+    for n in tl.static_range(dstate):
+        A2 = A2 + (tl.load(A_ptr + d * dstate + n, mask=mask_d, other=0.0) * 1.4426950408889634,)
+    zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
     last_sub = t0 + ((t1 - t0 - 1) // SUB) * SUB  # first position of the chunk's last sub-tile
-    tile_size = BLOCK_D * BLOCK_N
-    # a column (BLOCK_D,) per state: stored and loaded in the layout the loops use
-    scratch = scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * tile_size) + \
-        tl.arange(0, BLOCK_D)
     if GRADS:
-        # states entering each sub-tile, recomputed forward from the chunk's entering state
-        h = tl.load(states_ptr + state, mask=mask_dn, other=0.0)
+        # The state entering each sub-tile, recomputed forward from the chunk's entering state,
+        # into this program's scratch slot (one (BLOCK_D, BLOCK_N) tile per sub-tile).
+        scratch = scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * BLOCK_D * BLOCK_N) + \
+            tl.arange(0, BLOCK_D) * BLOCK_N
+        h = _state_vectors(states_ptr, state, mask_d, dstate)
         for s in range(t0, t1, SUB):
+            _store_state_vectors(scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N, 0, mask_d, h)
             t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
             dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
-            dtu = dt * _tile(u_ptr, offs, m2)
-            for k in tl.static_range(dstate):
-                hk = _column(h, nn, k)
-                tl.store(scratch + (((s - t0) // SUB) * BLOCK_N + k) * BLOCK_D, hk)
-                a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
-                x = dtu * _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
-                _, hk = _scan_row(a, x, hk, kk, SUB)
-                h = _set_column(h, nn, k, hk)
-        tl.debug_barrier()  # the scratch columns written above are read below
-        dD_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        dbias_acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+            dts = _columns(dt)
+            dtus = _columns(dt * _tile(u_ptr, offs, m2))
+            h_next = ()
+            for n in tl.static_range(dstate):
+                Bn = _bc_columns(B_ptr, b_row, n, t, mask_t, d, mask_d, dstate, length, VAR_B)
+                hn = h[n]
+                for j in tl.static_range(SUB):
+                    hn = tl.exp2(dts[j] * A2[n]) * hn + dtus[j] * Bn[j]
+                h_next = h_next + (hn,)
+            h = h_next
+        tl.debug_barrier()  # the scratch written above is read below
+        # The adjoint of each (channel, state) is carried from sub-tile to sub-tile in this
+        # program's slot of ``adj`` (it starts as the adjoint entering from the right), and dA and
+        # constant dB, dC in its ``dtile`` slot (zeroed by the caller), so that the loop over
+        # the states need not be unrolled and few registers are live.
+        adj_col = adj_ptr + state
         part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
-        # this program's (dA, constant dB, constant dC) tiles, zero-initialised, one column per state
+        tile_size = BLOCK_D * BLOCK_N
         dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 3 * tile_size) + \
             tl.arange(0, BLOCK_D) * BLOCK_N
+        dD_acc = zero
+        dbias_acc = zero
     else:
-        tl.store(adj_ptr + state, tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32), mask=mask_dn)
-        tl.debug_barrier()
-    # The adjoint r of each (channel, state) is carried from sub-tile to sub-tile in this
-    # program's own slot of ``adj`` (it starts as the adjoint entering from the right, or zero,
-    # and ends as the adjoint leaving the chunk on the left), so that the loop over the states
-    # need not be unrolled to keep it in registers.
-    adj_col = adj_ptr + _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)
+        r = (zero,) * dstate
     for i in range(0, (t1 - t0 + SUB - 1) // SUB):
         s = last_sub - i * SUB
         t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
@@ -396,59 +479,95 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             dy_gated = dy * zt * zs  # out = (y + D u) * silu(z)
         else:
             dy_gated = dy
-        if GRADS:
+        dts = _columns(dt)
+        dys = _columns(dy_gated)
+        if not GRADS:
+            r_next = ()
+            for n in tl.static_range(dstate):
+                Cn = _bc_columns(C_ptr, c_row, n, t, mask_t, d, mask_d, dstate, length, VAR_C)
+                rn = r[n]
+                for j in tl.static_range(SUB - 1, -1, -1):
+                    rn = tl.exp2(dts[j] * A2[n]) * (dys[j] * Cn[j] + rn)  # r[t] = a[t] (C dy + r[t+1])
+                r_next = r_next + (rn,)
+            r = r_next
+        else:
             u = _tile(u_ptr, offs, m2)
-            dtu = dt * u
-            y = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)
-            ddt = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)  # d loss / d delta (after softplus)
-            ddx = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)  # d loss / d (delta u)
-        for k in range(0, dstate):
-            Ak = tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0)
-            a = tl.exp2(dt * (Ak * 1.4426950408889634)[:, None])
-            Ck = _bc_at(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
-            cy = dy_gated * Ck  # d loss / d h[t] directly through y[t]
-            g, rk = _adjoint_row(a, cy, tl.load(adj_col + k, mask=mask_d, other=0.0), kk, SUB)
-            tl.store(adj_col + k, rk, mask=mask_d)
-            if GRADS:  # g: d loss / d h[t]
-                Bk = _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
-                x = dtu * Bk
-                h_in = tl.load(scratch + (((s - t0) // SUB) * BLOCK_N + k) * BLOCK_D)
-                hs, _ = _scan_row(a, x, h_in, kk, SUB)
-                p = g * (hs - x)  # g[t] * exp(delta A) * h[t-1]
-                tl.store(dtile + k, tl.load(dtile + k) + tl.sum(p * dt, axis=1))
-                ddt += p * Ak[:, None]
-                ddx += g * Bk
-                if VAR_B:
-                    tl.store(dB_ptr + part + k * length + t, tl.sum(g * dtu, axis=0), mask=mask_t)
+            dtus = _columns(dt * u)
+            h_col = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # the states entering the sub-tile
+            ddt = (zero,) * SUB  # d loss / d delta (after softplus), over log 2
+            ddx = (zero,) * SUB  # d loss / d (delta u)
+            ys = (zero,) * SUB   # y, for dz
+            for k in range(0, dstate):  # not unrolled: its carries are in memory, not registers
+                Bk = _bc_columns(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
+                Ck = _bc_columns(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
+                A2k = tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634
+                # the sub-tile's decays, inputs and states, forward from the state entering it
+                a = ()
+                x = ()
+                hs = ()
+                hk = tl.load(h_col + k, mask=mask_d, other=0.0)
+                for j in tl.static_range(SUB):
+                    a = a + (tl.exp2(dts[j] * A2k),)
+                    x = x + (dtus[j] * Bk[j],)
+                    hk = a[j] * hk + x[j]
+                    hs = hs + (hk,)
+                # then the adjoint backwards, and every gradient of this state
+                rk = tl.load(adj_col + k, mask=mask_d, other=0.0)
+                dAk = zero
+                gdtu = ()
+                dyh = ()
+                new_ddt = ()
+                new_ddx = ()
+                new_ys = ()
+                for j in tl.static_range(SUB - 1, -1, -1):
+                    g = dys[j] * Ck[j] + rk  # d loss / d h[t]
+                    rk = a[j] * g
+                    p = g * (hs[j] - x[j])  # g[t] exp(delta A) h[t-1]
+                    dAk += p * dts[j]
+                    new_ddt = (ddt[j] + p * A2k,) + new_ddt
+                    new_ddx = (ddx[j] + g * Bk[j],) + new_ddx
+                    gdtu = (g * dtus[j],) + gdtu
+                    dyh = (dys[j] * hs[j],) + dyh
+                    if HAS_Z:
+                        new_ys = (ys[j] + hs[j] * Ck[j],) + new_ys
+                ddt = new_ddt
+                ddx = new_ddx
+                if HAS_Z:
+                    ys = new_ys
+                tl.store(adj_col + k, rk, mask=mask_d)
+                tl.store(dtile + k, tl.load(dtile + k) + dAk)
+                if VAR_B:  # summed over the program's channels: a warp-shuffle reduction per value
+                    tl.store(dB_ptr + part + k * length + t, tl.sum(_stack(gdtu), axis=0), mask=mask_t)
                 else:
-                    tl.store(dtile + tile_size + k, tl.load(dtile + tile_size + k) + tl.sum(g * dtu, axis=1))
+                    tl.store(dtile + tile_size + k, tl.load(dtile + tile_size + k) + tl.sum(_stack(gdtu), axis=1))
                 if VAR_C:
-                    tl.store(dC_ptr + part + k * length + t, tl.sum(dy_gated * hs, axis=0), mask=mask_t)
+                    tl.store(dC_ptr + part + k * length + t, tl.sum(_stack(dyh), axis=0), mask=mask_t)
                 else:
                     tl.store(dtile + 2 * tile_size + k,
-                             tl.load(dtile + 2 * tile_size + k) + tl.sum(dy_gated * hs, axis=1))
-                if HAS_Z:
-                    y += hs * Ck
-        if GRADS:
-            du = ddx * dt
+                             tl.load(dtile + 2 * tile_size + k) + tl.sum(_stack(dyh), axis=1))
+            ddx_tile = _stack(ddx)
+            du = ddx_tile * dt
             if HAS_D:
                 du += dy_gated * Dv[:, None]
                 dD_acc += tl.sum(dy_gated * u, axis=1)
             if HAS_Z:
+                y = _stack(ys)
                 if HAS_D:
                     y += Dv[:, None] * u
                 tl.store(dz_ptr + offs, dy * y * zs * (1.0 + zt * (1.0 - zs)), mask=m2)
-            ddt += ddx * u
+            ddt_tile = _stack(ddt) * 0.6931471805599453 + ddx_tile * u
             if SOFTPLUS:
-                ddt = ddt * _sigmoid(raw)
-            ddt = tl.where(m2, ddt, 0.0)
-            dbias_acc += tl.sum(ddt, axis=1)
+                ddt_tile = ddt_tile * _sigmoid(raw)
+            ddt_tile = tl.where(m2, ddt_tile, 0.0)
+            dbias_acc += tl.sum(ddt_tile, axis=1)
             tl.store(du_ptr + offs, du, mask=m2)
-            tl.store(ddelta_ptr + offs, ddt, mask=m2)
-    if GRADS:
+            tl.store(ddelta_ptr + offs, ddt_tile, mask=m2)
+    if GRADS:  # this program's (dD, d delta_bias) vectors
         dvec = dvec_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 2 * BLOCK_D) + tl.arange(0, BLOCK_D)
         tl.store(dvec, dD_acc)
         tl.store(dvec + BLOCK_D, dbias_acc)
+    else:  # the adjoint leaving the chunk on the left
+        _store_state_vectors(adj_ptr + state, 0, mask_d, r)
 
 
 class _Layout:
@@ -527,11 +646,20 @@ class KernelLaunch:
     constexprs: Dict[str, Any]
     num_warps: int
     updates_per_pass: Tuple[int, ...] = ()
+    max_registers: Optional[int] = None
+
+    def options(self) -> Dict[str, Any]:
+        """The launch options: warps per program and, where set, ptxas's register cap
+        (``maxnreg``), which keeps enough programs resident per SM (registers are the limit)."""
+        options = dict(num_warps=self.num_warps)
+        if self.max_registers is not None:
+            options['maxnreg'] = self.max_registers
+        return options
 
     def run(self) -> None:
         device = self.args[0].device
         with torch.cuda.device(device) if device.type == 'cuda' else _nothing():
-            self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.constexprs)
+            self.kernel[self.grid](*self.args, **self.options(), **self.constexprs)
 
 
 @dataclass
@@ -564,12 +692,13 @@ def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
     return inputs, flags, lay
 
 
-def _chunk_launch(name, kernel, lay, args, flags, loops, **mode) -> KernelLaunch:
+def _chunk_launch(name, kernel, lay, args, flags, loops, max_registers=None, **mode) -> KernelLaunch:
     """``loops``: per innermost loop, whether one pass covers all states of a sub-tile ('tile')
     or one state of it ('state')."""
     per = dict(tile=lay.block_d * lay.dstate * SUB, state=lay.block_d * SUB)
     return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
-                        updates_per_pass=tuple(per[loop] for loop in loops))
+                        updates_per_pass=tuple(per[loop] for loop in loops),
+                        max_registers=max_registers)
 
 
 def _carry_launch(name, lay, A32, own, dsum, start, last, reverse: bool) -> KernelLaunch:
@@ -632,11 +761,11 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     args = (*inputs, dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
             _or(dC_part, scratch), dtile, dvec, *lay.args())
     return ScanLaunches([
-        _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, ['state'],
-                      GRADS=False),
+        _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, ['tile'],
+                      max_registers=64, GRADS=False),  # 32 one-warp programs per SM
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
         _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags,
-                      ['tile', 'state'], GRADS=True),
+                      ['tile', 'state'], max_registers=128, GRADS=True),  # 16 per SM
     ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
 
 
