@@ -428,7 +428,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                            dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                            HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                            GRADS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                           SUB: tl.constexpr):
+                           SUB: tl.constexpr, PAIRS: tl.constexpr):
     """GRADS=False: the adjoint entering the chunk from a zero one at its end, into ``adj``.
     GRADS=True: from the chunk's entering state (``states``) and the adjoint entering it from
     the right (``adj``): du, ddelta, dz per position; dB, dC per position summed over the
@@ -521,62 +521,77 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             ddt = (zero,) * SUB  # d loss / d delta (after softplus), over log 2
             ddx = (zero,) * SUB  # d loss / d (delta u)
             ys = (zero,) * SUB   # y, for dz
-            for k in range(0, dstate):  # not unrolled: its carries are in memory, not registers
-                Bk = _bc_columns(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
-                Ck = _bc_columns(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
-                A2k = tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634
-                # the sub-tile's decays, inputs and states, forward from the state entering it
-                a = ()
-                x = ()
-                hs = ()
-                hk = tl.load(h_col + k, mask=mask_d, other=0.0)
-                for j in tl.static_range(SUB):
-                    a = a + (tl.exp2(dts[j] * A2k),)
-                    x = x + (dtus[j] * Bk[j],)
-                    hk = a[j] * hk + x[j]
-                    hs = hs + (hk,)
-                # then the adjoint backwards, and every gradient of this state
-                rk = tl.load(adj_col + k, mask=mask_d, other=0.0)
-                dAk = zero
-                gdtu = ()
+            for k0 in range(0, dstate, PAIRS):  # not unrolled: its carries are in memory, not registers
+                gdtu = ()  # g delta u and dy h of each (state, position), for the dB, dC sums
                 dyh = ()
-                new_ddt = ()
-                new_ddx = ()
-                new_ys = ()
-                for j in tl.static_range(SUB - 1, -1, -1):
-                    g = dys[j] * Ck[j] + rk  # d loss / d h[t]
-                    rk = a[j] * g
-                    p = g * (hs[j] - x[j])  # g[t] exp(delta A) h[t-1]
-                    dAk += p * dts[j]
-                    new_ddt = (ddt[j] + p * A2k,) + new_ddt
-                    new_ddx = (ddx[j] + g * Bk[j],) + new_ddx
-                    gdtu = (g * dtus[j],) + gdtu
-                    dyh = (dys[j] * hs[j],) + dyh
+                for q in tl.static_range(PAIRS):  # PAIRS states per pass
+                    k = k0 + q
+                    Bk = _bc_columns(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
+                    Ck = _bc_columns(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
+                    A2k = tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634
+                    # the sub-tile's decays, inputs and states, forward from the state entering it
+                    a = ()
+                    x = ()
+                    hs = ()
+                    hk = tl.load(h_col + k, mask=mask_d, other=0.0)
+                    for j in tl.static_range(SUB):
+                        a = a + (tl.exp2(dts[j] * A2k),)
+                        x = x + (dtus[j] * Bk[j],)
+                        hk = a[j] * hk + x[j]
+                        hs = hs + (hk,)
+                    # then the adjoint backwards, and every gradient of this state
+                    rk = tl.load(adj_col + k, mask=mask_d, other=0.0)
+                    dAk = zero
+                    gdtu_k = ()
+                    dyh_k = ()
+                    new_ddt = ()
+                    new_ddx = ()
+                    new_ys = ()
+                    for j in tl.static_range(SUB - 1, -1, -1):
+                        g = dys[j] * Ck[j] + rk  # d loss / d h[t]
+                        rk = a[j] * g
+                        p = g * (hs[j] - x[j])  # g[t] exp(delta A) h[t-1]
+                        dAk += p * dts[j]
+                        new_ddt = (ddt[j] + p * A2k,) + new_ddt
+                        new_ddx = (ddx[j] + g * Bk[j],) + new_ddx
+                        gdtu_k = (g * dtus[j],) + gdtu_k
+                        dyh_k = (dys[j] * hs[j],) + dyh_k
+                        if HAS_Z:
+                            new_ys = (ys[j] + hs[j] * Ck[j],) + new_ys
+                    ddt = new_ddt
+                    ddx = new_ddx
                     if HAS_Z:
-                        new_ys = (ys[j] + hs[j] * Ck[j],) + new_ys
-                ddt = new_ddt
-                ddx = new_ddx
-                if HAS_Z:
-                    ys = new_ys
-                tl.store(adj_col + k, rk, mask=mask_d)
-                tl.store(dtile + k, tl.load(dtile + k) + dAk)
-                # dB, dC of a varying B, C: per position, summed over the program's channels
-                if VAR_B and VAR_C:  # both in one butterfly
-                    both = tl.arange(0, 2 * SUB)
-                    pos = s + both % SUB
-                    at = part + k * length + pos
-                    tl.store(tl.where(both < SUB, dB_ptr + at, dC_ptr + at),
-                             _channel_sums(_stack(gdtu + dyh)), mask=pos < t1)
-                elif VAR_B:
-                    tl.store(dB_ptr + part + k * length + t, _channel_sums(_stack(gdtu)), mask=mask_t)
-                elif VAR_C:
-                    tl.store(dC_ptr + part + k * length + t, _channel_sums(_stack(dyh)), mask=mask_t)
-                # of a constant one: per (channel, state), summed over positions
-                if not VAR_B:
-                    tl.store(dtile + tile_size + k, tl.load(dtile + tile_size + k) + tl.sum(_stack(gdtu), axis=1))
-                if not VAR_C:
-                    tl.store(dtile + 2 * tile_size + k,
-                             tl.load(dtile + 2 * tile_size + k) + tl.sum(_stack(dyh), axis=1))
+                        ys = new_ys
+                    gdtu = gdtu + gdtu_k
+                    dyh = dyh + dyh_k
+                    tl.store(adj_col + k, rk, mask=mask_d)
+                    tl.store(dtile + k, tl.load(dtile + k) + dAk)
+                    # dB, dC of a constant B, C: per (channel, state), summed over positions
+                    if not VAR_B:
+                        tl.store(dtile + tile_size + k, tl.load(dtile + tile_size + k) + tl.sum(_stack(gdtu_k), axis=1))
+                    if not VAR_C:
+                        tl.store(dtile + 2 * tile_size + k,
+                                 tl.load(dtile + 2 * tile_size + k) + tl.sum(_stack(dyh_k), axis=1))
+                # of a varying one: per (state, position), summed over the program's channels,
+                # all in one butterfly; value v is (state k0 + v // SUB % PAIRS, position v % SUB)
+                # of dB if v < PAIRS * SUB and of dC after
+                if VAR_B or VAR_C:
+                    if VAR_B and VAR_C:
+                        values = gdtu + dyh
+                    elif VAR_B:
+                        values = gdtu
+                    else:
+                        values = dyh
+                    v = tl.arange(0, len(values))
+                    pos = s + v % SUB
+                    at = part + (k0 + v // SUB % PAIRS) * length + pos
+                    if VAR_B and VAR_C:
+                        where = tl.where(v < PAIRS * SUB, dB_ptr + at, dC_ptr + at)
+                    elif VAR_B:
+                        where = dB_ptr + at
+                    else:
+                        where = dC_ptr + at
+                    tl.store(where, _channel_sums(_stack(values)), mask=pos < t1)
             ddx_tile = _stack(ddx)
             du = ddx_tile * dt
             if HAS_D:
@@ -726,8 +741,8 @@ def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
 
 def _chunk_launch(name, kernel, lay, args, flags, loops, max_registers=None, **mode) -> KernelLaunch:
     """``loops``: per innermost loop, whether one pass covers all states of a sub-tile ('tile')
-    or one state of it ('state')."""
-    per = dict(tile=lay.block_d * lay.dstate * SUB, state=lay.block_d * SUB)
+    or ``PAIRS`` states of it ('states')."""
+    per = dict(tile=lay.block_d * lay.dstate * SUB, states=lay.block_d * SUB * mode.get('PAIRS', 1))
     return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
                         updates_per_pass=tuple(per[loop] for loop in loops),
                         max_registers=max_registers)
@@ -759,7 +774,7 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: i
     dsum = u.new_empty(lay.batch, lay.dim, lay.n_chunks, dtype=torch.float32)
     args = (*inputs, out, saved, dsum, *lay.args())
     return ScanLaunches([
-        _chunk_launch('forward: chunks from zero', _forward_chunk_kernel, lay, args, flags, ['state'],
+        _chunk_launch('forward: chunks from zero', _forward_chunk_kernel, lay, args, flags, ['states'],
                       OUTPUT=False),
         _carry_launch('forward: carries', lay, inputs[2], saved, dsum, None, last, reverse=False),
         _chunk_launch('forward: output', _forward_chunk_kernel, lay, args, flags, ['tile'], OUTPUT=True),
@@ -792,12 +807,13 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     dC_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_C'] else None
     args = (*inputs, dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
             _or(dC_part, scratch), dtile, dvec, *lay.args())
+    pairs = 2 if lay.dstate % 2 == 0 else 1  # states per pass of the gradient kernel's state loop
     return ScanLaunches([
         _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, ['tile'],
-                      max_registers=64, GRADS=False),  # 32 one-warp programs per SM
+                      max_registers=64, GRADS=False, PAIRS=pairs),  # 32 one-warp programs per SM
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
         _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags,
-                      ['tile', 'state'], max_registers=128, GRADS=True),  # 16 per SM
+                      ['tile', 'states'], max_registers=128, GRADS=True, PAIRS=pairs),  # 16 per SM
     ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
 
 

@@ -97,6 +97,20 @@ def test_matches_float64_reference_over_several_chunks(interpreted, bc, options,
     _check_against_reference(args, softplus, out, last)
 
 
+@pytest.mark.parametrize('bc, options, dstate', [
+    ('grouped', 'D+z+bias+softplus', 4),  # both B and C vary: one butterfly for dB and dC
+    ('shared', 'bias+softplus', 2),
+    ('const', 'D+z', 4),
+])
+def test_even_state_counts_take_the_paired_gradient_loop(interpreted, bc, options, dstate):
+    """An even d_state runs the gradient kernel's state loop two states per pass (MambaIR's 16
+    does): output, last state and every gradient against the float64 reference, over chunks and
+    a partial last sub-tile."""
+    args, softplus = make_inputs(bc, 23, options, batch=2, dim=6, dstate=dstate, groups=2)
+    out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=8, block_d=4)
+    _check_against_reference(args, softplus, out, last)
+
+
 @pytest.mark.parametrize('length, chunk, n_chunks', [
     (1, 4, 1),    # a sequence of one position: one sub-tile, three positions of it masked
     (16, 16, 1),  # exactly one chunk of whole sub-tiles
