@@ -813,7 +813,8 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
                       max_registers=64, GRADS=False, PAIRS=pairs),  # 32 one-warp programs per SM
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
         _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags,
-                      ['tile', 'states'], max_registers=128, GRADS=True, PAIRS=pairs),  # 16 per SM
+                      ['tile', 'states'], max_registers=128 if z is None else 168, GRADS=True,
+                      PAIRS=pairs),  # 16 per SM; 12 with z (its gate needs more registers)
     ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
 
 
