@@ -685,7 +685,11 @@ class KernelLaunch:
     int64), ``constexprs`` its constexpr parameters by name. ``updates_per_pass``: for each
     innermost loop of the compiled kernel, in code order, the state updates (channel, state,
     position) one warp makes per pass (empty for the carry kernel, whose loop walks chunks), so
-    that static figures can be put per update."""
+    that static figures can be put per update. ``max_registers``: ptxas's cap (``maxnreg``; the
+    interpreter ignores it). ``serial_passes``: the passes of its loop that one program makes one
+    after another (the carry kernel's chunks), for the time estimate's serial chain. ``traffic``:
+    the tensors it reads or writes, each once (one listed twice is moved twice; None: absent),
+    for the estimate's memory time."""
     name: str
     kernel: Any
     grid: Tuple[int, ...]
@@ -694,6 +698,8 @@ class KernelLaunch:
     num_warps: int
     updates_per_pass: Tuple[int, ...] = ()
     max_registers: Optional[int] = None
+    serial_passes: int = 0
+    traffic: Tuple[Optional[torch.Tensor], ...] = ()
 
     def options(self) -> Dict[str, Any]:
         """The launch options: warps per program and, where set, ptxas's register cap
@@ -739,20 +745,21 @@ def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
     return inputs, flags, lay
 
 
-def _chunk_launch(name, kernel, lay, args, flags, loops, max_registers=None, **mode) -> KernelLaunch:
+def _chunk_launch(name, kernel, lay, args, flags, loops, traffic, max_registers=None, **mode) -> KernelLaunch:
     """``loops``: per innermost loop, whether one pass covers all states of a sub-tile ('tile')
     or ``PAIRS`` states of it ('states')."""
     per = dict(tile=lay.block_d * lay.dstate * SUB, states=lay.block_d * SUB * mode.get('PAIRS', 1))
     return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
                         updates_per_pass=tuple(per[loop] for loop in loops),
-                        max_registers=max_registers)
+                        max_registers=max_registers, traffic=tuple(traffic))
 
 
 def _carry_launch(name, lay, A32, own, dsum, start, last, reverse: bool) -> KernelLaunch:
     return KernelLaunch(name, _carry_kernel, lay.carry_grid,
                         (A32, own, dsum, _or(start, A32), last, lay.dim, lay.dstate, lay.n_chunks),
                         dict(REVERSE=reverse, HAS_START=start is not None, BLOCK_D=BLOCK_D,
-                             BLOCK_N=lay.block_n), num_warps=1)
+                             BLOCK_N=lay.block_n), num_warps=1, serial_passes=lay.n_chunks,
+                        traffic=(own, own, dsum, start, last))
 
 
 def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: int = CHUNK,
@@ -775,9 +782,10 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: i
     args = (*inputs, out, saved, dsum, *lay.args())
     return ScanLaunches([
         _chunk_launch('forward: chunks from zero', _forward_chunk_kernel, lay, args, flags, ['states'],
-                      OUTPUT=False),
+                      (u, inputs[1], inputs[3], saved, dsum), OUTPUT=False),
         _carry_launch('forward: carries', lay, inputs[2], saved, dsum, None, last, reverse=False),
-        _chunk_launch('forward: output', _forward_chunk_kernel, lay, args, flags, ['tile'], OUTPUT=True),
+        _chunk_launch('forward: output', _forward_chunk_kernel, lay, args, flags, ['tile'],
+                      (u, inputs[1], inputs[3], inputs[4], _or_none(z, inputs[6]), saved, out), OUTPUT=True),
     ], dict(out=out, last=last, saved=saved, dsum=dsum), lay)
 
 
@@ -810,10 +818,13 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     pairs = 2 if lay.dstate % 2 == 0 else 1  # states per pass of the gradient kernel's state loop
     return ScanLaunches([
         _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, ['tile'],
+                      (delta, dout, inputs[4], _or_none(z, inputs[6]), adj),
                       max_registers=64, GRADS=False, PAIRS=pairs),  # 32 one-warp programs per SM
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
-        _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags,
-                      ['tile', 'states'], max_registers=128 if z is None else 168, GRADS=True,
+        _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['tile', 'states'],
+                      (u, delta, dout, inputs[3], inputs[4], _or_none(z, inputs[6]), saved, adj, scratch, scratch,
+                       du, ddelta, dz, dB_part, dC_part, dtile, dvec),
+                      max_registers=128 if z is None else 168, GRADS=True,
                       PAIRS=pairs),  # 16 per SM; 12 with z (its gate needs more registers)
     ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
 
@@ -873,6 +884,11 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def _or_none(flag: Optional[torch.Tensor], t: torch.Tensor) -> Optional[torch.Tensor]:
+    """``t`` where the optional input ``flag`` is given, else None (a launch's traffic)."""
+    return None if flag is None else t
 
 
 def _or(t: Optional[torch.Tensor], fallback: torch.Tensor) -> torch.Tensor:

@@ -59,6 +59,15 @@ ARCHS = {
     80: dict(gpu='A100', sms=108, max_warps=64, max_blocks=32, regs=65536, smem=164 * 1024),
     90: dict(gpu='H100 SXM', sms=132, max_warps=64, max_blocks=32, regs=65536, smem=228 * 1024),
 }
+# For the time ESTIMATE only (--estimate): boost clock, per-SM throughputs per cycle (CUDA
+# programming guide: 4 schedulers issuing one warp-instruction each; MUFU 16 lanes, shuffles 32
+# lanes), HBM bandwidth, and what one pass of a serial loop (the carry kernel's, one chunk after
+# another in one program) is taken to cost: a memory round trip plus its instructions at the
+# FMA latency. A100: the 80 GB SXM part.
+MODEL = {
+    80: dict(clock=1.41e9, issue=4, mufu=16, shfl=32, hbm=2.04e12, round_trip=600, latency=4),
+    90: dict(clock=1.755e9, issue=4, mufu=16, shfl=32, hbm=3.35e12, round_trip=600, latency=4),
+}
 SMEM_RESERVED_PER_BLOCK = 1024  # bytes the driver keeps per resident block (sm_80 and later)
 REG_ALLOC_UNIT = 256            # registers are allocated per warp in units of 256
 SUB_PARTITIONS = 4              # an SM's register file is split over 4 schedulers
@@ -76,6 +85,26 @@ class Combo:
     def label(self) -> str:
         flags = [name for name, on in (('z', self.z), ('bias', self.bias), ('D', self.D)) if on]
         return f"{self.dtype} {'+'.join(flags) or 'none'}"
+
+
+def estimate(row: 'Row') -> Dict[str, float]:
+    """Seconds one launch would take on the ``row.arch`` GPU by each limit of :data:`MODEL`, and
+    their maximum ('time'): a chunk kernel's instruction issue, MUFU and shuffle throughput over
+    all SMs (every state update of the call passes once through each loop) and its distinct
+    tensors read or written once from HBM; a carry kernel's serial chain. A model read off the
+    static figures, not a measurement."""
+    gpu, m = ARCHS[row.arch], MODEL[row.arch]
+    per_sm = gpu['sms'] * m['clock']  # SM-cycles per second
+    limits = dict(memory=row.tensor_bytes / m['hbm'])
+    if row.updates_per_pass:
+        limits.update(issue=row.per_update * row.updates / (m['issue'] * per_sm),
+                      mufu=row.per_update_of(row.loop_mufu) * row.updates * 32 / (m['mufu'] * per_sm),
+                      shuffle=row.per_update_of(row.loop_shuffles) * row.updates * 32 / (m['shfl'] * per_sm))
+    else:
+        cycles = sum(row.loop_instructions) * m['latency'] + m['round_trip']
+        limits.update(chain=row.serial_passes * cycles / m['clock'])
+    limits['time'] = max(limits.values())
+    return limits
 
 
 def combos(which: str, dtypes: Sequence[str]) -> List[Combo]:
@@ -223,6 +252,11 @@ class Row:
     loop_instructions: List[int]
     updates_per_pass: List[int]
     narrow_offsets: List[str]
+    loop_mufu: List[int]        # MUFU (exp2, log2, rcp, rsqrt) instructions per loop pass
+    loop_shuffles: List[int]    # SHFL instructions per loop pass
+    tensor_bytes: int           # bytes the launch reads and writes (its declared traffic)
+    serial_passes: int          # passes of its loop that one program makes in order (carries)
+    updates: int                # state updates of the whole call (batch x dim x L x d_state)
 
     @property
     def per_update(self) -> Optional[float]:
@@ -234,7 +268,21 @@ class Row:
         if len(self.updates_per_pass) != len(self.loop_instructions):
             raise RuntimeError(f'{self.kernel}: {len(self.loop_instructions)} innermost loops in the '
                                f'SASS, {len(self.updates_per_pass)} described by its launch')
-        return sum(i / u for i, u in zip(self.loop_instructions, self.updates_per_pass))
+        return self.per_update_of(self.loop_instructions)
+
+    def per_update_of(self, counts: List[int]) -> Optional[float]:
+        if not self.updates_per_pass:
+            return None
+        return sum(i / u for i, u in zip(counts, self.updates_per_pass))
+
+
+def _count(body: List[str], opcode: str) -> int:
+    return sum(1 for text in body if re.match(rf'(@!?U?P\w+\s+)?{opcode}\b', text))
+
+
+def tensor_bytes(launch) -> int:
+    """Bytes the launch moves: its ``traffic`` tensors, each once as listed."""
+    return sum(t.numel() * t.element_size() for t in launch.traffic if t is not None)
 
 
 def occupancy_warps(registers: int, shared: int, warps: int, limits: dict) -> int:
@@ -256,10 +304,14 @@ def analyse(launch, arch: int, shape: str, combo: Combo, compiled=None) -> Row:
     occupancy = occupancy_warps(usage['REG'], shared, warps, limits)
     programs = math.prod(launch.grid)
     busiest = min(math.ceil(programs / limits['sms']) * warps, occupancy)
+    bodies = [loop_body(sass, lp) for lp in innermost_loops(sass)]
+    batch, length = SHAPES[shape]
     return Row(arch, shape, combo.label, launch.name, usage['REG'],
                usage.get('LOCAL', 0) + usage.get('STACK', 0), spills, shared, programs, warps,
-               occupancy, busiest, [len(loop_body(sass, lp)) for lp in innermost_loops(sass)],
-               list(launch.updates_per_pass), narrow_offsets(kernel.asm['ttir']))
+               occupancy, busiest, [len(b) for b in bodies],
+               list(launch.updates_per_pass), narrow_offsets(kernel.asm['ttir']),
+               [_count(b, 'MUFU') for b in bodies], [_count(b, 'SHFL') for b in bodies],
+               tensor_bytes(launch), launch.serial_passes, batch * DIM * length * DSTATE)
 
 
 def collect(arches: Iterable[int], shapes: Iterable[str], cases: Iterable[Combo],
@@ -304,6 +356,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="'mambair': D and bias, no z (MambaIR's call); 'all': every z/bias/D")
     parser.add_argument('--markdown', action='store_true', help='print a Markdown table')
     parser.add_argument('--json', type=Path, help='also write the rows to this JSON file')
+    parser.add_argument('--estimate', action='store_true',
+                        help='then an ESTIMATE of each launch\'s time per SS2D call from these figures')
     args = parser.parse_args(argv)
     for arch in args.arch:
         lim = ARCHS[arch]
@@ -328,8 +382,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f'error: {err}', file=sys.stderr)
         return 1
     if args.json:
-        args.json.write_text(json.dumps([dict(asdict(r), per_update=r.per_update) for r in rows], indent=1))
+        args.json.write_text(json.dumps([dict(asdict(r), per_update=r.per_update, estimate=estimate(r))
+                                         for r in rows], indent=1))
+    if args.estimate:
+        print_estimates(rows, args.markdown)
     return 0
+
+
+def print_estimates(rows: List['Row'], markdown: bool) -> None:
+    """Each launch's estimated time by each limit, and each direction's total, in microseconds."""
+    print('\nESTIMATE per SS2D call from the static figures (a model: see MODEL), microseconds')
+    head = ('arch', 'shape', 'inputs', 'kernel', 'issue', 'MUFU', 'shuffle', 'memory', 'chain', 'time')
+    fmt = (lambda v: '| ' + ' | '.join(v) + ' |') if markdown else (lambda v: '  '.join(
+        x.ljust(w) for x, w in zip(v, (5, 5, 16, 26, 7, 7, 7, 7, 7, 7))).rstrip())
+    print(fmt(head))
+    if markdown:
+        print('|' + '---|' * len(head))
+    totals: Dict[Tuple[int, str, str, str], float] = {}
+    for row in rows:
+        e = estimate(row)
+        cell = lambda k: f'{e[k] * 1e6:.1f}' if k in e else '-'  # noqa: E731
+        print(fmt((f'sm_{row.arch}', row.shape, row.combo, row.kernel,
+                   *(cell(k) for k in ('issue', 'mufu', 'shuffle', 'memory', 'chain', 'time')))))
+        key = (row.arch, row.shape, row.combo, row.kernel.split(':')[0])
+        totals[key] = totals.get(key, 0.0) + e['time']
+    for (arch, shape, combo, direction), seconds in totals.items():
+        print(f'sm_{arch} {shape} {combo} {direction}: {seconds * 1e6:.0f} us (sum of its launches)')
 
 
 if __name__ == '__main__':
