@@ -51,6 +51,11 @@ def test_kernels_compile_for_sm90_without_spills_and_with_64_bit_offsets(tmp_pat
         assert 0 < row['launch_warps'] <= row['occupancy_warps'] <= 64, row
         assert set(row['narrow_offsets']) <= PER_CHANNEL, row
         assert row['spill_bytes'] == 0 and row['spill_instructions'] == 0, row
+        # the time estimate: every limit of the model is read off this kernel's figures
+        estimate = row['estimate']
+        limits = ('chain',) if 'carries' in kernel else ('issue', 'mufu', 'memory')
+        assert all(estimate[k] > 0 for k in limits + ('memory',)), row
+        assert estimate['time'] == max(v for k, v in estimate.items() if k != 'time'), row
 
 
 def test_kernels_compile_for_sm80_without_spills(tmp_path):

@@ -111,6 +111,25 @@ def test_even_state_counts_take_the_paired_gradient_loop(interpreted, bc, option
     _check_against_reference(args, softplus, out, last)
 
 
+@triton.jit
+def _channel_sums_probe(x_ptr, out_ptr, ROWS: tl.constexpr, V: tl.constexpr):
+    rows = tl.arange(0, ROWS)
+    columns = ()
+    for v in tl.static_range(V):  # one (ROWS,) vector per value, as the gradient kernel has them
+        columns = columns + (tl.load(x_ptr + rows * V + v),)
+    tl.store(out_ptr + tl.arange(0, V), scan_triton._channel_sums(scan_triton._stack(columns)))
+
+
+@pytest.mark.parametrize('rows, values', [(32, 16), (32, 8), (32, 1), (4, 8), (4, 4), (2, 16)])
+def test_channel_sums_butterfly_equals_a_float64_sum_over_the_rows(interpreted, rows, values):
+    """The butterfly that sums dB and dC over a program's channels: each of ``values`` columns
+    summed over the ``rows`` lanes, also when there are more values than lanes."""
+    x = torch.randn(rows, values, generator=torch.Generator().manual_seed(rows * values))
+    out = torch.empty(values)
+    _channel_sums_probe[(1,)](x, out, ROWS=rows, V=values)
+    torch.testing.assert_close(out.double(), x.double().sum(0), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize('length, chunk, n_chunks', [
     (1, 4, 1),    # a sequence of one position: one sub-tile, three positions of it masked
     (16, 16, 1),  # exactly one chunk of whole sub-tiles
