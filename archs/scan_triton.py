@@ -31,13 +31,18 @@ Forward, three launches:
 
 Backward, the same three steps in reverse with the adjoint ``r[t] = dL/dh[t-1]`` through ``h[t]``,
 ``r[t] = exp(delta[t] A) * (C[t] dy[t] + r[t+1])``:
-1. ``_backward_chunk_kernel`` (``GRADS=False``): each chunk's adjoint from a zero one at its end.
+1. ``_backward_chunk_kernel`` (``GRADS=False``): each chunk's adjoint from a zero one at its end;
+   the adjoints of all states are a tuple of (BLOCK_D,) vectors in registers.
 2. ``_carry_kernel`` (reversed): the adjoint entering every chunk from its right, starting from
    the last state's gradient (compiled without it when that gradient is not needed).
 3. ``_backward_chunk_kernel`` (``GRADS=True``): the chunk's states recomputed forward from the
    saved entering state (the state entering each sub-tile kept in a scratch buffer), then the
-   sub-tiles walked backwards: states and adjoints of the sub-tile from their carries, and every
-   gradient. ``exp(delta A) h[t-1] = h[t] - delta B u`` avoids keeping ``h[t-1]``.
+   sub-tiles walked backwards in a loop over the states (two per pass when d_state is even; their
+   adjoint and dA sums wait in memory between sub-tiles, so few registers are live): states and
+   adjoints of the sub-tile from their carries, and every gradient. ``exp(delta A) h[t-1] = h[t]
+   - delta B u`` avoids keeping ``h[t-1]``. The gradients of a varying B and C at a position are
+   sums over the program's channels, which are its lanes: :func:`_channel_sums` takes them all
+   in one butterfly per pass instead of a warp reduction each.
 
 Only decays ``exp(delta A) <= 1`` (for delta >= 0) and their products over a chunk,
 ``exp2(A log2 e * sum(delta))``, are formed: never the exponential of a positive cumulative sum,
