@@ -398,11 +398,11 @@ def _carry_kernel(A_ptr, states_ptr, dsum_ptr, start_ptr, last_ptr, dim, dstate,
 
 
 @triton.jit
-def _state_vectors(ptr, offsets, mask, dstate: tl.constexpr):
+def _state_vectors(ptr, offsets, dstate: tl.constexpr):
     """A tuple of ``dstate`` (BLOCK_D,) vectors: state k of each channel at ``ptr + offsets + k``."""
     v = ()
     for k in tl.static_range(dstate):
-        v = v + (tl.load(ptr + offsets + k, mask=mask, other=0.0).to(tl.float32),)
+        v = v + (tl.load(ptr + offsets + k).to(tl.float32),)
     return v
 
 
@@ -446,6 +446,9 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     SUB positions of a sub-tile are the columns of (BLOCK_D, SUB) tiles (:func:`_columns`)."""
     c, blk, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
+    # A lane past the group's channels reads its last channel's rows, so that loads need no
+    # channel mask; it stores nothing, and its dB/dC contributions are zero (dtus, dys below).
+    d = tl.minimum(d, g0 + group_size - 1)
     kk = tl.arange(0, SUB)
     row = _sequence_rows(bi, dim, d, length)
     state = _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)  # (channels, state 0) of chunk c
@@ -453,12 +456,12 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     c_row = _bc_row(bi, dim, c_chans, g0, dstate, length, VAR_C)
     bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
     if HAS_BIAS:
-        bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0)
+        bias = tl.load(bias_ptr + d)
     if HAS_D:
-        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
+        Dv = tl.load(D_ptr + d)
     A2 = ()  # A log2 e per state: a decay is exp2(delta * A2)
     for n in tl.static_range(dstate):
-        A2 = A2 + (tl.load(A_ptr + d * dstate + n, mask=mask_d, other=0.0) * 1.4426950408889634,)
+        A2 = A2 + (tl.load(A_ptr + d * dstate + n) * 1.4426950408889634,)
     zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
@@ -468,9 +471,9 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         # into this program's scratch slot (one (BLOCK_D, BLOCK_N) tile per sub-tile).
         scratch = scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * BLOCK_D * BLOCK_N) + \
             tl.arange(0, BLOCK_D) * BLOCK_N
-        h = _state_vectors(states_ptr, state, mask_d, dstate)
-        for s in range(t0, t1, SUB):
-            _store_state_vectors(scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N, 0, mask_d, h)
+        h = _state_vectors(states_ptr, state, dstate)
+        for s in range(t0, t1, SUB):  # (every lane stores into its own slot, masked or not)
+            _store_state_vectors(scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N, 0, None, h)
             t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
             dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
             dts = _columns(dt)
@@ -509,6 +512,8 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         else:
             dy_gated = dy
         dts = _columns(dt)
+        if GRADS:  # a lane past the group's channels adds nothing to dC (nor, by dtus, to dB)
+            dy_gated = tl.where(mask_d[:, None], dy_gated, 0.0)
         dys = _columns(dy_gated)
         if not GRADS:
             r_next = ()
@@ -521,7 +526,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             r = r_next
         else:
             u = _tile(u_ptr, offs, m2)
-            dtus = _columns(dt * u)
+            dtus = _columns(tl.where(mask_d[:, None], dt * u, 0.0))
             h_col = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # the states entering the sub-tile
             ddt = (zero,) * SUB  # d loss / d delta (after softplus), over log 2
             ddx = (zero,) * SUB  # d loss / d (delta u)
@@ -533,19 +538,19 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                     k = k0 + q
                     Bk = _bc_columns(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
                     Ck = _bc_columns(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
-                    A2k = tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634
+                    A2k = tl.load(A_ptr + d * dstate + k) * 1.4426950408889634
                     # the sub-tile's decays, inputs and states, forward from the state entering it
                     a = ()
                     x = ()
                     hs = ()
-                    hk = tl.load(h_col + k, mask=mask_d, other=0.0)
+                    hk = tl.load(h_col + k)
                     for j in tl.static_range(SUB):
                         a = a + (tl.exp2(dts[j] * A2k),)
                         x = x + (dtus[j] * Bk[j],)
                         hk = a[j] * hk + x[j]
                         hs = hs + (hk,)
                     # then the adjoint backwards, and every gradient of this state
-                    rk = tl.load(adj_col + k, mask=mask_d, other=0.0)
+                    rk = tl.load(adj_col + k)
                     dAk = zero
                     gdtu_k = ()
                     dyh_k = ()
