@@ -50,7 +50,7 @@ so gradients are deterministic. Offsets that can pass 2**31 - 1 (batch x dim x L
 scratch) are formed in 64 bits: every one starts from the int64 batch index.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -70,7 +70,8 @@ SUB = 4
 # The same for the forward kernels (a chunk is a whole number of both).
 FORWARD_SUB = 4
 # Sub-tiles per pass of the forward's loop.
-FORWARD_UNROLL = 2
+FORWARD_UNROLL = 4
+FORWARD_MAXNREG = 128
 INT32_MAX = 2 ** 31 - 1
 
 
@@ -674,14 +675,16 @@ class _Layout:
 
 @dataclass
 class KernelLaunch:
-    """One kernel launch, complete: ``kernel[grid](*args, num_warps=num_warps, **constexprs)``.
+    """One kernel launch, complete: ``kernel[grid](*args, num_warps=num_warps, **options,
+    **constexprs)``.
 
     ``args`` are the kernel's non-constexpr parameters in order (tensors and Python ints; on a GPU
     Triton specialises on them: pointer alignment, ints divisible by 16, ints past 2**31 - 1 as
     int64), ``constexprs`` its constexpr parameters by name. ``updates_per_pass``: for each
     innermost loop of the compiled kernel, in code order, the state updates (channel, state,
     position) one warp makes per pass (empty for the carry kernel, whose loop walks chunks), so
-    that static figures can be put per update."""
+    that static figures can be put per update. ``options``: other launch options (``maxnreg``:
+    the registers per thread ptxas may use; Triton's interpreter ignores it)."""
     name: str
     kernel: Any
     grid: Tuple[int, ...]
@@ -689,11 +692,12 @@ class KernelLaunch:
     constexprs: Dict[str, Any]
     num_warps: int
     updates_per_pass: Tuple[int, ...] = ()
+    options: Dict[str, Any] = field(default_factory=dict)
 
     def run(self) -> None:
         device = self.args[0].device
         with torch.cuda.device(device) if device.type == 'cuda' else _nothing():
-            self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.constexprs)
+            self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.options, **self.constexprs)
 
 
 @dataclass
@@ -771,10 +775,12 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: i
     per_pass = lay.block_d * lay.dstate * FORWARD_SUB * FORWARD_UNROLL
     return ScanLaunches([
         KernelLaunch('forward: chunks from zero', _forward_chunk_kernel, lay.grid, args,
-                     dict(fwd_flags, OUTPUT=False), num_warps=1, updates_per_pass=(per_pass,)),
+                     dict(fwd_flags, OUTPUT=False), num_warps=1, updates_per_pass=(per_pass,),
+                     options=dict(maxnreg=FORWARD_MAXNREG)),
         _carry_launch('forward: carries', lay, inputs[2], saved, dsum, None, last, reverse=False),
         KernelLaunch('forward: output', _forward_chunk_kernel, lay.grid, args,
-                     dict(fwd_flags, OUTPUT=True), num_warps=1, updates_per_pass=(per_pass,)),
+                     dict(fwd_flags, OUTPUT=True), num_warps=1, updates_per_pass=(per_pass,),
+                     options=dict(maxnreg=FORWARD_MAXNREG)),
     ], dict(out=out, last=last, saved=saved, dsum=dsum), lay)
 
 
