@@ -55,7 +55,7 @@ so gradients are deterministic. Offsets that can pass 2**31 - 1 (batch x dim x L
 scratch) are formed in 64 bits: every one starts from the int64 batch index.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -72,17 +72,30 @@ MAX_CHUNKS = 128
 BLOCK_D = 32
 # Consecutive positions per lane and sub-tile: one 16-byte float32 load per row.
 SUB = 4
+# The same for the forward kernels (a chunk is a whole number of both).
+FORWARD_SUB = 4
+# Sub-tiles per pass of the forward's loop.
+FORWARD_UNROLL = 4
+FORWARD_MAXNREG = 128
 INT32_MAX = 2 ** 31 - 1
 
 
 @triton.jit
 def _softplus(x):
-    """log(1 + e^x) as torch computes it (identity above 20), with log1p done accurately."""
-    e = tl.exp(tl.minimum(x, 20.0))
-    w = 1.0 + e
-    # log1p(e) = log(w) * e / (w - 1) corrects the rounding of 1 + e (exact when w == 1).
-    log1p = tl.where(w == 1.0, e, tl.log(w) * (e / (w - 1.0)))
-    return tl.where(x > 20.0, x, log1p)
+    """log(1 + e^x) = max(x, 0) + log1p(t), t = e^-|x| in (0, 1], within a few float32 ulp of
+    torch's softplus (identity above 20 too: there log1p(t) < 2.1e-9 is under half an ulp of x).
+    log1p(t) = 2 atanh(q / 2), q = t / (1 + t / 2) in (0, 2/3], is q P(q^2) with P a degree-4
+    fit of 2 atanh(q / 2) / q (relative error 1.5e-8): one exp2, one rsqrt and no log,
+    accurate for small t where a log of 1 + t would not be."""
+    t = tl.exp2(tl.abs(x) * -1.4426950408889634)
+    r = tl.math.rsqrt(1.0 + 0.5 * t)  # a bare rsqrt, where a division adds range fix-ups
+    q = t * r * r
+    v = q * q
+    p = 0.0005247583742083315 * v + 0.002205783746802917
+    p = p * v + 0.012502394235998172
+    p = p * v + 0.08333329983183378
+    p = p * v + 1.0
+    return q * p + tl.maximum(x, 0.0)
 
 
 @triton.jit
@@ -268,6 +281,15 @@ def _bc_row(bi, dim, chans, g0, dstate, length, VARIES: tl.constexpr):
 
 
 @triton.jit
+def _bc_positions(bi, dim, chans, g0, padded, NQ: tl.constexpr, VARIES: tl.constexpr):
+    """Offset of (batch, group, position 0) of a varying B or C in the forward's position-major
+    float32 copy (b, G, padded length, NQ); 0 for a constant one."""
+    if VARIES:
+        return (bi * (dim // chans) + g0 // chans) * padded * NQ
+    return bi * 0
+
+
+@triton.jit
 def _bc_at(ptr, row, k, t, mask_t, d, mask_d, dstate, length, VARIES: tl.constexpr):
     """State ``k`` of B (or C) at the sub-tile's positions, broadcastable to (BLOCK_D, SUB):
     a (1, SUB) row of a varying one, or a (BLOCK_D, 1) column of a constant (d, n) one."""
@@ -306,66 +328,168 @@ def _delta_tile(delta_ptr, offsets, mask, bias, HAS_BIAS: tl.constexpr, SOFTPLUS
 
 
 @triton.jit
+def _states_at(ptr, d, mask_d, k0, dstate: tl.constexpr, NQ: tl.constexpr, VEC: tl.constexpr,
+               VARIES: tl.constexpr):
+    """The ``dstate`` values of B (or C) at one position, a tuple of scalars (every lane loads the
+    same ``NQ`` floats of the position-major copy at ``ptr``, ``VEC`` at a time) when it varies,
+    or at offset ``k0`` of the constant (d, n) one: (BLOCK_D,) vectors, one per state."""
+    vals = ()
+    if VARIES:
+        for q in tl.static_range(NQ // VEC):
+            vals = vals + _columns(tl.load(ptr + q * VEC + tl.arange(0, VEC)))
+    else:
+        for k in tl.static_range(dstate):
+            vals = vals + (tl.load(ptr + d * dstate + k, mask=mask_d, other=0.0),)
+    return vals
+
+
+@triton.jit
+def _widen(x):
+    """``x`` as float32; bfloat16 by shifting its bits into place (exact, one instruction per
+    element, where Triton's conversion takes two for every other element)."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _forward_sub_tile(h, dsum, A2, Bc, Cc, Dv, bias, pu, pd, pw, pz, bp, cp, j0, s, t1, mask_d,
+                      dstate: tl.constexpr, NQ: tl.constexpr, VEC: tl.constexpr,
+                      VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
+                      HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                      OUTPUT: tl.constexpr, MASKED: tl.constexpr, SUB: tl.constexpr):
+    """The ``SUB`` positions from ``s + j0`` (``j0`` static): the states ``h`` (a tuple of
+    (BLOCK_D,) vectors) carried through them. ``pu``, ``pd``, ``pw``, ``pz``: each lane's row
+    pointers at position ``s`` into u, delta (OUTPUT: dt), dt (OUTPUT: out) and z; ``bp``,
+    ``cp``: position ``s`` of a varying B and C. Loads need no channel mask (every lane's row is
+    a real channel's, see :func:`_forward_chunk_kernel`); MASKED: positions from ``t1`` on are
+    masked (the chunk's last, partial sub-tile). OUTPUT=False: delta after bias and softplus is
+    stored into dt and summed into ``dsum``; OUTPUT=True: dt is loaded and the output stored."""
+    kk = j0 + tl.arange(0, SUB)
+    if MASKED:
+        m_t = (s + kk < t1)[None, :]
+    else:
+        m_t = (kk >= 0)[None, :]  # always true: folds away
+    m2 = mask_d[:, None] & m_t
+    u = _widen(tl.load(pu[:, None] + kk[None, :], mask=m_t, other=0.0))
+    dt = _widen(tl.load(pd[:, None] + kk[None, :], mask=m_t, other=0.0))
+    if not OUTPUT:
+        if HAS_BIAS:
+            dt = dt + bias[:, None]
+        if SOFTPLUS:
+            dt = _softplus(dt)
+        if MASKED:  # a masked position leaves the state unchanged: decay 1, input 0
+            dt = tl.where(m_t, dt, 0.0)
+        tl.store(pw[:, None] + kk[None, :], dt, mask=m2)
+        dsum += tl.sum(dt, axis=1)
+    dts = _columns(dt)
+    dtus = _columns(dt * u)
+    us = _columns(u)
+    ys = ()
+    for j in tl.static_range(SUB):
+        Bj = Bc
+        if VAR_B:
+            Bj = _states_at(bp + (j0 + j) * NQ, 0, mask_d, 0, dstate, NQ, VEC, True)
+        if OUTPUT:
+            Cj = Cc
+            if VAR_C:
+                Cj = _states_at(cp + (j0 + j) * NQ, 0, mask_d, 0, dstate, NQ, VEC, True)
+            y = tl.zeros_like(dts[j])
+            if HAS_D:
+                y = Dv * us[j]
+        nh = ()
+        for k in tl.static_range(dstate):
+            hk = tl.exp2(dts[j] * A2[k]) * h[k] + dtus[j] * Bj[k]
+            nh = nh + (hk,)
+            if OUTPUT:
+                y += Cj[k] * hk
+        h = nh
+        if OUTPUT:
+            ys = ys + (y,)
+    if OUTPUT:
+        y = _stack(ys)
+        if HAS_Z:
+            zt = _widen(tl.load(pz[:, None] + kk[None, :], mask=m_t, other=0.0))
+            y = y * zt * _sigmoid(zt)
+        tl.store(pw[:, None] + kk[None, :], y, mask=m2)
+    return h, dsum
+
+
+@triton.jit
 def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
-                          out_ptr, states_ptr, dsum_ptr,
+                          dt_ptr, out_ptr, states_ptr, dsum_ptr,
                           dim, length, group_size, b_chans, c_chans, n_chunks, chunk,
                           dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                           HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                          OUTPUT: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                          SUB: tl.constexpr):
-    """OUTPUT=False: the chunk from a zero state; its end state into ``states`` and the sum of
-    its deltas into ``dsum``. OUTPUT=True: the chunk from the state in ``states``; the output."""
+                          OUTPUT: tl.constexpr, BLOCK_D: tl.constexpr, NQ: tl.constexpr,
+                          VEC: tl.constexpr, SUB: tl.constexpr, UNROLL: tl.constexpr):
+    """OUTPUT=False: the chunk from a zero state; its end state into ``states``, the sum of its
+    deltas into ``dsum`` and delta (after bias and softplus) into ``dt``. OUTPUT=True: the chunk
+    from the state in ``states``, delta from ``dt``; the output. Each pass of the loop walks
+    ``UNROLL`` sub-tiles of ``SUB`` positions, with row pointers carried from pass to pass."""
     c, blk = tl.program_id(0), tl.program_id(1)
     bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
-    nn = tl.arange(0, BLOCK_N)
-    kk = tl.arange(0, SUB)
-    mask_dn = mask_d[:, None] & (nn < dstate)[None, :]
+    # A lane past the group's channels reads its last channel's rows (so loads need no channel
+    # mask) and stores nothing.
+    d = tl.minimum(d, g0 + group_size - 1)
     row = _sequence_rows(bi, dim, d, length)  # (b, d, 0) of the (b, d, L) tensors
-    b_row = _bc_row(bi, dim, b_chans, g0, dstate, length, VAR_B)
-    c_row = _bc_row(bi, dim, c_chans, g0, dstate, length, VAR_C)
-    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0)
-    if HAS_D:
-        Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0)
-    if OUTPUT:
-        h = tl.load(states_ptr + _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn), mask=mask_dn,
-                    other=0.0)
-    else:  # the running state is kept in this program's slot of ``states``, which ends as its output
-        tl.store(states_ptr + _chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, nn),
-                 tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32), mask=mask_dn)
-        tl.debug_barrier()
-        h_col = states_ptr + _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)
-    dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    state_row = _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)
+    padded = n_chunks * chunk
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
-    for s in range(t0, t1, SUB):
-        t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
-        dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
-        u = _tile(u_ptr, offs, m2)
-        dtu = dt * u
-        if not OUTPUT:
-            dsum += tl.sum(dt, axis=1)
-            for k in range(0, dstate):  # not unrolled: the state is in memory, not registers
-                a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
-                x = dtu * _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
-                _, hk = _scan_row(a, x, tl.load(h_col + k, mask=mask_d, other=0.0), kk, SUB)
-                tl.store(h_col + k, hk, mask=mask_d)
+    bp = B_ptr + _bc_positions(bi, dim, b_chans, g0, padded, NQ, VAR_B) + t0 * NQ
+    cp = C_ptr + _bc_positions(bi, dim, c_chans, g0, padded, NQ, VAR_C) + t0 * NQ
+    pu = u_ptr + row + t0
+    pz = z_ptr + row + t0
+    if OUTPUT:
+        pd = dt_ptr + row + t0
+        pw = out_ptr + row + t0
+    else:
+        pd = delta_ptr + row + t0
+        pw = dt_ptr + row + t0
+    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + d)
+    Dv = bias
+    if HAS_D:
+        Dv = tl.load(D_ptr + d)
+    # per state: A log2 e, the state, and a constant B and C: tuples of (BLOCK_D,) vectors
+    A2 = ()
+    h = ()
+    for k in tl.static_range(dstate):
+        A2 = A2 + (tl.load(A_ptr + d * dstate + k) * 1.4426950408889634,)
+        if OUTPUT:
+            h = h + (tl.load(states_ptr + state_row + k),)
         else:
-            y = tl.zeros((BLOCK_D, SUB), dtype=tl.float32)
-            for k in tl.static_range(dstate):
-                a = tl.exp2(dt * (tl.load(A_ptr + d * dstate + k, mask=mask_d, other=0.0) * 1.4426950408889634)[:, None])
-                x = dtu * _bc_at(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
-                hs, hk = _scan_row(a, x, _column(h, nn, k), kk, SUB)
-                y += hs * _bc_at(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
-                h = _set_column(h, nn, k, hk)
-            if HAS_D:
-                y += Dv[:, None] * u
-            if HAS_Z:
-                zt = _tile(z_ptr, offs, m2)
-                y = y * zt * _sigmoid(zt)
-            tl.store(out_ptr + offs, y, mask=m2)
+            h = h + (tl.zeros((BLOCK_D,), dtype=tl.float32),)
+    Bc = A2
+    if not VAR_B:
+        Bc = _states_at(B_ptr, d, mask_d, 0, dstate, NQ, VEC, False)
+    Cc = A2
+    if not VAR_C:
+        Cc = _states_at(C_ptr, d, mask_d, 0, dstate, NQ, VEC, False)
+    dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    step = SUB * UNROLL
+    whole = t0 + (t1 - t0) // step * step  # the passes before it cover whole sub-tiles
+    for s in range(t0, whole, step):
+        for i in tl.static_range(UNROLL):
+            h, dsum = _forward_sub_tile(h, dsum, A2, Bc, Cc, Dv, bias, pu, pd, pw, pz, bp, cp, i * SUB,
+                                        s, t1, mask_d, dstate, NQ, VEC, VAR_B, VAR_C, HAS_D, HAS_Z,
+                                        HAS_BIAS, SOFTPLUS, OUTPUT, False, SUB)
+        pu += step
+        pd += step
+        pw += step
+        pz += step
+        bp += step * NQ
+        cp += step * NQ
+    for i in tl.static_range(UNROLL):  # the rest, each sub-tile masked from t1 on
+        if whole + i * SUB < t1:
+            h, dsum = _forward_sub_tile(h, dsum, A2, Bc, Cc, Dv, bias, pu, pd, pw, pz, bp, cp, i * SUB,
+                                        whole, t1, mask_d, dstate, NQ, VEC, VAR_B, VAR_C, HAS_D, HAS_Z,
+                                        HAS_BIAS, SOFTPLUS, OUTPUT, True, SUB)
     if not OUTPUT:
+        for k in tl.static_range(dstate):
+            tl.store(states_ptr + state_row + k, h[k], mask=mask_d)
         tl.store(dsum_ptr + _chunk_sum_offsets(bi, dim, d, n_chunks, c), dsum, mask=mask_d)
 
 
@@ -643,7 +767,8 @@ class _Layout:
         self.c_chans = self.dim // C.shape[1] if C.dim() == 4 else 1
         # whole sub-tiles per chunk, and no more than MAX_CHUNKS chunks
         chunk = max(int(chunk), -(-self.length // MAX_CHUNKS), 1)
-        self.chunk = -(-chunk // SUB) * SUB
+        step = SUB * FORWARD_SUB // math.gcd(SUB, FORWARD_SUB)
+        self.chunk = -(-chunk // step) * step
         self.n_chunks = -(-self.length // self.chunk)
         self.block_d = min(triton.next_power_of_2(max(1, int(block_d))),
                            triton.next_power_of_2(self.group_size))
@@ -688,18 +813,20 @@ class _Layout:
 
 @dataclass
 class KernelLaunch:
-    """One kernel launch, complete: ``kernel[grid](*args, num_warps=num_warps, **constexprs)``.
+    """One kernel launch, complete: ``kernel[grid](*args, num_warps=num_warps, **options,
+    **constexprs)``.
 
     ``args`` are the kernel's non-constexpr parameters in order (tensors and Python ints; on a GPU
     Triton specialises on them: pointer alignment, ints divisible by 16, ints past 2**31 - 1 as
     int64), ``constexprs`` its constexpr parameters by name. ``updates_per_pass``: for each
     innermost loop of the compiled kernel, in code order, the state updates (channel, state,
     position) one warp makes per pass (empty for the carry kernel, whose loop walks chunks), so
-    that static figures can be put per update. ``max_registers``: ptxas's cap (``maxnreg``; the
-    interpreter ignores it). ``serial_passes``: the passes of its loop that one program makes one
-    after another (the carry kernel's chunks), for the time estimate's serial chain. ``traffic``:
-    the tensors it reads or writes, each once (one listed twice is moved twice; None: absent),
-    for the estimate's memory time."""
+    that static figures can be put per update. ``options``: other launch options (``maxnreg``:
+    the registers per thread ptxas may use, so that enough programs stay resident per SM;
+    Triton's interpreter ignores it). ``serial_passes``: the passes of its loop that one program
+    makes one after another (the carry kernel's chunks), for the time estimate's serial chain.
+    ``traffic``: the tensors it reads or writes, each once (one listed twice is moved twice;
+    None: absent), for the estimate's memory time."""
     name: str
     kernel: Any
     grid: Tuple[int, ...]
@@ -707,22 +834,14 @@ class KernelLaunch:
     constexprs: Dict[str, Any]
     num_warps: int
     updates_per_pass: Tuple[int, ...] = ()
-    max_registers: Optional[int] = None
+    options: Dict[str, Any] = field(default_factory=dict)
     serial_passes: int = 0
     traffic: Tuple[Optional[torch.Tensor], ...] = ()
-
-    def options(self) -> Dict[str, Any]:
-        """The launch options: warps per program and, where set, ptxas's register cap
-        (``maxnreg``), which keeps enough programs resident per SM (registers are the limit)."""
-        options = dict(num_warps=self.num_warps)
-        if self.max_registers is not None:
-            options['maxnreg'] = self.max_registers
-        return options
 
     def run(self) -> None:
         device = self.args[0].device
         with torch.cuda.device(device) if device.type == 'cuda' else _nothing():
-            self.kernel[self.grid](*self.args, **self.options(), **self.constexprs)
+            self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.options, **self.constexprs)
 
 
 @dataclass
@@ -755,13 +874,13 @@ def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
     return inputs, flags, lay
 
 
-def _chunk_launch(name, kernel, lay, args, flags, loops, traffic, max_registers=None, **mode) -> KernelLaunch:
+def _chunk_launch(name, kernel, lay, args, flags, loops, traffic, max_registers, **mode) -> KernelLaunch:
     """``loops``: per innermost loop, whether one pass covers all states of a sub-tile ('tile')
     or ``PAIRS`` states of it ('states')."""
     per = dict(tile=lay.block_d * lay.dstate * SUB, states=lay.block_d * SUB * mode.get('PAIRS', 1))
     return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
                         updates_per_pass=tuple(per[loop] for loop in loops),
-                        max_registers=max_registers, traffic=tuple(traffic))
+                        options=dict(maxnreg=max_registers), traffic=tuple(traffic))
 
 
 def _carry_launch(name, lay, A32, own, dsum, start, last, reverse: bool) -> KernelLaunch:
@@ -785,18 +904,42 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: i
     launches; it must never read tensor values."""
     inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d)
     u = inputs[0]
+    vec = min(4, triton.next_power_of_2(lay.dstate))
+    nq = -(-lay.dstate // vec) * vec
+    fwd_inputs = list(inputs)
+    for i in (3, 4):  # varying B and C: position-major float32 copies
+        if inputs[i].dim() == 4:
+            fwd_inputs[i] = _positions_major(inputs[i], lay.n_chunks * lay.chunk, nq)
+    fwd_flags = {k: v for k, v in flags.items() if k != 'BLOCK_N'}
+    fwd_flags.update(NQ=nq, VEC=vec, SUB=FORWARD_SUB, UNROLL=FORWARD_UNROLL)
     out = torch.empty_like(u)
     last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
     saved = u.new_empty(lay.batch, lay.dim, lay.n_chunks, lay.dstate, dtype=torch.float32)
     dsum = u.new_empty(lay.batch, lay.dim, lay.n_chunks, dtype=torch.float32)
-    args = (*inputs, out, saved, dsum, *lay.args())
+    dt = u.new_empty(lay.batch, lay.dim, lay.length, dtype=torch.float32)  # freed after the forward
+    args = (*fwd_inputs, dt, out, saved, dsum, *lay.args())
+    per_pass = lay.block_d * lay.dstate * FORWARD_SUB * FORWARD_UNROLL
     return ScanLaunches([
-        _chunk_launch('forward: chunks from zero', _forward_chunk_kernel, lay, args, flags, ['states'],
-                      (u, inputs[1], inputs[3], saved, dsum), OUTPUT=False),
+        KernelLaunch('forward: chunks from zero', _forward_chunk_kernel, lay.grid, args,
+                     dict(fwd_flags, OUTPUT=False), num_warps=1, updates_per_pass=(per_pass,),
+                     options=dict(maxnreg=FORWARD_MAXNREG),
+                     traffic=(u, inputs[1], fwd_inputs[3], dt, saved, dsum)),
         _carry_launch('forward: carries', lay, inputs[2], saved, dsum, None, last, reverse=False),
-        _chunk_launch('forward: output', _forward_chunk_kernel, lay, args, flags, ['tile'],
-                      (u, inputs[1], inputs[3], inputs[4], _or_none(z, inputs[6]), saved, out), OUTPUT=True),
+        KernelLaunch('forward: output', _forward_chunk_kernel, lay.grid, args,
+                     dict(fwd_flags, OUTPUT=True), num_warps=1, updates_per_pass=(per_pass,),
+                     options=dict(maxnreg=FORWARD_MAXNREG),
+                     traffic=(u, dt, fwd_inputs[3], fwd_inputs[4], _or_none(z, inputs[6]), saved, out)),
     ], dict(out=out, last=last, saved=saved, dsum=dsum), lay)
+
+
+def _positions_major(m: torch.Tensor, padded: int, nq: int) -> torch.Tensor:
+    """A varying (b, G, n, L) B or C as the forward reads it: float32 (b, G, padded, nq), the
+    ``n`` states of a position contiguous (zero beyond n and beyond L), so that a position's
+    states are ``nq / 4`` 16-byte loads at fixed offsets from one address."""
+    b, g, n, length = m.shape
+    out = m.new_zeros(b, g, padded, nq, dtype=torch.float32)
+    out[:, :, :length, :n] = m.transpose(2, 3)
+    return out
 
 
 def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, dsum: torch.Tensor,
