@@ -552,12 +552,12 @@ def _bc_columns(ptr, row, k, t, mask_t, d, mask_d, dstate, length, VARIES: tl.co
 @triton.jit
 def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
                            dout_ptr, states_ptr, adj_ptr, scratch_ptr,
-                           du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr,
+                           du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr, Bp_ptr, Cp_ptr,
                            dim, length, group_size, b_chans, c_chans, n_chunks, chunk,
                            dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                            HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                            GRADS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                           SUB: tl.constexpr, PAIRS: tl.constexpr):
+                           SUB: tl.constexpr, PAIRS: tl.constexpr, NQ: tl.constexpr, VEC: tl.constexpr):
     """GRADS=False: the adjoint entering the chunk from a zero one at its end, into ``adj``.
     GRADS=True: from the chunk's entering state (``states``) and the adjoint entering it from
     the right (``adj``): du, ddelta, dz per position; dB, dC per position summed over the
@@ -587,6 +587,16 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     for n in tl.static_range(dstate):
         A2 = A2 + (tl.load(A_ptr + d * dstate + n) * 1.4426950408889634,)
     zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    # The loops that go over all states at each position read a varying B and C from their
+    # position-major copies (``Bp``, ``Cp``: a position's states at fixed offsets from one
+    # address); the loop over the states reads their rows. A constant B, C: its columns, once.
+    padded = n_chunks * chunk
+    b_pos = _bc_positions(bi, dim, b_chans, g0, padded, NQ, VAR_B)
+    c_pos = _bc_positions(bi, dim, c_chans, g0, padded, NQ, VAR_C)
+    if not VAR_B:
+        Bc = _states_at(B_ptr, d, mask_d, 0, dstate, NQ, VEC, False)
+    if not VAR_C:
+        Cc = _states_at(C_ptr, d, mask_d, 0, dstate, NQ, VEC, False)
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
     last_sub = t0 + ((t1 - t0 - 1) // SUB) * SUB  # first position of the chunk's last sub-tile
@@ -602,14 +612,13 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
             dts = _columns(dt)
             dtus = _columns(dt * _tile(u_ptr, offs, m2))
-            h_next = ()
-            for n in tl.static_range(dstate):
-                Bn = _bc_columns(B_ptr, b_row, n, t, mask_t, d, mask_d, dstate, length, VAR_B)
-                hn = h[n]
-                for j in tl.static_range(SUB):
-                    hn = tl.exp2(dts[j] * A2[n]) * hn + dtus[j] * Bn[j]
-                h_next = h_next + (hn,)
-            h = h_next
+            for j in tl.static_range(SUB):
+                if VAR_B:
+                    Bc = _states_at(Bp_ptr + b_pos + (s + j) * NQ, d, mask_d, 0, dstate, NQ, VEC, True)
+                h_next = ()
+                for n in tl.static_range(dstate):
+                    h_next = h_next + (tl.exp2(dts[j] * A2[n]) * h[n] + dtus[j] * Bc[n],)
+                h = h_next
         tl.debug_barrier()  # the scratch written above is read below
         # The adjoint of each (channel, state) is carried from sub-tile to sub-tile in this
         # program's slot of ``adj`` (it starts as the adjoint entering from the right), and dA and
@@ -640,14 +649,13 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             dy_gated = tl.where(mask_d[:, None], dy_gated, 0.0)
         dys = _columns(dy_gated)
         if not GRADS:
-            r_next = ()
-            for n in tl.static_range(dstate):
-                Cn = _bc_columns(C_ptr, c_row, n, t, mask_t, d, mask_d, dstate, length, VAR_C)
-                rn = r[n]
-                for j in tl.static_range(SUB - 1, -1, -1):
-                    rn = tl.exp2(dts[j] * A2[n]) * (dys[j] * Cn[j] + rn)  # r[t] = a[t] (C dy + r[t+1])
-                r_next = r_next + (rn,)
-            r = r_next
+            for j in tl.static_range(SUB - 1, -1, -1):
+                if VAR_C:
+                    Cc = _states_at(Cp_ptr + c_pos + (s + j) * NQ, d, mask_d, 0, dstate, NQ, VEC, True)
+                r_next = ()
+                for n in tl.static_range(dstate):  # r[t] = a[t] (C dy + r[t+1])
+                    r_next = r_next + (tl.exp2(dts[j] * A2[n]) * (dys[j] * Cc[n] + r[n]),)
+                r = r_next
         else:
             u = _tile(u_ptr, offs, m2)
             dtus = _columns(tl.where(mask_d[:, None], dt * u, 0.0))
@@ -773,6 +781,9 @@ class _Layout:
         self.block_d = min(triton.next_power_of_2(max(1, int(block_d))),
                            triton.next_power_of_2(self.group_size))
         self.block_n = triton.next_power_of_2(self.dstate)
+        # a position's states in the position-major B/C copies: ``vec`` at a time, ``nq`` in all
+        self.vec = min(4, self.block_n)
+        self.nq = -(-self.dstate // self.vec) * self.vec
         self.blocks = -(-self.group_size // self.block_d)
         self.fine = groups
         self.grid = (self.n_chunks, groups * self.blocks, self.batch)
@@ -904,14 +915,12 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: i
     launches; it must never read tensor values."""
     inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d)
     u = inputs[0]
-    vec = min(4, triton.next_power_of_2(lay.dstate))
-    nq = -(-lay.dstate // vec) * vec
     fwd_inputs = list(inputs)
     for i in (3, 4):  # varying B and C: position-major float32 copies
         if inputs[i].dim() == 4:
-            fwd_inputs[i] = _positions_major(inputs[i], lay.n_chunks * lay.chunk, nq)
+            fwd_inputs[i] = _positions_major(inputs[i], lay.n_chunks * lay.chunk, lay.nq)
     fwd_flags = {k: v for k, v in flags.items() if k != 'BLOCK_N'}
-    fwd_flags.update(NQ=nq, VEC=vec, SUB=FORWARD_SUB, UNROLL=FORWARD_UNROLL)
+    fwd_flags.update(NQ=lay.nq, VEC=lay.vec, SUB=FORWARD_SUB, UNROLL=FORWARD_UNROLL)
     out = torch.empty_like(u)
     last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
     saved = u.new_empty(lay.batch, lay.dim, lay.n_chunks, lay.dstate, dtype=torch.float32)
@@ -966,19 +975,22 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     dvec = u.new_empty(lay.programs, 2, lay.block_d, **f32)
     dB_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_B'] else None
     dC_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_C'] else None
+    positions = [_positions_major(m, lay.n_chunks * lay.chunk, lay.nq) if m.dim() == 4 else m
+                 for m in inputs[3:5]]  # as the forward reads them
     args = (*inputs, dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
-            _or(dC_part, scratch), dtile, dvec, *lay.args())
+            _or(dC_part, scratch), dtile, dvec, *positions, *lay.args())
     pairs = 2 if lay.dstate % 2 == 0 else 1  # states per pass of the gradient kernel's state loop
     return ScanLaunches([
         _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, ['tile'],
-                      (delta, dout, inputs[4], _or_none(z, inputs[6]), adj),
-                      max_registers=64, GRADS=False, PAIRS=pairs),  # 32 one-warp programs per SM
+                      (delta, dout, positions[1], _or_none(z, inputs[6]), adj),
+                      max_registers=96, GRADS=False, PAIRS=pairs, NQ=lay.nq, VEC=lay.vec),  # 20 per SM
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
         _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['tile', 'states'],
-                      (u, delta, dout, inputs[3], inputs[4], _or_none(z, inputs[6]), saved, adj, scratch, scratch,
+                      (u, delta, dout, positions[0], inputs[3], inputs[4], _or_none(z, inputs[6]), saved, adj,
+                       scratch, scratch,
                        du, ddelta, dz, dB_part, dC_part, dtile, dvec),
                       max_registers=128 if z is None else 168, GRADS=True,
-                      PAIRS=pairs),  # 16 per SM; 12 with z (its gate needs more registers)
+                      PAIRS=pairs, NQ=lay.nq, VEC=lay.vec),  # 16 per SM; 12 with z (its gate needs more)
     ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
 
 
