@@ -983,7 +983,8 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     return ScanLaunches([
         _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, ['tile'],
                       (delta, dout, positions[1], _or_none(z, inputs[6]), adj),
-                      max_registers=96, GRADS=False, PAIRS=pairs, NQ=lay.nq, VEC=lay.vec),  # 20 per SM
+                      max_registers=96 if z is None else 128, GRADS=False, PAIRS=pairs, NQ=lay.nq,
+                      VEC=lay.vec),  # 20 per SM (16 with z)
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
         _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['tile', 'states'],
                       (u, delta, dout, positions[0], inputs[3], inputs[4], _or_none(z, inputs[6]), saved, adj,
