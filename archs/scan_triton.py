@@ -204,11 +204,11 @@ def _bc_row(bi, dim, chans, g0, dstate, length, VARIES: tl.constexpr):
 
 
 @triton.jit
-def _bc_positions(bi, dim, chans, g0, padded, NQ: tl.constexpr, VARIES: tl.constexpr):
-    """Offset of (batch, group, position 0) of a varying B or C in the forward's position-major
-    float32 copy (b, G, padded length, NQ); 0 for a constant one."""
+def _bc_positions(bi, dim, chans, g0, padded, t0, NQ: tl.constexpr, VARIES: tl.constexpr):
+    """Offset of (batch, group, position ``t0``) of a varying B or C in the forward's
+    position-major float32 copy (b, G, padded length, NQ); 0 for a constant one."""
     if VARIES:
-        return (bi * (dim // chans) + g0 // chans) * padded * NQ
+        return ((bi * (dim // chans) + g0 // chans) * padded + t0) * NQ
     return bi * 0
 
 
@@ -407,8 +407,8 @@ def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
     padded = n_chunks * chunk
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
-    bp = B_ptr + _bc_positions(bi, dim, b_chans, g0, padded, NQ, VAR_B) + t0 * NQ
-    cp = C_ptr + _bc_positions(bi, dim, c_chans, g0, padded, NQ, VAR_C) + t0 * NQ
+    bp = B_ptr + _bc_positions(bi, dim, b_chans, g0, padded, t0, NQ, VAR_B)
+    cp = C_ptr + _bc_positions(bi, dim, c_chans, g0, padded, t0, NQ, VAR_C)
     pu = u_ptr + row + t0
     pz = z_ptr + row + t0
     if OUTPUT:
