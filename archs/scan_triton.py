@@ -12,17 +12,35 @@ training shapes) instead of one per channel block. Each lane owns one channel. A
 its chunk in sub-tiles of :data:`SUB` consecutive positions: u, delta, z and the output gradient
 are loaded as ``(BLOCK_D, SUB)`` tiles (each lane reads ``SUB`` consecutive positions of its row),
 and what depends only on the position and channel (delta + bias, softplus, delta * u, the gate)
-is computed once per sub-tile and reused for all ``n`` states. The states are then updated one
-state index at a time: the ``SUB`` decays ``exp2(delta * A log2 e)`` and inputs of the row, and
-the recurrence along the row in the lane's own registers (:func:`_scan_row`). The running state
-of every (channel, state) is carried from sub-tile to sub-tile either in a ``(BLOCK_D, n)``
-register tile (the state loop unrolled: the forward output kernel, the backward's recompute) or in
-the program's own slot of its output in memory (the state loop not unrolled, so that fewer
-registers are live: the other chunk kernels). All arithmetic is float32 whatever the input dtype.
+is computed once per sub-tile and reused for all ``n`` states. In the backward kernels the states
+are then updated one state index at a time: the ``SUB`` decays ``exp2(delta * A log2 e)`` and
+inputs of the row, and the recurrence along the row in the lane's own registers
+(:func:`_scan_row`). The running state of every (channel, state) is carried from sub-tile to
+sub-tile either in a ``(BLOCK_D, n)`` register tile (the state loop unrolled: the backward's
+recompute) or in the program's own slot of its output in memory (the state loop not unrolled, so
+that fewer registers are live). All arithmetic is float32 whatever the input dtype.
+
+The forward kernels keep every per-lane value a (BLOCK_D,) vector, one register per lane, so no
+value changes layout: the ``n`` states are a tuple of such vectors carried through the loop,
+A log2 e another tuple loaded before it, and a loaded (BLOCK_D, :data:`FORWARD_SUB`) tile is split
+into its column vectors by a reshape and splits (:func:`_columns`; the output tile is joined back
+the same way), which move no data. A varying B and C are read from a position-major float32
+copy (b, G, chunks * chunk, n rounded up to 4) made before the launches: the ``n`` values of one
+position are ``n / 4`` 16-byte loads that every lane makes at fixed offsets from one address,
+split into scalars the same way (:func:`_states_at`); a constant (d, n) B or C is loaded once
+as a tuple. Each pass of the loop walks :data:`FORWARD_UNROLL` sub-tiles with row pointers
+carried from pass to pass; the chunk's positions left over (fewer than a pass) go through masked
+copies of the sub-tile code after the loop (:func:`_forward_sub_tile`). Lanes past the
+channel block's group read their group's last channel (so loads need no channel mask) and store
+nothing. Per state update the loops need FMUL delta * A log2 e, MUFU.EX2, FMUL (delta u) B,
+FFMA for the recurrence, and in the output pass one more FFMA for C . h; the rest (loads, the
+softplus, D u, addresses) is per position or per pass and shared by the ``n`` states.
 
 Forward, three launches:
 1. ``_forward_chunk_kernel`` (``OUTPUT=False``): each chunk scanned from a zero state; writes the
-   chunk's end state and the sum of its deltas.
+   chunk's end state, the sum of its deltas, and delta after bias and softplus (:func:`_softplus`)
+   into a float32 (b, d, L) temporary that the third launch reads instead of computing it again
+   (freed after the forward; the backward recomputes it).
 2. ``_carry_kernel``: one program per (channel block, batch) walks the chunks in order:
    ``H[c + 1] = exp2(A log2 e * sum(delta over c)) * H[c] + end[c]``, giving the state entering
    every chunk (saved for backward: ``b*d*n*L/chunk`` floats, O(L/chunk)) and the last state.
@@ -47,10 +65,11 @@ Reductions without atomics: the gradients of B and C at a position are sums over
 (each program writes its channel block's sum, per position), those of A, D, delta_bias and of
 constant B/C sums over positions (each program writes one tile). PyTorch adds the partial sums,
 so gradients are deterministic. Offsets that can pass 2**31 - 1 (batch x dim x L, partial sums,
-scratch) are formed in 64 bits: every one starts from the int64 batch index.
+scratch, the position-major B/C copy) are formed in 64 bits: every one starts from the int64
+batch index.
 """
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -65,13 +84,14 @@ CHUNK = 64
 MAX_CHUNKS = 128
 # Channels per program (rounded to a power of two, at most the channels of one B/C group).
 BLOCK_D = 32
-# Consecutive positions per lane and sub-tile: one 16-byte float32 load per row.
+# Consecutive positions per lane and sub-tile: one 16-byte float32 load per row (backward).
 SUB = 4
-# The same for the forward kernels (a chunk is a whole number of both).
+# The same for the forward kernels (a chunk is a whole number of both; a (BLOCK_D, FORWARD_SUB)
+# float32 tile is one 16-byte load per lane, wider tiles would be spread over lanes).
 FORWARD_SUB = 4
-# Sub-tiles per pass of the forward's loop.
+# Sub-tiles per pass of the forward's loop: the per-pass pointer and loop work shared by more
+# positions (4: 16 positions, 8192 state updates per pass at BLOCK_D 32 and 16 states).
 FORWARD_UNROLL = 4
-FORWARD_MAXNREG = 128
 INT32_MAX = 2 ** 31 - 1
 
 
@@ -684,16 +704,14 @@ class _Layout:
 
 @dataclass
 class KernelLaunch:
-    """One kernel launch, complete: ``kernel[grid](*args, num_warps=num_warps, **options,
-    **constexprs)``.
+    """One kernel launch, complete: ``kernel[grid](*args, num_warps=num_warps, **constexprs)``.
 
     ``args`` are the kernel's non-constexpr parameters in order (tensors and Python ints; on a GPU
     Triton specialises on them: pointer alignment, ints divisible by 16, ints past 2**31 - 1 as
     int64), ``constexprs`` its constexpr parameters by name. ``updates_per_pass``: for each
     innermost loop of the compiled kernel, in code order, the state updates (channel, state,
     position) one warp makes per pass (empty for the carry kernel, whose loop walks chunks), so
-    that static figures can be put per update. ``options``: other launch options (``maxnreg``:
-    the registers per thread ptxas may use; Triton's interpreter ignores it)."""
+    that static figures can be put per update."""
     name: str
     kernel: Any
     grid: Tuple[int, ...]
@@ -701,12 +719,11 @@ class KernelLaunch:
     constexprs: Dict[str, Any]
     num_warps: int
     updates_per_pass: Tuple[int, ...] = ()
-    options: Dict[str, Any] = field(default_factory=dict)
 
     def run(self) -> None:
         device = self.args[0].device
         with torch.cuda.device(device) if device.type == 'cuda' else _nothing():
-            self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.options, **self.constexprs)
+            self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.constexprs)
 
 
 @dataclass
@@ -763,7 +780,8 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: i
     This is the one description of the launches: :class:`SelectiveScanTriton` runs them, and
     ``scripts/scan_static_report.py`` compiles them for GPUs it does not have, by calling this
     with tensors on the ``meta`` device (shapes and dtypes only, nothing allocated). So it must
-    do nothing but prepare inputs, allocate outputs on the inputs' device and describe the
+    do nothing but prepare inputs (here also the position-major B/C copies), allocate outputs
+    and temporaries (the float32 delta after softplus) on the inputs' device and describe the
     launches; it must never read tensor values."""
     inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d)
     u = inputs[0]
@@ -784,12 +802,10 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: i
     per_pass = lay.block_d * lay.dstate * FORWARD_SUB * FORWARD_UNROLL
     return ScanLaunches([
         KernelLaunch('forward: chunks from zero', _forward_chunk_kernel, lay.grid, args,
-                     dict(fwd_flags, OUTPUT=False), num_warps=1, updates_per_pass=(per_pass,),
-                     options=dict(maxnreg=FORWARD_MAXNREG)),
+                     dict(fwd_flags, OUTPUT=False), num_warps=1, updates_per_pass=(per_pass,)),
         _carry_launch('forward: carries', lay, inputs[2], saved, dsum, None, last, reverse=False),
         KernelLaunch('forward: output', _forward_chunk_kernel, lay.grid, args,
-                     dict(fwd_flags, OUTPUT=True), num_warps=1, updates_per_pass=(per_pass,),
-                     options=dict(maxnreg=FORWARD_MAXNREG)),
+                     dict(fwd_flags, OUTPUT=True), num_warps=1, updates_per_pass=(per_pass,)),
     ], dict(out=out, last=last, saved=saved, dsum=dsum), lay)
 
 

@@ -114,7 +114,7 @@ def compile_launch(launch, arch: int):
     target = GPUTarget('cuda', arch, 32)
     backend = make_backend(target)
     fn = launch.kernel
-    kwargs = dict(launch.constexprs, num_warps=launch.num_warps, **launch.options,
+    kwargs = dict(launch.constexprs, num_warps=launch.num_warps,
                   debug=fn.debug or knobs.runtime.debug,
                   instrumentation_mode=knobs.compilation.instrumentation_mode)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
