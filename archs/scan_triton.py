@@ -12,17 +12,31 @@ training shapes) instead of one per channel block. Each lane owns one channel. A
 its chunk in sub-tiles of :data:`SUB` consecutive positions: u, delta, z and the output gradient
 are loaded as ``(BLOCK_D, SUB)`` tiles (each lane reads ``SUB`` consecutive positions of its row),
 and what depends only on the position and channel (delta + bias, softplus, delta * u, the gate)
-is computed once per sub-tile and reused for all ``n`` states. The states are then updated one
-state index at a time: the ``SUB`` decays ``exp2(delta * A log2 e)`` and inputs of the row, and
-the recurrence along the row in the lane's own registers (:func:`_scan_row`). The running state
-of every (channel, state) is carried from sub-tile to sub-tile either in a ``(BLOCK_D, n)``
-register tile (the state loop unrolled: the forward output kernel, the backward's recompute) or in
-the program's own slot of its output in memory (the state loop not unrolled, so that fewer
-registers are live: the other chunk kernels). All arithmetic is float32 whatever the input dtype.
+is computed once per sub-tile and reused for all ``n`` states. All arithmetic is float32
+whatever the input dtype.
+
+Every kernel keeps every per-lane value a (BLOCK_D,) vector, one register per lane, so no
+value changes layout: the ``n`` states are a tuple of such vectors carried through the loop,
+A log2 e another tuple loaded before it, and a loaded (BLOCK_D, :data:`FORWARD_SUB`) tile is split
+into its column vectors by a reshape and splits (:func:`_columns`; the output tile is joined back
+the same way), which move no data. A varying B and C are read from a position-major float32
+copy (b, G, chunks * chunk, n rounded up to 4) made before the launches: the ``n`` values of one
+position are ``n / 4`` 16-byte loads that every lane makes at fixed offsets from one address,
+split into scalars the same way (:func:`_states_at`); a constant (d, n) B or C is loaded once
+as a tuple. In the forward, each pass of the loop walks :data:`FORWARD_UNROLL` sub-tiles with
+row pointers carried from pass to pass; the chunk's positions left over (fewer than a pass) go
+through masked copies of the sub-tile code after the loop (:func:`_forward_sub_tile`). The
+backward's loop over the states (see below) reads B and C by state rows instead. Lanes past the
+channel block's group read their group's last channel (so loads need no channel mask) and store
+nothing. Per state update the loops need FMUL delta * A log2 e, MUFU.EX2, FMUL (delta u) B,
+FFMA for the recurrence, and in the output pass one more FFMA for C . h; the rest (loads, the
+softplus, D u, addresses) is per position or per pass and shared by the ``n`` states.
 
 Forward, three launches:
 1. ``_forward_chunk_kernel`` (``OUTPUT=False``): each chunk scanned from a zero state; writes the
-   chunk's end state and the sum of its deltas.
+   chunk's end state, the sum of its deltas, and delta after bias and softplus (:func:`_softplus`)
+   into a float32 (b, d, L) temporary that the third launch reads instead of computing it again
+   (freed after the forward; the backward recomputes it).
 2. ``_carry_kernel``: one program per (channel block, batch) walks the chunks in order:
    ``H[c + 1] = exp2(A log2 e * sum(delta over c)) * H[c] + end[c]``, giving the state entering
    every chunk (saved for backward: ``b*d*n*L/chunk`` floats, O(L/chunk)) and the last state.
@@ -52,7 +66,8 @@ Reductions without atomics: the gradients of B and C at a position are sums over
 (each program writes its channel block's sum, per position), those of A, D, delta_bias and of
 constant B/C sums over positions (each program writes one tile). PyTorch adds the partial sums,
 so gradients are deterministic. Offsets that can pass 2**31 - 1 (batch x dim x L, partial sums,
-scratch) are formed in 64 bits: every one starts from the int64 batch index.
+scratch, the position-major B/C copy) are formed in 64 bits: every one starts from the int64
+batch index.
 """
 import math
 from dataclasses import dataclass, field
@@ -70,13 +85,14 @@ CHUNK = 64
 MAX_CHUNKS = 128
 # Channels per program (rounded to a power of two, at most the channels of one B/C group).
 BLOCK_D = 32
-# Consecutive positions per lane and sub-tile: one 16-byte float32 load per row.
+# Consecutive positions per lane and sub-tile: one 16-byte float32 load per row (backward).
 SUB = 4
-# The same for the forward kernels (a chunk is a whole number of both).
+# The same for the forward kernels (a chunk is a whole number of both; a (BLOCK_D, FORWARD_SUB)
+# float32 tile is one 16-byte load per lane, wider tiles would be spread over lanes).
 FORWARD_SUB = 4
-# Sub-tiles per pass of the forward's loop.
+# Sub-tiles per pass of the forward's loop: the per-pass pointer and loop work shared by more
+# positions (4: 16 positions, 8192 state updates per pass at BLOCK_D 32 and 16 states).
 FORWARD_UNROLL = 4
-FORWARD_MAXNREG = 128
 INT32_MAX = 2 ** 31 - 1
 
 
@@ -101,18 +117,6 @@ def _softplus(x):
 @triton.jit
 def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
-
-
-@triton.jit
-def _column(tile, index, k):
-    """Column ``k`` (static) of a tile whose columns are inside each thread: -0.0 elsewhere makes
-    the sum fold to a register read when compiled."""
-    return tl.sum(tl.where(index[None, :] == k, tile, -0.0), axis=1)
-
-
-@triton.jit
-def _set_column(tile, index, k, col):
-    return tl.where(index[None, :] == k, col[:, None], tile)
 
 
 @triton.jit
@@ -188,36 +192,6 @@ def _channel_sums(tile):
 
 
 @triton.jit
-def _scan_row(a, x, h, kk, SUB: tl.constexpr):
-    """The states ``h[j] = a[j] h[j-1] + x[j]`` along a sub-tile's columns (each lane's own
-    registers), from the state ``h`` (one per row) entering it: (the states, the last one)."""
-    hs = tl.zeros_like(x)
-    for j in tl.static_range(SUB):
-        h = _column(a, kk, j) * h + _column(x, kk, j)
-        hs = _set_column(hs, kk, j, h)
-    return hs, h
-
-
-@triton.jit
-def _adjoint_row(a, cy, r, kk, SUB: tl.constexpr):
-    """The adjoints ``g[j] = cy[j] + r[j+1]``, ``r[j] = a[j] g[j]`` backwards along a
-    sub-tile's columns, from ``r`` (one per row) entering it from the right: (g, the r leaving
-    it on the left)."""
-    g = tl.zeros_like(cy)
-    for i in tl.static_range(SUB):
-        j = SUB - 1 - i
-        gj = _column(cy, kk, j) + r
-        r = _column(a, kk, j) * gj
-        g = _set_column(g, kk, j, gj)
-    return g, r
-
-
-# Offsets. A product of sizes can pass 2**31 - 1: b*dim*L already at batch 1 for a 1024 x 1024
-# image at MambaIR's 1440 channels (1.5e9 elements), and the dB/dC partial sums and the scratch
-# likewise. So the batch index is int64 and every offset built from it is; offsets inside one
-# sequence (positions), one channel block or one program's slot stay 32-bit, within the limits
-# _Layout checks. Each offset is one helper, evaluated by the tests at sizes past 2**31.
-@triton.jit
 def _program_coordinates(bi, blk, dim, group_size, BLOCK_D: tl.constexpr):
     """(batch index (int64), first channel of the group, channel indices, their mask) of the
     programs of channel block ``blk`` (blocks of one group are consecutive) and batch ``bi``."""
@@ -281,23 +255,12 @@ def _bc_row(bi, dim, chans, g0, dstate, length, VARIES: tl.constexpr):
 
 
 @triton.jit
-def _bc_positions(bi, dim, chans, g0, padded, NQ: tl.constexpr, VARIES: tl.constexpr):
-    """Offset of (batch, group, position 0) of a varying B or C in the forward's position-major
-    float32 copy (b, G, padded length, NQ); 0 for a constant one."""
+def _bc_positions(bi, dim, chans, g0, padded, t0, NQ: tl.constexpr, VARIES: tl.constexpr):
+    """Offset of (batch, group, position ``t0``) of a varying B or C in the forward's
+    position-major float32 copy (b, G, padded length, NQ); 0 for a constant one."""
     if VARIES:
-        return (bi * (dim // chans) + g0 // chans) * padded * NQ
+        return ((bi * (dim // chans) + g0 // chans) * padded + t0) * NQ
     return bi * 0
-
-
-@triton.jit
-def _bc_at(ptr, row, k, t, mask_t, d, mask_d, dstate, length, VARIES: tl.constexpr):
-    """State ``k`` of B (or C) at the sub-tile's positions, broadcastable to (BLOCK_D, SUB):
-    a (1, SUB) row of a varying one, or a (BLOCK_D, 1) column of a constant (d, n) one."""
-    if VARIES:
-        v = tl.load(ptr + row + k * length + t, mask=mask_t, other=0.0).to(tl.float32)[None, :]
-    else:
-        v = tl.load(ptr + d * dstate + k, mask=mask_d, other=0.0).to(tl.float32)[:, None]
-    return v
 
 
 @triton.jit
@@ -437,8 +400,8 @@ def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
     padded = n_chunks * chunk
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
-    bp = B_ptr + _bc_positions(bi, dim, b_chans, g0, padded, NQ, VAR_B) + t0 * NQ
-    cp = C_ptr + _bc_positions(bi, dim, c_chans, g0, padded, NQ, VAR_C) + t0 * NQ
+    bp = B_ptr + _bc_positions(bi, dim, b_chans, g0, padded, t0, NQ, VAR_B)
+    cp = C_ptr + _bc_positions(bi, dim, c_chans, g0, padded, t0, NQ, VAR_C)
     pu = u_ptr + row + t0
     pz = z_ptr + row + t0
     if OUTPUT:
@@ -824,8 +787,7 @@ class _Layout:
 
 @dataclass
 class KernelLaunch:
-    """One kernel launch, complete: ``kernel[grid](*args, num_warps=num_warps, **options,
-    **constexprs)``.
+    """One kernel launch, complete: ``kernel[grid](*args, num_warps=num_warps, **constexprs)``.
 
     ``args`` are the kernel's non-constexpr parameters in order (tensors and Python ints; on a GPU
     Triton specialises on them: pointer alignment, ints divisible by 16, ints past 2**31 - 1 as
@@ -852,7 +814,8 @@ class KernelLaunch:
     def run(self) -> None:
         device = self.args[0].device
         with torch.cuda.device(device) if device.type == 'cuda' else _nothing():
-            self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.options, **self.constexprs)
+            self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.options,
+                                   **self.constexprs)
 
 
 @dataclass
@@ -911,7 +874,8 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: i
     This is the one description of the launches: :class:`SelectiveScanTriton` runs them, and
     ``scripts/scan_static_report.py`` compiles them for GPUs it does not have, by calling this
     with tensors on the ``meta`` device (shapes and dtypes only, nothing allocated). So it must
-    do nothing but prepare inputs, allocate outputs on the inputs' device and describe the
+    do nothing but prepare inputs (here also the position-major B/C copies), allocate outputs
+    and temporaries (the float32 delta after softplus) on the inputs' device and describe the
     launches; it must never read tensor values."""
     inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d)
     u = inputs[0]
@@ -931,12 +895,10 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: i
     return ScanLaunches([
         KernelLaunch('forward: chunks from zero', _forward_chunk_kernel, lay.grid, args,
                      dict(fwd_flags, OUTPUT=False), num_warps=1, updates_per_pass=(per_pass,),
-                     options=dict(maxnreg=FORWARD_MAXNREG),
                      traffic=(u, inputs[1], fwd_inputs[3], dt, saved, dsum)),
         _carry_launch('forward: carries', lay, inputs[2], saved, dsum, None, last, reverse=False),
         KernelLaunch('forward: output', _forward_chunk_kernel, lay.grid, args,
                      dict(fwd_flags, OUTPUT=True), num_warps=1, updates_per_pass=(per_pass,),
-                     options=dict(maxnreg=FORWARD_MAXNREG),
                      traffic=(u, dt, fwd_inputs[3], fwd_inputs[4], _or_none(z, inputs[6]), saved, out)),
     ], dict(out=out, last=last, saved=saved, dsum=dsum), lay)
 

@@ -148,6 +148,65 @@ def test_chunk_boundaries(interpreted, length, chunk, n_chunks):
     _check_against_reference(args, softplus, out, last)
 
 
+@pytest.mark.parametrize('bc, options, dim, groups', [
+    ('grouped', 'D+z+bias+softplus', 10, 2),
+    ('shared', 'D', 5, 1),
+    ('const', 'D+bias+softplus', 5, 1),
+])
+def test_forward_loop_and_its_masked_tail(interpreted, bc, options, dim, groups):
+    """The forward's loop walks FORWARD_UNROLL sub-tiles per pass and leaves the rest of a chunk
+    to masked sub-tiles after it: at chunk 20 (16 positions of loop and one sub-tile of tail)
+    and L = 37 (the second chunk: 16 of loop and one position of tail), output, last state and
+    every gradient against the float64 reference."""
+    assert scan_triton.FORWARD_SUB * scan_triton.FORWARD_UNROLL == 16
+    args, softplus = make_inputs(bc, 37, options, batch=2, dim=dim, dstate=3, groups=groups)
+    out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=20, block_d=4)
+    _check_against_reference(args, softplus, out, last)
+
+
+@triton.jit
+def _softplus_probe(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, scan_triton._softplus(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+
+
+def test_softplus_is_torchs_to_a_few_float32_ulp(interpreted):
+    """The kernels' softplus (no log: exp2, rsqrt and a polynomial) against float64
+    log(1 + e^x) (x itself above 20, as torch): relative error under 1e-6 where MambaIR's
+    delta + bias lie (about -8 to 2; the float32 rounding of the exp2 argument dominates, as in
+    any exp2-based exp) and under 4e-6 from -40 to 40; x itself above 20; e^x where it is tiny.
+    The interpreter rounds exp2 and rsqrt correctly, a GPU's approximate ones add about 2 ulp."""
+    x = torch.cat([torch.linspace(-40, 40, 160001), torch.linspace(-8, 2, 100001),
+                   torch.tensor([0.0, 20.0, 20.5, 19.99, -1e-6, 1e-6, -87.0, -100.0])])
+    y = torch.empty_like(x)
+    _softplus_probe[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    xd = x.double()
+    ref = torch.where(xd > 20, xd, torch.log1p(torch.exp(xd)))
+    rel = ((y.double() - ref).abs() / ref.clamp_min(1e-300))
+    near = (x >= -8) & (x <= 2)
+    assert rel[near].max() < 1e-6, (rel[near].max(), x[near][rel[near].argmax()])
+    assert rel[x > -40].max() < 4e-6, rel.max()
+    assert torch.equal(y[x > 20], x[x > 20])
+    assert (y >= 0).all() and y[x == -100.0].item() < 1e-40
+
+
+@triton.jit
+def _bc_positions_probe(out_ptr, bi, dim, chans, g0, padded, t0, NQ: tl.constexpr):
+    bi = (tl.program_id(0) + bi).to(tl.int64)  # int64, as _program_coordinates makes it
+    tl.store(out_ptr, scan_triton._bc_positions(bi, dim, chans, g0, padded, t0, NQ, True))
+
+
+def test_position_major_b_and_c_offsets_past_2_31_are_exact(interpreted):
+    """The forward's B/C copy is (b, G, padded L, NQ): the last group's chunk start of a
+    2**28-position sequence (a 16384 x 16384 image) at batch 2 lies past 2**31 elements."""
+    padded, nq, chans, dim, chunk = 2 ** 28, 16, 360, 1440, 2 ** 21
+    bi, g0, t0 = 1, 3 * chans, padded - chunk
+    out = torch.zeros(1, dtype=torch.int64)
+    _bc_positions_probe[(1,)](out, bi, dim, chans, g0, padded, t0, NQ=nq)
+    expected = ((bi * (dim // chans) + g0 // chans) * padded + t0) * nq
+    assert expected > 2 ** 31 and out.item() == expected
+
+
 def test_long_sequences_get_longer_chunks_not_more_than_max_chunks(interpreted, monkeypatch):
     """The carry kernel walks the chunks one after another, so their number is capped: with a
     cap of 3, L = 37 at chunk 4 runs 3 chunks of 16 positions (the last one partial)."""
