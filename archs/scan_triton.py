@@ -554,8 +554,6 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     # position-major copies (``Bp``, ``Cp``: a position's states at fixed offsets from one
     # address); the loop over the states reads their rows. A constant B, C: its columns, once.
     padded = n_chunks * chunk
-    b_pos = _bc_positions(bi, dim, b_chans, g0, padded, NQ, VAR_B)
-    c_pos = _bc_positions(bi, dim, c_chans, g0, padded, NQ, VAR_C)
     if not VAR_B:
         Bc = _states_at(B_ptr, d, mask_d, 0, dstate, NQ, VEC, False)
     if not VAR_C:
@@ -563,6 +561,8 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
     last_sub = t0 + ((t1 - t0 - 1) // SUB) * SUB  # first position of the chunk's last sub-tile
+    b_chunk = Bp_ptr + _bc_positions(bi, dim, b_chans, g0, padded, t0, NQ, VAR_B)  # the chunk's start
+    c_chunk = Cp_ptr + _bc_positions(bi, dim, c_chans, g0, padded, t0, NQ, VAR_C)
     if GRADS:
         # The state entering each sub-tile, recomputed forward from the chunk's entering state,
         # into this program's scratch slot (one (BLOCK_D, BLOCK_N) tile per sub-tile).
@@ -575,9 +575,10 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
             dts = _columns(dt)
             dtus = _columns(dt * _tile(u_ptr, offs, m2))
+            bp = b_chunk + (s - t0) * NQ
             for j in tl.static_range(SUB):
                 if VAR_B:
-                    Bc = _states_at(Bp_ptr + b_pos + (s + j) * NQ, d, mask_d, 0, dstate, NQ, VEC, True)
+                    Bc = _states_at(bp + j * NQ, d, mask_d, 0, dstate, NQ, VEC, True)
                 h_next = ()
                 for n in tl.static_range(dstate):
                     h_next = h_next + (tl.exp2(dts[j] * A2[n]) * h[n] + dtus[j] * Bc[n],)
@@ -612,9 +613,10 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             dy_gated = tl.where(mask_d[:, None], dy_gated, 0.0)
         dys = _columns(dy_gated)
         if not GRADS:
+            cp = c_chunk + (s - t0) * NQ
             for j in tl.static_range(SUB - 1, -1, -1):
                 if VAR_C:
-                    Cc = _states_at(Cp_ptr + c_pos + (s + j) * NQ, d, mask_d, 0, dstate, NQ, VEC, True)
+                    Cc = _states_at(cp + j * NQ, d, mask_d, 0, dstate, NQ, VEC, True)
                 r_next = ()
                 for n in tl.static_range(dstate):  # r[t] = a[t] (C dy + r[t+1])
                     r_next = r_next + (tl.exp2(dts[j] * A2[n]) * (dys[j] * Cc[n] + r[n]),)
