@@ -303,33 +303,18 @@ def _from_columns(cols, N: tl.constexpr):
 
 
 @triton.jit
-def _elements(v, N: tl.constexpr):
-    """The ``N`` elements of a vector that every thread holds whole, as a tuple of scalars."""
-    if N == 1:
-        parts = (v,)
-    else:
-        even, odd = tl.split(tl.reshape(v, (N // 2, 2)))
-        ev = _elements(even, N // 2)
-        od = _elements(odd, N // 2)
-        parts = ()
-        for i in tl.static_range(N // 2):
-            parts = parts + (ev[i], od[i])
-    return parts
-
-
-@triton.jit
-def _states_at(ptr, d, mask_d, k0, dstate: tl.constexpr, NQ: tl.constexpr, VEC: tl.constexpr,
+def _states_at(ptr, d, dstate: tl.constexpr, NQ: tl.constexpr, VEC: tl.constexpr,
                VARIES: tl.constexpr):
     """The ``dstate`` values of B (or C) at one position, a tuple of scalars (every lane loads the
-    same ``NQ`` floats of the position-major copy at ``ptr``, ``VEC`` at a time) when it varies,
-    or at offset ``k0`` of the constant (d, n) one: (BLOCK_D,) vectors, one per state."""
+    same ``NQ`` floats of the position-major copy at ``ptr``, ``VEC`` at a time: each a (1,)
+    vector) when it varies, or of channels ``d`` of the constant (d, n) one: (BLOCK_D,) vectors."""
     vals = ()
     if VARIES:
         for q in tl.static_range(NQ // VEC):
-            vals = vals + _elements(tl.load(ptr + q * VEC + tl.arange(0, VEC)), VEC)
+            vals = vals + _columns(tl.reshape(tl.load(ptr + q * VEC + tl.arange(0, VEC)), (1, VEC)), VEC)
     else:
         for k in tl.static_range(dstate):
-            vals = vals + (tl.load(ptr + d * dstate + k, mask=mask_d, other=0.0),)
+            vals = vals + (tl.load(ptr + d * dstate + k),)
     return vals
 
 
@@ -379,11 +364,11 @@ def _forward_sub_tile(h, dsum, A2, Bc, Cc, Dv, bias, pu, pd, pw, pz, bp, cp, j0,
     for j in tl.static_range(SUB):
         Bj = Bc
         if VAR_B:
-            Bj = _states_at(bp + (j0 + j) * NQ, 0, mask_d, 0, dstate, NQ, VEC, True)
+            Bj = _states_at(bp + (j0 + j) * NQ, 0, dstate, NQ, VEC, True)
         if OUTPUT:
             Cj = Cc
             if VAR_C:
-                Cj = _states_at(cp + (j0 + j) * NQ, 0, mask_d, 0, dstate, NQ, VEC, True)
+                Cj = _states_at(cp + (j0 + j) * NQ, 0, dstate, NQ, VEC, True)
             y = tl.zeros_like(dts[j])
             if HAS_D:
                 y = Dv * us[j]
@@ -454,10 +439,10 @@ def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
             h = h + (tl.zeros((BLOCK_D,), dtype=tl.float32),)
     Bc = A2
     if not VAR_B:
-        Bc = _states_at(B_ptr, d, mask_d, 0, dstate, NQ, VEC, False)
+        Bc = _states_at(B_ptr, d, dstate, NQ, VEC, False)
     Cc = A2
     if not VAR_C:
-        Cc = _states_at(C_ptr, d, mask_d, 0, dstate, NQ, VEC, False)
+        Cc = _states_at(C_ptr, d, dstate, NQ, VEC, False)
     dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
     step = SUB * UNROLL
     whole = t0 + (t1 - t0) // step * step  # the passes before it cover whole sub-tiles
