@@ -291,18 +291,18 @@ def _delta_tile(delta_ptr, offsets, mask, bias, HAS_BIAS: tl.constexpr, SOFTPLUS
 
 
 @triton.jit
-def _states_at(ptr, d, mask_d, k0, dstate: tl.constexpr, NQ: tl.constexpr, VEC: tl.constexpr,
+def _states_at(ptr, d, dstate: tl.constexpr, NQ: tl.constexpr, VEC: tl.constexpr,
                VARIES: tl.constexpr):
     """The ``dstate`` values of B (or C) at one position, a tuple of scalars (every lane loads the
     same ``NQ`` floats of the position-major copy at ``ptr``, ``VEC`` at a time) when it varies,
-    or at offset ``k0`` of the constant (d, n) one: (BLOCK_D,) vectors, one per state."""
+    or of channels ``d`` of the constant (d, n) one: (BLOCK_D,) vectors."""
     vals = ()
     if VARIES:
         for q in tl.static_range(NQ // VEC):
             vals = vals + _columns(tl.load(ptr + q * VEC + tl.arange(0, VEC)))
     else:
         for k in tl.static_range(dstate):
-            vals = vals + (tl.load(ptr + d * dstate + k, mask=mask_d, other=0.0),)
+            vals = vals + (tl.load(ptr + d * dstate + k),)
     return vals
 
 
@@ -352,11 +352,11 @@ def _forward_sub_tile(h, dsum, A2, Bc, Cc, Dv, bias, pu, pd, pw, pz, bp, cp, j0,
     for j in tl.static_range(SUB):
         Bj = Bc
         if VAR_B:
-            Bj = _states_at(bp + (j0 + j) * NQ, 0, mask_d, 0, dstate, NQ, VEC, True)
+            Bj = _states_at(bp + (j0 + j) * NQ, 0, dstate, NQ, VEC, True)
         if OUTPUT:
             Cj = Cc
             if VAR_C:
-                Cj = _states_at(cp + (j0 + j) * NQ, 0, mask_d, 0, dstate, NQ, VEC, True)
+                Cj = _states_at(cp + (j0 + j) * NQ, 0, dstate, NQ, VEC, True)
             y = tl.zeros_like(dts[j])
             if HAS_D:
                 y = Dv * us[j]
@@ -427,10 +427,10 @@ def _forward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
             h = h + (tl.zeros((BLOCK_D,), dtype=tl.float32),)
     Bc = A2
     if not VAR_B:
-        Bc = _states_at(B_ptr, d, mask_d, 0, dstate, NQ, VEC, False)
+        Bc = _states_at(B_ptr, d, dstate, NQ, VEC, False)
     Cc = A2
     if not VAR_C:
-        Cc = _states_at(C_ptr, d, mask_d, 0, dstate, NQ, VEC, False)
+        Cc = _states_at(C_ptr, d, dstate, NQ, VEC, False)
     dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
     step = SUB * UNROLL
     whole = t0 + (t1 - t0) // step * step  # the passes before it cover whole sub-tiles
@@ -555,9 +555,9 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     # address); the loop over the states reads their rows. A constant B, C: its columns, once.
     padded = n_chunks * chunk
     if not VAR_B:
-        Bc = _states_at(B_ptr, d, mask_d, 0, dstate, NQ, VEC, False)
+        Bc = _states_at(B_ptr, d, dstate, NQ, VEC, False)
     if not VAR_C:
-        Cc = _states_at(C_ptr, d, mask_d, 0, dstate, NQ, VEC, False)
+        Cc = _states_at(C_ptr, d, dstate, NQ, VEC, False)
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
     last_sub = t0 + ((t1 - t0 - 1) // SUB) * SUB  # first position of the chunk's last sub-tile
@@ -578,7 +578,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             bp = b_chunk + (s - t0) * NQ
             for j in tl.static_range(SUB):
                 if VAR_B:
-                    Bc = _states_at(bp + j * NQ, d, mask_d, 0, dstate, NQ, VEC, True)
+                    Bc = _states_at(bp + j * NQ, d, dstate, NQ, VEC, True)
                 h_next = ()
                 for n in tl.static_range(dstate):
                     h_next = h_next + (tl.exp2(dts[j] * A2[n]) * h[n] + dtus[j] * Bc[n],)
@@ -616,7 +616,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             cp = c_chunk + (s - t0) * NQ
             for j in tl.static_range(SUB - 1, -1, -1):
                 if VAR_C:
-                    Cc = _states_at(cp + j * NQ, d, mask_d, 0, dstate, NQ, VEC, True)
+                    Cc = _states_at(cp + j * NQ, d, dstate, NQ, VEC, True)
                 r_next = ()
                 for n in tl.static_range(dstate):  # r[t] = a[t] (C dy + r[t+1])
                     r_next = r_next + (tl.exp2(dts[j] * A2[n]) * (dys[j] * Cc[n] + r[n]),)
