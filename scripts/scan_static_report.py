@@ -34,7 +34,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 os.environ['TRITON_INTERPRET'] = '0'  # compile, do not interpret (before triton is imported)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -150,8 +150,16 @@ def compile_launch(launch, arch: int):
     bound, specialization, options = binder(*launch.args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization,
                                                           options)
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
-                          options=options.__dict__)
+    # The same specialisation compiles to the same code (the shapes' programs differ, not their
+    # kernels, unless an int passes 2**31 - 1): compile it once per process.
+    key = repr((fn.__name__, arch, signature, constexprs, attrs, sorted(options.__dict__.items())))
+    if key not in _COMPILED:
+        _COMPILED[key] = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
+                                        options=options.__dict__)
+    return _COMPILED[key]
+
+
+_COMPILED: Dict[str, Any] = {}
 
 
 def _tool(name: str, *args: str) -> str:
