@@ -38,10 +38,15 @@ def test_kernels_compile_for_sm90_without_spills_and_with_64_bit_offsets(tmp_pat
     assert set(rows) == {(s, c, k) for s in ('train', 'infer') for c in ('fp32 bias+D', 'bf16 bias+D')
                          for k in kernels}
     assert 'not timings' in out
-    for shape in ('train', 'infer'):  # the forward's two chunk launches, per state update
-        for combo, goal in (('fp32 bias+D', 0.35), ('bf16 bias+D', 0.36)):  # measured 0.347, 0.353
-            forward = sum(rows[shape, combo, f'forward: {k}']['per_update'] for k in ('chunks from zero', 'output'))
-            assert forward <= goal, (shape, combo, forward)
+    # SASS warp-instructions per state update of each direction's two chunk launches: the forward
+    # meets the issue's 0.35 in float32 (0.347; bfloat16 0.354); the backward misses its 0.9
+    # (1.24 and 1.33 measured; 2.15 and 2.31 before): these bounds keep what was reached
+    for shape in ('train', 'infer'):
+        for combo, forward_bound, backward_bound in (('fp32 bias+D', 0.35, 1.27), ('bf16 bias+D', 0.36, 1.36)):
+            for direction, bound in (('forward', forward_bound), ('backward', backward_bound)):
+                second = 'output' if direction == 'forward' else 'gradients'
+                total = sum(rows[shape, combo, f'{direction}: {k}']['per_update'] for k in ('chunks from zero', second))
+                assert total <= bound, (shape, combo, direction, total)
     for (shape, combo, kernel), row in rows.items():
         batch, chunks = (4, 36) if shape == 'train' else (1, 128)  # L/64, or at most 128 chunks
         if 'carries' in kernel:  # one program per 32 channels and batch element, walking the chunks
