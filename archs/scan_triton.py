@@ -265,7 +265,7 @@ def _bc_positions(bi, dim, chans, g0, padded, t0, NQ: tl.constexpr, VARIES: tl.c
 
 @triton.jit
 def _tile(ptr, offsets, mask):
-    return tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    return _widen(tl.load(ptr + offsets, mask=mask, other=0.0))
 
 
 @triton.jit
@@ -489,7 +489,7 @@ def _state_vectors(ptr, offsets, dstate: tl.constexpr):
     """A tuple of ``dstate`` (BLOCK_D,) vectors: state k of each channel at ``ptr + offsets + k``."""
     v = ()
     for k in tl.static_range(dstate):
-        v = v + (tl.load(ptr + offsets + k).to(tl.float32),)
+        v = v + (_widen(tl.load(ptr + offsets + k)),)
     return v
 
 
@@ -505,9 +505,9 @@ def _bc_columns(ptr, row, k, t, mask_t, d, mask_d, dstate, length, VARIES: tl.co
     broadcast against (BLOCK_D,) vectors: the scalars of a varying B (one 16-byte load that every
     lane makes alike), or the (BLOCK_D,) column of a constant (d, n) one, repeated."""
     if VARIES:
-        cols = _columns(tl.load(ptr + row + k * length + t, mask=mask_t, other=0.0).to(tl.float32))
+        cols = _columns(_widen(tl.load(ptr + row + k * length + t, mask=mask_t, other=0.0)))
     else:
-        col = tl.load(ptr + d * dstate + k, mask=mask_d, other=0.0).to(tl.float32)
+        col = _widen(tl.load(ptr + d * dstate + k, mask=mask_d, other=0.0))
         cols = (col,) * t.shape[0]
     return cols
 
@@ -528,9 +528,10 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     chunk (constant, ``dtile`` slots 1, 2); dA in ``dtile`` slot 0; dD, d(delta_bias) in
     ``dvec``.
 
-    Every per-lane quantity is a (BLOCK_D,) vector (lane = channel); the ``dstate`` states,
-    adjoints and dA sums are tuples of them, carried in registers from sub-tile to sub-tile; the
-    SUB positions of a sub-tile are the columns of (BLOCK_D, SUB) tiles (:func:`_columns`)."""
+    Every per-lane quantity is a (BLOCK_D,) vector (lane = channel); the SUB positions of a
+    sub-tile are the columns of (BLOCK_D, SUB) tiles (:func:`_columns`). The ``dstate`` adjoints
+    of GRADS=False and the states of the recompute are tuples of them carried in registers from
+    sub-tile to sub-tile; the gradient walk keeps its adjoints and dA sums in memory slots."""
     c, blk, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
     # A lane past the group's channels reads its last channel's rows, so that loads need no

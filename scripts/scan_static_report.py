@@ -90,9 +90,9 @@ class Combo:
 def estimate(row: 'Row') -> Dict[str, float]:
     """Seconds one launch would take on the ``row.arch`` GPU by each limit of :data:`MODEL`, and
     their maximum ('time'): a chunk kernel's instruction issue, MUFU and shuffle throughput over
-    all SMs (every state update of the call passes once through each loop) and its distinct
-    tensors read or written once from HBM; a carry kernel's serial chain. A model read off the
-    static figures, not a measurement."""
+    all SMs (every state update of the call passes once through each loop) and the tensors its
+    launch declares (``traffic``) moved from HBM as listed; a carry kernel's serial chain. A model
+    read off the static figures, not a measurement."""
     gpu, m = ARCHS[row.arch], MODEL[row.arch]
     per_sm = gpu['sms'] * m['clock']  # SM-cycles per second
     limits = dict(memory=row.tensor_bytes / m['hbm'])

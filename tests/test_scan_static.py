@@ -40,9 +40,9 @@ def test_kernels_compile_for_sm90_without_spills_and_with_64_bit_offsets(tmp_pat
     assert 'not timings' in out
     # SASS warp-instructions per state update of each direction's two chunk launches: the forward
     # meets the 0.35 in float32 (0.347; bfloat16 0.354); the backward misses its 0.9
-    # (1.24 and 1.33 measured; 2.15 and 2.31 before): these bounds keep what was reached
+    # (1.24 and 1.29 measured; 2.15 and 2.31 before): these bounds keep what was reached
     for shape in ('train', 'infer'):
-        for combo, forward_bound, backward_bound in (('fp32 bias+D', 0.35, 1.27), ('bf16 bias+D', 0.36, 1.36)):
+        for combo, forward_bound, backward_bound in (('fp32 bias+D', 0.35, 1.27), ('bf16 bias+D', 0.36, 1.32)):
             for direction, bound in (('forward', forward_bound), ('backward', backward_bound)):
                 second = 'output' if direction == 'forward' else 'gradients'
                 total = sum(rows[shape, combo, f'{direction}: {k}']['per_update'] for k in ('chunks from zero', second))
