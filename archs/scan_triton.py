@@ -168,16 +168,18 @@ def _stack(columns):
 
 
 @triton.jit
-def _channel_sums(tile):
-    """The sums over axis 0 (the lanes: channels) of a (BLOCK_D, V) tile whose rows each lie in
-    one lane, as a (V,) vector (V and BLOCK_D powers of two).
+def _lane_sums(tile, parts: tl.constexpr):
+    """The sums over axis 0 (the lanes) of a (lanes, V) tile whose rows each lie in one lane,
+    taken separately over each of ``parts`` equal runs of consecutive lanes: a (parts * V,)
+    vector, value v of run r at r * V + v (V, the lanes and ``parts`` powers of two).
 
     A butterfly instead of V separate warp reductions (5 shuffles and 5 adds per value): at each
-    lane bit, from the highest, a lane keeps one half of the values it still holds, receives its
-    partner's copy of that half (``tl.flip`` across the bit: one shuffle per value) and adds it,
-    so the values it holds halve at every bit; once it holds one, plain reductions finish. For V
-    = 8 that is 10 shuffles instead of 40 (static figures in archs/README.md)."""
-    x = tl.reshape(tile, (1, tile.shape[0], tile.shape[1]))  # (halves taken, lanes, values)
+    lane bit below the runs', from the highest, a lane keeps one half of the values it still
+    holds, receives its partner's copy of that half (``tl.flip`` across the bit: one shuffle per
+    value) and adds it, so the values it holds halve at every bit; once it holds one, plain
+    reductions finish. For V = 8 over 32 lanes that is 10 shuffles instead of 40 (static
+    figures in archs/README.md)."""
+    x = tl.reshape(tile, (parts, tile.shape[0] // parts, tile.shape[1]))  # (halves taken, lanes, values)
     for level in tl.static_range(8):
         if x.shape[2] > 1 and x.shape[1] > 1:
             # (halves taken, lane bit, other lanes, values) with the value half last
@@ -188,7 +190,18 @@ def _channel_sums(tile):
             keep = tl.where(bit == 0, first, second)
             send = tl.where(bit == 0, second, first)
             x = tl.reshape(keep + tl.flip(send, 1), (x.shape[0] * 2, x.shape[1] // 2, x.shape[2] // 2))
-    return tl.reshape(tl.sum(x, axis=1), (tile.shape[1],))  # value (half bits..., rest) in order
+    return tl.reshape(tl.sum(x, axis=1), (parts * tile.shape[1],))  # (run, half bits..., rest) in order
+
+
+@triton.jit
+def _partner(x):
+    """``x`` (a (lanes,) vector or (lanes, w) tile) as the lane half a warp away holds it: the
+    other channel of a lane in the gradient walk. One shuffle per register."""
+    if len(x.shape) == 1:
+        y = tl.reshape(tl.flip(tl.reshape(x, (2, x.shape[0] // 2)), 0), (x.shape[0],))
+    else:
+        y = tl.reshape(tl.flip(tl.reshape(x, (2, x.shape[0] // 2, x.shape[1])), 0), x.shape)
+    return y
 
 
 @triton.jit
@@ -520,7 +533,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                            dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                            HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                            GRADS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                           SUB: tl.constexpr, PAIRS: tl.constexpr, NQ: tl.constexpr, VEC: tl.constexpr):
+                           SUB: tl.constexpr, NQ: tl.constexpr, VEC: tl.constexpr):
     """GRADS=False: the adjoint entering the chunk from a zero one at its end, into ``adj``.
     GRADS=True: from the chunk's entering state (``states``) and the adjoint entering it from
     the right (``adj``): du, ddelta, dz per position; dB, dC per position summed over the
@@ -567,11 +580,11 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     if GRADS:
         # The state entering each sub-tile, recomputed forward from the chunk's entering state,
         # into this program's scratch slot (one (BLOCK_D, BLOCK_N) tile per sub-tile).
-        scratch = scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * BLOCK_D * BLOCK_N) + \
-            tl.arange(0, BLOCK_D) * BLOCK_N
+        scratch = scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * BLOCK_D * BLOCK_N)
         h = _state_vectors(states_ptr, state, dstate)
         for s in range(t0, t1, SUB):  # (every lane stores into its own slot, masked or not)
-            _store_state_vectors(scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N, 0, None, h)
+            _store_state_vectors(scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N, tl.arange(0, BLOCK_D) * BLOCK_N,
+                                 None, h)
             t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
             dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
             dts = _columns(dt)
@@ -589,11 +602,23 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         # program's slot of ``adj`` (it starts as the adjoint entering from the right), and dA and
         # constant dB, dC in its ``dtile`` slot (zeroed by the caller), so that the loop over
         # the states need not be unrolled and few registers are live.
-        adj_col = adj_ptr + state
         part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
         tile_size = BLOCK_D * BLOCK_N
-        dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 3 * tile_size) + \
-            tl.arange(0, BLOCK_D) * BLOCK_N
+        dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 3 * tile_size)
+        # The walk gives each lane two channels, its own and its partner's (the lane BLOCK_D / 2
+        # away), and half of the states: those of its parity. The dB, dC sums over the channels
+        # are then over half the lanes, and each channel's sums over the states (du, ddelta)
+        # meet in one shuffle at the end of a sub-tile.
+        lane = tl.arange(0, BLOCK_D)
+        parity = lane // (BLOCK_D // 2)
+        partner = (lane + BLOCK_D // 2) % BLOCK_D
+        d_partner = g0 + (blk % ((group_size + BLOCK_D - 1) // BLOCK_D)) * BLOCK_D + partner
+        mask_partner = d_partner < g0 + group_size
+        d_partner = tl.minimum(d_partner, g0 + group_size - 1)
+        side_d = (d, d_partner)
+        side_row = (lane * BLOCK_N, partner * BLOCK_N)  # rows of the program's (BLOCK_D, BLOCK_N) tiles
+        side_state = (state, _chunk_state_rows(bi, dim, d_partner, n_chunks, c, dstate))
+        side_mask = (mask_d, mask_partner)
         dD_acc = zero
         dbias_acc = zero
     else:
@@ -624,65 +649,97 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                 r = r_next
         else:
             u = _tile(u_ptr, offs, m2)
-            dtus = _columns(tl.where(mask_d[:, None], dt * u, 0.0))
-            h_col = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # the states entering the sub-tile
-            ddt = (zero,) * SUB  # d loss / d delta (after softplus), over log 2
-            ddx = (zero,) * SUB  # d loss / d (delta u)
-            ys = (zero,) * SUB   # y, for dz
-            for k0 in range(0, dstate, PAIRS):  # not unrolled: its carries are in memory, not registers
-                gdtu = ()  # g delta u and dy h of each (state, position), for the dB, dC sums
-                dyh = ()
-                for q in tl.static_range(PAIRS):  # PAIRS states per pass
-                    k = k0 + q
-                    Bk = _bc_columns(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
-                    Ck = _bc_columns(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
-                    A2k = tl.load(A_ptr + d * dstate + k) * 1.4426950408889634
+            dtu = tl.where(mask_d[:, None], dt * u, 0.0)
+            # this lane's own channel, then its partner's (the lane HALF away)
+            dts = (dts, _columns(_partner(dt)))
+            dtus = (_columns(dtu), _columns(_partner(dtu)))
+            dys = (dys, _columns(_partner(dy_gated)))
+            h_sub = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # the states entering the sub-tile
+            ddt = ((zero,) * SUB, (zero,) * SUB)  # d loss / d delta (after softplus), over log 2
+            ddx = ((zero,) * SUB, (zero,) * SUB)  # d loss / d (delta u)
+            ys = ((zero,) * SUB, (zero,) * SUB)   # y, for dz
+            for k0 in range(0, dstate, 2):  # not unrolled: its carries are in memory, not registers
+                k = k0 + parity  # this lane's state, for both its channels
+                valid = k < dstate  # (an odd dstate's last pass has no state for parity 1)
+                kc = tl.minimum(k, dstate - 1)
+                if VAR_B:  # one row of B (C) for both channels: the state's, at the SUB positions
+                    Bk = _columns(_widen(tl.load(B_ptr + b_row + kc[:, None] * length + t[None, :],
+                                                 mask=mask_t[None, :], other=0.0)))
+                if VAR_C:
+                    Ck = _columns(_widen(tl.load(C_ptr + c_row + kc[:, None] * length + t[None, :],
+                                                 mask=valid[:, None] & mask_t[None, :], other=0.0)))
+                gdtu = (zero,) * SUB  # g delta u and dy h of the SUB positions, for the dB, dC sums
+                dyh = (zero,) * SUB
+                new_ddt = ()
+                new_ddx = ()
+                new_ys = ()
+                for side in tl.static_range(2):
+                    ch = side_d[side]
+                    if not VAR_B:  # a constant B (C): this channel's value, at every position
+                        Bk = (_widen(tl.load(B_ptr + ch * dstate + kc)),) * SUB
+                    if not VAR_C:
+                        Ck = (tl.where(valid, _widen(tl.load(C_ptr + ch * dstate + kc)), 0.0),) * SUB
+                    A2k = tl.load(A_ptr + ch * dstate + kc) * 1.4426950408889634
                     # the sub-tile's decays, inputs and states, forward from the state entering it
                     a = ()
                     x = ()
                     hs = ()
-                    hk = tl.load(h_col + k)
+                    hk = tl.load(h_sub + side_row[side] + kc)
+                    h_prev = (hk,)
                     for j in tl.static_range(SUB):
-                        a = a + (tl.exp2(dts[j] * A2k),)
-                        x = x + (dtus[j] * Bk[j],)
+                        a = a + (tl.exp2(dts[side][j] * A2k),)
+                        x = x + (dtus[side][j] * Bk[j],)
                         hk = a[j] * hk + x[j]
                         hs = hs + (hk,)
-                    # then the adjoint backwards, and every gradient of this state
-                    rk = tl.load(adj_col + k)
+                        h_prev = h_prev + (hk,)
+                    # then the adjoint backwards, and every gradient of this (channel, state)
+                    slot = side_state[side] + kc
+                    rk = tl.load(adj_ptr + slot, mask=valid, other=0.0)
                     dAk = zero
-                    gdtu_k = ()
-                    dyh_k = ()
-                    new_ddt = ()
-                    new_ddx = ()
-                    new_ys = ()
+                    dB_const = zero
+                    dC_const = zero
+                    s_ddt = ()
+                    s_ddx = ()
+                    s_ys = ()
+                    s_gdtu = ()
+                    s_dyh = ()
                     for j in tl.static_range(SUB - 1, -1, -1):
-                        g = dys[j] * Ck[j] + rk  # d loss / d h[t]
-                        rk = a[j] * g
-                        p = g * (hs[j] - x[j])  # g[t] exp(delta A) h[t-1]
-                        dAk += p * dts[j]
-                        new_ddt = (ddt[j] + p * A2k,) + new_ddt
-                        new_ddx = (ddx[j] + g * Bk[j],) + new_ddx
-                        gdtu_k = (g * dtus[j],) + gdtu_k
-                        dyh_k = (dys[j] * hs[j],) + dyh_k
+                        g = dys[side][j] * Ck[j] + rk  # d loss / d h[t]
+                        rk = a[j] * g                  # r[t] = a[t] g[t]
+                        p = rk * h_prev[j]             # g[t] exp(delta A) h[t-1]
+                        dAk += p * dts[side][j]
+                        s_ddt = (ddt[side][j] + p * A2k,) + s_ddt
+                        s_ddx = (ddx[side][j] + g * Bk[j],) + s_ddx
+                        s_gdtu = (gdtu[j] + g * dtus[side][j],) + s_gdtu
+                        s_dyh = (dyh[j] + dys[side][j] * hs[j],) + s_dyh
+                        if not VAR_B:
+                            dB_const += g * dtus[side][j]
+                        if not VAR_C:
+                            dC_const += dys[side][j] * hs[j]
                         if HAS_Z:
-                            new_ys = (ys[j] + hs[j] * Ck[j],) + new_ys
-                    ddt = new_ddt
-                    ddx = new_ddx
+                            s_ys = (ys[side][j] + hs[j] * Ck[j],) + s_ys
+                    new_ddt = new_ddt + (s_ddt,)
+                    new_ddx = new_ddx + (s_ddx,)
                     if HAS_Z:
-                        ys = new_ys
-                    gdtu = gdtu + gdtu_k
-                    dyh = dyh + dyh_k
-                    tl.store(adj_col + k, rk, mask=mask_d)
-                    tl.store(dtile + k, tl.load(dtile + k) + dAk)
+                        new_ys = new_ys + (s_ys,)
+                    gdtu = s_gdtu
+                    dyh = s_dyh
+                    keep = valid & side_mask[side]
+                    tl.store(adj_ptr + slot, rk, mask=keep)
+                    at = dtile + side_row[side] + kc
+                    tl.store(at, tl.load(at) + dAk, mask=valid)
                     # dB, dC of a constant B, C: per (channel, state), summed over positions
                     if not VAR_B:
-                        tl.store(dtile + tile_size + k, tl.load(dtile + tile_size + k) + tl.sum(_stack(gdtu_k), axis=1))
+                        tl.store(at + tile_size, tl.load(at + tile_size) + dB_const, mask=valid)
                     if not VAR_C:
-                        tl.store(dtile + 2 * tile_size + k,
-                                 tl.load(dtile + 2 * tile_size + k) + tl.sum(_stack(dyh_k), axis=1))
-                # of a varying one: per (state, position), summed over the program's channels,
-                # all in one butterfly; value v is (state k0 + v // SUB % PAIRS, position v % SUB)
-                # of dB if v < PAIRS * SUB and of dC after
+                        tl.store(at + 2 * tile_size, tl.load(at + 2 * tile_size) + dC_const, mask=valid)
+                ddt = new_ddt
+                ddx = new_ddx
+                if HAS_Z:
+                    ys = new_ys
+                # of a varying one: per (state, position), summed over the channels, which the
+                # HALF lanes of each parity hold two each; one butterfly per pass. Value v of
+                # the sums is (state k0 + v // (V / 2), position v % SUB), of dB before dC.
                 if VAR_B or VAR_C:
                     if VAR_B and VAR_C:
                         values = gdtu + dyh
@@ -690,27 +747,30 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                         values = gdtu
                     else:
                         values = dyh
-                    v = tl.arange(0, len(values))
+                    per: tl.constexpr = len(values)
+                    v = tl.arange(0, 2 * len(values))
                     pos = s + v % SUB
-                    at = part + (k0 + v // SUB % PAIRS) * length + pos
+                    kv = k0 + v // per
+                    at = part + kv * length + pos
                     if VAR_B and VAR_C:
-                        where = tl.where(v < PAIRS * SUB, dB_ptr + at, dC_ptr + at)
+                        where = tl.where(v % per < SUB, dB_ptr + at, dC_ptr + at)
                     elif VAR_B:
                         where = dB_ptr + at
                     else:
                         where = dC_ptr + at
-                    tl.store(where, _channel_sums(_stack(values)), mask=pos < t1)
-            ddx_tile = _stack(ddx)
+                    tl.store(where, _lane_sums(_stack(values), 2), mask=(pos < t1) & (kv < dstate))
+            # each channel's sums over all states: its own lane's parity plus its partner's
+            ddx_tile = _stack(ddx[0]) + _partner(_stack(ddx[1]))
             du = ddx_tile * dt
             if HAS_D:
                 du += dy_gated * Dv[:, None]
                 dD_acc += tl.sum(dy_gated * u, axis=1)
             if HAS_Z:
-                y = _stack(ys)
+                y = _stack(ys[0]) + _partner(_stack(ys[1]))
                 if HAS_D:
                     y += Dv[:, None] * u
                 tl.store(dz_ptr + offs, dy * y * zs * (1.0 + zt * (1.0 - zs)), mask=m2)
-            ddt_tile = _stack(ddt) * 0.6931471805599453 + ddx_tile * u
+            ddt_tile = (_stack(ddt[0]) + _partner(_stack(ddt[1]))) * 0.6931471805599453 + ddx_tile * u
             if SOFTPLUS:
                 ddt_tile = ddt_tile * _sigmoid(raw)
             ddt_tile = tl.where(m2, ddt_tile, 0.0)
@@ -744,8 +804,9 @@ class _Layout:
         step = SUB * FORWARD_SUB // math.gcd(SUB, FORWARD_SUB)
         self.chunk = -(-chunk // step) * step
         self.n_chunks = -(-self.length // self.chunk)
-        self.block_d = min(triton.next_power_of_2(max(1, int(block_d))),
-                           triton.next_power_of_2(self.group_size))
+        # (at least 2: the gradient walk pairs each lane with the lane BLOCK_D / 2 away)
+        self.block_d = max(2, min(triton.next_power_of_2(max(1, int(block_d))),
+                                  triton.next_power_of_2(self.group_size)))
         self.block_n = triton.next_power_of_2(self.dstate)
         # a position's states in the position-major B/C copies: ``vec`` at a time, ``nq`` in all
         self.vec = min(4, self.block_n)
@@ -853,8 +914,8 @@ def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
 
 def _chunk_launch(name, kernel, lay, args, flags, loops, traffic, max_registers, **mode) -> KernelLaunch:
     """``loops``: per innermost loop, whether one pass covers all states of a sub-tile ('tile')
-    or ``PAIRS`` states of it ('states')."""
-    per = dict(tile=lay.block_d * lay.dstate * SUB, states=lay.block_d * SUB * mode.get('PAIRS', 1))
+    or two states of it for each of the lanes' two channels ('states')."""
+    per = dict(tile=lay.block_d * lay.dstate * SUB, states=lay.block_d * SUB * 2)
     return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
                         updates_per_pass=tuple(per[loop] for loop in loops),
                         options=dict(maxnreg=max_registers), traffic=tuple(traffic))
@@ -944,11 +1005,10 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
                  for m in inputs[3:5]]  # as the forward reads them
     args = (*inputs, dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
             _or(dC_part, scratch), dtile, dvec, *positions, *lay.args())
-    pairs = 2 if lay.dstate % 2 == 0 else 1  # states per pass of the gradient kernel's state loop
     return ScanLaunches([
         _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, ['tile'],
                       (delta, dout, positions[1], _or_none(z, inputs[6]), adj),
-                      max_registers=96 if z is None else 128, GRADS=False, PAIRS=pairs, NQ=lay.nq,
+                      max_registers=96 if z is None else 128, GRADS=False, NQ=lay.nq,
                       VEC=lay.vec),  # 20 per SM (16 with z)
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
         _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['tile', 'states'],
@@ -956,7 +1016,7 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
                        scratch, scratch,
                        du, ddelta, dz, dB_part, dC_part, dtile, dvec),
                       max_registers=128 if z is None else 168, GRADS=True,
-                      PAIRS=pairs, NQ=lay.nq, VEC=lay.vec),  # 16 per SM; 12 with z (its gate needs more)
+                      NQ=lay.nq, VEC=lay.vec),  # 16 per SM; 12 with z (its gate needs more)
     ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
 
 

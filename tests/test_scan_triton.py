@@ -112,22 +112,25 @@ def test_even_state_counts_take_the_paired_gradient_loop(interpreted, bc, option
 
 
 @triton.jit
-def _channel_sums_probe(x_ptr, out_ptr, ROWS: tl.constexpr, V: tl.constexpr):
+def _lane_sums_probe(x_ptr, out_ptr, ROWS: tl.constexpr, V: tl.constexpr, PARTS: tl.constexpr):
     rows = tl.arange(0, ROWS)
     columns = ()
     for v in tl.static_range(V):  # one (ROWS,) vector per value, as the gradient kernel has them
         columns = columns + (tl.load(x_ptr + rows * V + v),)
-    tl.store(out_ptr + tl.arange(0, V), scan_triton._channel_sums(scan_triton._stack(columns)))
+    tl.store(out_ptr + tl.arange(0, PARTS * V), scan_triton._lane_sums(scan_triton._stack(columns), PARTS))
 
 
-@pytest.mark.parametrize('rows, values', [(32, 16), (32, 8), (32, 1), (4, 8), (4, 4), (2, 16)])
-def test_channel_sums_butterfly_equals_a_float64_sum_over_the_rows(interpreted, rows, values):
+@pytest.mark.parametrize('rows, values, parts', [(32, 16, 1), (32, 8, 1), (32, 1, 1), (4, 8, 1), (4, 4, 1),
+                                                 (2, 16, 1), (32, 8, 2), (32, 16, 2), (4, 8, 2), (2, 4, 2)])
+def test_lane_sums_butterfly_equals_a_float64_sum_over_each_run_of_rows(interpreted, rows, values, parts):
     """The butterfly that sums dB and dC over a program's channels: each of ``values`` columns
-    summed over the ``rows`` lanes, also when there are more values than lanes."""
+    summed over the ``rows`` lanes, or separately over each half of them (``parts`` 2: the
+    gradient walk's two state parities), also when there are more values than lanes."""
     x = torch.randn(rows, values, generator=torch.Generator().manual_seed(rows * values))
-    out = torch.empty(values)
-    _channel_sums_probe[(1,)](x, out, ROWS=rows, V=values)
-    torch.testing.assert_close(out.double(), x.double().sum(0), rtol=1e-6, atol=1e-6)
+    out = torch.empty(parts * values)
+    _lane_sums_probe[(1,)](x, out, ROWS=rows, V=values, PARTS=parts)
+    expected = x.double().view(parts, rows // parts, values).sum(1).reshape(-1)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize('length, chunk, n_chunks', [
