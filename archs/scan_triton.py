@@ -598,27 +598,39 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                     h_next = h_next + (tl.exp2(dts[j] * A2[n]) * h[n] + dtus[j] * Bc[n],)
                 h = h_next
         tl.debug_barrier()  # the scratch written above is read below
-        # The adjoint of each (channel, state) is carried from sub-tile to sub-tile in this
-        # program's slot of ``adj`` (it starts as the adjoint entering from the right), and dA and
-        # constant dB, dC in its ``dtile`` slot (zeroed by the caller), so that the loop over
-        # the states need not be unrolled and few registers are live.
         part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
-        tile_size = BLOCK_D * BLOCK_N
-        dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 3 * tile_size)
+        # This program's ``dtile`` slot holds five (BLOCK_D, BLOCK_N) tiles: dA and a constant
+        # B's and C's gradients, summed over the chunk (zeroed by the caller); the adjoint of each
+        # (channel, state), carried from sub-tile to sub-tile (it starts as the adjoint entering
+        # from the right); and A log2 e. So the loop over the states need not be unrolled, few
+        # registers are live, and one pointer per channel reaches all of them.
+        tile_size: tl.constexpr = BLOCK_D * BLOCK_N
+        dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 5 * tile_size)
+        lane = tl.arange(0, BLOCK_D)
+        for k in tl.static_range(dstate):
+            tl.store(dtile + 3 * tile_size + lane * BLOCK_N + k, tl.load(adj_ptr + state + k))
+            tl.store(dtile + 4 * tile_size + lane * BLOCK_N + k, A2[k])
+        tl.debug_barrier()  # (a lane reads its partner's rows below)
         # The walk gives each lane two channels, its own and its partner's (the lane BLOCK_D / 2
         # away), and half of the states: those of its parity. The dB, dC sums over the channels
         # are then over half the lanes, and each channel's sums over the states (du, ddelta)
         # meet in one shuffle at the end of a sub-tile.
-        lane = tl.arange(0, BLOCK_D)
         parity = lane // (BLOCK_D // 2)
         partner = (lane + BLOCK_D // 2) % BLOCK_D
         d_partner = g0 + (blk % ((group_size + BLOCK_D - 1) // BLOCK_D)) * BLOCK_D + partner
-        mask_partner = d_partner < g0 + group_size
         d_partner = tl.minimum(d_partner, g0 + group_size - 1)
-        side_d = (d, d_partner)
         side_row = (lane * BLOCK_N, partner * BLOCK_N)  # rows of the program's (BLOCK_D, BLOCK_N) tiles
-        side_state = (state, _chunk_state_rows(bi, dim, d_partner, n_chunks, c, dstate))
-        side_mask = (mask_d, mask_partner)
+        # per side, the pointer to state ``parity`` of its row in the slot (a pass adds its first
+        # state k0)
+        t_at = (dtile + side_row[0] + parity, dtile + side_row[1] + parity)
+        if not VAR_B:
+            b_at = (B_ptr + d * dstate + parity, B_ptr + d_partner * dstate + parity)
+        else:
+            b_at = B_ptr + b_row + parity * length
+        if not VAR_C:
+            c_at = (C_ptr + d * dstate + parity, C_ptr + d_partner * dstate + parity)
+        else:
+            c_at = C_ptr + c_row + parity * length
         dD_acc = zero
         dbias_acc = zero
     else:
@@ -658,15 +670,19 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             ddt = ((zero,) * SUB, (zero,) * SUB)  # d loss / d delta (after softplus), over log 2
             ddx = ((zero,) * SUB, (zero,) * SUB)  # d loss / d (delta u)
             ys = ((zero,) * SUB, (zero,) * SUB)   # y, for dz
+            h_at = (h_sub + side_row[0] + parity, h_sub + side_row[1] + parity)
             for k0 in range(0, dstate, 2):  # not unrolled: its carries are in memory, not registers
-                k = k0 + parity  # this lane's state, for both its channels
-                valid = k < dstate  # (an odd dstate's last pass has no state for parity 1)
-                kc = tl.minimum(k, dstate - 1)
+                # this lane's state is k0 + parity, for both its channels; an odd dstate's last
+                # pass has none for parity 1
+                if dstate % 2 == 0:
+                    valid = tl.full((BLOCK_D,), 1, tl.int1)
+                else:
+                    valid = k0 + parity < dstate
                 if VAR_B:  # one row of B (C) for both channels: the state's, at the SUB positions
-                    Bk = _columns(_widen(tl.load(B_ptr + b_row + kc[:, None] * length + t[None, :],
-                                                 mask=mask_t[None, :], other=0.0)))
+                    Bk = _columns(_widen(tl.load(b_at[:, None] + k0 * length + t[None, :],
+                                                 mask=valid[:, None] & mask_t[None, :], other=0.0)))
                 if VAR_C:
-                    Ck = _columns(_widen(tl.load(C_ptr + c_row + kc[:, None] * length + t[None, :],
+                    Ck = _columns(_widen(tl.load(c_at[:, None] + k0 * length + t[None, :],
                                                  mask=valid[:, None] & mask_t[None, :], other=0.0)))
                 gdtu = (zero,) * SUB  # g delta u and dy h of the SUB positions, for the dB, dC sums
                 dyh = (zero,) * SUB
@@ -674,27 +690,24 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                 new_ddx = ()
                 new_ys = ()
                 for side in tl.static_range(2):
-                    ch = side_d[side]
                     if not VAR_B:  # a constant B (C): this channel's value, at every position
-                        Bk = (_widen(tl.load(B_ptr + ch * dstate + kc)),) * SUB
+                        Bk = (_widen(tl.load(b_at[side] + k0, mask=valid, other=0.0)),) * SUB
                     if not VAR_C:
-                        Ck = (tl.where(valid, _widen(tl.load(C_ptr + ch * dstate + kc)), 0.0),) * SUB
-                    A2k = tl.load(A_ptr + ch * dstate + kc) * 1.4426950408889634
+                        Ck = (_widen(tl.load(c_at[side] + k0, mask=valid, other=0.0)),) * SUB
+                    at = t_at[side] + k0
+                    A2k = tl.load(at + 4 * tile_size, mask=valid, other=0.0)
                     # the sub-tile's decays, inputs and states, forward from the state entering it
                     a = ()
-                    x = ()
                     hs = ()
-                    hk = tl.load(h_sub + side_row[side] + kc)
+                    hk = tl.load(h_at[side] + k0, mask=valid, other=0.0)
                     h_prev = (hk,)
                     for j in tl.static_range(SUB):
                         a = a + (tl.exp2(dts[side][j] * A2k),)
-                        x = x + (dtus[side][j] * Bk[j],)
-                        hk = a[j] * hk + x[j]
+                        hk = a[j] * hk + dtus[side][j] * Bk[j]
                         hs = hs + (hk,)
                         h_prev = h_prev + (hk,)
                     # then the adjoint backwards, and every gradient of this (channel, state)
-                    slot = side_state[side] + kc
-                    rk = tl.load(adj_ptr + slot, mask=valid, other=0.0)
+                    rk = tl.load(at + 3 * tile_size, mask=valid, other=0.0)
                     dAk = zero
                     dB_const = zero
                     dC_const = zero
@@ -724,10 +737,8 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                         new_ys = new_ys + (s_ys,)
                     gdtu = s_gdtu
                     dyh = s_dyh
-                    keep = valid & side_mask[side]
-                    tl.store(adj_ptr + slot, rk, mask=keep)
-                    at = dtile + side_row[side] + kc
-                    tl.store(at, tl.load(at) + dAk, mask=valid)
+                    tl.store(at + 3 * tile_size, rk, mask=valid)
+                    tl.store(at, tl.load(at, mask=valid, other=0.0) + dAk, mask=valid)
                     # dB, dC of a constant B, C: per (channel, state), summed over positions
                     if not VAR_B:
                         tl.store(at + tile_size, tl.load(at + tile_size) + dB_const, mask=valid)
@@ -747,13 +758,12 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                         values = gdtu
                     else:
                         values = dyh
-                    per: tl.constexpr = len(values)
                     v = tl.arange(0, 2 * len(values))
                     pos = s + v % SUB
-                    kv = k0 + v // per
+                    kv = k0 + v // len(values)
                     at = part + kv * length + pos
                     if VAR_B and VAR_C:
-                        where = tl.where(v % per < SUB, dB_ptr + at, dC_ptr + at)
+                        where = tl.where(v % len(values) < SUB, dB_ptr + at, dC_ptr + at)
                     elif VAR_B:
                         where = dB_ptr + at
                     else:
@@ -997,7 +1007,8 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     adj = torch.empty_like(saved)
     dinit = u.new_empty(lay.batch, lay.dim, lay.dstate, **f32)  # gradient of the zero initial state
     scratch = u.new_empty(lay.programs * (lay.chunk // SUB) * tile_size, **f32)
-    dtile = u.new_zeros(lay.programs, 3, lay.block_d, lay.block_n, **f32)
+    dtile = u.new_empty(lay.programs, 5, lay.block_d, lay.block_n, **f32)  # see the gradient walk
+    dtile[:, :3].zero_()
     dvec = u.new_empty(lay.programs, 2, lay.block_d, **f32)
     dB_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_B'] else None
     dC_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_C'] else None
