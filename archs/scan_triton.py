@@ -671,99 +671,103 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             ddx = ((zero,) * SUB, (zero,) * SUB)  # d loss / d (delta u)
             ys = ((zero,) * SUB, (zero,) * SUB)   # y, for dz
             h_at = (h_sub + side_row[0] + parity, h_sub + side_row[1] + parity)
-            for k0 in range(0, dstate, 2):  # not unrolled: its carries are in memory, not registers
-                # this lane's state is k0 + parity, for both its channels; an odd dstate's last
-                # pass has none for parity 1
-                if dstate % 2 == 0:
-                    valid = tl.full((BLOCK_D,), 1, tl.int1)
-                else:
-                    valid = k0 + parity < dstate
-                if VAR_B:  # one row of B (C) for both channels: the state's, at the SUB positions
-                    Bk = _columns(_widen(tl.load(b_at[:, None] + k0 * length + t[None, :],
-                                                 mask=valid[:, None] & mask_t[None, :], other=0.0)))
-                if VAR_C:
-                    Ck = _columns(_widen(tl.load(c_at[:, None] + k0 * length + t[None, :],
-                                                 mask=valid[:, None] & mask_t[None, :], other=0.0)))
-                gdtu = (zero,) * SUB  # g delta u and dy h of the SUB positions, for the dB, dC sums
-                dyh = (zero,) * SUB
-                new_ddt = ()
-                new_ddx = ()
-                new_ys = ()
-                for side in tl.static_range(2):
-                    if not VAR_B:  # a constant B (C): this channel's value, at every position
-                        Bk = (_widen(tl.load(b_at[side] + k0, mask=valid, other=0.0)),) * SUB
-                    if not VAR_C:
-                        Ck = (_widen(tl.load(c_at[side] + k0, mask=valid, other=0.0)),) * SUB
-                    at = t_at[side] + k0
-                    A2k = tl.load(at + 4 * tile_size, mask=valid, other=0.0)
-                    # the sub-tile's decays, inputs and states, forward from the state entering it
-                    a = ()
-                    hs = ()
-                    hk = tl.load(h_at[side] + k0, mask=valid, other=0.0)
-                    h_prev = (hk,)
-                    for j in tl.static_range(SUB):
-                        a = a + (tl.exp2(dts[side][j] * A2k),)
-                        hk = a[j] * hk + dtus[side][j] * Bk[j]
-                        hs = hs + (hk,)
-                        h_prev = h_prev + (hk,)
-                    # then the adjoint backwards, and every gradient of this (channel, state)
-                    rk = tl.load(at + 3 * tile_size, mask=valid, other=0.0)
-                    dAk = zero
-                    dB_const = zero
-                    dC_const = zero
-                    s_ddt = ()
-                    s_ddx = ()
-                    s_ys = ()
-                    s_gdtu = ()
-                    s_dyh = ()
-                    for j in tl.static_range(SUB - 1, -1, -1):
-                        g = dys[side][j] * Ck[j] + rk  # d loss / d h[t]
-                        rk = a[j] * g                  # r[t] = a[t] g[t]
-                        p = rk * h_prev[j]             # g[t] exp(delta A) h[t-1]
-                        dAk += p * dts[side][j]
-                        s_ddt = (ddt[side][j] + p * A2k,) + s_ddt
-                        s_ddx = (ddx[side][j] + g * Bk[j],) + s_ddx
-                        s_gdtu = (gdtu[j] + g * dtus[side][j],) + s_gdtu
-                        s_dyh = (dyh[j] + dys[side][j] * hs[j],) + s_dyh
-                        if not VAR_B:
-                            dB_const += g * dtus[side][j]
-                        if not VAR_C:
-                            dC_const += dys[side][j] * hs[j]
-                        if HAS_Z:
-                            s_ys = (ys[side][j] + hs[j] * Ck[j],) + s_ys
-                    new_ddt = new_ddt + (s_ddt,)
-                    new_ddx = new_ddx + (s_ddx,)
-                    if HAS_Z:
-                        new_ys = new_ys + (s_ys,)
-                    gdtu = s_gdtu
-                    dyh = s_dyh
-                    tl.store(at + 3 * tile_size, rk, mask=valid)
-                    tl.store(at, tl.load(at, mask=valid, other=0.0) + dAk, mask=valid)
-                    # dB, dC of a constant B, C: per (channel, state), summed over positions
-                    if not VAR_B:
-                        tl.store(at + tile_size, tl.load(at + tile_size) + dB_const, mask=valid)
-                    if not VAR_C:
-                        tl.store(at + 2 * tile_size, tl.load(at + 2 * tile_size) + dC_const, mask=valid)
-                ddt = new_ddt
-                ddx = new_ddx
-                if HAS_Z:
-                    ys = new_ys
-                # of a varying one: per (state, position), summed over the channels, which the
-                # HALF lanes of each parity hold two each; one butterfly per pass. Value v of
-                # the sums is (state k0 + v // (V / 2), position v % SUB), of dB before dC.
-                if VAR_B or VAR_C:
-                    if VAR_B and VAR_C:
-                        values = gdtu + dyh
-                    elif VAR_B:
-                        values = gdtu
+            # STEP states a loop pass (two passes of the lanes' parities), so that the pointers'
+            # steps and the dB/dC butterfly are shared by more updates
+            STEP: tl.constexpr = 4 if dstate % 4 == 0 else 2
+            for k0 in range(0, dstate, STEP):  # not unrolled: its carries are in memory, not registers
+                values = ()  # g delta u and dy h per (pass, position), for the dB, dC sums
+                for q in tl.static_range(STEP // 2):
+                    kq = k0 + 2 * q  # this lane's state is kq + parity, for both its channels; an
+                    if dstate % 2 == 0:  # odd dstate's last pass has none for parity 1
+                        valid = tl.full((BLOCK_D,), 1, tl.int1)
                     else:
-                        values = dyh
+                        valid = kq + parity < dstate
+                    if VAR_B:  # one row of B (C) for both channels: the state's, at the SUB positions
+                        Bk = _columns(_widen(tl.load(b_at[:, None] + kq * length + t[None, :],
+                                                     mask=valid[:, None] & mask_t[None, :], other=0.0)))
+                    if VAR_C:
+                        Ck = _columns(_widen(tl.load(c_at[:, None] + kq * length + t[None, :],
+                                                     mask=valid[:, None] & mask_t[None, :], other=0.0)))
+                    gdtu = (zero,) * SUB
+                    dyh = (zero,) * SUB
+                    new_ddt = ()
+                    new_ddx = ()
+                    new_ys = ()
+                    for side in tl.static_range(2):
+                        if not VAR_B:  # a constant B (C): this channel's value, at every position
+                            Bk = (_widen(tl.load(b_at[side] + kq, mask=valid, other=0.0)),) * SUB
+                        if not VAR_C:
+                            Ck = (_widen(tl.load(c_at[side] + kq, mask=valid, other=0.0)),) * SUB
+                        at = t_at[side] + kq
+                        A2k = tl.load(at + 4 * tile_size, mask=valid, other=0.0)
+                        # the sub-tile's decays, inputs and states, forward from the state entering it
+                        a = ()
+                        hs = ()
+                        hk = tl.load(h_at[side] + kq, mask=valid, other=0.0)
+                        h_prev = (hk,)
+                        for j in tl.static_range(SUB):
+                            a = a + (tl.exp2(dts[side][j] * A2k),)
+                            hk = a[j] * hk + dtus[side][j] * Bk[j]
+                            hs = hs + (hk,)
+                            h_prev = h_prev + (hk,)
+                        # then the adjoint backwards, and every gradient of this (channel, state)
+                        rk = tl.load(at + 3 * tile_size, mask=valid, other=0.0)
+                        dAk = zero
+                        dB_const = zero
+                        dC_const = zero
+                        s_ddt = ()
+                        s_ddx = ()
+                        s_ys = ()
+                        s_gdtu = ()
+                        s_dyh = ()
+                        for j in tl.static_range(SUB - 1, -1, -1):
+                            g = dys[side][j] * Ck[j] + rk  # d loss / d h[t]
+                            rk = a[j] * g                  # r[t] = a[t] g[t]
+                            p = rk * h_prev[j]             # g[t] exp(delta A) h[t-1]
+                            dAk += p * dts[side][j]
+                            s_ddt = (ddt[side][j] + p * A2k,) + s_ddt
+                            s_ddx = (ddx[side][j] + g * Bk[j],) + s_ddx
+                            s_gdtu = (gdtu[j] + g * dtus[side][j],) + s_gdtu
+                            s_dyh = (dyh[j] + dys[side][j] * hs[j],) + s_dyh
+                            if not VAR_B:
+                                dB_const += g * dtus[side][j]
+                            if not VAR_C:
+                                dC_const += dys[side][j] * hs[j]
+                            if HAS_Z:
+                                s_ys = (ys[side][j] + hs[j] * Ck[j],) + s_ys
+                        new_ddt = new_ddt + (s_ddt,)
+                        new_ddx = new_ddx + (s_ddx,)
+                        if HAS_Z:
+                            new_ys = new_ys + (s_ys,)
+                        gdtu = s_gdtu
+                        dyh = s_dyh
+                        tl.store(at + 3 * tile_size, rk, mask=valid)
+                        tl.store(at, tl.load(at, mask=valid, other=0.0) + dAk, mask=valid)
+                        # dB, dC of a constant B, C: per (channel, state), summed over positions
+                        if not VAR_B:
+                            tl.store(at + tile_size, tl.load(at + tile_size) + dB_const, mask=valid)
+                        if not VAR_C:
+                            tl.store(at + 2 * tile_size, tl.load(at + 2 * tile_size) + dC_const, mask=valid)
+                    ddt = new_ddt
+                    ddx = new_ddx
+                    if HAS_Z:
+                        ys = new_ys
+                    if VAR_B:
+                        values = values + gdtu
+                    if VAR_C:
+                        values = values + dyh
+                # of a varying one: per (state, position), summed over the channels, which the
+                # BLOCK_D / 2 lanes of each parity hold two each; one butterfly per loop pass.
+                # Value v of the sums is (parity v // V, pass q, kind (dB before dC), position)
+                # with V the values a lane holds, as `values` lists them.
+                if VAR_B or VAR_C:
                     v = tl.arange(0, 2 * len(values))
+                    per_pass: tl.constexpr = len(values) // (STEP // 2)
                     pos = s + v % SUB
-                    kv = k0 + v // len(values)
+                    kv = k0 + 2 * (v % len(values) // per_pass) + v // len(values)
                     at = part + kv * length + pos
                     if VAR_B and VAR_C:
-                        where = tl.where(v % len(values) < SUB, dB_ptr + at, dC_ptr + at)
+                        where = tl.where(v % per_pass < SUB, dB_ptr + at, dC_ptr + at)
                     elif VAR_B:
                         where = dB_ptr + at
                     else:
@@ -924,8 +928,10 @@ def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
 
 def _chunk_launch(name, kernel, lay, args, flags, loops, traffic, max_registers, **mode) -> KernelLaunch:
     """``loops``: per innermost loop, whether one pass covers all states of a sub-tile ('tile')
-    or two states of it for each of the lanes' two channels ('states')."""
-    per = dict(tile=lay.block_d * lay.dstate * SUB, states=lay.block_d * SUB * 2)
+    or the gradient walk's states of one pass for each of the lanes' two channels ('states'):
+    two passes of the lanes' two parities when d_state is a multiple of 4, else one."""
+    step = 4 if lay.dstate % 4 == 0 else 2
+    per = dict(tile=lay.block_d * lay.dstate * SUB, states=lay.block_d * SUB * step)
     return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
                         updates_per_pass=tuple(per[loop] for loop in loops),
                         options=dict(maxnreg=max_registers), traffic=tuple(traffic))

@@ -99,13 +99,17 @@ def test_matches_float64_reference_over_several_chunks(interpreted, bc, options,
 
 @pytest.mark.parametrize('bc, options, dstate', [
     ('grouped', 'D+z+bias+softplus', 4),  # both B and C vary: one butterfly for dB and dC
+    ('grouped', 'D+bias+softplus', 8),    # two loop passes of four states
     ('shared', 'bias+softplus', 2),
+    ('shared', 'D', 6),                   # passes of two states (6 is not a multiple of 4)
     ('const', 'D+z', 4),
+    ('grouped', 'D+z', 5),                # an odd count: the last pass has no state for half the lanes
 ])
-def test_even_state_counts_take_the_paired_gradient_loop(interpreted, bc, options, dstate):
-    """An even d_state runs the gradient kernel's state loop two states per pass (MambaIR's 16
-    does): output, last state and every gradient against the float64 reference, over chunks and
-    a partial last sub-tile."""
+def test_state_counts_of_the_gradient_walk(interpreted, bc, options, dstate):
+    """The gradient walk gives each lane the states of its parity, four states per loop pass when
+    d_state is a multiple of 4 (MambaIR's 16), else two, and masks the missing state of an odd
+    count: output, last state and every gradient against the float64 reference, over chunks and
+    a partial last sub-tile, with channel blocks whose second half is partly past the group."""
     args, softplus = make_inputs(bc, 23, options, batch=2, dim=6, dstate=dstate, groups=2)
     out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=8, block_d=4)
     _check_against_reference(args, softplus, out, last)
