@@ -599,17 +599,20 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                 h = h_next
         tl.debug_barrier()  # the scratch written above is read below
         part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
-        # This program's ``dtile`` slot holds five (BLOCK_D, BLOCK_N) tiles: dA and a constant
-        # B's and C's gradients, summed over the chunk (zeroed by the caller); the adjoint of each
-        # (channel, state), carried from sub-tile to sub-tile (it starts as the adjoint entering
-        # from the right); and A log2 e. So the loop over the states need not be unrolled, few
-        # registers are live, and one pointer per channel reaches all of them.
+        # This program's ``dtile`` slot holds a constant B's and C's gradients, two (BLOCK_D,
+        # BLOCK_N) tiles summed over the chunk (zeroed by the caller), then what the walk carries
+        # per (channel, state) from sub-tile to sub-tile, four floats side by side: the adjoint
+        # (it starts as the adjoint entering from the right), dA, A log2 e and a pad. So the loop
+        # over the states need not be unrolled, few registers are live, and one 16-byte load
+        # per (channel, state) and pass fetches all three.
         tile_size: tl.constexpr = BLOCK_D * BLOCK_N
-        dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 5 * tile_size)
+        dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 6 * tile_size)
+        carried = dtile + 2 * tile_size
         lane = tl.arange(0, BLOCK_D)
+        four = tl.arange(0, 4)
         for k in tl.static_range(dstate):
-            tl.store(dtile + 3 * tile_size + lane * BLOCK_N + k, tl.load(adj_ptr + state + k))
-            tl.store(dtile + 4 * tile_size + lane * BLOCK_N + k, A2[k])
+            tl.store(carried + (lane * BLOCK_N + k)[:, None] * 4 + four[None, :],
+                     _stack((tl.load(adj_ptr + state + k), zero, A2[k], zero)))
         tl.debug_barrier()  # (a lane reads its partner's rows below)
         # The walk gives each lane two channels, its own and its partner's (the lane BLOCK_D / 2
         # away), and half of the states: those of its parity. The dB, dC sums over the channels
@@ -622,7 +625,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         side_row = (lane * BLOCK_N, partner * BLOCK_N)  # rows of the program's (BLOCK_D, BLOCK_N) tiles
         # per side, the pointer to state ``parity`` of its row in the slot (a pass adds its first
         # state k0)
-        t_at = (dtile + side_row[0] + parity, dtile + side_row[1] + parity)
+        t_at = (carried + (side_row[0] + parity) * 4, carried + (side_row[1] + parity) * 4)
         if not VAR_B:
             b_at = (B_ptr + d * dstate + parity, B_ptr + d_partner * dstate + parity)
         else:
@@ -698,8 +701,8 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                             Bk = (_widen(tl.load(b_at[side] + kq, mask=valid, other=0.0)),) * SUB
                         if not VAR_C:
                             Ck = (_widen(tl.load(c_at[side] + kq, mask=valid, other=0.0)),) * SUB
-                        at = t_at[side] + kq
-                        A2k = tl.load(at + 4 * tile_size, mask=valid, other=0.0)
+                        at = t_at[side][:, None] + (kq * 4 + four)[None, :]
+                        rk, dA_old, A2k, _ = _columns(tl.load(at, mask=valid[:, None], other=0.0))
                         # the sub-tile's decays, inputs and states, forward from the state entering it
                         a = ()
                         hs = ()
@@ -711,7 +714,6 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                             hs = hs + (hk,)
                             h_prev = h_prev + (hk,)
                         # then the adjoint backwards, and every gradient of this (channel, state)
-                        rk = tl.load(at + 3 * tile_size, mask=valid, other=0.0)
                         dAk = zero
                         dB_const = zero
                         dC_const = zero
@@ -741,13 +743,16 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                             new_ys = new_ys + (s_ys,)
                         gdtu = s_gdtu
                         dyh = s_dyh
-                        tl.store(at + 3 * tile_size, rk, mask=valid)
-                        tl.store(at, tl.load(at, mask=valid, other=0.0) + dAk, mask=valid)
+                        two = tl.arange(0, 2)
+                        tl.store(t_at[side][:, None] + (kq * 4 + two)[None, :], _stack((rk, dA_old + dAk)),
+                                 mask=valid[:, None])
                         # dB, dC of a constant B, C: per (channel, state), summed over positions
+                        if not VAR_B or not VAR_C:
+                            at = dtile + side_row[side] + parity + kq
                         if not VAR_B:
-                            tl.store(at + tile_size, tl.load(at + tile_size) + dB_const, mask=valid)
+                            tl.store(at, tl.load(at) + dB_const, mask=valid)
                         if not VAR_C:
-                            tl.store(at + 2 * tile_size, tl.load(at + 2 * tile_size) + dC_const, mask=valid)
+                            tl.store(at + tile_size, tl.load(at + tile_size) + dC_const, mask=valid)
                     ddt = new_ddt
                     ddx = new_ddx
                     if HAS_Z:
@@ -1013,8 +1018,8 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     adj = torch.empty_like(saved)
     dinit = u.new_empty(lay.batch, lay.dim, lay.dstate, **f32)  # gradient of the zero initial state
     scratch = u.new_empty(lay.programs * (lay.chunk // SUB) * tile_size, **f32)
-    dtile = u.new_empty(lay.programs, 5, lay.block_d, lay.block_n, **f32)  # see the gradient walk
-    dtile[:, :3].zero_()
+    dtile = u.new_empty(lay.programs, 6, lay.block_d, lay.block_n, **f32)  # see the gradient walk
+    dtile[:, :2].zero_()
     dvec = u.new_empty(lay.programs, 2, lay.block_d, **f32)
     dB_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_B'] else None
     dC_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_C'] else None
@@ -1073,11 +1078,11 @@ class SelectiveScanTriton(torch.autograd.Function):
                                ctx.softplus, ctx.chunk, ctx.block_d)
         grads, lay = plan.run(), plan.layout
         dtile, dvec, n = grads['dtile'], grads['dvec'], lay.dstate
-        dA = lay.per_channel(dtile[:, 0], n)
+        dA = lay.per_channel(dtile[:, 2:].reshape(*dtile.shape[:1], lay.block_d, lay.block_n, 4)[..., 1], n)
         dB = (lay.per_position(grads['dB_part'], _grouped_view(B).shape[1])
-              if grads['dB_part'] is not None else lay.per_channel(dtile[:, 1], n))
+              if grads['dB_part'] is not None else lay.per_channel(dtile[:, 0], n))
         dC = (lay.per_position(grads['dC_part'], _grouped_view(C).shape[1])
-              if grads['dC_part'] is not None else lay.per_channel(dtile[:, 2], n))
+              if grads['dC_part'] is not None else lay.per_channel(dtile[:, 1], n))
         dD = None if D is None else lay.per_channel(dvec[:, 0], 1).view(-1).to(D.dtype)
         dbias = None if delta_bias is None else lay.per_channel(dvec[:, 1], 1).view(-1).to(delta_bias.dtype)
         return (grads['du'], grads['ddelta'], dA.to(A.dtype), dB.view(B.shape).to(B.dtype),
