@@ -240,6 +240,16 @@ def _program_slot(bi, blk, blocks, n_chunks, c, slot_size):
 
 
 @triton.jit
+def _scratch_rows(scratch_ptr, bi, blk, blocks, n_chunks, c, chunk, SUB: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Each lane's row of the first sub-tile's state tile in program (chunk ``c``, block ``blk``,
+    batch ``bi``)'s slot of the backward's scratch: one (BLOCK_D, BLOCK_N) tile per sub-tile,
+    the next sub-tile's ``BLOCK_D * BLOCK_N`` further on."""
+    return scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * BLOCK_D * BLOCK_N) + \
+        tl.arange(0, BLOCK_D) * BLOCK_N
+
+
+@triton.jit
 def _partial_rows(bi, blk, blocks, dstate, length):
     """Offset of (block ``blk``, state 0, position 0) of batch ``bi`` in the
     (b, blocks, dstate, L) dB/dC partial sums."""
@@ -513,6 +523,93 @@ def _bc_columns(ptr, row, k, t, mask_t, d, mask_d, dstate, length, VARIES: tl.co
 
 
 @triton.jit
+def _output_gradient(dout_ptr, z_ptr, offs, m2, HAS_Z: tl.constexpr):
+    """(dy, dy through the gate, z, sigmoid(z)) of a sub-tile: ``out = (y + D u) * silu(z)``, so
+    the states see ``dy * z * sigmoid(z)``; without z, dy itself (and dy in place of z, sigmoid)."""
+    dy = _tile(dout_ptr, offs, m2)
+    if HAS_Z:
+        zt = _tile(z_ptr, offs, m2)
+        zs = _sigmoid(zt)
+        return dy, dy * zt * zs, zt, zs
+    return dy, dy, dy, dy
+
+
+@triton.jit
+def _backward_states_kernel(u_ptr, delta_ptr, A_ptr, z_ptr, bias_ptr, dout_ptr, states_ptr, adj_ptr,
+                            scratch_ptr, Bp_ptr, Cp_ptr,
+                            dim, length, group_size, b_chans, c_chans, n_chunks, chunk,
+                            dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr,
+                            HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                            BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr,
+                            NQ: tl.constexpr, VEC: tl.constexpr):
+    """One forward walk of the chunk from its entering state (``states``) that does both things
+    the gradient walk needs before it: the state entering each sub-tile into this program's
+    scratch slot (one (BLOCK_D, BLOCK_N) tile per sub-tile, each lane its own rows), and the
+    adjoint entering the chunk from a zero one at its end, into ``adj``.
+
+    That adjoint, ``r[t0] = sum_t P[t] C[t] dy[t]`` with ``P[t] = a[t0] ... a[t]`` the decays'
+    running product, is summed in the same direction as the states, so each decay ``a[t]`` is
+    computed once for both (``P *= a``, then one FMUL and one FFMA); ``P`` only shrinks, and
+    once it underflows to 0 the rest of the chunk adds nothing it could have. The states, the
+    products and the adjoints of all states are tuples of (BLOCK_D,) vectors in registers; a
+    varying B and C are read from their position-major copies (``Bp``, ``Cp``), a constant one
+    is the (d, n) tensor itself there."""
+    c, blk, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
+    d = tl.minimum(d, g0 + group_size - 1)  # read the group's last channel, store nothing
+    kk = tl.arange(0, SUB)
+    row = _sequence_rows(bi, dim, d, length)
+    state = _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)  # (channels, state 0) of chunk c
+    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + d)
+    A2 = ()  # A log2 e per state: a decay is exp2(delta * A2)
+    for n in tl.static_range(dstate):
+        A2 = A2 + (tl.load(A_ptr + d * dstate + n) * 1.4426950408889634,)
+    if not VAR_B:  # a constant B, C: their columns, once
+        Bc = _states_at(Bp_ptr, d, dstate, NQ, VEC, False)
+    if not VAR_C:
+        Cc = _states_at(Cp_ptr, d, dstate, NQ, VEC, False)
+    padded = n_chunks * chunk
+    t0 = c * chunk
+    t1 = tl.minimum(t0 + chunk, length)
+    bp = Bp_ptr + _bc_positions(bi, dim, b_chans, g0, padded, t0, NQ, VAR_B)  # the chunk's start
+    cp = Cp_ptr + _bc_positions(bi, dim, c_chans, g0, padded, t0, NQ, VAR_C)
+    scratch = _scratch_rows(scratch_ptr, bi, blk, blocks, n_chunks, c, chunk, SUB, BLOCK_D, BLOCK_N)
+    h = _state_vectors(states_ptr, state, dstate)
+    P = (tl.full((BLOCK_D,), 1.0, tl.float32),) * dstate
+    r = (tl.zeros((BLOCK_D,), dtype=tl.float32),) * dstate
+    for s in range(t0, t1, SUB):  # (every lane stores into its own slot, masked or not)
+        _store_state_vectors(scratch, 0, None, h)
+        t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
+        dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
+        _, dy_gated, _, _ = _output_gradient(dout_ptr, z_ptr, offs, m2, HAS_Z)
+        dts = _columns(dt)
+        dtus = _columns(dt * _tile(u_ptr, offs, m2))
+        dys = _columns(dy_gated)
+        for j in tl.static_range(SUB):
+            if VAR_B:
+                Bc = _states_at(bp + j * NQ, d, dstate, NQ, VEC, True)
+            if VAR_C:
+                Cc = _states_at(cp + j * NQ, d, dstate, NQ, VEC, True)
+            h_next = ()
+            P_next = ()
+            r_next = ()
+            for n in tl.static_range(dstate):
+                a = tl.exp2(dts[j] * A2[n])
+                h_next = h_next + (a * h[n] + dtus[j] * Bc[n],)
+                P_next = P_next + (P[n] * a,)
+                r_next = r_next + (P_next[n] * (dys[j] * Cc[n]) + r[n],)
+            h = h_next
+            P = P_next
+            r = r_next
+        scratch += BLOCK_D * BLOCK_N
+        bp += SUB * NQ
+        cp += SUB * NQ
+    _store_state_vectors(adj_ptr + state, 0, mask_d, r)  # the adjoint leaving the chunk on the left
+
+
+@triton.jit
 def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
                            dout_ptr, states_ptr, adj_ptr, scratch_ptr,
                            du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr, Bp_ptr, Cp_ptr,
@@ -565,26 +662,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     b_chunk = Bp_ptr + _bc_positions(bi, dim, b_chans, g0, padded, t0, NQ, VAR_B)  # the chunk's start
     c_chunk = Cp_ptr + _bc_positions(bi, dim, c_chans, g0, padded, t0, NQ, VAR_C)
     if GRADS:
-        # The state entering each sub-tile, recomputed forward from the chunk's entering state,
-        # into this program's scratch slot (one (BLOCK_D, BLOCK_N) tile per sub-tile).
-        scratch = scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * BLOCK_D * BLOCK_N) + \
-            tl.arange(0, BLOCK_D) * BLOCK_N
-        h = _state_vectors(states_ptr, state, dstate)
-        for s in range(t0, t1, SUB):  # (every lane stores into its own slot, masked or not)
-            _store_state_vectors(scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N, 0, None, h)
-            t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
-            dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
-            dts = _columns(dt)
-            dtus = _columns(dt * _tile(u_ptr, offs, m2))
-            bp = b_chunk + (s - t0) * NQ
-            for j in tl.static_range(SUB):
-                if VAR_B:
-                    Bc = _states_at(bp + j * NQ, d, dstate, NQ, VEC, True)
-                h_next = ()
-                for n in tl.static_range(dstate):
-                    h_next = h_next + (tl.exp2(dts[j] * A2[n]) * h[n] + dtus[j] * Bc[n],)
-                h = h_next
-        tl.debug_barrier()  # the scratch written above is read below
+        scratch = _scratch_rows(scratch_ptr, bi, blk, blocks, n_chunks, c, chunk, SUB, BLOCK_D, BLOCK_N)
         # The adjoint of each (channel, state) is carried from sub-tile to sub-tile in this
         # program's slot of ``adj`` (it starts as the adjoint entering from the right), and dA and
         # constant dB, dC in its ``dtile`` slot (zeroed by the caller), so that the loop over
@@ -596,33 +674,16 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             tl.arange(0, BLOCK_D) * BLOCK_N
         dD_acc = zero
         dbias_acc = zero
-    else:
-        r = (zero,) * dstate
     for i in range(0, (t1 - t0 + SUB - 1) // SUB):
         s = last_sub - i * SUB
         t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
         dt, raw = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
-        dy = _tile(dout_ptr, offs, m2)
-        if HAS_Z:
-            zt = _tile(z_ptr, offs, m2)
-            zs = _sigmoid(zt)
-            dy_gated = dy * zt * zs  # out = (y + D u) * silu(z)
-        else:
-            dy_gated = dy
+        dy, dy_gated, zt, zs = _output_gradient(dout_ptr, z_ptr, offs, m2, HAS_Z)
         dts = _columns(dt)
         if GRADS:  # a lane past the group's channels adds nothing to dC (nor, by dtus, to dB)
             dy_gated = tl.where(mask_d[:, None], dy_gated, 0.0)
         dys = _columns(dy_gated)
-        if not GRADS:
-            cp = c_chunk + (s - t0) * NQ
-            for j in tl.static_range(SUB - 1, -1, -1):
-                if VAR_C:
-                    Cc = _states_at(cp + j * NQ, d, dstate, NQ, VEC, True)
-                r_next = ()
-                for n in tl.static_range(dstate):  # r[t] = a[t] (C dy + r[t+1])
-                    r_next = r_next + (tl.exp2(dts[j] * A2[n]) * (dys[j] * Cc[n] + r[n]),)
-                r = r_next
-        else:
+        if GRADS:
             u = _tile(u_ptr, offs, m2)
             dtus = _columns(tl.where(mask_d[:, None], dt * u, 0.0))
             h_col = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # the states entering the sub-tile
@@ -721,8 +782,6 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         dvec = dvec_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 2 * BLOCK_D) + tl.arange(0, BLOCK_D)
         tl.store(dvec, dD_acc)
         tl.store(dvec + BLOCK_D, dbias_acc)
-    else:  # the adjoint leaving the chunk on the left
-        _store_state_vectors(adj_ptr + state, 0, mask_d, r)
 
 
 class _Layout:
@@ -945,15 +1004,17 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     args = (*inputs, dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
             _or(dC_part, scratch), dtile, dvec, *positions, *lay.args())
     pairs = 2 if lay.dstate % 2 == 0 else 1  # states per pass of the gradient kernel's state loop
+    states_args = (u, delta, inputs[2], inputs[6], inputs[7], dout, saved, adj, scratch, *positions,
+                   *lay.args())
+    states_flags = {k: v for k, v in flags.items() if k != 'HAS_D'}
     return ScanLaunches([
-        _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, ['tile'],
-                      (delta, dout, positions[1], _or_none(z, inputs[6]), adj),
-                      max_registers=96 if z is None else 128, GRADS=False, PAIRS=pairs, NQ=lay.nq,
-                      VEC=lay.vec),  # 20 per SM (16 with z)
+        _chunk_launch('backward: states, adjoints from zero', _backward_states_kernel, lay, states_args,
+                      states_flags, ['tile'],
+                      (u, delta, dout, positions[0], positions[1], _or_none(z, inputs[6]), saved, scratch, adj),
+                      max_registers=128, NQ=lay.nq, VEC=lay.vec),
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
         _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['tile', 'states'],
-                      (u, delta, dout, positions[0], inputs[3], inputs[4], _or_none(z, inputs[6]), saved, adj,
-                       scratch, scratch,
+                      (u, delta, dout, inputs[3], inputs[4], _or_none(z, inputs[6]), adj, scratch,
                        du, ddelta, dz, dB_part, dC_part, dtile, dvec),
                       max_registers=128 if z is None else 168, GRADS=True,
                       PAIRS=pairs, NQ=lay.nq, VEC=lay.vec),  # 16 per SM; 12 with z (its gate needs more)
