@@ -90,6 +90,9 @@ SUB = 4
 # The same for the forward kernels (a chunk is a whole number of both; a (BLOCK_D, FORWARD_SUB)
 # float32 tile is one 16-byte load per lane, wider tiles would be spread over lanes).
 FORWARD_SUB = 4
+# Positions per pass of the backward's states loop (a divisor of SUB): with all states' state,
+# decay product and adjoint carried, two positions' B and C fit the register cap, four do not.
+STATES_STEP = 2
 # Sub-tiles per pass of the forward's loop: the per-pass pointer and loop work shared by more
 # positions (4: 16 positions, 8192 state updates per pass at BLOCK_D 32 and 16 states).
 FORWARD_UNROLL = 4
@@ -211,7 +214,13 @@ def _sequence_rows(bi, dim, d, length):
 def _chunk_state_rows(bi, dim, d, n_chunks, c, dstate):
     """Offsets of state 0 of channels ``d``, chunk ``c`` in a (b, dim, n_chunks, dstate) tensor
     (the states or adjoints entering the chunks)."""
-    return ((bi * dim + d) * n_chunks + c) * dstate
+    return _channel_chunk_rows(bi * dim + d, n_chunks, c, dstate)
+
+
+@triton.jit
+def _channel_chunk_rows(channel, n_chunks, c, dstate):
+    """The same from the channels' indices over (b, dim), ``bi * dim + d``."""
+    return (channel * n_chunks + c) * dstate
 
 
 @triton.jit
@@ -541,7 +550,7 @@ def _backward_states_kernel(u_ptr, delta_ptr, A_ptr, z_ptr, bias_ptr, dout_ptr, 
                             dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr,
                             HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                             BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr,
-                            NQ: tl.constexpr, VEC: tl.constexpr):
+                            NQ: tl.constexpr, VEC: tl.constexpr, STEP: tl.constexpr):
     """One forward walk of the chunk from its entering state (``states``) that does both things
     the gradient walk needs before it: the state entering each sub-tile into this program's
     scratch slot (one (BLOCK_D, BLOCK_N) tile per sub-tile, each lane its own rows), and the
@@ -557,7 +566,7 @@ def _backward_states_kernel(u_ptr, delta_ptr, A_ptr, z_ptr, bias_ptr, dout_ptr, 
     c, blk, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
     d = tl.minimum(d, g0 + group_size - 1)  # read the group's last channel, store nothing
-    kk = tl.arange(0, SUB)
+    steps = tl.arange(0, STEP)
     row = _sequence_rows(bi, dim, d, length)
     state = _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)  # (channels, state 0) of chunk c
     bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -581,32 +590,37 @@ def _backward_states_kernel(u_ptr, delta_ptr, A_ptr, z_ptr, bias_ptr, dout_ptr, 
     r = (tl.zeros((BLOCK_D,), dtype=tl.float32),) * dstate
     for s in range(t0, t1, SUB):  # (every lane stores into its own slot, masked or not)
         _store_state_vectors(scratch, 0, None, h)
-        t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
-        dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
-        _, dy_gated, _, _ = _output_gradient(dout_ptr, z_ptr, offs, m2, HAS_Z)
-        dts = _columns(dt)
-        dtus = _columns(dt * _tile(u_ptr, offs, m2))
-        dys = _columns(dy_gated)
-        for j in tl.static_range(SUB):
-            if VAR_B:
-                Bc = _states_at(bp + j * NQ, d, dstate, NQ, VEC, True)
-            if VAR_C:
-                Cc = _states_at(cp + j * NQ, d, dstate, NQ, VEC, True)
-            h_next = ()
-            P_next = ()
-            r_next = ()
-            for n in tl.static_range(dstate):
-                a = tl.exp2(dts[j] * A2[n])
-                h_next = h_next + (a * h[n] + dtus[j] * Bc[n],)
-                P_next = P_next + (P[n] * a,)
-                r_next = r_next + (P_next[n] * (dys[j] * Cc[n]) + r[n],)
-            h = h_next
-            P = P_next
-            r = r_next
+        for p in range(s, s + SUB, STEP):  # STEP positions a pass: fewer B, C values live at once
+            t, mask_t, m2, offs = _sub_tile(p, steps, t1, mask_d, row)
+            dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
+            _, dy_gated, _, _ = _output_gradient(dout_ptr, z_ptr, offs, m2, HAS_Z)
+            dts = _columns(dt)
+            dtus = _columns(dt * _tile(u_ptr, offs, m2))
+            dys = _columns(dy_gated)
+            for j in tl.static_range(STEP):
+                if VAR_B:
+                    Bc = _states_at(bp + j * NQ, d, dstate, NQ, VEC, True)
+                if VAR_C:
+                    Cc = _states_at(cp + j * NQ, d, dstate, NQ, VEC, True)
+                h_next = ()
+                P_next = ()
+                r_next = ()
+                for n in tl.static_range(dstate):
+                    a = tl.exp2(dts[j] * A2[n])
+                    h_next = h_next + (a * h[n] + dtus[j] * Bc[n],)
+                    P_next = P_next + (P[n] * a,)
+                for n in tl.static_range(dstate):
+                    r_next = r_next + (P_next[n] * (dys[j] * Cc[n]) + r[n],)
+                h = h_next
+                P = P_next
+                r = r_next
+            bp += STEP * NQ
+            cp += STEP * NQ
         scratch += BLOCK_D * BLOCK_N
-        bp += SUB * NQ
-        cp += SUB * NQ
-    _store_state_vectors(adj_ptr + state, 0, mask_d, r)  # the adjoint leaving the chunk on the left
+    # The adjoint leaving the chunk on the left, at ``state``: its offset derived again from the
+    # row's (live in the loop), so that no other offset is kept across the loop (under the
+    # register cap ptxas spilled it).
+    _store_state_vectors(adj_ptr + _channel_chunk_rows(row // length, n_chunks, c, dstate), 0, mask_d, r)
 
 
 @triton.jit
@@ -913,7 +927,8 @@ def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
 def _chunk_launch(name, kernel, lay, args, flags, loops, traffic, max_registers, **mode) -> KernelLaunch:
     """``loops``: per innermost loop, whether one pass covers all states of a sub-tile ('tile')
     or ``PAIRS`` states of it ('states')."""
-    per = dict(tile=lay.block_d * lay.dstate * SUB, states=lay.block_d * SUB * mode.get('PAIRS', 1))
+    per = dict(tile=lay.block_d * lay.dstate * SUB, states=lay.block_d * SUB * mode.get('PAIRS', 1),
+               step=lay.block_d * lay.dstate * mode.get('STEP', 1))
     return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
                         updates_per_pass=tuple(per[loop] for loop in loops),
                         options=dict(maxnreg=max_registers), traffic=tuple(traffic))
@@ -1009,9 +1024,9 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     states_flags = {k: v for k, v in flags.items() if k != 'HAS_D'}
     return ScanLaunches([
         _chunk_launch('backward: states, adjoints from zero', _backward_states_kernel, lay, states_args,
-                      states_flags, ['tile'],
+                      states_flags, ['step'],
                       (u, delta, dout, positions[0], positions[1], _or_none(z, inputs[6]), saved, scratch, adj),
-                      max_registers=128, NQ=lay.nq, VEC=lay.vec),
+                      max_registers=128, NQ=lay.nq, VEC=lay.vec, STEP=STATES_STEP),  # 16 per SM
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
         _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['tile', 'states'],
                       (u, delta, dout, inputs[3], inputs[4], _or_none(z, inputs[6]), adj, scratch,
