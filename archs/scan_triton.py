@@ -90,6 +90,9 @@ SUB = 4
 # The same for the forward kernels (a chunk is a whole number of both; a (BLOCK_D, FORWARD_SUB)
 # float32 tile is one 16-byte load per lane, wider tiles would be spread over lanes).
 FORWARD_SUB = 4
+# Positions per pass of the backward's states loop (a divisor of SUB): with all states' state,
+# decay product and adjoint carried, two positions' B and C fit the register cap, four do not.
+STATES_STEP = 2
 # Sub-tiles per pass of the forward's loop: the per-pass pointer and loop work shared by more
 # positions (4: 16 positions, 8192 state updates per pass at BLOCK_D 32 and 16 states).
 FORWARD_UNROLL = 4
@@ -224,7 +227,13 @@ def _sequence_rows(bi, dim, d, length):
 def _chunk_state_rows(bi, dim, d, n_chunks, c, dstate):
     """Offsets of state 0 of channels ``d``, chunk ``c`` in a (b, dim, n_chunks, dstate) tensor
     (the states or adjoints entering the chunks)."""
-    return ((bi * dim + d) * n_chunks + c) * dstate
+    return _channel_chunk_rows(bi * dim + d, n_chunks, c, dstate)
+
+
+@triton.jit
+def _channel_chunk_rows(channel, n_chunks, c, dstate):
+    """The same from the channels' indices over (b, dim), ``bi * dim + d``."""
+    return (channel * n_chunks + c) * dstate
 
 
 @triton.jit
@@ -250,6 +259,16 @@ def _program_slot(bi, blk, blocks, n_chunks, c, slot_size):
     """Start of program (chunk ``c``, block ``blk``, batch ``bi``)'s ``slot_size`` elements in a
     per-program buffer laid out (b, blocks, n_chunks, slot_size)."""
     return ((bi.to(tl.int64) * blocks + blk) * n_chunks + c) * slot_size
+
+
+@triton.jit
+def _scratch_rows(scratch_ptr, bi, blk, blocks, n_chunks, c, chunk, SUB: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Each lane's row of the first sub-tile's state tile in program (chunk ``c``, block ``blk``,
+    batch ``bi``)'s slot of the backward's scratch: one (BLOCK_D, BLOCK_N) tile per sub-tile,
+    the next sub-tile's ``BLOCK_D * BLOCK_N`` further on."""
+    return scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * BLOCK_D * BLOCK_N) + \
+        tl.arange(0, BLOCK_D) * BLOCK_N
 
 
 @triton.jit
@@ -526,6 +545,98 @@ def _bc_columns(ptr, row, k, t, mask_t, d, mask_d, dstate, length, VARIES: tl.co
 
 
 @triton.jit
+def _output_gradient(dout_ptr, z_ptr, offs, m2, HAS_Z: tl.constexpr):
+    """(dy, dy through the gate, z, sigmoid(z)) of a sub-tile: ``out = (y + D u) * silu(z)``, so
+    the states see ``dy * z * sigmoid(z)``; without z, dy itself (and dy in place of z, sigmoid)."""
+    dy = _tile(dout_ptr, offs, m2)
+    if HAS_Z:
+        zt = _tile(z_ptr, offs, m2)
+        zs = _sigmoid(zt)
+        return dy, dy * zt * zs, zt, zs
+    return dy, dy, dy, dy
+
+
+@triton.jit
+def _backward_states_kernel(u_ptr, delta_ptr, A_ptr, z_ptr, bias_ptr, dout_ptr, states_ptr, adj_ptr,
+                            scratch_ptr, Bp_ptr, Cp_ptr,
+                            dim, length, group_size, b_chans, c_chans, n_chunks, chunk,
+                            dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr,
+                            HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                            BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr,
+                            NQ: tl.constexpr, VEC: tl.constexpr, STEP: tl.constexpr):
+    """One forward walk of the chunk from its entering state (``states``) that does both things
+    the gradient walk needs before it: the state entering each sub-tile into this program's
+    scratch slot (one (BLOCK_D, BLOCK_N) tile per sub-tile, each lane its own rows), and the
+    adjoint entering the chunk from a zero one at its end, into ``adj``.
+
+    That adjoint, ``r[t0] = sum_t P[t] C[t] dy[t]`` with ``P[t] = a[t0] ... a[t]`` the decays'
+    running product, is summed in the same direction as the states, so each decay ``a[t]`` is
+    computed once for both (``P *= a``, then one FMUL and one FFMA); ``P`` only shrinks, and
+    once it underflows to 0 the rest of the chunk adds nothing it could have. The states, the
+    products and the adjoints of all states are tuples of (BLOCK_D,) vectors in registers; a
+    varying B and C are read from their position-major copies (``Bp``, ``Cp``), a constant one
+    is the (d, n) tensor itself there."""
+    c, blk, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
+    d = tl.minimum(d, g0 + group_size - 1)  # read the group's last channel, store nothing
+    steps = tl.arange(0, STEP)
+    row = _sequence_rows(bi, dim, d, length)
+    state = _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)  # (channels, state 0) of chunk c
+    bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + d)
+    A2 = ()  # A log2 e per state: a decay is exp2(delta * A2)
+    for n in tl.static_range(dstate):
+        A2 = A2 + (tl.load(A_ptr + d * dstate + n) * 1.4426950408889634,)
+    if not VAR_B:  # a constant B, C: their columns, once
+        Bc = _states_at(Bp_ptr, d, dstate, NQ, VEC, False)
+    if not VAR_C:
+        Cc = _states_at(Cp_ptr, d, dstate, NQ, VEC, False)
+    padded = n_chunks * chunk
+    t0 = c * chunk
+    t1 = tl.minimum(t0 + chunk, length)
+    bp = Bp_ptr + _bc_positions(bi, dim, b_chans, g0, padded, t0, NQ, VAR_B)  # the chunk's start
+    cp = Cp_ptr + _bc_positions(bi, dim, c_chans, g0, padded, t0, NQ, VAR_C)
+    scratch = _scratch_rows(scratch_ptr, bi, blk, blocks, n_chunks, c, chunk, SUB, BLOCK_D, BLOCK_N)
+    h = _state_vectors(states_ptr, state, dstate)
+    P = (tl.full((BLOCK_D,), 1.0, tl.float32),) * dstate
+    r = (tl.zeros((BLOCK_D,), dtype=tl.float32),) * dstate
+    for s in range(t0, t1, SUB):  # (every lane stores into its own slot, masked or not)
+        _store_state_vectors(scratch, 0, None, h)
+        for p in range(s, s + SUB, STEP):  # STEP positions a pass: fewer B, C values live at once
+            t, mask_t, m2, offs = _sub_tile(p, steps, t1, mask_d, row)
+            dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
+            _, dy_gated, _, _ = _output_gradient(dout_ptr, z_ptr, offs, m2, HAS_Z)
+            dts = _columns(dt)
+            dtus = _columns(dt * _tile(u_ptr, offs, m2))
+            dys = _columns(dy_gated)
+            for j in tl.static_range(STEP):
+                if VAR_B:
+                    Bc = _states_at(bp + j * NQ, d, dstate, NQ, VEC, True)
+                if VAR_C:
+                    Cc = _states_at(cp + j * NQ, d, dstate, NQ, VEC, True)
+                h_next = ()
+                P_next = ()
+                r_next = ()
+                for n in tl.static_range(dstate):
+                    a = tl.exp2(dts[j] * A2[n])
+                    h_next = h_next + (a * h[n] + dtus[j] * Bc[n],)
+                    P_next = P_next + (P[n] * a,)
+                for n in tl.static_range(dstate):
+                    r_next = r_next + (P_next[n] * (dys[j] * Cc[n]) + r[n],)
+                h = h_next
+                P = P_next
+                r = r_next
+            bp += STEP * NQ
+            cp += STEP * NQ
+        scratch += BLOCK_D * BLOCK_N
+    # The adjoint leaving the chunk on the left, at ``state``: its offset derived again from the
+    # row's (live in the loop), so that no other offset is kept across the loop (under the
+    # register cap ptxas spilled it).
+    _store_state_vectors(adj_ptr + _channel_chunk_rows(row // length, n_chunks, c, dstate), 0, mask_d, r)
+
+
+@triton.jit
 def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
                            dout_ptr, states_ptr, adj_ptr, scratch_ptr,
                            du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr, Bp_ptr, Cp_ptr,
@@ -578,26 +689,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     b_chunk = Bp_ptr + _bc_positions(bi, dim, b_chans, g0, padded, t0, NQ, VAR_B)  # the chunk's start
     c_chunk = Cp_ptr + _bc_positions(bi, dim, c_chans, g0, padded, t0, NQ, VAR_C)
     if GRADS:
-        # The state entering each sub-tile, recomputed forward from the chunk's entering state,
-        # into this program's scratch slot (one (BLOCK_D, BLOCK_N) tile per sub-tile).
-        scratch = scratch_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (chunk // SUB) * BLOCK_D * BLOCK_N)
-        h = _state_vectors(states_ptr, state, dstate)
-        for s in range(t0, t1, SUB):  # (every lane stores into its own slot, masked or not)
-            _store_state_vectors(scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N, tl.arange(0, BLOCK_D) * BLOCK_N,
-                                 None, h)
-            t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
-            dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
-            dts = _columns(dt)
-            dtus = _columns(dt * _tile(u_ptr, offs, m2))
-            bp = b_chunk + (s - t0) * NQ
-            for j in tl.static_range(SUB):
-                if VAR_B:
-                    Bc = _states_at(bp + j * NQ, d, dstate, NQ, VEC, True)
-                h_next = ()
-                for n in tl.static_range(dstate):
-                    h_next = h_next + (tl.exp2(dts[j] * A2[n]) * h[n] + dtus[j] * Bc[n],)
-                h = h_next
-        tl.debug_barrier()  # the scratch written above is read below
+        scratch = _scratch_rows(scratch_ptr, bi, blk, blocks, n_chunks, c, chunk, SUB, BLOCK_D, BLOCK_N)
         part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
         # This program's ``dtile`` slot holds a constant B's and C's gradients, two (BLOCK_D,
         # BLOCK_N) tiles summed over the chunk (zeroed by the caller), then what the walk carries
@@ -623,6 +715,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         d_partner = g0 + (blk % ((group_size + BLOCK_D - 1) // BLOCK_D)) * BLOCK_D + partner
         d_partner = tl.minimum(d_partner, g0 + group_size - 1)
         side_row = (lane * BLOCK_N, partner * BLOCK_N)  # rows of the program's (BLOCK_D, BLOCK_N) tiles
+        side_shift = (0, (partner - lane) * BLOCK_N)  # from a lane's row to its partner's
         # per side, the pointer to state ``parity`` of its row in the slot (a pass adds its first
         # state k0)
         t_at = (carried + (side_row[0] + parity) * 4, carried + (side_row[1] + parity) * 4)
@@ -636,44 +729,26 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             c_at = C_ptr + c_row + parity * length
         dD_acc = zero
         dbias_acc = zero
-    else:
-        r = (zero,) * dstate
     for i in range(0, (t1 - t0 + SUB - 1) // SUB):
         s = last_sub - i * SUB
         t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
         dt, raw = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
-        dy = _tile(dout_ptr, offs, m2)
-        if HAS_Z:
-            zt = _tile(z_ptr, offs, m2)
-            zs = _sigmoid(zt)
-            dy_gated = dy * zt * zs  # out = (y + D u) * silu(z)
-        else:
-            dy_gated = dy
+        dy, dy_gated, zt, zs = _output_gradient(dout_ptr, z_ptr, offs, m2, HAS_Z)
         dts = _columns(dt)
         if GRADS:  # a lane past the group's channels adds nothing to dC (nor, by dtus, to dB)
             dy_gated = tl.where(mask_d[:, None], dy_gated, 0.0)
         dys = _columns(dy_gated)
-        if not GRADS:
-            cp = c_chunk + (s - t0) * NQ
-            for j in tl.static_range(SUB - 1, -1, -1):
-                if VAR_C:
-                    Cc = _states_at(cp + j * NQ, d, dstate, NQ, VEC, True)
-                r_next = ()
-                for n in tl.static_range(dstate):  # r[t] = a[t] (C dy + r[t+1])
-                    r_next = r_next + (tl.exp2(dts[j] * A2[n]) * (dys[j] * Cc[n] + r[n]),)
-                r = r_next
-        else:
+        if GRADS:
             u = _tile(u_ptr, offs, m2)
             dtu = tl.where(mask_d[:, None], dt * u, 0.0)
             # this lane's own channel, then its partner's (the lane HALF away)
             dts = (dts, _columns(_partner(dt)))
             dtus = (_columns(dtu), _columns(_partner(dtu)))
             dys = (dys, _columns(_partner(dy_gated)))
-            h_sub = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # the states entering the sub-tile
+            h_sub = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # each lane's row of the states entering the sub-tile
             ddt = ((zero,) * SUB, (zero,) * SUB)  # d loss / d delta (after softplus), over log 2
             ddx = ((zero,) * SUB, (zero,) * SUB)  # d loss / d (delta u)
             ys = ((zero,) * SUB, (zero,) * SUB)   # y, for dz
-            h_at = (h_sub + side_row[0] + parity, h_sub + side_row[1] + parity)
             # STEP states a loop pass (two passes of the lanes' parities), so that the pointers'
             # steps and the dB/dC butterfly are shared by more updates
             STEP: tl.constexpr = 4 if dstate % 4 == 0 else 2
@@ -706,7 +781,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                         # the sub-tile's decays, inputs and states, forward from the state entering it
                         a = ()
                         hs = ()
-                        hk = tl.load(h_at[side] + kq, mask=valid, other=0.0)
+                        hk = tl.load(h_sub + (side_shift[side] + parity + kq), mask=valid, other=0.0)
                         h_prev = (hk,)
                         for j in tl.static_range(SUB):
                             a = a + (tl.exp2(dts[side][j] * A2k),)
@@ -800,8 +875,6 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         dvec = dvec_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 2 * BLOCK_D) + tl.arange(0, BLOCK_D)
         tl.store(dvec, dD_acc)
         tl.store(dvec + BLOCK_D, dbias_acc)
-    else:  # the adjoint leaving the chunk on the left
-        _store_state_vectors(adj_ptr + state, 0, mask_d, r)
 
 
 class _Layout:
@@ -936,7 +1009,8 @@ def _chunk_launch(name, kernel, lay, args, flags, loops, traffic, max_registers,
     or the gradient walk's states of one pass for each of the lanes' two channels ('states'):
     two passes of the lanes' two parities when d_state is a multiple of 4, else one."""
     step = 4 if lay.dstate % 4 == 0 else 2
-    per = dict(tile=lay.block_d * lay.dstate * SUB, states=lay.block_d * SUB * step)
+    per = dict(tile=lay.block_d * lay.dstate * SUB, states=lay.block_d * SUB * step,
+               step=lay.block_d * lay.dstate * mode.get('STEP', 1))
     return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
                         updates_per_pass=tuple(per[loop] for loop in loops),
                         options=dict(maxnreg=max_registers), traffic=tuple(traffic))
@@ -1027,15 +1101,17 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
                  for m in inputs[3:5]]  # as the forward reads them
     args = (*inputs, dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
             _or(dC_part, scratch), dtile, dvec, *positions, *lay.args())
+    states_args = (u, delta, inputs[2], inputs[6], inputs[7], dout, saved, adj, scratch, *positions,
+                   *lay.args())
+    states_flags = {k: v for k, v in flags.items() if k != 'HAS_D'}
     return ScanLaunches([
-        _chunk_launch('backward: chunks from zero', _backward_chunk_kernel, lay, args, flags, ['tile'],
-                      (delta, dout, positions[1], _or_none(z, inputs[6]), adj),
-                      max_registers=96 if z is None else 128, GRADS=False, NQ=lay.nq,
-                      VEC=lay.vec),  # 20 per SM (16 with z)
+        _chunk_launch('backward: states, adjoints from zero', _backward_states_kernel, lay, states_args,
+                      states_flags, ['step'],
+                      (u, delta, dout, positions[0], positions[1], _or_none(z, inputs[6]), saved, scratch, adj),
+                      max_registers=128, NQ=lay.nq, VEC=lay.vec, STEP=STATES_STEP),  # 16 per SM
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
-        _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['tile', 'states'],
-                      (u, delta, dout, positions[0], inputs[3], inputs[4], _or_none(z, inputs[6]), saved, adj,
-                       scratch, scratch,
+        _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['states'],
+                      (u, delta, dout, inputs[3], inputs[4], _or_none(z, inputs[6]), adj, scratch,
                        du, ddelta, dz, dB_part, dC_part, dtile, dvec),
                       max_registers=128 if z is None else 168, GRADS=True,
                       NQ=lay.nq, VEC=lay.vec),  # 16 per SM; 12 with z (its gate needs more)
