@@ -664,8 +664,10 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     kk = tl.arange(0, SUB)
     row = _sequence_rows(bi, dim, d, length)
     state = _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)  # (channels, state 0) of chunk c
-    b_row = _bc_row(bi, dim, b_chans, g0, dstate, length, VAR_B)
-    c_row = _bc_row(bi, dim, c_chans, g0, dstate, length, VAR_C)
+    padded = n_chunks * chunk
+    # a varying B, C: rows of their float32 copies padded to whole chunks with zeros (states_major)
+    b_row = _bc_row(bi, dim, b_chans, g0, dstate, padded, VAR_B)
+    c_row = _bc_row(bi, dim, c_chans, g0, dstate, padded, VAR_C)
     bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + d)
@@ -678,7 +680,6 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     # The loops that go over all states at each position read a varying B and C from their
     # position-major copies (``Bp``, ``Cp``: a position's states at fixed offsets from one
     # address); the loop over the states reads their rows. A constant B, C: its columns, once.
-    padded = n_chunks * chunk
     if not VAR_B:
         Bc = _states_at(B_ptr, d, dstate, NQ, VEC, False)
     if not VAR_C:
@@ -722,11 +723,11 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         if not VAR_B:
             b_at = (B_ptr + d * dstate + parity, B_ptr + d_partner * dstate + parity)
         else:
-            b_at = B_ptr + b_row + parity * length
+            b_at = B_ptr + b_row + parity * padded
         if not VAR_C:
             c_at = (C_ptr + d * dstate + parity, C_ptr + d_partner * dstate + parity)
         else:
-            c_at = C_ptr + c_row + parity * length
+            c_at = C_ptr + c_row + parity * padded
         dD_acc = zero
         dbias_acc = zero
     for i in range(0, (t1 - t0 + SUB - 1) // SUB):
@@ -761,11 +762,11 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                     else:
                         valid = kq + parity < dstate
                     if VAR_B:  # one row of B (C) for both channels: the state's, at the SUB positions
-                        Bk = _columns(_widen(tl.load(b_at[:, None] + kq * length + t[None, :],
-                                                     mask=valid[:, None] & mask_t[None, :], other=0.0)))
-                    if VAR_C:
-                        Ck = _columns(_widen(tl.load(c_at[:, None] + kq * length + t[None, :],
-                                                     mask=valid[:, None] & mask_t[None, :], other=0.0)))
+                        Bk = _columns(tl.load(b_at[:, None] + kq * padded + t[None, :], mask=valid[:, None],
+                                              other=0.0))
+                    if VAR_C:  # (zero past the sequence, and for a missing state)
+                        Ck = _columns(tl.load(c_at[:, None] + kq * padded + t[None, :], mask=valid[:, None],
+                                              other=0.0))
                     gdtu = (zero,) * SUB
                     dyh = (zero,) * SUB
                     new_ddt = ()
@@ -1072,6 +1073,14 @@ def _positions_major(m: torch.Tensor, padded: int, nq: int) -> torch.Tensor:
     return out
 
 
+def _states_major(m: torch.Tensor, padded: int) -> torch.Tensor:
+    """A varying (b, G, n, L) B or C as the gradient walk reads it: float32 (b, G, n, padded),
+    zero beyond L, so that the walk's loads of a state's positions need no mask nor widening."""
+    out = m.new_zeros(*m.shape[:3], padded, dtype=torch.float32)
+    out[..., :m.shape[3]] = m
+    return out
+
+
 def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, dsum: torch.Tensor,
                     dout: torch.Tensor, dlast: Optional[torch.Tensor], softplus: bool,
                     chunk: int = CHUNK, block_d: int = BLOCK_D) -> ScanLaunches:
@@ -1099,7 +1108,8 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     dC_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_C'] else None
     positions = [_positions_major(m, lay.n_chunks * lay.chunk, lay.nq) if m.dim() == 4 else m
                  for m in inputs[3:5]]  # as the forward reads them
-    args = (*inputs, dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
+    rows = [_states_major(m, lay.n_chunks * lay.chunk) if m.dim() == 4 else m for m in inputs[3:5]]
+    args = (*inputs[:3], *rows, *inputs[5:], dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
             _or(dC_part, scratch), dtile, dvec, *positions, *lay.args())
     states_args = (u, delta, inputs[2], inputs[6], inputs[7], dout, saved, adj, scratch, *positions,
                    *lay.args())
@@ -1111,7 +1121,7 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
                       max_registers=128, NQ=lay.nq, VEC=lay.vec, STEP=STATES_STEP),  # 16 per SM
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
         _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['states'],
-                      (u, delta, dout, inputs[3], inputs[4], _or_none(z, inputs[6]), adj, scratch,
+                      (u, delta, dout, *rows, _or_none(z, inputs[6]), adj, scratch,
                        du, ddelta, dz, dB_part, dC_part, dtile, dvec),
                       max_registers=128 if z is None else 168, GRADS=True,
                       NQ=lay.nq, VEC=lay.vec),  # 16 per SM; 12 with z (its gate needs more)
