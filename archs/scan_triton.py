@@ -602,7 +602,8 @@ def _backward_states_kernel(u_ptr, delta_ptr, A_ptr, z_ptr, bias_ptr, dout_ptr, 
     P = (tl.full((BLOCK_D,), 1.0, tl.float32),) * dstate
     r = (tl.zeros((BLOCK_D,), dtype=tl.float32),) * dstate
     for s in range(t0, t1, SUB):  # (every lane stores into its own slot, masked or not)
-        _store_state_vectors(scratch, 0, None, h)
+        for k in tl.static_range(dstate):  # parities apart: the gradient walk's lanes read theirs
+            tl.store(scratch + (k % 2) * (BLOCK_N // 2) + k // 2, h[k])
         for p in range(s, s + SUB, STEP):  # STEP positions a pass: fewer B, C values live at once
             t, mask_t, m2, offs = _sub_tile(p, steps, t1, mask_d, row)
             dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
@@ -733,7 +734,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     for i in range(0, (t1 - t0 + SUB - 1) // SUB):
         s = last_sub - i * SUB
         t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
-        dt, raw = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
+        dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
         dy, dy_gated, zt, zs = _output_gradient(dout_ptr, z_ptr, offs, m2, HAS_Z)
         dts = _columns(dt)
         if GRADS:  # a lane past the group's channels adds nothing to dC (nor, by dtus, to dB)
@@ -753,8 +754,21 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             # STEP states a loop pass (two passes of the lanes' parities), so that the pointers'
             # steps and the dB/dC butterfly are shared by more updates
             STEP: tl.constexpr = 4 if dstate % 4 == 0 else 2
-            for k0 in range(0, dstate, STEP):  # not unrolled: its carries are in memory, not registers
+            # the states entering the sub-tile, each row's even states then its odd ones
+            h_at = h_sub + parity * (BLOCK_N // 2)
+            for i2 in range(0, (dstate + STEP - 1) // STEP):  # not unrolled: its carries are in memory
+                k0 = i2 * STEP
                 values = ()  # g delta u and dy h per (pass, position), for the dB, dC sums
+                h_in = ()  # per side, the states of this loop pass's (STEP // 2) passes
+                for side in tl.static_range(2):
+                    if STEP == 4:
+                        h_in = h_in + (_columns(tl.load((h_at + side_shift[side] + i2 * 2)[:, None] +
+                                                        tl.arange(0, 2)[None, :])),)
+                    elif dstate % 2 == 0:
+                        h_in = h_in + ((tl.load(h_at + side_shift[side] + i2),),)
+                    else:
+                        h_in = h_in + ((tl.load(h_at + side_shift[side] + i2, mask=k0 + parity < dstate,
+                                                other=0.0),),)
                 for q in tl.static_range(STEP // 2):
                     kq = k0 + 2 * q  # this lane's state is kq + parity, for both its channels; an
                     if dstate % 2 == 0:  # odd dstate's last pass has none for parity 1
@@ -782,7 +796,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                         # the sub-tile's decays, inputs and states, forward from the state entering it
                         a = ()
                         hs = ()
-                        hk = tl.load(h_sub + (side_shift[side] + parity + kq), mask=valid, other=0.0)
+                        hk = h_in[side][q]
                         h_prev = (hk,)
                         for j in tl.static_range(SUB):
                             a = a + (tl.exp2(dts[side][j] * A2k),)
@@ -857,6 +871,8 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
             # each channel's sums over all states: its own lane's parity plus its partner's
             ddx_tile = _stack(ddx[0]) + _partner(_stack(ddx[1]))
             du = ddx_tile * dt
+            # u and delta before softplus loaded again rather than kept in registers over the walk
+            u = _tile(u_ptr, offs, m2)
             if HAS_D:
                 du += dy_gated * Dv[:, None]
                 dD_acc += tl.sum(dy_gated * u, axis=1)
@@ -867,6 +883,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                 tl.store(dz_ptr + offs, dy * y * zs * (1.0 + zt * (1.0 - zs)), mask=m2)
             ddt_tile = (_stack(ddt[0]) + _partner(_stack(ddt[1]))) * 0.6931471805599453 + ddx_tile * u
             if SOFTPLUS:
+                _, raw = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, False)
                 ddt_tile = ddt_tile * _sigmoid(raw)
             ddt_tile = tl.where(m2, ddt_tile, 0.0)
             dbias_acc += tl.sum(ddt_tile, axis=1)
