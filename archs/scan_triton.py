@@ -43,20 +43,24 @@ Forward, three launches:
 3. ``_forward_chunk_kernel`` (``OUTPUT=True``): each chunk scanned again from its true entering
    state; ``y = C . h + D u``, times ``silu(z)``.
 
-Backward, the same three steps in reverse with the adjoint ``r[t] = dL/dh[t-1]`` through ``h[t]``,
-``r[t] = exp(delta[t] A) * (C[t] dy[t] + r[t+1])``:
-1. ``_backward_chunk_kernel`` (``GRADS=False``): each chunk's adjoint from a zero one at its end;
-   the adjoints of all states are a tuple of (BLOCK_D,) vectors in registers.
+Backward, three launches that walk each chunk twice, with the adjoint ``r[t] = dL/dh[t-1]``
+through ``h[t]``, ``r[t] = a[t] (C[t] dy[t] + r[t+1])``, ``a[t] = exp(delta[t] A)``:
+1. ``_backward_states_kernel``: each chunk walked forward from its saved entering state. It
+   writes the state entering each sub-tile into a per-program scratch buffer and, with the same
+   decays (each exp2 computed once), sums the chunk's adjoint from a zero one at its end in the
+   forward direction: ``r[t0] = sum_t P[t] C[t] dy[t]`` with ``P[t] = a[t0] ... a[t]`` a running
+   product (no division by a decay; a product that underflows to 0 drops what is negligible).
+   States, products and adjoints of all states are tuples of (BLOCK_D,) vectors in registers;
+   its loop takes :data:`STATES_STEP` positions a pass so that they fit the register cap.
 2. ``_carry_kernel`` (reversed): the adjoint entering every chunk from its right, starting from
    the last state's gradient (compiled without it when that gradient is not needed).
-3. ``_backward_chunk_kernel`` (``GRADS=True``): the chunk's states recomputed forward from the
-   saved entering state (the state entering each sub-tile kept in a scratch buffer), then the
-   sub-tiles walked backwards in a loop over the states (two per pass when d_state is even; their
-   adjoint and dA sums wait in memory between sub-tiles, so few registers are live): states and
-   adjoints of the sub-tile from their carries, and every gradient. ``exp(delta A) h[t-1] = h[t]
-   - delta B u`` avoids keeping ``h[t-1]``. The gradients of a varying B and C at a position are
-   sums over the program's channels, which are its lanes: :func:`_channel_sums` takes them all
-   in one butterfly per pass instead of a warp reduction each.
+3. ``_backward_chunk_kernel``: the sub-tiles walked backwards in a loop over the states (two per
+   pass when d_state is even; their adjoint and dA sums wait in memory between sub-tiles, so
+   few registers are live): states and adjoints of the sub-tile from the scratch and their
+   carries, and every gradient. ``exp(delta A) h[t-1] = h[t] - delta B u`` avoids keeping
+   ``h[t-1]``. The gradients of a varying B and C at a position are sums over the program's
+   channels, which are its lanes: :func:`_channel_sums` takes them all in one butterfly per
+   pass instead of a warp reduction each.
 
 Only decays ``exp(delta A) <= 1`` (for delta >= 0) and their products over a chunk,
 ``exp2(A log2 e * sum(delta))``, are formed: never the exponential of a positive cumulative sum,
@@ -625,24 +629,22 @@ def _backward_states_kernel(u_ptr, delta_ptr, A_ptr, z_ptr, bias_ptr, dout_ptr, 
 
 @triton.jit
 def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
-                           dout_ptr, states_ptr, adj_ptr, scratch_ptr,
-                           du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr, Bp_ptr, Cp_ptr,
+                           dout_ptr, adj_ptr, scratch_ptr,
+                           du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr,
                            dim, length, group_size, b_chans, c_chans, n_chunks, chunk,
                            dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                            HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                           GRADS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                           SUB: tl.constexpr, PAIRS: tl.constexpr, NQ: tl.constexpr, VEC: tl.constexpr):
-    """GRADS=False: the adjoint entering the chunk from a zero one at its end, into ``adj``.
-    GRADS=True: from the chunk's entering state (``states``) and the adjoint entering it from
-    the right (``adj``): du, ddelta, dz per position; dB, dC per position summed over the
-    program's channels (varying B/C, ``dB``/``dC``) or per (channel, state) summed over the
-    chunk (constant, ``dtile`` slots 1, 2); dA in ``dtile`` slot 0; dD, d(delta_bias) in
-    ``dvec``.
+                           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                           SUB: tl.constexpr, PAIRS: tl.constexpr):
+    """The gradient walk, from the state entering each sub-tile (``scratch``, written by
+    :func:`_backward_states_kernel`) and the adjoint entering the chunk from the right
+    (``adj``): du, ddelta, dz per position; dB, dC per position summed over the program's
+    channels (varying B/C, ``dB``/``dC``) or per (channel, state) summed over the chunk
+    (constant, ``dtile`` slots 1, 2); dA in ``dtile`` slot 0; dD, d(delta_bias) in ``dvec``.
 
     Every per-lane quantity is a (BLOCK_D,) vector (lane = channel); the SUB positions of a
-    sub-tile are the columns of (BLOCK_D, SUB) tiles (:func:`_columns`). The ``dstate`` adjoints
-    of GRADS=False and the states of the recompute are tuples of them carried in registers from
-    sub-tile to sub-tile; the gradient walk keeps its adjoints and dA sums in memory slots."""
+    sub-tile are the columns of (BLOCK_D, SUB) tiles (:func:`_columns`). The walk keeps its
+    adjoints and dA sums in memory slots."""
     c, blk, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
     # A lane past the group's channels reads its last channel's rows, so that loads need no
@@ -658,144 +660,129 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         bias = tl.load(bias_ptr + d)
     if HAS_D:
         Dv = tl.load(D_ptr + d)
-    A2 = ()  # A log2 e per state: a decay is exp2(delta * A2)
-    for n in tl.static_range(dstate):
-        A2 = A2 + (tl.load(A_ptr + d * dstate + n) * 1.4426950408889634,)
     zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    # The loops that go over all states at each position read a varying B and C from their
-    # position-major copies (``Bp``, ``Cp``: a position's states at fixed offsets from one
-    # address); the loop over the states reads their rows. A constant B, C: its columns, once.
-    padded = n_chunks * chunk
-    if not VAR_B:
-        Bc = _states_at(B_ptr, d, dstate, NQ, VEC, False)
-    if not VAR_C:
-        Cc = _states_at(C_ptr, d, dstate, NQ, VEC, False)
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
     last_sub = t0 + ((t1 - t0 - 1) // SUB) * SUB  # first position of the chunk's last sub-tile
-    b_chunk = Bp_ptr + _bc_positions(bi, dim, b_chans, g0, padded, t0, NQ, VAR_B)  # the chunk's start
-    c_chunk = Cp_ptr + _bc_positions(bi, dim, c_chans, g0, padded, t0, NQ, VAR_C)
-    if GRADS:
-        scratch = _scratch_rows(scratch_ptr, bi, blk, blocks, n_chunks, c, chunk, SUB, BLOCK_D, BLOCK_N)
-        # The adjoint of each (channel, state) is carried from sub-tile to sub-tile in this
-        # program's slot of ``adj`` (it starts as the adjoint entering from the right), and dA and
-        # constant dB, dC in its ``dtile`` slot (zeroed by the caller), so that the loop over
-        # the states need not be unrolled and few registers are live.
-        adj_col = adj_ptr + state
-        part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
-        tile_size = BLOCK_D * BLOCK_N
-        dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 3 * tile_size) + \
-            tl.arange(0, BLOCK_D) * BLOCK_N
-        dD_acc = zero
-        dbias_acc = zero
+    scratch = _scratch_rows(scratch_ptr, bi, blk, blocks, n_chunks, c, chunk, SUB, BLOCK_D, BLOCK_N)
+    # The adjoint of each (channel, state) is carried from sub-tile to sub-tile in this
+    # program's slot of ``adj`` (it starts as the adjoint entering from the right), and dA and
+    # constant dB, dC in its ``dtile`` slot (zeroed by the caller), so that the loop over
+    # the states need not be unrolled and few registers are live.
+    adj_col = adj_ptr + state
+    part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
+    tile_size = BLOCK_D * BLOCK_N
+    dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 3 * tile_size) + \
+        tl.arange(0, BLOCK_D) * BLOCK_N
+    dD_acc = zero
+    dbias_acc = zero
     for i in range(0, (t1 - t0 + SUB - 1) // SUB):
         s = last_sub - i * SUB
         t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
         dt, raw = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
         dy, dy_gated, zt, zs = _output_gradient(dout_ptr, z_ptr, offs, m2, HAS_Z)
         dts = _columns(dt)
-        if GRADS:  # a lane past the group's channels adds nothing to dC (nor, by dtus, to dB)
-            dy_gated = tl.where(mask_d[:, None], dy_gated, 0.0)
+        # a lane past the group's channels adds nothing to dC (nor, by dtus, to dB)
+        dy_gated = tl.where(mask_d[:, None], dy_gated, 0.0)
         dys = _columns(dy_gated)
-        if GRADS:
-            u = _tile(u_ptr, offs, m2)
-            dtus = _columns(tl.where(mask_d[:, None], dt * u, 0.0))
-            h_col = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # the states entering the sub-tile
-            ddt = (zero,) * SUB  # d loss / d delta (after softplus), over log 2
-            ddx = (zero,) * SUB  # d loss / d (delta u)
-            ys = (zero,) * SUB   # y, for dz
-            for k0 in range(0, dstate, PAIRS):  # not unrolled: its carries are in memory, not registers
-                gdtu = ()  # g delta u and dy h of each (state, position), for the dB, dC sums
-                dyh = ()
-                for q in tl.static_range(PAIRS):  # PAIRS states per pass
-                    k = k0 + q
-                    Bk = _bc_columns(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
-                    Ck = _bc_columns(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
-                    A2k = tl.load(A_ptr + d * dstate + k) * 1.4426950408889634
-                    # the sub-tile's decays, inputs and states, forward from the state entering it
-                    a = ()
-                    x = ()
-                    hs = ()
-                    hk = tl.load(h_col + k)
-                    for j in tl.static_range(SUB):
-                        a = a + (tl.exp2(dts[j] * A2k),)
-                        x = x + (dtus[j] * Bk[j],)
-                        hk = a[j] * hk + x[j]
-                        hs = hs + (hk,)
-                    # then the adjoint backwards, and every gradient of this state
-                    rk = tl.load(adj_col + k)
-                    dAk = zero
-                    gdtu_k = ()
-                    dyh_k = ()
-                    new_ddt = ()
-                    new_ddx = ()
-                    new_ys = ()
-                    for j in tl.static_range(SUB - 1, -1, -1):
-                        g = dys[j] * Ck[j] + rk  # d loss / d h[t]
-                        rk = a[j] * g
-                        p = g * (hs[j] - x[j])  # g[t] exp(delta A) h[t-1]
-                        dAk += p * dts[j]
-                        new_ddt = (ddt[j] + p * A2k,) + new_ddt
-                        new_ddx = (ddx[j] + g * Bk[j],) + new_ddx
-                        gdtu_k = (g * dtus[j],) + gdtu_k
-                        dyh_k = (dys[j] * hs[j],) + dyh_k
-                        if HAS_Z:
-                            new_ys = (ys[j] + hs[j] * Ck[j],) + new_ys
-                    ddt = new_ddt
-                    ddx = new_ddx
+        u = _tile(u_ptr, offs, m2)
+        dtus = _columns(tl.where(mask_d[:, None], dt * u, 0.0))
+        h_col = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # the states entering the sub-tile
+        ddt = (zero,) * SUB  # d loss / d delta (after softplus), over log 2
+        ddx = (zero,) * SUB  # d loss / d (delta u)
+        ys = (zero,) * SUB   # y, for dz
+        for k0 in range(0, dstate, PAIRS):  # not unrolled: its carries are in memory, not registers
+            gdtu = ()  # g delta u and dy h of each (state, position), for the dB, dC sums
+            dyh = ()
+            for q in tl.static_range(PAIRS):  # PAIRS states per pass
+                k = k0 + q
+                Bk = _bc_columns(B_ptr, b_row, k, t, mask_t, d, mask_d, dstate, length, VAR_B)
+                Ck = _bc_columns(C_ptr, c_row, k, t, mask_t, d, mask_d, dstate, length, VAR_C)
+                A2k = tl.load(A_ptr + d * dstate + k) * 1.4426950408889634
+                # the sub-tile's decays, inputs and states, forward from the state entering it
+                a = ()
+                x = ()
+                hs = ()
+                hk = tl.load(h_col + k)
+                for j in tl.static_range(SUB):
+                    a = a + (tl.exp2(dts[j] * A2k),)
+                    x = x + (dtus[j] * Bk[j],)
+                    hk = a[j] * hk + x[j]
+                    hs = hs + (hk,)
+                # then the adjoint backwards, and every gradient of this state
+                rk = tl.load(adj_col + k)
+                dAk = zero
+                gdtu_k = ()
+                dyh_k = ()
+                new_ddt = ()
+                new_ddx = ()
+                new_ys = ()
+                for j in tl.static_range(SUB - 1, -1, -1):
+                    g = dys[j] * Ck[j] + rk  # d loss / d h[t]
+                    rk = a[j] * g
+                    p = g * (hs[j] - x[j])  # g[t] exp(delta A) h[t-1]
+                    dAk += p * dts[j]
+                    new_ddt = (ddt[j] + p * A2k,) + new_ddt
+                    new_ddx = (ddx[j] + g * Bk[j],) + new_ddx
+                    gdtu_k = (g * dtus[j],) + gdtu_k
+                    dyh_k = (dys[j] * hs[j],) + dyh_k
                     if HAS_Z:
-                        ys = new_ys
-                    gdtu = gdtu + gdtu_k
-                    dyh = dyh + dyh_k
-                    tl.store(adj_col + k, rk, mask=mask_d)
-                    tl.store(dtile + k, tl.load(dtile + k) + dAk)
-                    # dB, dC of a constant B, C: per (channel, state), summed over positions
-                    if not VAR_B:
-                        tl.store(dtile + tile_size + k, tl.load(dtile + tile_size + k) + tl.sum(_stack(gdtu_k), axis=1))
-                    if not VAR_C:
-                        tl.store(dtile + 2 * tile_size + k,
-                                 tl.load(dtile + 2 * tile_size + k) + tl.sum(_stack(dyh_k), axis=1))
-                # of a varying one: per (state, position), summed over the program's channels,
-                # all in one butterfly; value v is (state k0 + v // SUB % PAIRS, position v % SUB)
-                # of dB if v < PAIRS * SUB and of dC after
-                if VAR_B or VAR_C:
-                    if VAR_B and VAR_C:
-                        values = gdtu + dyh
-                    elif VAR_B:
-                        values = gdtu
-                    else:
-                        values = dyh
-                    v = tl.arange(0, len(values))
-                    pos = s + v % SUB
-                    at = part + (k0 + v // SUB % PAIRS) * length + pos
-                    if VAR_B and VAR_C:
-                        where = tl.where(v < PAIRS * SUB, dB_ptr + at, dC_ptr + at)
-                    elif VAR_B:
-                        where = dB_ptr + at
-                    else:
-                        where = dC_ptr + at
-                    tl.store(where, _channel_sums(_stack(values)), mask=pos < t1)
-            ddx_tile = _stack(ddx)
-            du = ddx_tile * dt
+                        new_ys = (ys[j] + hs[j] * Ck[j],) + new_ys
+                ddt = new_ddt
+                ddx = new_ddx
+                if HAS_Z:
+                    ys = new_ys
+                gdtu = gdtu + gdtu_k
+                dyh = dyh + dyh_k
+                tl.store(adj_col + k, rk, mask=mask_d)
+                tl.store(dtile + k, tl.load(dtile + k) + dAk)
+                # dB, dC of a constant B, C: per (channel, state), summed over positions
+                if not VAR_B:
+                    tl.store(dtile + tile_size + k, tl.load(dtile + tile_size + k) + tl.sum(_stack(gdtu_k), axis=1))
+                if not VAR_C:
+                    tl.store(dtile + 2 * tile_size + k,
+                             tl.load(dtile + 2 * tile_size + k) + tl.sum(_stack(dyh_k), axis=1))
+            # of a varying one: per (state, position), summed over the program's channels,
+            # all in one butterfly; value v is (state k0 + v // SUB % PAIRS, position v % SUB)
+            # of dB if v < PAIRS * SUB and of dC after
+            if VAR_B or VAR_C:
+                if VAR_B and VAR_C:
+                    values = gdtu + dyh
+                elif VAR_B:
+                    values = gdtu
+                else:
+                    values = dyh
+                v = tl.arange(0, len(values))
+                pos = s + v % SUB
+                at = part + (k0 + v // SUB % PAIRS) * length + pos
+                if VAR_B and VAR_C:
+                    where = tl.where(v < PAIRS * SUB, dB_ptr + at, dC_ptr + at)
+                elif VAR_B:
+                    where = dB_ptr + at
+                else:
+                    where = dC_ptr + at
+                tl.store(where, _channel_sums(_stack(values)), mask=pos < t1)
+        ddx_tile = _stack(ddx)
+        du = ddx_tile * dt
+        if HAS_D:
+            du += dy_gated * Dv[:, None]
+            dD_acc += tl.sum(dy_gated * u, axis=1)
+        if HAS_Z:
+            y = _stack(ys)
             if HAS_D:
-                du += dy_gated * Dv[:, None]
-                dD_acc += tl.sum(dy_gated * u, axis=1)
-            if HAS_Z:
-                y = _stack(ys)
-                if HAS_D:
-                    y += Dv[:, None] * u
-                tl.store(dz_ptr + offs, dy * y * zs * (1.0 + zt * (1.0 - zs)), mask=m2)
-            ddt_tile = _stack(ddt) * 0.6931471805599453 + ddx_tile * u
-            if SOFTPLUS:
-                ddt_tile = ddt_tile * _sigmoid(raw)
-            ddt_tile = tl.where(m2, ddt_tile, 0.0)
-            dbias_acc += tl.sum(ddt_tile, axis=1)
-            tl.store(du_ptr + offs, du, mask=m2)
-            tl.store(ddelta_ptr + offs, ddt_tile, mask=m2)
-    if GRADS:  # this program's (dD, d delta_bias) vectors
-        dvec = dvec_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 2 * BLOCK_D) + tl.arange(0, BLOCK_D)
-        tl.store(dvec, dD_acc)
-        tl.store(dvec + BLOCK_D, dbias_acc)
+                y += Dv[:, None] * u
+            tl.store(dz_ptr + offs, dy * y * zs * (1.0 + zt * (1.0 - zs)), mask=m2)
+        ddt_tile = _stack(ddt) * 0.6931471805599453 + ddx_tile * u
+        if SOFTPLUS:
+            ddt_tile = ddt_tile * _sigmoid(raw)
+        ddt_tile = tl.where(m2, ddt_tile, 0.0)
+        dbias_acc += tl.sum(ddt_tile, axis=1)
+        tl.store(du_ptr + offs, du, mask=m2)
+        tl.store(ddelta_ptr + offs, ddt_tile, mask=m2)
+    # this program's (dD, d delta_bias) vectors
+    dvec = dvec_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 2 * BLOCK_D) + tl.arange(0, BLOCK_D)
+    tl.store(dvec, dD_acc)
+    tl.store(dvec + BLOCK_D, dbias_acc)
 
 
 class _Layout:
@@ -1016,8 +1003,8 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     dC_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_C'] else None
     positions = [_positions_major(m, lay.n_chunks * lay.chunk, lay.nq) if m.dim() == 4 else m
                  for m in inputs[3:5]]  # as the forward reads them
-    args = (*inputs, dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
-            _or(dC_part, scratch), dtile, dvec, *positions, *lay.args())
+    args = (*inputs, dout, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
+            _or(dC_part, scratch), dtile, dvec, *lay.args())
     pairs = 2 if lay.dstate % 2 == 0 else 1  # states per pass of the gradient kernel's state loop
     states_args = (u, delta, inputs[2], inputs[6], inputs[7], dout, saved, adj, scratch, *positions,
                    *lay.args())
@@ -1028,11 +1015,10 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
                       (u, delta, dout, positions[0], positions[1], _or_none(z, inputs[6]), saved, scratch, adj),
                       max_registers=128, NQ=lay.nq, VEC=lay.vec, STEP=STATES_STEP),  # 16 per SM
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
-        _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['tile', 'states'],
+        _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['states'],
                       (u, delta, dout, inputs[3], inputs[4], _or_none(z, inputs[6]), adj, scratch,
                        du, ddelta, dz, dB_part, dC_part, dtile, dvec),
-                      max_registers=128 if z is None else 168, GRADS=True,
-                      PAIRS=pairs, NQ=lay.nq, VEC=lay.vec),  # 16 per SM; 12 with z (its gate needs more)
+                      max_registers=128 if z is None else 168, PAIRS=pairs),  # 16 per SM; 12 with z (its gate needs more)
     ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
 
 
