@@ -43,20 +43,30 @@ Forward, three launches:
 3. ``_forward_chunk_kernel`` (``OUTPUT=True``): each chunk scanned again from its true entering
    state; ``y = C . h + D u``, times ``silu(z)``.
 
-Backward, the same three steps in reverse with the adjoint ``r[t] = dL/dh[t-1]`` through ``h[t]``,
-``r[t] = exp(delta[t] A) * (C[t] dy[t] + r[t+1])``:
-1. ``_backward_chunk_kernel`` (``GRADS=False``): each chunk's adjoint from a zero one at its end;
-   the adjoints of all states are a tuple of (BLOCK_D,) vectors in registers.
+Backward, three launches that walk each chunk twice, with the adjoint ``r[t] = dL/dh[t-1]``
+through ``h[t]``, ``r[t] = a[t] (C[t] dy[t] + r[t+1])``, ``a[t] = exp(delta[t] A)``:
+1. ``_backward_states_kernel``: each chunk walked forward from its saved entering state. It
+   writes the state entering each sub-tile into a per-program scratch buffer (each row's even
+   states, then its odd ones) and, with the same decays (each exp2 computed once), sums the
+   chunk's adjoint from a zero one at its end in the forward direction: ``r[t0] = sum_t P[t]
+   C[t] dy[t]`` with ``P[t] = a[t0] ... a[t]`` a running product (no division by a decay; a
+   product that underflows to 0 drops what is negligible). States, products and adjoints of
+   all states are tuples of (BLOCK_D,) vectors in registers; its loop takes
+   :data:`STATES_STEP` positions a pass so that they fit the register cap.
 2. ``_carry_kernel`` (reversed): the adjoint entering every chunk from its right, starting from
    the last state's gradient (compiled without it when that gradient is not needed).
-3. ``_backward_chunk_kernel`` (``GRADS=True``): the chunk's states recomputed forward from the
-   saved entering state (the state entering each sub-tile kept in a scratch buffer), then the
-   sub-tiles walked backwards in a loop over the states (two per pass when d_state is even; their
-   adjoint and dA sums wait in memory between sub-tiles, so few registers are live): states and
-   adjoints of the sub-tile from their carries, and every gradient. ``exp(delta A) h[t-1] = h[t]
-   - delta B u`` avoids keeping ``h[t-1]``. The gradients of a varying B and C at a position are
-   sums over the program's channels, which are its lanes: :func:`_channel_sums` takes them all
-   in one butterfly per pass instead of a warp reduction each.
+3. ``_backward_chunk_kernel``: the sub-tiles walked backwards in a loop over the states. Each
+   lane takes two channels, its own and its partner's (the lane ``BLOCK_D / 2`` away), and the
+   states of its parity, four states a pass when d_state is a multiple of 4 (two passes of
+   the parities). Per (channel, state) it recomputes the sub-tile's decays and states from the
+   scratch, then walks the adjoint backwards with every gradient; ``p = r[t] h[t-1]`` (the
+   adjoint's own product) gives dA and ddelta. What it carries between sub-tiles (adjoint, dA,
+   with A log2 e) waits in the program's slot, 16 bytes per (channel, state), so few registers
+   are live. The gradients of a varying B and C at a position are sums over the channels: a
+   lane adds its two, and :func:`_lane_sums` adds them over the 16 lanes of each parity in one
+   butterfly per pass; each channel's sums over the states (du, ddelta) meet in one shuffle per
+   sub-tile. A varying B and C are read from float32 state-major copies padded to whole chunks
+   (:func:`_states_major`), so that these loads need neither masks nor widening.
 
 Only decays ``exp(delta A) <= 1`` (for delta >= 0) and their products over a chunk,
 ``exp2(A log2 e * sum(delta))``, are formed: never the exponential of a positive cumulative sum,
@@ -639,24 +649,25 @@ def _backward_states_kernel(u_ptr, delta_ptr, A_ptr, z_ptr, bias_ptr, dout_ptr, 
 
 @triton.jit
 def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
-                           dout_ptr, states_ptr, adj_ptr, scratch_ptr,
-                           du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr, Bp_ptr, Cp_ptr,
+                           dout_ptr, adj_ptr, scratch_ptr,
+                           du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dtile_ptr, dvec_ptr,
                            dim, length, group_size, b_chans, c_chans, n_chunks, chunk,
                            dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                            HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                           GRADS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                           SUB: tl.constexpr, NQ: tl.constexpr, VEC: tl.constexpr):
-    """GRADS=False: the adjoint entering the chunk from a zero one at its end, into ``adj``.
-    GRADS=True: from the chunk's entering state (``states``) and the adjoint entering it from
-    the right (``adj``): du, ddelta, dz per position; dB, dC per position summed over the
-    program's channels (varying B/C, ``dB``/``dC``) or per (channel, state) summed over the
-    chunk (constant, ``dtile`` slots 1, 2); dA in ``dtile`` slot 0; dD, d(delta_bias) in
-    ``dvec``.
+                           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr):
+    """The gradient walk, from the state entering each sub-tile (``scratch``, written by
+    :func:`_backward_states_kernel`) and the adjoint entering the chunk from the right
+    (``adj``): du, ddelta, dz per position; dB, dC per position summed over the program's
+    channels (varying B/C, read from float32 copies padded to whole chunks, :func:`_states_major`;
+    into ``dB``/``dC``) or per (channel, state) summed over the chunk (constant, ``dtile``
+    tiles 0, 1); dA in ``dtile``'s carried values; dD, d(delta_bias) in ``dvec``.
 
-    Every per-lane quantity is a (BLOCK_D,) vector (lane = channel); the SUB positions of a
-    sub-tile are the columns of (BLOCK_D, SUB) tiles (:func:`_columns`). The ``dstate`` adjoints
-    of GRADS=False and the states of the recompute are tuples of them carried in registers from
-    sub-tile to sub-tile; the gradient walk keeps its adjoints and dA sums in memory slots."""
+    The SUB positions of a sub-tile are the columns of (BLOCK_D, SUB) tiles (:func:`_columns`),
+    lane = channel. The walk over the states gives each lane two channels, its own and its
+    partner's (the lane BLOCK_D / 2 away, :func:`_partner`), and the states of its parity: the
+    dB, dC sums over the channels are then over half the lanes (:func:`_lane_sums`), and each
+    channel's sums over the states (du, ddelta) meet in one shuffle at the end of a sub-tile.
+    What the walk carries from sub-tile to sub-tile waits in memory, so few registers are live."""
     c, blk, blocks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     bi, g0, d, mask_d = _program_coordinates(tl.program_id(2), blk, dim, group_size, BLOCK_D)
     # A lane past the group's channels reads its last channel's rows, so that loads need no
@@ -666,7 +677,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     row = _sequence_rows(bi, dim, d, length)
     state = _chunk_state_rows(bi, dim, d, n_chunks, c, dstate)  # (channels, state 0) of chunk c
     padded = n_chunks * chunk
-    # a varying B, C: rows of their float32 copies padded to whole chunks with zeros (states_major)
+    # a varying B, C: rows of their float32 copies padded to whole chunks with zeros
     b_row = _bc_row(bi, dim, b_chans, g0, dstate, padded, VAR_B)
     c_row = _bc_row(bi, dim, c_chans, g0, dstate, padded, VAR_C)
     bias = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -674,225 +685,208 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         bias = tl.load(bias_ptr + d)
     if HAS_D:
         Dv = tl.load(D_ptr + d)
-    A2 = ()  # A log2 e per state: a decay is exp2(delta * A2)
-    for n in tl.static_range(dstate):
-        A2 = A2 + (tl.load(A_ptr + d * dstate + n) * 1.4426950408889634,)
     zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    # The loops that go over all states at each position read a varying B and C from their
-    # position-major copies (``Bp``, ``Cp``: a position's states at fixed offsets from one
-    # address); the loop over the states reads their rows. A constant B, C: its columns, once.
-    if not VAR_B:
-        Bc = _states_at(B_ptr, d, dstate, NQ, VEC, False)
-    if not VAR_C:
-        Cc = _states_at(C_ptr, d, dstate, NQ, VEC, False)
     t0 = c * chunk
     t1 = tl.minimum(t0 + chunk, length)
     last_sub = t0 + ((t1 - t0 - 1) // SUB) * SUB  # first position of the chunk's last sub-tile
-    b_chunk = Bp_ptr + _bc_positions(bi, dim, b_chans, g0, padded, t0, NQ, VAR_B)  # the chunk's start
-    c_chunk = Cp_ptr + _bc_positions(bi, dim, c_chans, g0, padded, t0, NQ, VAR_C)
-    if GRADS:
-        scratch = _scratch_rows(scratch_ptr, bi, blk, blocks, n_chunks, c, chunk, SUB, BLOCK_D, BLOCK_N)
-        part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
-        # This program's ``dtile`` slot holds a constant B's and C's gradients, two (BLOCK_D,
-        # BLOCK_N) tiles summed over the chunk (zeroed by the caller), then what the walk carries
-        # per (channel, state) from sub-tile to sub-tile, four floats side by side: the adjoint
-        # (it starts as the adjoint entering from the right), dA, A log2 e and a pad. So the loop
-        # over the states need not be unrolled, few registers are live, and one 16-byte load
-        # per (channel, state) and pass fetches all three.
-        tile_size: tl.constexpr = BLOCK_D * BLOCK_N
-        dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 6 * tile_size)
-        carried = dtile + 2 * tile_size
-        lane = tl.arange(0, BLOCK_D)
-        four = tl.arange(0, 4)
-        for k in tl.static_range(dstate):
-            tl.store(carried + (lane * BLOCK_N + k)[:, None] * 4 + four[None, :],
-                     _stack((tl.load(adj_ptr + state + k), zero, A2[k], zero)))
-        tl.debug_barrier()  # (a lane reads its partner's rows below)
-        # The walk gives each lane two channels, its own and its partner's (the lane BLOCK_D / 2
-        # away), and half of the states: those of its parity. The dB, dC sums over the channels
-        # are then over half the lanes, and each channel's sums over the states (du, ddelta)
-        # meet in one shuffle at the end of a sub-tile.
-        parity = lane // (BLOCK_D // 2)
-        partner = (lane + BLOCK_D // 2) % BLOCK_D
-        d_partner = g0 + (blk % ((group_size + BLOCK_D - 1) // BLOCK_D)) * BLOCK_D + partner
-        d_partner = tl.minimum(d_partner, g0 + group_size - 1)
-        side_row = (lane * BLOCK_N, partner * BLOCK_N)  # rows of the program's (BLOCK_D, BLOCK_N) tiles
-        side_shift = (0, (partner - lane) * BLOCK_N)  # from a lane's row to its partner's
-        # per side, the pointer to state ``parity`` of its row in the slot (a pass adds its first
-        # state k0)
-        t_at = (carried + (side_row[0] + parity) * 4, carried + (side_row[1] + parity) * 4)
-        if not VAR_B:
-            b_at = (B_ptr + d * dstate + parity, B_ptr + d_partner * dstate + parity)
-        else:
-            b_at = B_ptr + b_row + parity * padded
-        if not VAR_C:
-            c_at = (C_ptr + d * dstate + parity, C_ptr + d_partner * dstate + parity)
-        else:
-            c_at = C_ptr + c_row + parity * padded
-        dD_acc = zero
-        dbias_acc = zero
+    scratch = _scratch_rows(scratch_ptr, bi, blk, blocks, n_chunks, c, chunk, SUB, BLOCK_D, BLOCK_N)
+    part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
+    # This program's ``dtile`` slot holds a constant B's and C's gradients, two (BLOCK_D,
+    # BLOCK_N) tiles summed over the chunk (zeroed by the caller), then what the walk carries
+    # per (channel, state) from sub-tile to sub-tile, four floats side by side: the adjoint (it
+    # starts as the adjoint entering from the right), dA, A log2 e and a pad. So the loop over
+    # the states need not be unrolled, and one 16-byte load per (channel, state) and pass
+    # fetches all three.
+    tile_size: tl.constexpr = BLOCK_D * BLOCK_N
+    dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 6 * tile_size)
+    carried = dtile + 2 * tile_size
+    lane = tl.arange(0, BLOCK_D)
+    four = tl.arange(0, 4)
+    for k in tl.static_range(dstate):
+        A2k = tl.load(A_ptr + d * dstate + k) * 1.4426950408889634  # a decay is exp2(delta * A2)
+        tl.store(carried + (lane * BLOCK_N + k)[:, None] * 4 + four[None, :],
+                 _stack((tl.load(adj_ptr + state + k), zero, A2k, zero)))
+    tl.debug_barrier()  # (a lane reads its partner's rows below)
+    parity = lane // (BLOCK_D // 2)
+    partner = (lane + BLOCK_D // 2) % BLOCK_D
+    d_partner = g0 + (blk % ((group_size + BLOCK_D - 1) // BLOCK_D)) * BLOCK_D + partner
+    d_partner = tl.minimum(d_partner, g0 + group_size - 1)
+    side_row = (lane * BLOCK_N, partner * BLOCK_N)  # rows of the program's (BLOCK_D, BLOCK_N) tiles
+    side_shift = (0, (partner - lane) * BLOCK_N)  # from a lane's row to its partner's
+    # per side, the pointer to state ``parity`` of its row in the slot (a pass adds its first
+    # state k0)
+    t_at = (carried + (side_row[0] + parity) * 4, carried + (side_row[1] + parity) * 4)
+    if not VAR_B:
+        b_at = (B_ptr + d * dstate + parity, B_ptr + d_partner * dstate + parity)
+    else:
+        b_at = B_ptr + b_row + parity * padded
+    if not VAR_C:
+        c_at = (C_ptr + d * dstate + parity, C_ptr + d_partner * dstate + parity)
+    else:
+        c_at = C_ptr + c_row + parity * padded
+    dD_acc = zero
+    dbias_acc = zero
     for i in range(0, (t1 - t0 + SUB - 1) // SUB):
         s = last_sub - i * SUB
         t, mask_t, m2, offs = _sub_tile(s, kk, t1, mask_d, row)
         dt, _ = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, SOFTPLUS)
         dy, dy_gated, zt, zs = _output_gradient(dout_ptr, z_ptr, offs, m2, HAS_Z)
         dts = _columns(dt)
-        if GRADS:  # a lane past the group's channels adds nothing to dC (nor, by dtus, to dB)
-            dy_gated = tl.where(mask_d[:, None], dy_gated, 0.0)
+        # a lane past the group's channels adds nothing to dC (nor, by dtus, to dB)
+        dy_gated = tl.where(mask_d[:, None], dy_gated, 0.0)
         dys = _columns(dy_gated)
-        if GRADS:
-            u = _tile(u_ptr, offs, m2)
-            dtu = tl.where(mask_d[:, None], dt * u, 0.0)
-            # this lane's own channel, then its partner's (the lane HALF away)
-            dts = (dts, _columns(_partner(dt)))
-            dtus = (_columns(dtu), _columns(_partner(dtu)))
-            dys = (dys, _columns(_partner(dy_gated)))
-            h_sub = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # each lane's row of the states entering the sub-tile
-            ddt = ((zero,) * SUB, (zero,) * SUB)  # d loss / d delta (after softplus), over log 2
-            ddx = ((zero,) * SUB, (zero,) * SUB)  # d loss / d (delta u)
-            ys = ((zero,) * SUB, (zero,) * SUB)   # y, for dz
-            # STEP states a loop pass (two passes of the lanes' parities), so that the pointers'
-            # steps and the dB/dC butterfly are shared by more updates
-            STEP: tl.constexpr = 4 if dstate % 4 == 0 else 2
-            # the states entering the sub-tile, each row's even states then its odd ones
-            h_at = h_sub + parity * (BLOCK_N // 2)
-            for i2 in range(0, (dstate + STEP - 1) // STEP):  # not unrolled: its carries are in memory
-                k0 = i2 * STEP
-                values = ()  # g delta u and dy h per (pass, position), for the dB, dC sums
-                h_in = ()  # per side, the states of this loop pass's (STEP // 2) passes
+        u = _tile(u_ptr, offs, m2)
+        dtu = tl.where(mask_d[:, None], dt * u, 0.0)
+        # this lane's own channel, then its partner's (the lane HALF away)
+        dts = (dts, _columns(_partner(dt)))
+        dtus = (_columns(dtu), _columns(_partner(dtu)))
+        dys = (dys, _columns(_partner(dy_gated)))
+        h_sub = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # each lane's row of the states entering the sub-tile
+        ddt = ((zero,) * SUB, (zero,) * SUB)  # d loss / d delta (after softplus), over log 2
+        ddx = ((zero,) * SUB, (zero,) * SUB)  # d loss / d (delta u)
+        ys = ((zero,) * SUB, (zero,) * SUB)   # y, for dz
+        # STEP states a loop pass (two passes of the lanes' parities), so that the pointers'
+        # steps and the dB/dC butterfly are shared by more updates
+        STEP: tl.constexpr = 4 if dstate % 4 == 0 else 2
+        # the states entering the sub-tile, each row's even states then its odd ones
+        h_at = h_sub + parity * (BLOCK_N // 2)
+        for i2 in range(0, (dstate + STEP - 1) // STEP):  # not unrolled: its carries are in memory
+            k0 = i2 * STEP
+            values = ()  # g delta u and dy h per (pass, position), for the dB, dC sums
+            h_in = ()  # per side, the states of this loop pass's (STEP // 2) passes
+            for side in tl.static_range(2):
+                if STEP == 4:
+                    h_in = h_in + (_columns(tl.load((h_at + side_shift[side] + i2 * 2)[:, None] +
+                                                    tl.arange(0, 2)[None, :])),)
+                elif dstate % 2 == 0:
+                    h_in = h_in + ((tl.load(h_at + side_shift[side] + i2),),)
+                else:
+                    h_in = h_in + ((tl.load(h_at + side_shift[side] + i2, mask=k0 + parity < dstate,
+                                            other=0.0),),)
+            for q in tl.static_range(STEP // 2):
+                kq = k0 + 2 * q  # this lane's state is kq + parity, for both its channels; an
+                if dstate % 2 == 0:  # odd dstate's last pass has none for parity 1
+                    valid = tl.full((BLOCK_D,), 1, tl.int1)
+                else:
+                    valid = kq + parity < dstate
+                if VAR_B:  # one row of B (C) for both channels: the state's, at the SUB positions
+                    Bk = _columns(tl.load(b_at[:, None] + kq * padded + t[None, :], mask=valid[:, None],
+                                          other=0.0))
+                if VAR_C:  # (zero past the sequence, and for a missing state)
+                    Ck = _columns(tl.load(c_at[:, None] + kq * padded + t[None, :], mask=valid[:, None],
+                                          other=0.0))
+                gdtu = (zero,) * SUB
+                dyh = (zero,) * SUB
+                new_ddt = ()
+                new_ddx = ()
+                new_ys = ()
                 for side in tl.static_range(2):
-                    if STEP == 4:
-                        h_in = h_in + (_columns(tl.load((h_at + side_shift[side] + i2 * 2)[:, None] +
-                                                        tl.arange(0, 2)[None, :])),)
-                    elif dstate % 2 == 0:
-                        h_in = h_in + ((tl.load(h_at + side_shift[side] + i2),),)
-                    else:
-                        h_in = h_in + ((tl.load(h_at + side_shift[side] + i2, mask=k0 + parity < dstate,
-                                                other=0.0),),)
-                for q in tl.static_range(STEP // 2):
-                    kq = k0 + 2 * q  # this lane's state is kq + parity, for both its channels; an
-                    if dstate % 2 == 0:  # odd dstate's last pass has none for parity 1
-                        valid = tl.full((BLOCK_D,), 1, tl.int1)
-                    else:
-                        valid = kq + parity < dstate
-                    if VAR_B:  # one row of B (C) for both channels: the state's, at the SUB positions
-                        Bk = _columns(tl.load(b_at[:, None] + kq * padded + t[None, :], mask=valid[:, None],
-                                              other=0.0))
-                    if VAR_C:  # (zero past the sequence, and for a missing state)
-                        Ck = _columns(tl.load(c_at[:, None] + kq * padded + t[None, :], mask=valid[:, None],
-                                              other=0.0))
-                    gdtu = (zero,) * SUB
-                    dyh = (zero,) * SUB
-                    new_ddt = ()
-                    new_ddx = ()
-                    new_ys = ()
-                    for side in tl.static_range(2):
-                        if not VAR_B:  # a constant B (C): this channel's value, at every position
-                            Bk = (_widen(tl.load(b_at[side] + kq, mask=valid, other=0.0)),) * SUB
-                        if not VAR_C:
-                            Ck = (_widen(tl.load(c_at[side] + kq, mask=valid, other=0.0)),) * SUB
-                        at = t_at[side][:, None] + (kq * 4 + four)[None, :]
-                        rk, dA_old, A2k, _ = _columns(tl.load(at, mask=valid[:, None], other=0.0))
-                        # the sub-tile's decays, inputs and states, forward from the state entering it
-                        a = ()
-                        hs = ()
-                        hk = h_in[side][q]
-                        h_prev = (hk,)
-                        for j in tl.static_range(SUB):
-                            a = a + (tl.exp2(dts[side][j] * A2k),)
-                            hk = a[j] * hk + dtus[side][j] * Bk[j]
-                            hs = hs + (hk,)
-                            h_prev = h_prev + (hk,)
-                        # then the adjoint backwards, and every gradient of this (channel, state)
-                        dAk = zero
-                        dB_const = zero
-                        dC_const = zero
-                        s_ddt = ()
-                        s_ddx = ()
-                        s_ys = ()
-                        s_gdtu = ()
-                        s_dyh = ()
-                        for j in tl.static_range(SUB - 1, -1, -1):
-                            g = dys[side][j] * Ck[j] + rk  # d loss / d h[t]
-                            rk = a[j] * g                  # r[t] = a[t] g[t]
-                            p = rk * h_prev[j]             # g[t] exp(delta A) h[t-1]
-                            dAk += p * dts[side][j]
-                            s_ddt = (ddt[side][j] + p * A2k,) + s_ddt
-                            s_ddx = (ddx[side][j] + g * Bk[j],) + s_ddx
-                            s_gdtu = (gdtu[j] + g * dtus[side][j],) + s_gdtu
-                            s_dyh = (dyh[j] + dys[side][j] * hs[j],) + s_dyh
-                            if not VAR_B:
-                                dB_const += g * dtus[side][j]
-                            if not VAR_C:
-                                dC_const += dys[side][j] * hs[j]
-                            if HAS_Z:
-                                s_ys = (ys[side][j] + hs[j] * Ck[j],) + s_ys
-                        new_ddt = new_ddt + (s_ddt,)
-                        new_ddx = new_ddx + (s_ddx,)
-                        if HAS_Z:
-                            new_ys = new_ys + (s_ys,)
-                        gdtu = s_gdtu
-                        dyh = s_dyh
-                        two = tl.arange(0, 2)
-                        tl.store(t_at[side][:, None] + (kq * 4 + two)[None, :], _stack((rk, dA_old + dAk)),
-                                 mask=valid[:, None])
-                        # dB, dC of a constant B, C: per (channel, state), summed over positions
-                        if not VAR_B or not VAR_C:
-                            at = dtile + side_row[side] + parity + kq
+                    if not VAR_B:  # a constant B (C): this channel's value, at every position
+                        Bk = (_widen(tl.load(b_at[side] + kq, mask=valid, other=0.0)),) * SUB
+                    if not VAR_C:
+                        Ck = (_widen(tl.load(c_at[side] + kq, mask=valid, other=0.0)),) * SUB
+                    at = t_at[side][:, None] + (kq * 4 + four)[None, :]
+                    rk, dA_old, A2k, pad = _columns(tl.load(at, mask=valid[:, None], other=0.0))
+                    # the sub-tile's decays, inputs and states, forward from the state entering it
+                    a = ()
+                    hs = ()
+                    hk = h_in[side][q]
+                    h_prev = (hk,)
+                    for j in tl.static_range(SUB):
+                        a = a + (tl.exp2(dts[side][j] * A2k),)
+                        hk = a[j] * hk + dtus[side][j] * Bk[j]
+                        hs = hs + (hk,)
+                        h_prev = h_prev + (hk,)
+                    # then the adjoint backwards, and every gradient of this (channel, state)
+                    dAk = zero
+                    dB_const = zero
+                    dC_const = zero
+                    s_ddt = ()
+                    s_ddx = ()
+                    s_ys = ()
+                    s_gdtu = ()
+                    s_dyh = ()
+                    for j in tl.static_range(SUB - 1, -1, -1):
+                        g = dys[side][j] * Ck[j] + rk  # d loss / d h[t]
+                        rk = a[j] * g                  # r[t] = a[t] g[t]
+                        p = rk * h_prev[j]             # g[t] exp(delta A) h[t-1]
+                        dAk += p * dts[side][j]
+                        s_ddt = (ddt[side][j] + p * A2k,) + s_ddt
+                        s_ddx = (ddx[side][j] + g * Bk[j],) + s_ddx
+                        s_gdtu = (gdtu[j] + g * dtus[side][j],) + s_gdtu
+                        s_dyh = (dyh[j] + dys[side][j] * hs[j],) + s_dyh
                         if not VAR_B:
-                            tl.store(at, tl.load(at) + dB_const, mask=valid)
+                            dB_const += g * dtus[side][j]
                         if not VAR_C:
-                            tl.store(at + tile_size, tl.load(at + tile_size) + dC_const, mask=valid)
-                    ddt = new_ddt
-                    ddx = new_ddx
+                            dC_const += dys[side][j] * hs[j]
+                        if HAS_Z:
+                            s_ys = (ys[side][j] + hs[j] * Ck[j],) + s_ys
+                    new_ddt = new_ddt + (s_ddt,)
+                    new_ddx = new_ddx + (s_ddx,)
                     if HAS_Z:
-                        ys = new_ys
-                    if VAR_B:
-                        values = values + gdtu
-                    if VAR_C:
-                        values = values + dyh
-                # of a varying one: per (state, position), summed over the channels, which the
-                # BLOCK_D / 2 lanes of each parity hold two each; one butterfly per loop pass.
-                # Value v of the sums is (parity v // V, pass q, kind (dB before dC), position)
-                # with V the values a lane holds, as `values` lists them.
-                if VAR_B or VAR_C:
-                    v = tl.arange(0, 2 * len(values))
-                    per_pass: tl.constexpr = len(values) // (STEP // 2)
-                    pos = s + v % SUB
-                    kv = k0 + 2 * (v % len(values) // per_pass) + v // len(values)
-                    at = part + kv * length + pos
-                    if VAR_B and VAR_C:
-                        where = tl.where(v % per_pass < SUB, dB_ptr + at, dC_ptr + at)
-                    elif VAR_B:
-                        where = dB_ptr + at
-                    else:
-                        where = dC_ptr + at
-                    tl.store(where, _lane_sums(_stack(values), 2), mask=(pos < t1) & (kv < dstate))
-            # each channel's sums over all states: its own lane's parity plus its partner's
-            ddx_tile = _stack(ddx[0]) + _partner(_stack(ddx[1]))
-            du = ddx_tile * dt
-            # u and delta before softplus loaded again rather than kept in registers over the walk
-            u = _tile(u_ptr, offs, m2)
+                        new_ys = new_ys + (s_ys,)
+                    gdtu = s_gdtu
+                    dyh = s_dyh
+                    two = tl.arange(0, 2)
+                    tl.store(t_at[side][:, None] + (kq * 4 + two)[None, :], _stack((rk, dA_old + dAk)),
+                             mask=valid[:, None])
+                    # dB, dC of a constant B, C: per (channel, state), summed over positions
+                    if not VAR_B or not VAR_C:
+                        at = dtile + side_row[side] + parity + kq
+                    if not VAR_B:
+                        tl.store(at, tl.load(at) + dB_const, mask=valid)
+                    if not VAR_C:
+                        tl.store(at + tile_size, tl.load(at + tile_size) + dC_const, mask=valid)
+                ddt = new_ddt
+                ddx = new_ddx
+                if HAS_Z:
+                    ys = new_ys
+                if VAR_B:
+                    values = values + gdtu
+                if VAR_C:
+                    values = values + dyh
+            # of a varying one: per (state, position), summed over the channels, which the
+            # BLOCK_D / 2 lanes of each parity hold two each; one butterfly per loop pass.
+            # Value v of the sums is (parity v // V, pass q, kind (dB before dC), position)
+            # with V the values a lane holds, as `values` lists them.
+            if VAR_B or VAR_C:
+                v = tl.arange(0, 2 * len(values))
+                per_pass: tl.constexpr = len(values) // (STEP // 2)
+                pos = s + v % SUB
+                kv = k0 + 2 * (v % len(values) // per_pass) + v // len(values)
+                at = part + kv * length + pos
+                if VAR_B and VAR_C:
+                    where = tl.where(v % per_pass < SUB, dB_ptr + at, dC_ptr + at)
+                elif VAR_B:
+                    where = dB_ptr + at
+                else:
+                    where = dC_ptr + at
+                tl.store(where, _lane_sums(_stack(values), 2), mask=(pos < t1) & (kv < dstate))
+        # each channel's sums over all states: its own lane's parity plus its partner's
+        ddx_tile = _stack(ddx[0]) + _partner(_stack(ddx[1]))
+        du = ddx_tile * dt
+        # u and delta before softplus loaded again rather than kept in registers over the walk
+        u = _tile(u_ptr, offs, m2)
+        if HAS_D:
+            du += dy_gated * Dv[:, None]
+            dD_acc += tl.sum(dy_gated * u, axis=1)
+        if HAS_Z:
+            y = _stack(ys[0]) + _partner(_stack(ys[1]))
             if HAS_D:
-                du += dy_gated * Dv[:, None]
-                dD_acc += tl.sum(dy_gated * u, axis=1)
-            if HAS_Z:
-                y = _stack(ys[0]) + _partner(_stack(ys[1]))
-                if HAS_D:
-                    y += Dv[:, None] * u
-                tl.store(dz_ptr + offs, dy * y * zs * (1.0 + zt * (1.0 - zs)), mask=m2)
-            ddt_tile = (_stack(ddt[0]) + _partner(_stack(ddt[1]))) * 0.6931471805599453 + ddx_tile * u
-            if SOFTPLUS:
-                _, raw = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, False)
-                ddt_tile = ddt_tile * _sigmoid(raw)
-            ddt_tile = tl.where(m2, ddt_tile, 0.0)
-            dbias_acc += tl.sum(ddt_tile, axis=1)
-            tl.store(du_ptr + offs, du, mask=m2)
-            tl.store(ddelta_ptr + offs, ddt_tile, mask=m2)
-    if GRADS:  # this program's (dD, d delta_bias) vectors
-        dvec = dvec_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 2 * BLOCK_D) + tl.arange(0, BLOCK_D)
-        tl.store(dvec, dD_acc)
-        tl.store(dvec + BLOCK_D, dbias_acc)
+                y += Dv[:, None] * u
+            tl.store(dz_ptr + offs, dy * y * zs * (1.0 + zt * (1.0 - zs)), mask=m2)
+        ddt_tile = (_stack(ddt[0]) + _partner(_stack(ddt[1]))) * 0.6931471805599453 + ddx_tile * u
+        if SOFTPLUS:
+            _, raw = _delta_tile(delta_ptr, offs, m2, bias, HAS_BIAS, False)
+            ddt_tile = ddt_tile * _sigmoid(raw)
+        ddt_tile = tl.where(m2, ddt_tile, 0.0)
+        dbias_acc += tl.sum(ddt_tile, axis=1)
+        tl.store(du_ptr + offs, du, mask=m2)
+        tl.store(ddelta_ptr + offs, ddt_tile, mask=m2)
+    # this program's (dD, d delta_bias) vectors
+    dvec = dvec_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 2 * BLOCK_D) + lane
+    tl.store(dvec, dD_acc)
+    tl.store(dvec + BLOCK_D, dbias_acc)
 
 
 class _Layout:
@@ -1126,8 +1120,8 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     positions = [_positions_major(m, lay.n_chunks * lay.chunk, lay.nq) if m.dim() == 4 else m
                  for m in inputs[3:5]]  # as the forward reads them
     rows = [_states_major(m, lay.n_chunks * lay.chunk) if m.dim() == 4 else m for m in inputs[3:5]]
-    args = (*inputs[:3], *rows, *inputs[5:], dout, saved, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
-            _or(dC_part, scratch), dtile, dvec, *positions, *lay.args())
+    args = (*inputs[:3], *rows, *inputs[5:], dout, adj, scratch, du, ddelta, _or(dz, du), _or(dB_part, scratch),
+            _or(dC_part, scratch), dtile, dvec, *lay.args())
     states_args = (u, delta, inputs[2], inputs[6], inputs[7], dout, saved, adj, scratch, *positions,
                    *lay.args())
     states_flags = {k: v for k, v in flags.items() if k != 'HAS_D'}
@@ -1140,8 +1134,7 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
         _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['states'],
                       (u, delta, dout, *rows, _or_none(z, inputs[6]), adj, scratch,
                        du, ddelta, dz, dB_part, dC_part, dtile, dvec),
-                      max_registers=128 if z is None else 168, GRADS=True,
-                      NQ=lay.nq, VEC=lay.vec),  # 16 per SM; 12 with z (its gate needs more)
+                      max_registers=128 if z is None else 168),  # 16 per SM; 12 with z (its gate needs more)
     ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
 
 

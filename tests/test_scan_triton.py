@@ -242,6 +242,21 @@ def test_strong_decay_stays_finite_and_exact(interpreted):
     _check_against_reference(args, False, out, last)
 
 
+def test_chunk_adjoints_summed_forward_through_decay_products_that_underflow(interpreted):
+    """The backward sums each chunk's adjoint from zero in the forward direction, weighting C dy
+    at each position by the product of the decays from the chunk's start to it. Here chunks are
+    32 positions long and state 0 decays by about e^-20 per position, so that product
+    underflows to 0 a few positions into every chunk, while states 1 and 2 decay slowly and
+    carry adjoints across every boundary; the loss uses the last state too, so the reversed
+    carries start from its gradient. Every gradient against the float64 reference."""
+    args, softplus = make_inputs('grouped', 75, 'D+z+bias+softplus', dim=4, dstate=3, groups=2)
+    with torch.no_grad():
+        args['A'][:, 0] = -40.0
+        args['A'][:, 1:] = -0.02 * torch.arange(1, 3)
+    out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=32)
+    _check_against_reference(args, softplus, out, last)  # (a NaN anywhere fails it)
+
+
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_half_precision_inputs_accumulate_the_state_in_float32(interpreted, dtype):
     """The state grows to about 9.9 in steps of 0.02. A bfloat16 state (8-bit mantissa) would
