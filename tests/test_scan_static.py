@@ -33,19 +33,21 @@ def _report(tmp_path, *args):
 def test_kernels_compile_for_sm90_without_spills_and_with_64_bit_offsets(tmp_path):
     rows, out = _report(tmp_path, '--arch', '90', '--shape', 'train', 'infer', '--dtype', 'fp32',
                         'bf16', '--combos', 'mambair')
-    kernels = [f'{d}: {k}' for d in ('forward', 'backward') for k in ('chunks from zero', 'carries')] + \
+    firsts = {'forward': 'chunks from zero', 'backward': 'states, adjoints from zero'}
+    kernels = [f'{d}: {k}' for d, first in firsts.items() for k in (first, 'carries')] + \
         ['forward: output', 'backward: gradients']
     assert set(rows) == {(s, c, k) for s in ('train', 'infer') for c in ('fp32 bias+D', 'bf16 bias+D')
                          for k in kernels}
     assert 'not timings' in out
     # SASS warp-instructions per state update of each direction's two chunk launches: the forward
     # meets the 0.35 in float32 (0.347; bfloat16 0.354); the backward misses its 0.9
-    # (1.24 and 1.29 measured; 2.15 and 2.31 before): these bounds keep what was reached
+    # (1.173 and 1.224 measured; 1.24 and 1.29 when it walked each chunk three times, 2.15 and
+    # 2.31 before that): these bounds keep what was reached
     for shape in ('train', 'infer'):
-        for combo, forward_bound, backward_bound in (('fp32 bias+D', 0.35, 1.27), ('bf16 bias+D', 0.36, 1.32)):
+        for combo, forward_bound, backward_bound in (('fp32 bias+D', 0.35, 1.18), ('bf16 bias+D', 0.36, 1.23)):
             for direction, bound in (('forward', forward_bound), ('backward', backward_bound)):
                 second = 'output' if direction == 'forward' else 'gradients'
-                total = sum(rows[shape, combo, f'{direction}: {k}']['per_update'] for k in ('chunks from zero', second))
+                total = sum(rows[shape, combo, f'{direction}: {k}']['per_update'] for k in (firsts[direction], second))
                 assert total <= bound, (shape, combo, direction, total)
     for (shape, combo, kernel), row in rows.items():
         batch, chunks = (4, 36) if shape == 'train' else (1, 128)  # L/64, or at most 128 chunks
