@@ -633,7 +633,7 @@ def _backward_states_kernel(u_ptr, delta_ptr, A_ptr, z_ptr, bias_ptr, dout_ptr, 
                     a = tl.exp2(dts[j] * A2[n])
                     h_next = h_next + (a * h[n] + dtus[j] * Bc[n],)
                     P_next = P_next + (P[n] * a,)
-                for n in tl.static_range(dstate):
+                for n in tl.static_range(dstate):  # (after all of B's uses: fewer registers)
                     r_next = r_next + (P_next[n] * (dys[j] * Cc[n]) + r[n],)
                 h = h_next
                 P = P_next
