@@ -691,15 +691,16 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     last_sub = t0 + ((t1 - t0 - 1) // SUB) * SUB  # first position of the chunk's last sub-tile
     scratch = _scratch_rows(scratch_ptr, bi, blk, blocks, n_chunks, c, chunk, SUB, BLOCK_D, BLOCK_N)
     part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
-    # This program's ``dtile`` slot holds a constant B's and C's gradients, two (BLOCK_D,
-    # BLOCK_N) tiles summed over the chunk (zeroed by the caller), then what the walk carries
+    # This program's ``dtile`` slot holds, when B or C is constant, their gradients: two
+    # (BLOCK_D, BLOCK_N) tiles summed over the chunk (zeroed by the caller); then what the walk carries
     # per (channel, state) from sub-tile to sub-tile, four floats side by side: the adjoint (it
     # starts as the adjoint entering from the right), dA, A log2 e and a pad. So the loop over
     # the states need not be unrolled, and one 16-byte load per (channel, state) and pass
     # fetches all three.
     tile_size: tl.constexpr = BLOCK_D * BLOCK_N
-    dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, 6 * tile_size)
-    carried = dtile + 2 * tile_size
+    CONST: tl.constexpr = 0 if VAR_B and VAR_C else 2  # the constant gradients' tiles, if any
+    dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (CONST + 4) * tile_size)
+    carried = dtile + CONST * tile_size
     lane = tl.arange(0, BLOCK_D)
     four = tl.arange(0, 4)
     for k in tl.static_range(dstate):
@@ -1112,8 +1113,9 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     adj = torch.empty_like(saved)
     dinit = u.new_empty(lay.batch, lay.dim, lay.dstate, **f32)  # gradient of the zero initial state
     scratch = u.new_empty(lay.programs * (lay.chunk // SUB) * tile_size, **f32)
-    dtile = u.new_empty(lay.programs, 6, lay.block_d, lay.block_n, **f32)  # see the gradient walk
-    dtile[:, :2].zero_()
+    const = 0 if flags['VAR_B'] and flags['VAR_C'] else 2  # see the gradient walk
+    dtile = u.new_empty(lay.programs, const + 4, lay.block_d, lay.block_n, **f32)
+    dtile[:, :const].zero_()
     dvec = u.new_empty(lay.programs, 2, lay.block_d, **f32)
     dB_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_B'] else None
     dC_part = u.new_empty(lay.batch, lay.grid[1], lay.dstate, lay.length, **f32) if flags['VAR_C'] else None
@@ -1175,7 +1177,8 @@ class SelectiveScanTriton(torch.autograd.Function):
                                ctx.softplus, ctx.chunk, ctx.block_d)
         grads, lay = plan.run(), plan.layout
         dtile, dvec, n = grads['dtile'], grads['dvec'], lay.dstate
-        dA = lay.per_channel(dtile[:, 2:].reshape(*dtile.shape[:1], lay.block_d, lay.block_n, 4)[..., 1], n)
+        carried = dtile[:, dtile.shape[1] - 4:].reshape(dtile.shape[0], lay.block_d, lay.block_n, 4)
+        dA = lay.per_channel(carried[..., 1], n)
         dB = (lay.per_position(grads['dB_part'], _grouped_view(B).shape[1])
               if grads['dB_part'] is not None else lay.per_channel(dtile[:, 0], n))
         dC = (lay.per_position(grads['dC_part'], _grouped_view(C).shape[1])
