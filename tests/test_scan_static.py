@@ -39,12 +39,12 @@ def test_kernels_compile_for_sm90_without_spills_and_with_64_bit_offsets(tmp_pat
     assert set(rows) == {(s, c, k) for s in ('train', 'infer') for c in ('fp32 bias+D', 'bf16 bias+D')
                          for k in kernels}
     assert 'not timings' in out
-    # SASS warp-instructions per state update of each direction's two chunk launches: the forward
-    # meets the 0.35 in float32 (0.347; bfloat16 0.354); the backward misses its 0.9
-    # (1.173 and 1.224 measured; 1.24 and 1.29 when it walked each chunk three times, 2.15 and
-    # 2.31 before that): these bounds keep what was reached
+    # SASS warp-instructions per state update of each direction's two chunk launches: the issue's
+    # goals are 0.35 forward and 0.9 backward. The forward meets it in float32 (0.347; bfloat16
+    # 0.354); the backward in both (0.884 and 0.888; 1.24 and 1.29 when it walked each chunk
+    # three times, 2.15 and 2.31 before that): these bounds keep what was reached
     for shape in ('train', 'infer'):
-        for combo, forward_bound, backward_bound in (('fp32 bias+D', 0.35, 1.18), ('bf16 bias+D', 0.36, 1.23)):
+        for combo, forward_bound, backward_bound in (('fp32 bias+D', 0.35, 0.89), ('bf16 bias+D', 0.36, 0.89)):
             for direction, bound in (('forward', forward_bound), ('backward', backward_bound)):
                 second = 'output' if direction == 'forward' else 'gradients'
                 total = sum(rows[shape, combo, f'{direction}: {k}']['per_update'] for k in (firsts[direction], second))
