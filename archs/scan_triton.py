@@ -738,11 +738,11 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
         dys = _columns(dy_gated)
         u = _tile(u_ptr, offs, m2)
         dtu = tl.where(mask_d[:, None], dt * u, 0.0)
-        # this lane's own channel, then its partner's (the lane HALF away)
+        # this lane's own channel, then its partner's (the lane BLOCK_D / 2 away)
         dts = (dts, _columns(_partner(dt)))
         dtus = (_columns(dtu), _columns(_partner(dtu)))
         dys = (dys, _columns(_partner(dy_gated)))
-        h_sub = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # each lane's row of the states entering the sub-tile
+        h_sub = scratch + ((s - t0) // SUB) * BLOCK_D * BLOCK_N  # the sub-tile's scratch, each lane's row
         ddt = ((zero,) * SUB, (zero,) * SUB)  # d loss / d delta (after softplus), over log 2
         ddx = ((zero,) * SUB, (zero,) * SUB)  # d loss / d (delta u)
         ys = ((zero,) * SUB, (zero,) * SUB)   # y, for dz
@@ -846,7 +846,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                     values = values + gdtu
                 if VAR_C:
                     values = values + dyh
-            # of a varying one: per (state, position), summed over the channels, which the
+            # dB, dC of a varying B, C: per (state, position), summed over the channels, which the
             # BLOCK_D / 2 lanes of each parity hold two each; one butterfly per loop pass.
             # Value v of the sums is (parity v // V, pass q, kind (dB before dC), position)
             # with V the values a lane holds, as `values` lists them.
