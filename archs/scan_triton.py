@@ -1131,8 +1131,8 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
         _chunk_launch('backward: states, adjoints from zero', _backward_states_kernel, lay, states_args,
                       states_flags, ['step'],
                       (u, delta, dout, positions[0], positions[1], _or_none(z, inputs[6]), saved, scratch, adj),
-                      max_registers=128 if z is None else 136, NQ=lay.nq, VEC=lay.vec,
-                      STEP=STATES_STEP),  # 16 per SM (15 with z)
+                      max_registers=128 if z is None else 144, NQ=lay.nq, VEC=lay.vec,
+                      STEP=STATES_STEP),  # 16 per SM (14 with z)
         _carry_launch('backward: carries', lay, inputs[2], adj, dsum, dlast, dinit, reverse=True),
         _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['states'],
                       (u, delta, dout, *rows, _or_none(z, inputs[6]), adj, scratch,
