@@ -542,19 +542,6 @@ def _store_state_vectors(ptr, offsets, mask, v):
 
 
 @triton.jit
-def _bc_columns(ptr, row, k, t, mask_t, d, mask_d, dstate, length, VARIES: tl.constexpr):
-    """State ``k`` of B (or C) at the sub-tile's SUB positions, as a tuple of SUB values that
-    broadcast against (BLOCK_D,) vectors: the scalars of a varying B (one 16-byte load that every
-    lane makes alike), or the (BLOCK_D,) column of a constant (d, n) one, repeated."""
-    if VARIES:
-        cols = _columns(_widen(tl.load(ptr + row + k * length + t, mask=mask_t, other=0.0)))
-    else:
-        col = _widen(tl.load(ptr + d * dstate + k, mask=mask_d, other=0.0))
-        cols = (col,) * t.shape[0]
-    return cols
-
-
-@triton.jit
 def _output_gradient(dout_ptr, z_ptr, offs, m2, HAS_Z: tl.constexpr):
     """(dy, dy through the gate, z, sigmoid(z)) of a sub-tile: ``out = (y + D u) * silu(z)``, so
     the states see ``dy * z * sigmoid(z)``; without z, dy itself (and dy in place of z, sigmoid)."""
