@@ -641,7 +641,8 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
                            dim, length, group_size, b_chans, c_chans, n_chunks, chunk,
                            dstate: tl.constexpr, VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                            HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr):
+                           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr,
+                           CONST: tl.constexpr):
     """The gradient walk, from the state entering each sub-tile (``scratch``, written by
     :func:`_backward_states_kernel`) and the adjoint entering the chunk from the right
     (``adj``): du, ddelta, dz per position; dB, dC per position summed over the program's
@@ -678,14 +679,13 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     last_sub = t0 + ((t1 - t0 - 1) // SUB) * SUB  # first position of the chunk's last sub-tile
     scratch = _scratch_rows(scratch_ptr, bi, blk, blocks, n_chunks, c, chunk, SUB, BLOCK_D, BLOCK_N)
     part = _partial_rows(bi, blk, blocks, dstate, length)  # this block's dB/dC partial sums
-    # This program's ``dtile`` slot holds, when B or C is constant, their gradients: two
+    # This program's ``dtile`` slot holds, when B or C is constant, their gradients: ``CONST`` = 2
     # (BLOCK_D, BLOCK_N) tiles summed over the chunk (zeroed by the caller); then what the walk carries
     # per (channel, state) from sub-tile to sub-tile, four floats side by side: the adjoint (it
     # starts as the adjoint entering from the right), dA, A log2 e and a pad. So the loop over
     # the states need not be unrolled, and one 16-byte load per (channel, state) and pass
     # fetches all three.
     tile_size: tl.constexpr = BLOCK_D * BLOCK_N
-    CONST: tl.constexpr = 0 if VAR_B and VAR_C else 2  # the constant gradients' tiles, if any
     dtile = dtile_ptr + _program_slot(bi, blk, blocks, n_chunks, c, (CONST + 4) * tile_size)
     carried = dtile + CONST * tile_size
     lane = tl.arange(0, BLOCK_D)
@@ -697,8 +697,7 @@ def _backward_chunk_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, 
     tl.debug_barrier()  # (a lane reads its partner's rows below)
     parity = lane // (BLOCK_D // 2)
     partner = (lane + BLOCK_D // 2) % BLOCK_D
-    d_partner = g0 + (blk % ((group_size + BLOCK_D - 1) // BLOCK_D)) * BLOCK_D + partner
-    d_partner = tl.minimum(d_partner, g0 + group_size - 1)
+    d_partner = _partner(d)
     side_row = (lane * BLOCK_N, partner * BLOCK_N)  # rows of the program's (BLOCK_D, BLOCK_N) tiles
     side_shift = (0, (partner - lane) * BLOCK_N)  # from a lane's row to its partner's
     # per side, the pointer to state ``parity`` of its row in the slot (a pass adds its first
@@ -1100,7 +1099,7 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
     adj = torch.empty_like(saved)
     dinit = u.new_empty(lay.batch, lay.dim, lay.dstate, **f32)  # gradient of the zero initial state
     scratch = u.new_empty(lay.programs * (lay.chunk // SUB) * tile_size, **f32)
-    const = 0 if flags['VAR_B'] and flags['VAR_C'] else 2  # see the gradient walk
+    const = 0 if flags['VAR_B'] and flags['VAR_C'] else 2  # dtile's constant-gradient tiles, if any
     dtile = u.new_empty(lay.programs, const + 4, lay.block_d, lay.block_n, **f32)
     dtile[:, :const].zero_()
     dvec = u.new_empty(lay.programs, 2, lay.block_d, **f32)
@@ -1124,7 +1123,7 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, saved: torch.Tensor, ds
         _chunk_launch('backward: gradients', _backward_chunk_kernel, lay, args, flags, ['states'],
                       (u, delta, dout, *rows, _or_none(z, inputs[6]), adj, scratch,
                        du, ddelta, dz, dB_part, dC_part, dtile, dvec),
-                      max_registers=128 if z is None else 168),  # 16 per SM; 12 with z (its gate needs more)
+                      max_registers=128 if z is None else 168, CONST=const),  # 16 per SM; 12 with z (its gate needs more)
     ], dict(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dtile=dtile, dvec=dvec), lay)
 
 
