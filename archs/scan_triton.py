@@ -113,18 +113,17 @@ INT32_MAX = 2 ** 31 - 1
 def _softplus(x):
     """log(1 + e^x) = max(x, 0) + log1p(t), t = e^-|x| in (0, 1], within a few float32 ulp of
     torch's softplus (identity above 20 too: there log1p(t) < 2.1e-9 is under half an ulp of x).
-    log1p(t) = 2 atanh(q / 2), q = t / (1 + t / 2) in (0, 2/3], is q P(q^2) with P a degree-4
-    fit of 2 atanh(q / 2) / q (relative error 1.5e-8): one exp2, one rsqrt and no log,
-    accurate for small t where a log of 1 + t would not be."""
+    log1p(t) = 2 asinh(y / 2) with y = t / sqrt(1 + t) in (0, 1/sqrt 2], and 2 asinh(y / 2) is
+    y P(y^2) with P a degree-3 fit (relative error 4.7e-8): one exp2 and one rsqrt, no log and
+    no division (a division adds range fix-ups), and accurate for small t, where rounding 1 + t
+    barely moves its rsqrt. Every constant is alone in its instruction but P's leading one."""
     t = tl.exp2(tl.abs(x) * -1.4426950408889634)
-    r = tl.math.rsqrt(1.0 + 0.5 * t)  # a bare rsqrt, where a division adds range fix-ups
-    q = t * r * r
-    v = q * q
-    p = 0.0005247583742083315 * v + 0.002205783746802917
-    p = p * v + 0.012502394235998172
-    p = p * v + 0.08333329983183378
-    p = p * v + 1.0
-    return q * p + tl.maximum(x, 0.0)
+    y = t * tl.math.rsqrt(1.0 + t)
+    w = y * y
+    p = -0.0005927310012463798 * w + 0.004656155073510326
+    p = p * w - 0.04166360591778831
+    p = p * w + 0.9999999529524569
+    return y * p + tl.maximum(x, 0.0)
 
 
 @triton.jit
@@ -628,10 +627,13 @@ def _backward_states_kernel(u_ptr, delta_ptr, A_ptr, z_ptr, bias_ptr, dout_ptr, 
             bp += STEP * NQ
             cp += STEP * NQ
         scratch += BLOCK_D * BLOCK_N
-    # The adjoint leaving the chunk on the left, at ``state``: its offset derived again from the
-    # row's (live in the loop), so that no other offset is kept across the loop (under the
-    # register cap ptxas spilled it).
-    _store_state_vectors(adj_ptr + _channel_chunk_rows(row // length, n_chunks, c, dstate), 0, mask_d, r)
+    # The adjoint leaving the chunk on the left, at ``state``: its offset derived again from
+    # values live in the loop, the channel from the row and the chunk from its end t1, so that
+    # nothing else is kept across the loop (under the register cap ptxas spilled the offset, the
+    # chunk index, or the sign word of a signed division).
+    channel = (row.to(tl.uint64) // length.to(tl.uint32).to(tl.uint64)).to(tl.int64)
+    chunk_again = (t1 - 1) // chunk  # t0 <= t1 - 1 < t0 + chunk
+    _store_state_vectors(adj_ptr + _channel_chunk_rows(channel, n_chunks, chunk_again, dstate), 0, mask_d, r)
 
 
 @triton.jit
