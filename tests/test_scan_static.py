@@ -41,8 +41,9 @@ def test_kernels_compile_for_sm90_without_spills_and_with_64_bit_offsets(tmp_pat
     assert 'not timings' in out
     # SASS warp-instructions per state update of each direction's two chunk launches: the issue's
     # goals are 0.35 forward and 0.9 backward, met in float32 and bfloat16 (forward 0.343 and
-    # 0.3499, 0.347 and 0.354 with the softplus before; backward 0.884 and 0.888, 1.24 and 1.29
-    # when it walked each chunk three times, 2.15 and 2.31 before that)
+    # 0.3499, 0.347 and 0.354 with the softplus before; backward 0.879 and 0.885, 0.884 and
+    # 0.888 before the states kernel's end-of-walk offsets, 1.24 and 1.29 when it walked each
+    # chunk three times, 2.15 and 2.31 before that)
     for shape in ('train', 'infer'):
         for combo, forward_bound, backward_bound in (('fp32 bias+D', 0.35, 0.89), ('bf16 bias+D', 0.35, 0.89)):
             for direction, bound in (('forward', forward_bound), ('backward', backward_bound)):
