@@ -89,6 +89,12 @@ import triton.language as tl
 
 from basicsr_ldt.errors import InputError
 
+# Options every launch passes to Triton's compiler. FP fusion (``a * b + c`` as one FFMA) is
+# Triton's default today, but Triton 3.9 warns at the first launch that the default will change;
+# the recurrence, C . h and every gradient sum are multiply-adds, and the loops' instruction
+# counts (the static goals, archs/README.md) assume them fused.
+COMPILE_OPTIONS = {'enable_fp_fusion': True}
+
 # Positions per chunk (at least; longer sequences get longer chunks, see MAX_CHUNKS).
 CHUNK = 64
 # At most this many chunks: the carry kernel walks them one after another.
@@ -951,9 +957,9 @@ class KernelLaunch:
     int64), ``constexprs`` its constexpr parameters by name. ``updates_per_pass``: for each
     innermost loop of the compiled kernel, in code order, the state updates (channel, state,
     position) one warp makes per pass (empty for the carry kernel, whose loop walks chunks), so
-    that static figures can be put per update. ``options``: other launch options (``maxnreg``:
-    the registers per thread ptxas may use, so that enough programs stay resident per SM;
-    Triton's interpreter ignores it). ``serial_passes``: the passes of its loop that one program
+    that static figures can be put per update. ``options``: other launch options
+    (:data:`COMPILE_OPTIONS`; ``maxnreg``: the registers per thread ptxas may use, so that
+    enough programs stay resident per SM; Triton's interpreter ignores them). ``serial_passes``: the passes of its loop that one program
     makes one after another (the carry kernel's chunks), for the time estimate's serial chain.
     ``traffic``: the tensors it reads or writes, each once (one listed twice is moved twice;
     None: absent), for the estimate's memory time."""
@@ -1014,15 +1020,15 @@ def _chunk_launch(name, kernel, lay, args, flags, loops, traffic, max_registers,
                step=lay.block_d * lay.dstate * mode.get('STEP', 1))
     return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
                         updates_per_pass=tuple(per[loop] for loop in loops),
-                        options=dict(maxnreg=max_registers), traffic=tuple(traffic))
+                        options=dict(COMPILE_OPTIONS, maxnreg=max_registers), traffic=tuple(traffic))
 
 
 def _carry_launch(name, lay, A32, own, dsum, start, last, reverse: bool) -> KernelLaunch:
     return KernelLaunch(name, _carry_kernel, lay.carry_grid,
                         (A32, own, dsum, _or(start, A32), last, lay.dim, lay.dstate, lay.n_chunks),
                         dict(REVERSE=reverse, HAS_START=start is not None, BLOCK_D=BLOCK_D,
-                             BLOCK_N=lay.block_n), num_warps=1, serial_passes=lay.n_chunks,
-                        traffic=(own, own, dsum, start, last))
+                             BLOCK_N=lay.block_n), num_warps=1, options=dict(COMPILE_OPTIONS),
+                        serial_passes=lay.n_chunks, traffic=(own, own, dsum, start, last))
 
 
 def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: int = CHUNK,

@@ -265,6 +265,7 @@ class Row:
     tensor_bytes: int           # bytes the launch reads and writes (its declared traffic)
     serial_passes: int          # passes of its loop that one program makes in order (carries)
     updates: int                # state updates of the whole call (batch x dim x L x d_state)
+    fp_fusion: bool             # compiled with fused multiply-adds (Triton's enable_fp_fusion)
 
     @property
     def per_update(self) -> Optional[float]:
@@ -319,7 +320,8 @@ def analyse(launch, arch: int, shape: str, combo: Combo, compiled=None) -> Row:
                occupancy, busiest, [len(b) for b in bodies],
                list(launch.updates_per_pass), narrow_offsets(kernel.asm['ttir']),
                [_count(b, 'MUFU') for b in bodies], [_count(b, 'SHFL') for b in bodies],
-               tensor_bytes(launch), launch.serial_passes, batch * DIM * length * DSTATE)
+               tensor_bytes(launch), launch.serial_passes, batch * DIM * length * DSTATE,
+               bool(kernel.metadata.enable_fp_fusion))
 
 
 def collect(arches: Iterable[int], shapes: Iterable[str], cases: Iterable[Combo],

@@ -63,6 +63,7 @@ def test_kernels_compile_for_sm90_without_spills_and_with_64_bit_offsets(tmp_pat
         assert 0 < row['launch_warps'] <= row['occupancy_warps'] <= 64, row
         assert set(row['narrow_offsets']) <= PER_CHANNEL, row
         assert row['spill_bytes'] == 0 and row['spill_instructions'] == 0, row
+        assert row['fp_fusion'] is True, row  # asked for by every launch, whatever Triton's default
         # the time estimate: every limit of the model is read off this kernel's figures
         estimate = row['estimate']
         limits = ('chain',) if 'carries' in kernel else ('issue', 'mufu', 'memory')
