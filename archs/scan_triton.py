@@ -958,9 +958,10 @@ class KernelLaunch:
     innermost loop of the compiled kernel, in code order, the state updates (channel, state,
     position) one warp makes per pass (empty for the carry kernel, whose loop walks chunks), so
     that static figures can be put per update. ``options``: other launch options
-    (:data:`COMPILE_OPTIONS`; ``maxnreg``: the registers per thread ptxas may use, so that
-    enough programs stay resident per SM; Triton's interpreter ignores them). ``serial_passes``: the passes of its loop that one program
-    makes one after another (the carry kernel's chunks), for the time estimate's serial chain.
+    (:data:`COMPILE_OPTIONS` by default; ``maxnreg``: the registers per thread ptxas may use, so
+    that enough programs stay resident per SM; Triton's interpreter ignores them).
+    ``serial_passes``: the passes of its loop that one program makes one after another (the
+    carry kernel's chunks), for the time estimate's serial chain.
     ``traffic``: the tensors it reads or writes, each once (one listed twice is moved twice;
     None: absent), for the estimate's memory time."""
     name: str
@@ -970,7 +971,7 @@ class KernelLaunch:
     constexprs: Dict[str, Any]
     num_warps: int
     updates_per_pass: Tuple[int, ...] = ()
-    options: Dict[str, Any] = field(default_factory=dict)
+    options: Dict[str, Any] = field(default_factory=lambda: dict(COMPILE_OPTIONS))
     serial_passes: int = 0
     traffic: Tuple[Optional[torch.Tensor], ...] = ()
 
@@ -1027,8 +1028,8 @@ def _carry_launch(name, lay, A32, own, dsum, start, last, reverse: bool) -> Kern
     return KernelLaunch(name, _carry_kernel, lay.carry_grid,
                         (A32, own, dsum, _or(start, A32), last, lay.dim, lay.dstate, lay.n_chunks),
                         dict(REVERSE=reverse, HAS_START=start is not None, BLOCK_D=BLOCK_D,
-                             BLOCK_N=lay.block_n), num_warps=1, options=dict(COMPILE_OPTIONS),
-                        serial_passes=lay.n_chunks, traffic=(own, own, dsum, start, last))
+                             BLOCK_N=lay.block_n), num_warps=1, serial_passes=lay.n_chunks,
+                        traffic=(own, own, dsum, start, last))
 
 
 def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: int = CHUNK,

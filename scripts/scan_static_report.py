@@ -265,7 +265,7 @@ class Row:
     tensor_bytes: int           # bytes the launch reads and writes (its declared traffic)
     serial_passes: int          # passes of its loop that one program makes in order (carries)
     updates: int                # state updates of the whole call (batch x dim x L x d_state)
-    fp_fusion: bool             # compiled with fused multiply-adds (Triton's enable_fp_fusion)
+    fp_fusion: bool             # the launch asks for fused multiply-adds and was compiled with them
 
     @property
     def per_update(self) -> Optional[float]:
@@ -321,7 +321,7 @@ def analyse(launch, arch: int, shape: str, combo: Combo, compiled=None) -> Row:
                list(launch.updates_per_pass), narrow_offsets(kernel.asm['ttir']),
                [_count(b, 'MUFU') for b in bodies], [_count(b, 'SHFL') for b in bodies],
                tensor_bytes(launch), launch.serial_passes, batch * DIM * length * DSTATE,
-               bool(kernel.metadata.enable_fp_fusion))
+               launch.options.get('enable_fp_fusion') is True and bool(kernel.metadata.enable_fp_fusion))
 
 
 def collect(arches: Iterable[int], shapes: Iterable[str], cases: Iterable[Combo],
