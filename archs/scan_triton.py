@@ -958,8 +958,9 @@ class KernelLaunch:
     innermost loop of the compiled kernel, in code order, the state updates (channel, state,
     position) one warp makes per pass (empty for the carry kernel, whose loop walks chunks), so
     that static figures can be put per update. ``options``: other launch options
-    (:data:`COMPILE_OPTIONS` by default; ``maxnreg``: the registers per thread ptxas may use, so
-    that enough programs stay resident per SM; Triton's interpreter ignores them).
+    (:data:`COMPILE_OPTIONS` always, added to those given; ``maxnreg``: the registers per
+    thread ptxas may use, so that enough programs stay resident per SM; Triton's interpreter
+    ignores them).
     ``serial_passes``: the passes of its loop that one program makes one after another (the
     carry kernel's chunks), for the time estimate's serial chain.
     ``traffic``: the tensors it reads or writes, each once (one listed twice is moved twice;
@@ -971,9 +972,12 @@ class KernelLaunch:
     constexprs: Dict[str, Any]
     num_warps: int
     updates_per_pass: Tuple[int, ...] = ()
-    options: Dict[str, Any] = field(default_factory=lambda: dict(COMPILE_OPTIONS))
+    options: Dict[str, Any] = field(default_factory=dict)
     serial_passes: int = 0
     traffic: Tuple[Optional[torch.Tensor], ...] = ()
+
+    def __post_init__(self) -> None:
+        self.options = {**COMPILE_OPTIONS, **self.options}
 
     def run(self) -> None:
         device = self.args[0].device
@@ -1021,7 +1025,7 @@ def _chunk_launch(name, kernel, lay, args, flags, loops, traffic, max_registers,
                step=lay.block_d * lay.dstate * mode.get('STEP', 1))
     return KernelLaunch(name, kernel, lay.grid, args, dict(flags, **mode), num_warps=1,
                         updates_per_pass=tuple(per[loop] for loop in loops),
-                        options=dict(COMPILE_OPTIONS, maxnreg=max_registers), traffic=tuple(traffic))
+                        options=dict(maxnreg=max_registers), traffic=tuple(traffic))
 
 
 def _carry_launch(name, lay, A32, own, dsum, start, last, reverse: bool) -> KernelLaunch:
