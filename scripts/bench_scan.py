@@ -142,11 +142,17 @@ def compare_backends(args: argparse.Namespace, device: torch.device) -> None:
             continue
         errors = ''
         if name != 'torch':
+            first = time.perf_counter()
             try:
                 ours = output_and_grads(backend_fn(name), inputs)
             except ScanKernelFailed as err:   # compiled or launched at its first call, and failed
                 print(f'{LABELS[name]:10s} not run: {err}')
                 continue
+            if cuda:
+                torch.cuda.synchronize()
+            # Triton compiles (or loads from its cache, ~/.triton) at the first call: users wait this long once.
+            print(f'{LABELS[name]:10s} first fwd+bwd call (compile or cache load included): '
+                  f'{time.perf_counter() - first:.1f} s', flush=True)
             worst = [(o - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
                      for o, r in zip(ours, reference)]
             errors = (f'; max |diff| / max |torch|: output {worst[0]:.1e}, grads ' +

@@ -75,8 +75,12 @@ class ResumableMixin:
         of a silently broken run; logs the check so users see it held."""
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
+        # One sum per tensor, gathered where the process group can reduce it: the tensors may sit on
+        # different devices (CUDA weights beside the CPU-built DPU coefficients), and NCCL reduces
+        # only CUDA tensors, Gloo CPU ones.
+        device = torch.device('cuda', torch.cuda.current_device()) if dist.get_backend() == 'nccl' else 'cpu'
         with torch.no_grad():
-            fingerprint = torch.stack([t.detach().double().sum() for t in self.replica_tensors()]).cpu()
+            fingerprint = torch.stack([t.detach().double().sum().to(device) for t in self.replica_tensors()])
             low, high = fingerprint.clone(), fingerprint.clone()
             dist.all_reduce(low, op=dist.ReduceOp.MIN)
             dist.all_reduce(high, op=dist.ReduceOp.MAX)
