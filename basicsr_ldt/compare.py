@@ -1,7 +1,7 @@
 """Side-by-side comparison grids (the LDT paper's appendix E figures) written by ``test.py``.
 
 With ``test: compare:`` set, every test image gets ``results/<name>/compare/<camera>_<stem>.png``
-(just ``<stem>.png`` when the stem already starts with the camera, as in ``Canon_012_x4``):
+(just ``<stem>.png`` when the stem already starts with the camera, as in ``Canon_10_x1``):
 a top row with the bicubic-upscaled LR (``Bicubic``, the same pixels as test.py's Bicubic row),
 each method's output and the HR image, each labelled with
 its PSNR, and below it ``crops`` rows of zoomed ``size`` x ``size`` crops taken where the methods
@@ -136,8 +136,10 @@ def comparison_grid(panels: Mapping[str, np.ndarray], psnr: Mapping[str, Optiona
 
 def grid_name(camera: str, stem: str) -> str:
     """``<camera>_<stem>.png``, camera first so a camera's images sort together; a stem that already
-    starts with the camera (``Canon_012_x4``, ``DSC_1412_x4``) is not prefixed a second time."""
-    starts_with_camera = stem.startswith(camera) and not stem[len(camera):len(camera) + 1].isalpha()
+    starts with the camera in any case (``Canon_10_x1``, ``sony_116_x1``) is not prefixed a second
+    time, while DRealSR's ``P1140279_x1`` (Olympus) and ``panasonic_158_x1`` (Pan) are."""
+    starts_with_camera = (stem.lower().startswith(camera.lower())
+                          and not stem[len(camera):len(camera) + 1].isalpha())
     return f'{stem}.png' if starts_with_camera else f'{camera}_{stem}.png'
 
 

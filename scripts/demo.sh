@@ -12,7 +12,7 @@ source scripts/python_env.sh    # PY: the given Python, or the project's .venv o
 # digits (README, "Reproducing the figures"). Set OMP_NUM_THREADS / DEMO_JOBS to override.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 bash scripts/install.sh
-if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Clean_073_x1.png ]; then   # 12 train + 10 test pairs per camera, Clean 64 + 10
+if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Clean_023_x4.png ]; then   # the current build: 12 train + 10 test pairs per camera, Clean 64 + 10, DRealSR's names
   "$PY" scripts/make_demo_data.py --force --cameras Olympus Pan Sony DSC IMG Canon Clean
 fi
 if [ -f pretrained/demo/SAFMN_demo_Clean_x4.pth ]; then

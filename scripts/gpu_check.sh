@@ -122,7 +122,7 @@ EOF
 
 run_step scan_backends 480 check_scan "$PY" scripts/bench_scan.py --device cuda
 
-if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Clean_073_x1.png ]; then   # the current demo build (Clean: 64 train + 10 test pairs)
+if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Clean_023_x4.png ]; then   # the current demo build (DRealSR's names; Clean: 64 train + 10 test pairs)
   "$PY" scripts/make_demo_data.py --force --cameras Olympus Pan Sony DSC IMG Canon Clean > "$OUT/demo_data.log" 2>&1 \
     || say "[FAIL] demo data (log: $OUT/demo_data.log)"
 fi

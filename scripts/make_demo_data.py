@@ -6,8 +6,8 @@ the camera-split loading code, the training pipeline and the domain-generalisati
 need data with (a) DRealSR's exact layout and file naming and (b) a *real* shift between cameras.
 This script provides both, offline, in a few seconds and a few MB:
 
-    <out>/Train_x4/train_HR/<Camera>_<idx>_x1.png   <out>/Train_x4/train_LR/<Camera>_<idx>_x4.png
-    <out>/Test_x4/test_HR/<Camera>_<idx>_x1.png     <out>/Test_x4/test_LR/<Camera>_<idx>_x4.png
+    <out>/Train_x4/train_HR/<stem>_x4_<k>.png   <out>/Train_x4/train_LR/<stem>_x1_<k>.png
+    <out>/Test_x4/test_HR/<stem>_x4.png         <out>/Test_x4/test_LR/<stem>_x1.png
     <out>/cameras.json                              degradation profiles + where every crop came from
 
 Sources: only image files physically present in the installed ``skimage/data`` directory are
@@ -67,6 +67,21 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / 'datasets' / 'DRealSR_demo'
 #: The default camera rule of our dataset code: the leading letters of a file stem.
 CAMERA_STEM_PATTERN = r'^[A-Za-z]+'
+#: File stems as the published DRealSR names each camera (P1140279 is Olympus, panasonic_158,
+#: sony_116, DSC_1265 for the Nikon, IMG_140, Canon_56), numbered from ``n``. As in the release the
+#: HR image carries the zoom token ``_x4`` and the LR ``_x1``; training pairs are patches
+#: ``<stem>_x4_<k>`` (patch ``k`` of shot ``stem``).
+STEM_FORMATS = {'Olympus': 'P114{:04d}', 'Pan': 'panasonic_{}', 'Sony': 'sony_{}', 'DSC': 'DSC_{:04d}',
+                'IMG': 'IMG_{}', 'Canon': 'Canon_{}', 'Clean': 'Clean_{:03d}'}
+HR_ZOOM, LR_ZOOM = '_x4', '_x1'
+
+
+def pair_names(camera: str, number: int, patch: Optional[int] = None) -> Tuple[str, str, str]:
+    """(pair stem, HR file name, LR file name) of shot ``number`` of ``camera``, patch ``patch``
+    for training. The pair stem is what the loader pairs by: shot stem plus patch index."""
+    stem = STEM_FORMATS[camera].format(number + (1000 if camera == 'DSC' else 0))
+    tail = '' if patch is None else f'_{patch}'
+    return stem + tail, f'{stem}{HR_ZOOM}{tail}.png', f'{stem}{LR_ZOOM}{tail}.png'
 #: Context kept around every crop so the blur sees real pixels instead of padding at the border.
 MARGIN = 12
 #: A crop is accepted when its grey-level standard deviation reaches this (0..255 scale);
@@ -288,7 +303,6 @@ def _build(root: Path, seed: int, cameras: Sequence[str], counts: Dict[str, Dict
     """Write every pair under ``root``; returns the manifest rows (one per pair)."""
     split_photos = {'train': TRAIN_PHOTOS, 'test': TEST_PHOTOS}
     rows = []
-    next_index = {cam: 0 for cam in cameras}  # stems unique across splits: test follows train
     for split in ('train', 'test'):
         photos = available_photos(split_photos[split], sizes[split] + 2 * MARGIN, data_dir)
         if not photos:
@@ -313,11 +327,13 @@ def _build(root: Path, seed: int, cameras: Sequence[str], counts: Dict[str, Dict
                 noise_rng = np.random.default_rng([seed, cam_code, SPLIT_CODES[split], i, 1])
                 hr, lr, (y, x) = make_pair(photos[name], sizes[split], CAMERA_PROFILES[cam],
                                            crop_rng, noise_rng)
-                stem = f'{cam}_{next_index[cam]:03d}'
-                next_index[cam] += 1
-                write_png(hr_dir / f'{stem}_x1.png', hr)
-                write_png(lr_dir / f'{stem}_x{SCALE}.png', lr)
-                rows.append({'split': split, 'stem': stem, 'camera': cam, 'source': name,
+                if split == 'train':   # one shot per photo, its crops are patches 0, 1, ...
+                    stem, hr_name, lr_name = pair_names(cam, names.index(name), i // len(names))
+                else:                  # test shots are numbered after every train shot
+                    stem, hr_name, lr_name = pair_names(cam, len(TRAIN_PHOTOS) + i)
+                write_png(hr_dir / hr_name, hr)
+                write_png(lr_dir / lr_name, lr)
+                rows.append({'split': split, 'stem': stem, 'hr': hr_name, 'lr': lr_name, 'camera': cam, 'source': name,
                              'hr_box_yxhw': [y, x, sizes[split], sizes[split]]})
     return rows
 

@@ -1,18 +1,22 @@
 #!/usr/bin/env python
-"""Prepare a DRealSR download for training: report cameras, regroup, crop sub-images, build lmdb.
+"""Check a DRealSR download before training: cameras x splits, layout and naming; regroup, crop, lmdb.
 
     python scripts/prepare_drealsr.py datasets/DRealSR                     # report cameras and counts
     python scripts/prepare_drealsr.py datasets/DRealSR --by-camera OUT     # copy into per-camera subfolders
-    python scripts/prepare_drealsr.py datasets/DRealSR --crop 480 --step 240   # Train_x4/train_{HR,LR}_sub
-    python scripts/prepare_drealsr.py datasets/DRealSR --lmdb             # *.lmdb beside each image folder
+    python scripts/prepare_drealsr.py datasets/DRealSR --crop 480 --step 240   # whole images only: *_sub
+    python scripts/prepare_drealsr.py datasets/DRealSR --lmdb             # *.lmdb beside the training folders
 
-Why: DRealSR's training images are large (thousands of pixels), so reading whole PNGs for each
-48-pixel LR patch wastes most of the I/O; BasicSR's practice is to crop overlapping sub-images
-once and optionally pack them into lmdb. The report shows how the camera rule splits the data,
-so the ``cameras:`` names in option files can be checked against the real download first.
+Why: the report shows how the camera rule splits the data, the layout (flat as published:
+``Train_x4/train_HR``, or per-camera folders as the official LDT code keeps them: ``Train/HR/P``)
+and the naming it found (the release's HR ``_x4`` / LR ``_x1``, training patches ``_x4_<k>``), so
+the ``cameras:`` names in option files can be checked against the real download first. The
+published training split is already cut into 192x192 HR patches: ``--crop`` is for users who have
+whole training images (thousands of pixels, where reading a whole PNG per 48-pixel patch wastes
+most of the I/O), and the report says which case it found.
 """
 import argparse
 import os
+import re
 import shutil
 import sys
 from os import path as osp
@@ -22,10 +26,14 @@ import cv2
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 import basicsr_ldt  # noqa: E402,F401  (torchvision shim before basicsr)
-from basicsr_ldt.data.cameras import CameraRule, camera_counts, list_images, pair_keys  # noqa: E402
+from basicsr_ldt.data.cameras import CameraRule, camera_counts, list_images, pair_keys, split_extension  # noqa: E402
 from basicsr_ldt.errors import InputError  # noqa: E402
 
-SPLITS = (('Train_x4', 'train_HR', 'train_LR'), ('Test_x4', 'test_HR', 'test_LR'))
+#: (split, HR folder, LR folder): the published layout first, then the official LDT code's.
+SPLITS = (('Train_x4', 'train_HR', 'train_LR'), ('Test_x4', 'test_HR', 'test_LR'),
+          ('Train', 'HR', 'LR'), ('Test', 'HR', 'LR'))
+#: Training HR images at most this large on both sides are patches already (the release: 192x192).
+PATCH_SIDE = 256
 
 
 def scan_split(root: str, split: str, hr: str, lr: str, scale: int, rule: CameraRule) -> Optional[Dict]:
@@ -37,21 +45,56 @@ def scan_split(root: str, split: str, hr: str, lr: str, scale: int, rule: Camera
         if not osp.isdir(folder):
             raise InputError(f"'{folder}' does not exist but its partner folder does")
     gt_files, lq_files = list_images(gt_dir), list_images(lq_dir)
-    ext = {osp.splitext(f)[0]: osp.splitext(f)[1] for f in gt_files + lq_files}
-    pairs = pair_keys([osp.splitext(f)[0] for f in gt_files], [osp.splitext(f)[0] for f in lq_files], '{}_x1',
-                      f'{{}}_x{scale}', f'{split} ({gt_dir} | {lq_dir})')
-    cameras = [rule.camera_of(stem) for stem, _, _ in pairs]
-    return {'gt_dir': gt_dir, 'lq_dir': lq_dir, 'pairs': pairs, 'cameras': cameras, 'ext': ext}
+    if not gt_files and not lq_files:
+        raise InputError(f"no images in '{gt_dir}' or '{lq_dir}'")
+    where = f'{split} ({gt_dir} | {lq_dir})'
+    pairs = pair_keys(gt_files, lq_files, None, None, where)
+    cameras = rule.cameras_of([stem for stem, _, _ in pairs], where)
+    return {'gt_dir': gt_dir, 'lq_dir': lq_dir, 'pairs': pairs, 'cameras': cameras}
+
+
+def naming(pairs: Sequence[tuple]) -> str:
+    """The naming convention of a split's pairs, in words."""
+    kinds = set()
+    for _, gt_key, lq_key in pairs:
+        gt, lq = (split_extension(key.split('/')[-1])[0] for key in (gt_key, lq_key))
+        gt_zoom, lq_zoom = (re.search(r'_x(\d+)(?:_\d+)?$', name) for name in (gt, lq))
+        patch = re.search(r'_x\d+_\d+$', gt) is not None
+        if gt_zoom and lq_zoom:
+            order = {('4', '1'): "DRealSR's (HR _x4, LR _x1)", ('1', '4'): 'earlier basicsr-ldt (HR _x1, LR _x4)'}
+            kinds.add(order.get((gt_zoom[1], lq_zoom[1]), f'HR _x{gt_zoom[1]}, LR _x{lq_zoom[1]}') +
+                      (' patches _<k>' if patch else ''))
+        else:
+            kinds.add('identical names in HR and LR')
+    return '; '.join(sorted(kinds))
+
+
+def layout(info: Dict) -> str:
+    """'per-camera folders (...)' or 'flat' for one split."""
+    folders = sorted({stem.split('/')[0] for stem, _, _ in info['pairs'] if '/' in stem})
+    return f"per-camera folders ({', '.join(folders)})" if folders else 'flat'
+
+
+def training_images_are_patches(info: Dict) -> bool:
+    """Whether the training HR images are small patches already (a sample of the first 20)."""
+    from PIL import Image
+    for _, gt_key, _ in info['pairs'][:20]:
+        with Image.open(osp.join(info['gt_dir'], gt_key)) as image:
+            if max(image.size) > PATCH_SIDE:
+                return False
+    return True
 
 
 def report(splits: Dict[str, Dict]) -> str:
-    """A cameras x splits table of pair counts."""
+    """A cameras x splits table of pair counts, then each split's layout and naming."""
     counts = {name: camera_counts(info['cameras']) for name, info in splits.items()}
     cameras = sorted({c for table in counts.values() for c in table})
     lines = ['camera    ' + ''.join(f'{name:>10}' for name in counts)]
     for camera in cameras:
         lines.append(f'{camera:<10}' + ''.join(f'{counts[name].get(camera, 0):>10}' for name in counts))
     lines.append(f'{"total":<10}' + ''.join(f'{len(info["pairs"]):>10}' for info in splits.values()))
+    for name, info in splits.items():
+        lines.append(f'{name}: {layout(info)}, naming {naming(info["pairs"])}')
     return '\n'.join(lines)
 
 
@@ -64,10 +107,9 @@ def by_camera(splits: Dict[str, Dict], root: str, out: str) -> None:
     for info in splits.values():
         for (stem, gt_key, lq_key), camera in zip(info['pairs'], info['cameras']):
             for folder, key in ((info['gt_dir'], gt_key), (info['lq_dir'], lq_key)):
-                name = key.split('/')[-1] + info['ext'][key]
-                target = osp.join(tmp, osp.relpath(folder, root), camera, name)
+                target = osp.join(tmp, osp.relpath(folder, root), camera, key.split('/')[-1])
                 os.makedirs(osp.dirname(target), exist_ok=True)
-                shutil.copy2(osp.join(folder, key + info['ext'][key]), target)
+                shutil.copy2(osp.join(folder, key), target)
     os.replace(tmp, out)
 
 
@@ -82,7 +124,8 @@ def crop_positions(length: int, size: int, step: int) -> List[int]:
 
 
 def crop_subimages(info: Dict, size: int, step: int, scale: int) -> int:
-    """Write aligned HR/LR sub-images to ``<side>_sub`` folders; names keep the ``_x1``/``_x4`` suffix."""
+    """Write aligned HR/LR sub-images to ``<side>_sub`` folders, named as the release names its
+    patches: sub-image ``k`` of ``Canon_10_x4.png`` is ``Canon_10_x4_<k>.png`` (LR ``Canon_10_x1_<k>``)."""
     if size % scale or step % scale:
         raise InputError(f'--crop {size} and --step {step} must be multiples of the scale {scale}')
     written = 0
@@ -93,8 +136,8 @@ def crop_subimages(info: Dict, size: int, step: int, scale: int) -> int:
             raise InputError(f"output folder '{outputs[side]}' already exists")
         shutil.rmtree(tmps[side], ignore_errors=True)
     for stem, gt_key, lq_key in info['pairs']:
-        gt = cv2.imread(osp.join(info['gt_dir'], gt_key + info['ext'][gt_key]), cv2.IMREAD_UNCHANGED)
-        lq = cv2.imread(osp.join(info['lq_dir'], lq_key + info['ext'][lq_key]), cv2.IMREAD_UNCHANGED)
+        gt = cv2.imread(osp.join(info['gt_dir'], gt_key), cv2.IMREAD_UNCHANGED)
+        lq = cv2.imread(osp.join(info['lq_dir'], lq_key), cv2.IMREAD_UNCHANGED)
         if gt is None or lq is None:
             raise InputError(f"cannot read the pair '{stem}' in {info['gt_dir']}")
         if gt.shape[0] != lq.shape[0] * scale or gt.shape[1] != lq.shape[1] * scale:
@@ -106,8 +149,8 @@ def crop_subimages(info: Dict, size: int, step: int, scale: int) -> int:
                 index += 1
                 crops = {'gt': gt[top:top + size, left:left + size],
                          'lq': lq[top // scale:(top + size) // scale, left // scale:(left + size) // scale]}
-                for side, suffix in (('gt', '_x1'), ('lq', f'_x{scale}')):
-                    target = osp.join(tmps[side], f'{stem}_s{index:03d}{suffix}.png')
+                for side, key in (('gt', gt_key), ('lq', lq_key)):
+                    target = osp.join(tmps[side], f'{split_extension(key)[0]}_{index}.png')
                     os.makedirs(osp.dirname(target), exist_ok=True)
                     cv2.imwrite(target, crops[side], [cv2.IMWRITE_PNG_COMPRESSION, 3])
                 written += 1
@@ -129,11 +172,11 @@ def build_lmdb(folder: str) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('root', help='DRealSR folder holding Train_x4/ and/or Test_x4/')
+    parser.add_argument('root', help='DRealSR x4 folder holding Train_x4/ and/or Test_x4/ (or Train/, Test/)')
     parser.add_argument('--scale', type=int, default=4)
     parser.add_argument('--camera-pattern', help='regex with a (?P<camera>...) group applied to file stems')
     parser.add_argument('--by-camera', metavar='OUT', help='copy into per-camera subfolders under OUT')
-    parser.add_argument('--crop', type=int, help='HR sub-image size for the training split (e.g. 480)')
+    parser.add_argument('--crop', type=int, help='HR sub-image size for whole training images (e.g. 480); not for the release\'s 192-px patches')
     parser.add_argument('--step', type=int, help='HR step between sub-images (default: crop / 2)')
     parser.add_argument('--lmdb', action='store_true', help='pack the training images (sub-images if cropped)')
     args = parser.parse_args(argv)
@@ -145,14 +188,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if info is not None:
                 splits[split] = info
         if not splits:
-            raise InputError(f"'{args.root}' has neither Train_x4/train_HR|train_LR nor Test_x4/test_HR|test_LR")
+            raise InputError(f"'{args.root}' has neither Train_x4/train_HR|train_LR nor Test_x4/test_HR|test_LR "
+                             '(the published layout) nor Train/HR|LR, Test/HR|LR (the official LDT code\'s)')
         print(report(splits))
+        train = splits.get('Train_x4') or splits.get('Train')
+        if train is not None:
+            patches = training_images_are_patches(train)
+            print('training images are patches already (HR at most %d px): train on them as they are'
+                  % PATCH_SIDE if patches else
+                  'training images are whole photographs: --crop SIZE --step STEP cuts sub-images once '
+                  '(BasicSR practice), --lmdb packs them')
         if args.by_camera:
             by_camera(splits, args.root, args.by_camera)
             print(f'per-camera copy written to {args.by_camera}')
-        train = splits.get('Train_x4')
         if (args.crop or args.lmdb) and train is None:
-            raise InputError(f"'{args.root}' has no Train_x4 split to crop or pack")
+            raise InputError(f"'{args.root}' has no training split to crop or pack")
         folders = [train['gt_dir'], train['lq_dir']] if train else []
         if args.crop:
             count = crop_subimages(train, args.crop, args.step or args.crop // 2, args.scale)

@@ -34,8 +34,8 @@ TRAINED = REPO / 'experiments' / 'demo_pretrain_Clean' / 'models' / 'net_g_lates
 DATA = REPO / 'datasets' / 'DRealSR_demo'
 #: The demo's cameras; ``Clean`` is the pretraining camera (64 train pairs).
 DEMO_CAMERAS = ('Olympus', 'Pan', 'Sony', 'DSC', 'IMG', 'Canon', 'Clean')
-#: The last Clean train pair a complete demo build has (make_demo_data's default count).
-LAST_CLEAN_PAIR = DATA / 'Train_x4' / 'train_HR' / 'Clean_063_x1.png'
+#: The last file a complete demo build writes (the last Clean test HR image, DRealSR's naming).
+LAST_CLEAN_PAIR = DATA / 'Test_x4' / 'test_HR' / 'Clean_023_x4.png'
 THREADS = 1
 
 sys.path.insert(0, str(REPO))

@@ -32,11 +32,13 @@ def test_crops_go_where_the_methods_disagree():
 
 
 def test_grid_names_put_the_camera_first_once():
-    assert grid_name('Canon', 'Canon_012_x4') == 'Canon_012_x4.png'
-    assert grid_name('DSC', 'DSC_1412_x4') == 'DSC_1412_x4.png'
-    assert grid_name('IMG', 'IMG0031_x4') == 'IMG0031_x4.png'
-    # DRealSR's Panasonic files (P1010042) are camera 'Pan' through an alias: prefixed.
-    assert grid_name('Pan', 'P1010042_x4') == 'Pan_P1010042_x4.png'
+    assert grid_name('Canon', 'Canon_10_x1') == 'Canon_10_x1.png'
+    assert grid_name('DSC', 'DSC_1265_x1') == 'DSC_1265_x1.png'
+    assert grid_name('IMG', 'IMG0031_x1') == 'IMG0031_x1.png'
+    assert grid_name('Sony', 'sony_116_x1') == 'sony_116_x1.png'   # DRealSR's lower-case prefix
+    # DRealSR's Olympus files (P1140279) and Panasonic files (panasonic_158) get the camera first.
+    assert grid_name('Olympus', 'P1140279_x1') == 'Olympus_P1140279_x1.png'
+    assert grid_name('Pan', 'panasonic_158_x1') == 'Pan_panasonic_158_x1.png'
     # A stem that only begins with the camera's letters is another word: prefixed.
     assert grid_name('Pan', 'Panorama_3_x4') == 'Pan_Panorama_3_x4.png'
     assert grid_name('Sony', 'a7_0001_x4') == 'Sony_a7_0001_x4.png'
@@ -57,10 +59,10 @@ def test_test_py_writes_one_grid_per_image(project, demo_data, tmp_path):
     run_entry(project, 'test.py', '-opt', write(project / 'first.yml', first))
     folder = project / 'results' / 'first' / 'compare'
     names = sorted(p.name for p in folder.iterdir())
-    # The demo stems already start with the camera (Canon_006_x4): no second camera prefix.
-    lr_names = sorted(p.name for cam in ('Sony', 'Canon')
-                      for p in (demo_data / 'Test_x4' / 'test_LR').glob(f'{cam}_*_x4.png'))
-    assert names == lr_names and len(names) == 4 and names[0].startswith('Canon_') and names[2].startswith('Sony_')
+    # The demo stems already start with the camera (Canon_14_x1, sony_14_x1): no second camera prefix.
+    lr_names = sorted(p.name for prefix in ('sony', 'Canon')
+                      for p in (demo_data / 'Test_x4' / 'test_LR').glob(f'{prefix}_*_x1.png'))
+    assert names == lr_names and len(names) == 4 and names[0].startswith('Canon_') and names[2].startswith('sony_')
     grid = cv2.imread(str(folder / names[0]))
     # Bicubic (always first, not repeated for the Bicubic entry), A, B, HR; two crop rows.
     assert grid.shape == (22 + 192 + 2 * (6 + 192), 4 * 192 + 3 * 4, 3)
@@ -70,7 +72,7 @@ def test_test_py_writes_one_grid_per_image(project, demo_data, tmp_path):
     assert len(bicubic) == 4
     for row in bicubic:
         lr = cv2.imread(str(demo_data / 'Test_x4' / 'test_LR' / f"{row['image']}.png")).astype(np.float64) / 255.0
-        hr = cv2.imread(str(demo_data / 'Test_x4' / 'test_HR' / f"{row['image'][:-3]}_x1.png"))
+        hr = cv2.imread(str(demo_data / 'Test_x4' / 'test_HR' / f"{row['image'][:-3]}_x4.png"))
         up = np.round(np.clip(keys_bicubic(lr, 4), 0, 1) * 255).astype(np.uint8)
         assert abs(row['psnr'] - calculate_psnr(up, hr, 4, test_y_channel=True)) < 0.01
 

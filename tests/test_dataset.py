@@ -26,8 +26,11 @@ def test_default_rule_names_drealsr_cameras():
     rule = CameraRule()
     assert rule.camera_of('DSC_1412') == 'DSC'
     assert rule.camera_of('IMG_0031') == 'IMG'
-    assert rule.camera_of('P1010042') == 'Pan'
+    # DRealSR's P-files (P1140279: P + month + day + number) are the Olympus camera, not Panasonic.
+    assert rule.camera_of('P1140279') == 'Olympus'
+    assert rule.camera_of('panasonic_158') == 'Pan' and rule.camera_of('sony_116') == 'Sony'
     assert rule.camera_of('Sony/DSC01234') == 'Sony'  # per-camera subfolder wins in 'auto'
+    assert rule.camera_of('P/P1140279') == 'Olympus'  # the official code's folder name
 
 
 def test_custom_rule_and_aliases():
@@ -47,6 +50,11 @@ def test_strip_template_and_pairing():
     assert pairs == [('A_1', 'A_1_x1', 'A_1_x4'), ('B_2', 'B_2_x1', 'B_2_x4')]
     with pytest.raises(InputError, match="1 HR image\\(s\\) without an LR partner, e.g. 'C_3_x1'"):
         pair_keys(['A_1_x1', 'C_3_x1'], ['A_1_x4'], '{}_x1', '{}_x4', 'here')
+    # No template: DRealSR's names, paired by stem and patch index whatever the zoom token.
+    pairs = pair_keys(['sony_1_x4_2.png', 'sony_1_x4_10.png', 'Canon_5_x4.png'],
+                      ['Canon_5_x1.png', 'sony_1_x1_10.png', 'sony_1_x1_2.png'], None, None, 'here')
+    assert pairs == [('Canon_5', 'Canon_5_x4.png', 'Canon_5_x1.png'), ('sony_1_10', 'sony_1_x4_10.png', 'sony_1_x1_10.png'),
+                     ('sony_1_2', 'sony_1_x4_2.png', 'sony_1_x1_2.png')]
 
 
 def test_camera_selection_and_items(demo_data):
@@ -116,35 +124,45 @@ def copy_split(demo_data, tmp_path):
     return root
 
 
+def first_pair(root, prefix):
+    """(pair stem, HR file, LR file) of the first training pair whose name starts with ``prefix``."""
+    hr = sorted((root / 'Train_x4' / 'train_HR').glob(f'{prefix}*'))[0]
+    lr = root / 'Train_x4' / 'train_LR' / hr.name.replace('_x4_', '_x1_')
+    shot, _, patch = hr.stem.partition('_x4_')
+    return f'{shot}_{patch}', hr, lr
+
+
 def test_unpaired_files(demo_data, tmp_path):
     root = copy_split(demo_data, tmp_path)
-    os.remove(root / 'Train_x4' / 'train_LR' / 'Sony_000_x4.png')
-    with pytest.raises(InputError, match="HR image\\(s\\) without an LR partner, e.g. 'Sony_000_x1'"):
+    _, hr, lr = first_pair(root, 'sony')
+    os.remove(lr)
+    with pytest.raises(InputError, match=f"HR image\\(s\\) without an LR partner, e.g. '{hr.name}'"):
         DRealSRCameraDataset(options(root))
 
 
 def test_size_mismatch_is_found_before_training(demo_data, tmp_path):
     root = copy_split(demo_data, tmp_path)
-    path = root / 'Train_x4' / 'train_LR' / 'Sony_000_x4.png'
+    stem, _, path = first_pair(root, 'sony')
     cv2.imwrite(str(path), cv2.imread(str(path))[:-1])
-    with pytest.raises(InputError, match="size mismatch for 'Sony_000'.*LR 16x15 times scale 4 is 64x60, HR is 64x64"):
+    with pytest.raises(InputError, match=f"size mismatch for '{stem}'.*LR 16x15 times scale 4 is 64x60, HR is 64x64"):
         DRealSRCameraDataset(options(root, cameras=['Sony']))
 
 
 def test_unreadable_image_is_named_before_training(demo_data, tmp_path):
     root = copy_split(demo_data, tmp_path)
-    (root / 'Train_x4' / 'train_HR' / 'Canon_000_x1.png').write_bytes(b'not a png')
-    with pytest.raises(InputError, match="Canon_000_x1.png' of dataset 'd' is corrupt or not an image"):
+    _, hr, _ = first_pair(root, 'Canon')
+    hr.write_bytes(b'not a png')
+    with pytest.raises(InputError, match=f"{hr.name}' of dataset 'd' is corrupt or not an image"):
         DRealSRCameraDataset(options(root, cameras=['Canon']))
 
 
 def test_truncated_image_is_named_when_read(demo_data, tmp_path):
     root = copy_split(demo_data, tmp_path)
-    path = root / 'Train_x4' / 'train_HR' / 'Canon_001_x1.png'
+    stem, path, _ = first_pair(root, 'Canon')
     path.write_bytes(path.read_bytes()[:200])  # header intact, pixels missing
     dataset = DRealSRCameraDataset(options(root, cameras=['Canon']))
-    index = [it['stem'] for it in dataset.items].index('Canon_001')
-    with pytest.raises(InputError, match='Canon_001_x1.png.*corrupt'):
+    index = [it['stem'] for it in dataset.items].index(stem)
+    with pytest.raises(InputError, match=f'{path.name}.*corrupt'):
         dataset[index]
 
 

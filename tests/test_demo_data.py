@@ -42,11 +42,17 @@ def read_rgb(path: Path) -> np.ndarray:
 
 
 def pairs(root: Path, split: str):
-    """(stem, HR path, LR path) for every HR file of a split, in name order."""
+    """(pair stem, HR path, LR path) for every HR file of a split, in name order. DRealSR's names:
+    HR ``<stem>_x4.png`` with LR ``<stem>_x1.png``; training patches ``<stem>_x4_<k>.png``."""
     top, hr_name, lr_name = SPLITS[split]
     for hr in sorted((root / top / hr_name).iterdir()):
-        stem = hr.name[:-len('_x1.png')]
-        yield stem, hr, root / top / lr_name / f'{stem}_x4.png'
+        shot, _, patch = hr.stem.partition('_x4')
+        yield shot + patch, hr, root / top / lr_name / f'{shot}_x1{patch}.png'
+
+
+#: The release's file prefixes and the paper's camera each names (P1140279 is an Olympus file).
+PREFIX_CAMERA = {'P': 'Olympus', 'panasonic': 'Pan', 'sony': 'Sony', 'DSC': 'DSC', 'IMG': 'IMG', 'Canon': 'Canon'}
+STEM_PATTERN = r'(P\d{7}|panasonic_\d+|sony_\d+|DSC_\d{4}|IMG_\d+|Canon_\d+)'
 
 
 def y_channel(rgb: np.ndarray) -> np.ndarray:
@@ -68,16 +74,16 @@ def test_layout_naming_and_sizes(demo):
         hr_files = list((out / top / hr_name).iterdir())
         lr_files = list((out / top / lr_name).iterdir())
         assert all(p.is_file() for p in hr_files + lr_files), 'folders must be flat'
-        assert all(p.name.endswith('_x1.png') for p in hr_files)
-        assert all(p.name.endswith('_x4.png') for p in lr_files)
-        hr_stems = {p.name[:-len('_x1.png')] for p in hr_files}
-        lr_stems = {p.name[:-len('_x4.png')] for p in lr_files}
+        patch = r'_\d+' if split == 'train' else ''
+        assert all(re.fullmatch(STEM_PATTERN + '_x4' + patch + r'\.png', p.name) for p in hr_files), hr_name
+        assert all(re.fullmatch(STEM_PATTERN + '_x1' + patch + r'\.png', p.name) for p in lr_files), lr_name
+        hr_stems = {stem for stem, _, _ in pairs(out, split)}
+        lr_stems = {p.name.replace('_x1', '', 1)[:-len('.png')] for p in lr_files}
         assert hr_stems == lr_stems, 'every HR needs its LR partner and vice versa'
         stems_by_split[split] = hr_stems
         per_camera = {}
         for stem in hr_stems:
-            assert re.fullmatch(r'[A-Za-z]+_\d{3}', stem), stem
-            camera = re.match(r'^[A-Za-z]+', stem).group(0)
+            camera = PREFIX_CAMERA[re.match(r'^[A-Za-z]+', stem).group(0)]
             per_camera[camera] = per_camera.get(camera, 0) + 1
         assert per_camera == {cam: expected[split] for cam in mdd.DEFAULT_CAMERAS}
         assert summary['counts'][split] == per_camera
@@ -118,7 +124,7 @@ def test_same_seed_is_byte_identical_and_other_seed_differs(tmp_path, demo):
     assert len(files_a) == 2 * 2 * (3 + 2) + 1
     assert files_a == files_b
     assert files_a.keys() == files_c.keys()
-    assert all(files_a[k] != files_c[k] for k in files_a if k.endswith('_x4.png'))
+    assert all(files_a[k] != files_c[k] for k in files_a if re.search(r'_x1(_\d+)?\.png$', k))
     # A camera's files do not depend on which other cameras are built alongside it.
     sony = all_files(Path(mdd.make_demo_data(tmp_path / 'sony', cameras=['Sony'])['out']))
     full = all_files(demo[0])
@@ -135,7 +141,7 @@ def test_domain_shift_is_real(demo):
     data = {}
     for split in SPLITS:
         for stem, hr_path, lr_path in pairs(out, split):
-            camera = re.match(r'^[A-Za-z]+', stem).group(0)
+            camera = PREFIX_CAMERA[re.match(r'^[A-Za-z]+', stem).group(0)]
             hr, lr = read_rgb(hr_path), read_rgb(lr_path)
             up = cv2.resize(lr, hr.shape[1::-1], interpolation=cv2.INTER_CUBIC)
             data.setdefault((camera, split), []).append((y_channel(hr), y_channel(np.clip(up, 0, 1))))
@@ -223,7 +229,8 @@ def test_pretraining_camera_gets_its_own_train_count(tmp_path, capsys):
                                  pretrain_train_per_camera=3, test_per_camera=1)
     assert summary['counts'] == {'train': {'Sony': 2, 'Clean': 3}, 'test': {'Sony': 1, 'Clean': 1}}
     names = sorted(p.name for p in (tmp_path / 'demo' / 'Train_x4' / 'train_HR').iterdir())
-    assert names == ['Clean_000_x1.png', 'Clean_001_x1.png', 'Clean_002_x1.png', 'Sony_000_x1.png', 'Sony_001_x1.png']
+    assert len(names) == 5 and [n.split('_')[0] for n in names] == ['Clean'] * 3 + ['sony'] * 2
+    assert all(re.fullmatch(r'(Clean_\d{3}|sony_\d+)_x4_0\.png', n) for n in names)
     assert mdd.main(['--out', str(tmp_path / 'bad'), '--pretrain-train-per-camera', '0']) == 2
     err = capsys.readouterr().err
     assert '--pretrain-train-per-camera must be at least 1, got 0' in err and not (tmp_path / 'bad').exists()

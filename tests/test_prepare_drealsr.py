@@ -15,13 +15,14 @@ def test_report_counts_cameras(prepare, demo_data, capsys):
     assert prepare.main([str(demo_data)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ['camera', 'Train_x4', 'Test_x4']
-    assert lines[1].split() == ['Canon', '6', '2'] and lines[-1].split() == ['total', '18', '6']
+    assert lines[1].split() == ['Canon', '6', '2'] and lines[4].split() == ['total', '18', '6']
+    assert "Train_x4: flat, naming DRealSR's (HR _x4, LR _x1) patches _<k>" in lines
 
 
 def test_by_camera_copy_is_read_with_folder_rule(prepare, demo_data, tmp_path):
     out = tmp_path / 'by_camera'
     assert prepare.main([str(demo_data), '--by-camera', str(out)]) == 0
-    assert len(list((out / 'Train_x4' / 'train_HR' / 'Sony').glob('*_x1.png'))) == 6
+    assert len(list((out / 'Train_x4' / 'train_HR' / 'Sony').glob('sony_*_x4_*.png'))) == 6
     dataset = DRealSRCameraDataset({'name': 'x', 'phase': 'val', 'scale': 4, 'cameras': ['Sony'],
                                     'camera_rule': {'source': 'folder'},
                                     'dataroot_gt': str(out / 'Test_x4' / 'test_HR'),

@@ -1,37 +1,59 @@
-"""Which camera took an image, and which pairs of a DRealSR-style folder belong together.
+"""Which camera took an image, and which pairs of a DRealSR folder belong together.
 
-DRealSR ships one flat folder per split; the camera is only visible in the file name
-(``DSC_1412_x1.png``, ``IMG_0031_x1.png``, ``P1010042_x1.png`` ...). Users who reorganised the data
-keep one subfolder per camera instead. A :class:`CameraRule` covers both, so choosing source and
-target cameras is a matter of listing names in the YAML.
+Facts about the published DRealSR x4 that this module is written to (public file lists of the
+release: github lonelyhope/DADA ``image_list/test.csv`` and ``train.csv``; the official LDT code,
+github ZaizuoTang/LDT ``Train_pip.py``):
+
+- one flat folder per split and side: ``Train_x4/train_HR``, ``train_LR``, ``Test_x4/test_HR``,
+  ``test_LR``. The ``_x<n>`` token in a name is the zoom the shot was taken at, not its role: a test
+  pair is HR ``Canon_10_x4.png`` with LR ``Canon_10_x1.png``; the training split is pre-cut patches
+  ``panasonic_141_x4_28.png`` (``<stem>_x<zoom>_<k>``, patch index ``k``). So a pair is matched
+  by (stem, patch index) whatever the zoom token, and HR/LR is decided by the folder.
+- the camera is the file name's leading letters: ``P1140279`` (Olympus, P + month + day + number),
+  ``panasonic_158``, ``sony_116``, ``DSC_1265`` (Nikon), ``IMG_140``, ``Canon_56``; test counts
+  19 / 20 / 17 / 20 / 12 / 5 (93 pairs).
+- the official LDT code reads per-camera folders ``Train/LR/P`` (its source camera, Olympus),
+  ``panasonic``, ``sony``, ``DSC``, ``IMG``, ``Canon``.
+
+A :class:`CameraRule` covers both layouts and maps those prefixes and folders to the LDT paper's
+six branch names, so choosing source and target cameras is a matter of listing names in the YAML.
 """
 import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from basicsr_ldt.errors import InputError
 
 #: The six camera branches the LDT paper reports on DRealSR (Table 1).
 DREALSR_CAMERAS = ('Olympus', 'Pan', 'Sony', 'DSC', 'IMG', 'Canon')
 
-#: Leading letters of the file stem: ``DSC_1412`` -> ``DSC``, ``P1010042`` -> ``P``.
+#: Leading letters of the file stem: ``DSC_1265`` -> ``DSC``, ``P1140279`` -> ``P``.
 DEFAULT_CAMERA_PATTERN = r'^(?P<camera>[A-Za-z]+)'
 
-#: Spellings seen for the same branch, mapped to the paper's branch names.
+#: DRealSR's file prefixes and the official code's folder names, plus other spellings of the same
+#: branches, mapped to the paper's branch names. ``P`` is Olympus (the paper's source camera).
 DEFAULT_CAMERA_ALIASES = {
-    'P': 'Pan',
-    'Panasonic': 'Pan',
-    'panasonic': 'Pan',
+    'P': 'Olympus',
     'olympus': 'Olympus',
+    'panasonic': 'Pan',
+    'Panasonic': 'Pan',
     'sony': 'Sony',
     'SONY': 'Sony',
+    'Nikon': 'DSC',
+    'nikon': 'DSC',
     'canon': 'Canon',
     'CANON': 'Canon',
+    # Not in DRealSR: the demo's synthetic pretraining camera (scripts/make_demo_data.py).
+    'Clean': 'Clean',
 }
 
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.tif', '.tiff', '.webp')
+
+#: ``<stem>_x<zoom>`` or ``<stem>_x<zoom>_<k>``: DRealSR's names for whole images and patches (and
+#: ``_<k>_<j>`` for sub-image ``j`` that ``prepare_drealsr.py --crop`` cut from patch ``k``).
+_DREALSR_NAME = re.compile(r'^(?P<stem>.+?)_x(?P<zoom>\d+)(?P<patch>(?:_\d+)*)$')
 
 
 @dataclass
@@ -40,7 +62,10 @@ class CameraRule:
 
     ``source``: ``folder`` takes the first directory of the relative path, ``filename`` applies
     ``pattern`` (a regex with a ``camera`` group, or the whole match) to the file stem, and
-    ``auto`` uses the folder when there is one and the file name otherwise.
+    ``auto`` uses the folder when there is one and the file name otherwise. A name is looked up
+    in ``aliases``; with the default pattern a file prefix that is neither one of the six DRealSR
+    cameras nor an alias target stops the run (:meth:`cameras_of`), because a stray file would
+    otherwise become a camera of its own.
     """
     source: str = 'auto'
     pattern: str = DEFAULT_CAMERA_PATTERN
@@ -66,20 +91,67 @@ class CameraRule:
         return cls(source=opt.get('source', 'auto'), pattern=opt.get('pattern', DEFAULT_CAMERA_PATTERN),
                    aliases=aliases)
 
-    def camera_of(self, key: str) -> str:
-        """Camera of ``key``, a relative path without extension using '/' separators."""
+    @property
+    def known_cameras(self) -> set:
+        """Camera names a default-pattern prefix may map to: DRealSR's six and every alias target."""
+        return set(DREALSR_CAMERAS) | set(self.aliases.values())
+
+    def _from_filename(self, key: str) -> Optional[str]:
+        match = self._regex.search(key.split('/')[-1])
+        if match is None:
+            return None
+        return match.groupdict().get('camera') or match.group(0)
+
+    def label_of(self, key: str) -> Tuple[str, str]:
+        """(raw label, where it came from: 'folder' or 'prefix') of ``key``, before aliases."""
         parts = key.split('/')
         if self.source == 'folder' or (self.source == 'auto' and len(parts) > 1):
             if len(parts) < 2:
                 raise InputError(f"camera_rule.source is 'folder' but '{key}' is not inside a camera subfolder")
-            name = parts[0]
-        else:
-            match = self._regex.search(parts[-1])
-            if match is None:
-                raise InputError(f"cannot tell the camera of '{key}': camera_rule.pattern '{self.pattern}' "
-                                 'does not match its file name')
-            name = match.groupdict().get('camera') or match.group(0)
-        return self.aliases.get(name, name)
+            return parts[0], 'folder'
+        name = self._from_filename(key)
+        if name is None:
+            raise InputError(f"cannot tell the camera of '{key}': camera_rule.pattern '{self.pattern}' "
+                             'does not match its file name')
+        return name, 'prefix'
+
+    def camera_of(self, key: str) -> str:
+        """Camera of ``key``, a relative path without extension using '/' separators."""
+        label, _ = self.label_of(key)
+        return self.aliases.get(label, label)
+
+    def cameras_of(self, keys: Sequence[str], where: str) -> List[str]:
+        """Camera of every key, after checking the whole folder at once.
+
+        Stops with one line when a default-pattern prefix maps to no known camera (listing every
+        prefix found, its image count and the camera it maps to), or when a file inside a camera
+        folder carries another camera's prefix (``Olympus/sony_1_x4``: which one is meant?).
+        """
+        labels = [self.label_of(key) for key in keys]
+        cameras = [self.aliases.get(label, label) for label, _ in labels]
+        if self.pattern == DEFAULT_CAMERA_PATTERN:
+            from_prefix = [(label, camera) for (label, source), camera in zip(labels, cameras) if source == 'prefix']
+            unknown = sorted({label for label, camera in from_prefix if camera not in self.known_cameras})
+            if unknown:
+                counts = Counter(label for label, _ in from_prefix)
+                mapped = dict(from_prefix)
+                found = ', '.join(f"{label} ({counts[label]} -> "
+                                  f"{mapped[label] if mapped[label] in self.known_cameras else '?'})"
+                                  for label in sorted(counts))
+                example = next(key for key, (label, _) in zip(keys, labels) if label == unknown[0])
+                raise InputError(f"unknown camera prefix(es) {', '.join(map(repr, unknown))} in {where} "
+                                 f"(e.g. '{example}'); prefixes found (images -> camera): {found}. Expected "
+                                 f"DRealSR's P, panasonic, sony, DSC, IMG, Canon; name others with "
+                                 f"camera_rule.aliases (e.g. {{{unknown[0]}: {unknown[0]}}})")
+            for key, (label, source), camera in zip(keys, labels, cameras):
+                if source != 'folder':
+                    continue
+                named = self._from_filename(key)
+                by_name = self.aliases.get(named, named) if named else None
+                if by_name in set(DREALSR_CAMERAS) and by_name != camera and camera in set(DREALSR_CAMERAS):
+                    raise InputError(f"'{key}' in {where} is in camera folder '{label}' ({camera}) but its "
+                                     f"name says {by_name}: move it or rename it")
+        return cameras
 
 
 def list_images(root: str) -> List[str]:
@@ -90,6 +162,12 @@ def list_images(root: str) -> List[str]:
             if name.lower().endswith(IMAGE_EXTENSIONS):
                 found.append(os.path.relpath(os.path.join(folder, name), root).replace(os.sep, '/'))
     return sorted(found)
+
+
+def split_extension(name: str) -> Tuple[str, str]:
+    """(name without an image extension, the extension or '')."""
+    root, ext = os.path.splitext(name)
+    return (root, ext) if ext.lower() in IMAGE_EXTENSIONS else (name, '')
 
 
 def strip_template(key: str, template: str) -> Optional[str]:
@@ -105,20 +183,46 @@ def strip_template(key: str, template: str) -> Optional[str]:
     return f'{head}/{stem}' if head else stem
 
 
-def pair_keys(gt_keys: Iterable[str], lq_keys: Iterable[str], gt_template: str, lq_template: str,
-              where: str) -> List[tuple]:
-    """Match HR and LR images by stem; every image must have exactly one partner.
+def drealsr_pair_key(key: str) -> str:
+    """The name shared by an HR image and its LR partner under DRealSR's naming.
 
-    Returns ``(stem, gt_key, lq_key)`` sorted by stem. An unpaired file is an error rather than
-    a silently smaller dataset, because a half-copied download would otherwise go unnoticed.
+    ``Canon_10_x4`` and ``Canon_10_x1`` -> ``Canon_10``; patches ``panasonic_141_x4_28`` and
+    ``panasonic_141_x1_28`` -> ``panasonic_141_28``. The zoom token is dropped because it names the
+    shot, not the role (the project's earlier names, HR ``_x1`` / LR ``_x4``, pair the same way);
+    a name without one is its own key (identical names in both folders, BasicSR's default).
     """
-    def by_stem(keys: Iterable[str], template: str, side: str) -> Dict[str, str]:
-        stems = {}
+    head, _, name = key.rpartition('/')
+    match = _DREALSR_NAME.match(name)
+    if match:
+        name = match['stem'] + match['patch']
+    return f'{head}/{name}' if head else name
+
+
+def pair_keys(gt_keys: Iterable[str], lq_keys: Iterable[str], gt_template: Optional[str],
+              lq_template: Optional[str], where: str) -> List[tuple]:
+    """Match HR and LR images; every image must have exactly one partner.
+
+    ``gt_keys``/``lq_keys`` are relative paths, with or without an image extension. With both
+    templates ``None`` pairs follow DRealSR's naming (:func:`drealsr_pair_key`); otherwise a key
+    must fit its side's template (``filename_tmpl_gt: '{}_HR'``). Returns ``(stem, gt_key,
+    lq_key)`` sorted by stem. An unpaired file or two files for one pair is an error rather than a
+    silently smaller or shuffled dataset: a half-copied download would otherwise go unnoticed.
+    """
+    def by_stem(keys: Iterable[str], template: Optional[str], side: str) -> Dict[str, str]:
+        stems: Dict[str, str] = {}
         for key in keys:
-            stem = strip_template(key, template)
-            if stem is None:
-                raise InputError(f"{side} image '{key}' in {where} does not follow the naming "
-                                 f"template '{template}' (e.g. {template.format('DSC_1412')}.png)")
+            bare, _ = split_extension(key)
+            if template is None:
+                stem = drealsr_pair_key(bare)
+            else:
+                stem = strip_template(bare, template)
+                if stem is None:
+                    raise InputError(f"{side} image '{key}' in {where} does not follow the naming "
+                                     f"template '{template}' (e.g. {template.format('Canon_10')}.png)")
+            if stem in stems:
+                raise InputError(f"two {side} images for one pair '{stem}' in {where}: '{stems[stem]}' and "
+                                 f"'{key}' (expected one {side} image per stem and patch index; is the "
+                                 f"other side's folder mixed in?)")
             stems[stem] = key
         return stems
 
@@ -130,7 +234,10 @@ def pair_keys(gt_keys: Iterable[str], lq_keys: Iterable[str], gt_template: str, 
             lines.append(f"{len(missing_lq)} HR image(s) without an LR partner, e.g. '{gt[missing_lq[0]]}'")
         if missing_gt:
             lines.append(f"{len(missing_gt)} LR image(s) without an HR partner, e.g. '{lq[missing_gt[0]]}'")
-        raise InputError(f"unpaired files in {where}: {'; '.join(lines)}")
+        rule = ('pairs are matched by stem and patch index, whatever the zoom token: HR '
+                "'Canon_10_x4' with LR 'Canon_10_x1', 'sony_26_x4_24' with 'sony_26_x1_24'"
+                if gt_template is None else f"templates '{gt_template}' / '{lq_template}'")
+        raise InputError(f"unpaired files in {where}: {'; '.join(lines)} ({rule})")
     return [(stem, gt[stem], lq[stem]) for stem in sorted(gt)]
 
 

@@ -119,18 +119,14 @@ class DRealSRCameraDataset(data.Dataset):
                 raise InputError(f"dataset '{self.name}': folder '{root}' does not exist")
         if backend == 'lmdb':
             gt_keys, lq_keys = _lmdb_keys(self.gt_root), _lmdb_keys(self.lq_root)
-            extension = ''
-        else:
-            gt_files, lq_files = list_images(self.gt_root), list_images(self.lq_root)
-            gt_keys = [os.path.splitext(f)[0] for f in gt_files]
-            lq_keys = [os.path.splitext(f)[0] for f in lq_files]
-            extension = dict(zip(gt_keys + lq_keys, [os.path.splitext(f)[1] for f in gt_files + lq_files]))
+        else:   # relative file names with their extension, so 'a.png' beside 'a.jpg' is two files
+            gt_keys, lq_keys = list_images(self.gt_root), list_images(self.lq_root)
         if not gt_keys and not lq_keys:
             raise InputError(f'{where}: no images found')
-        gt_template = self.opt.get('filename_tmpl_gt', '{}_x1')
-        lq_template = self.opt.get('filename_tmpl_lq', '{}_x%d' % self.scale)
-        pairs = pair_keys(gt_keys, lq_keys, gt_template, lq_template, where)
-        cameras = [self.rule.camera_of(stem) for stem, _, _ in pairs]
+        # No template set: DRealSR's own names (HR Canon_10_x4 / LR Canon_10_x1, patches _x4_<k>).
+        pairs = pair_keys(gt_keys, lq_keys, self.opt.get('filename_tmpl_gt'), self.opt.get('filename_tmpl_lq'),
+                          where)
+        cameras = self.rule.cameras_of([stem for stem, _, _ in pairs], where)
         chosen = select_cameras(cameras, self.opt.get('cameras'), where)
         subset = self.opt.get('subset')
         if subset is not None:
@@ -145,8 +141,7 @@ class DRealSRCameraDataset(data.Dataset):
             if backend == 'lmdb':
                 gt_path, lq_path = gt_key, lq_key
             else:
-                gt_path = os.path.join(self.gt_root, gt_key + extension[gt_key])
-                lq_path = os.path.join(self.lq_root, lq_key + extension[lq_key])
+                gt_path, lq_path = os.path.join(self.gt_root, gt_key), os.path.join(self.lq_root, lq_key)
             items.append({'stem': stem, 'camera': cameras[i], 'gt_path': gt_path, 'lq_path': lq_path})
         return items
 
