@@ -80,9 +80,14 @@ def check_network(path: str, name: str, release: Release) -> None:
         raise InputError(f'{name}: {err}') from None
 
 
-def check_checksum(path: str, file_name: str, lock: Mapping[str, str], shown: str) -> str:
-    """The file's SHA-256, refused when the lock recorded another one for this file name."""
+def check_checksum(path: str, file_name: str, lock: Mapping[str, str], shown: str, release: Release) -> str:
+    """The file's SHA-256, refused when its authors publish another one or the lock recorded another
+    one for this file name. A published checksum is checked first: it holds from the first download
+    on, where a lock entry only records what the first download happened to bring."""
     digest = sha256(path)
+    if release.sha256 is not None and digest != release.sha256:
+        raise InputError(f'{shown} has SHA-256 {digest}, but its authors publish {release.sha256} '
+                         f'({release.sha256_source})')
     if file_name in lock and lock[file_name] != digest:
         raise InputError(f'{shown} has SHA-256 {digest}, but {LOCK} recorded {lock[file_name]} for {file_name} when '
                          'it was first fetched (the upstream file changed, or the transfer altered it)')
@@ -122,7 +127,7 @@ def fetch(name: str, folder: str = PRETRAINED_DIR, table: Optional[Mapping[str, 
     if os.path.exists(target):
         try:
             check_network(target, name, release)
-            digest = check_checksum(target, file_name, lock, target)
+            digest = check_checksum(target, file_name, lock, target, release)
         except InputError as err:
             raise InputError(f'{target} is there but not usable: {err}; delete it to download it again') from None
         if file_name not in lock:
@@ -144,7 +149,7 @@ def fetch(name: str, folder: str = PRETRAINED_DIR, table: Optional[Mapping[str, 
             raise InputError(f'the file downloaded from {url} is not a complete {release.network["type"]} '
                              f'checkpoint, not kept: {err}') from None
         try:
-            digest = check_checksum(path, file_name, lock, f'the file downloaded from {url}')
+            digest = check_checksum(path, file_name, lock, f'the file downloaded from {url}', release)
         except InputError as err:
             raise InputError(f'{err}; not kept (delete its line in {LOCK} to accept the new file)') from None
         os.replace(path, target)
@@ -166,7 +171,9 @@ def listing(folder: str = PRETRAINED_DIR, table: Optional[Mapping[str, Release]]
     for name, release in table.items():
         target = os.path.join(folder, f'{name}.pth')
         state = ('present' if os.path.exists(target) else 'not downloaded') + (
-            f', SHA-256 recorded {lock[name + ".pth"][:16]}...' if f'{name}.pth' in lock else '')
+            f', SHA-256 recorded {lock[name + ".pth"][:16]}...' if f'{name}.pth' in lock else '') + (
+            f', SHA-256 {release.sha256[:16]}... published by its authors, pinned before download'
+            if release.sha256 else ', SHA-256 pinned at the first download (none published)')
         source = release.url(endpoint) or f'by hand: {release.manual}'
         lines.append(f'{name:<15} {release.network["type"]:<8} {state}\n    from {source}\n    listed at {release.page}')
     return '\n'.join(lines)

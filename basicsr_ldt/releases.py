@@ -29,6 +29,10 @@ class Release:
     repo: Optional[str] = None       #: the authors' Hugging Face model repository
     file: Optional[str] = None       #: path of the file in that repository
     manual: Optional[str] = None     #: where to download it by hand, when there is no direct link
+    #: The SHA-256 its authors publish (e.g. the Git LFS pointer of a Hugging Face file), pinned here
+    #: before any download; ``None``: pinned in ``weights.lock`` at the first download instead.
+    sha256: Optional[str] = None
+    sha256_source: Optional[str] = None  #: where that published checksum is read
 
     def url(self, endpoint: str) -> Optional[str]:
         return None if self.repo is None else f"{endpoint.rstrip('/')}/{self.repo}/resolve/main/{self.file}"
@@ -51,7 +55,9 @@ def releases() -> Dict[str, Release]:
                    'Netdisk https://pan.baidu.com/s/1u2r4Lc2_EEeQqra2-w85Xg (access code qyrl), file HAT_SRx4.pth'),
         'SAFMN_DF2K_x4': Release(
             _classic_x4('SAFMN'), 'https://github.com/sunny2109/SAFMN#pretrained-models-and-results (BI-Efficient SR x4)',
-            repo='Meloo/SAFMN', file='SAFMN_DF2K_x4.pth'),
+            repo='Meloo/SAFMN', file='SAFMN_DF2K_x4.pth',
+            sha256='fe4f38fd6c1e3692bfbc6ab94f44adb815bfb54984b8886547657727af67f49d',
+            sha256_source='the Git LFS pointer of SAFMN_DF2K_x4.pth in huggingface.co/Meloo/SAFMN (1,004,953 bytes)'),
     }
 
 

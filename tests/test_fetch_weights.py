@@ -238,3 +238,30 @@ def test_release_names_work_as_checkpoints(tmp_path, monkeypatch):
     with pytest.raises(InputError, match=r"^checkpoint 'pretrained/HAT_SRx4\.pth' does not exist \(the released "
                                          r'HAT_SRx4: python scripts/fetch_weights\.py HAT_SRx4\)$'):
         load_weights(torch.nn.Conv2d(3, 3, 3), 'pretrained/HAT_SRx4.pth')
+
+
+def test_a_published_checksum_holds_from_the_first_download(server, tmp_path):
+    """A release whose authors publish its SHA-256 is checked against it before anything is kept: a
+    first download that differs is refused (trust-on-first-use would have pinned it)."""
+    endpoint, files, _ = server
+    good = checkpoint_bytes(tmp_path / 'good.pth', seed=0)
+    other = checkpoint_bytes(tmp_path / 'other.pth', seed=1)
+    published = hashlib.sha256(good).hexdigest()
+    table = {'Pinned_x4': rel.Release(TINY, PAGE, repo='authors/tiny', file='ckpt/pinned_x4.pth', sha256=published,
+                                      sha256_source='the LFS pointer')}
+    out = tmp_path / 'pretrained'
+    files['pinned_x4.pth'] = other
+    with pytest.raises(InputError, match=f'but its authors publish {published} \\(the LFS pointer\\)'):
+        fw.fetch('Pinned_x4', str(out), table, endpoint=endpoint, progress=False, say=lambda line: None)
+    assert listing_of(out) == []   # nothing kept, no lock written
+    files['pinned_x4.pth'] = good
+    fw.fetch('Pinned_x4', str(out), table, endpoint=endpoint, progress=False, say=lambda line: None)
+    assert (out / 'Pinned_x4.pth').read_bytes() == good
+    assert fw.read_lock(str(out)) == {'Pinned_x4.pth': published}
+
+
+def test_safmn_release_is_pinned_to_its_published_checksum():
+    """SAFMN_DF2K_x4.pth on huggingface.co/Meloo/SAFMN: its Git LFS pointer publishes this SHA-256."""
+    release = rel.releases()['SAFMN_DF2K_x4']
+    assert release.sha256 == 'fe4f38fd6c1e3692bfbc6ab94f44adb815bfb54984b8886547657727af67f49d'
+    assert 'published by its authors, pinned before download' in fw.listing(table={'SAFMN_DF2K_x4': release})
