@@ -27,7 +27,7 @@ def clean_test_pairs(tmp_path_factory, demo_module):
     out = tmp_path_factory.mktemp('clean') / 'DRealSR_demo'
     demo_module.make_demo_data(out, cameras=['Clean'], train_per_camera=1, pretrain_train_per_camera=1)
     hr_dir, lr_dir = out / 'Test_x4' / 'test_HR', out / 'Test_x4' / 'test_LR'
-    pairs = [(cv2.imread(str(hr)), cv2.imread(str(lr_dir / hr.name.replace('_x1', '_x4'))))
+    pairs = [(cv2.imread(str(hr)), cv2.imread(str(lr_dir / hr.name.replace('_x4', '_x1'))))
              for hr in sorted(hr_dir.iterdir())]
     assert len(pairs) == 10 and pairs[0][0].shape == (192, 192, 3)
     return pairs

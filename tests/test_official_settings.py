@@ -15,10 +15,11 @@ TINY_MAMBAIR = {'type': 'MambaIR', 'upscale': 4, 'in_chans': 3, 'img_size': 8, '
 
 
 @pytest.fixture(scope='module')
-def pan_data(tmp_path_factory, demo_module):
-    """Six Panasonic training pairs (one pass of batch 4 = a full and a partial batch), two test pairs."""
-    out = tmp_path_factory.mktemp('pan') / 'DRealSR_demo'
-    demo_module.make_demo_data(out, seed=0, cameras=('Pan',), train_per_camera=6, test_per_camera=2,
+def olympus_data(tmp_path_factory, demo_module):
+    """Six Olympus training pairs (one pass of batch 4 = a full and a partial batch), two test pairs:
+    the official code's source camera, its folder P (DRealSR's Olympus files are P1140279...)."""
+    out = tmp_path_factory.mktemp('olympus') / 'DRealSR_demo'
+    demo_module.make_demo_data(out, seed=0, cameras=('Olympus',), train_per_camera=6, test_per_camera=2,
                                hr_size=64, test_hr_size=96)
     return out
 
@@ -41,13 +42,13 @@ def test_official_settings_as_written():
     opt = yaml.safe_load(OFFICIAL.read_text())
     assert opt['train']['optim_g']['betas'] == [0 ** 0.8, 0.99 ** 0.8]
     assert (opt['ldt']['ratio_s'], opt['ldt']['ema_every'], opt['ldt']['head_warmup_iters']) == (0.5, 10, 0)
-    assert opt['path']['param_key_g'] == 'params' and opt['datasets']['train']['cameras'] == ['Pan']
-    assert opt['datasets']['val_source']['cameras'] == ['Pan'] and opt['val']['val_freq'] == 500
+    assert opt['path']['param_key_g'] == 'params' and opt['datasets']['train']['cameras'] == ['Olympus']
+    assert opt['datasets']['val_source']['cameras'] == ['Olympus'] and opt['val']['val_freq'] == 500
 
 
-def test_file_order_profiling_reads_the_first_batches_of_one_pass(pan_data):
+def test_file_order_profiling_reads_the_first_batches_of_one_pass(olympus_data):
     from basicsr_ldt.models.ldt_model import PhaseBatches
-    opt = official_on_demo(pan_data, 'x')['datasets']['train']
+    opt = official_on_demo(olympus_data, 'x')['datasets']['train']
     opt.update(phase='train', seed=0)
     phase = PhaseBatches(opt, 0, 1, seed=0, device=torch.device('cpu'), file_order=True)
     batches = list(phase.first_in_file_order(300))
@@ -58,14 +59,14 @@ def test_file_order_profiling_reads_the_first_batches_of_one_pass(pan_data):
     assert len(list(phase.first_in_file_order(1))) == 1
 
 
-def test_official_settings_run_on_demo_data(project, pan_data):
-    run_entry(project, 'Train_pip.py', '-opt', write(project / 'official.yml', official_on_demo(pan_data, 'official')))
+def test_official_settings_run_on_demo_data(project, olympus_data):
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'official.yml', official_on_demo(olympus_data, 'official')))
     exp = project / 'experiments' / 'official'
     log = next(exp.glob('train_official_*.log')).read_text()
     assert ("gradient profiling on D_S2 (2 batches, file_order, criterion 'var') before iteration 1, "
             'not counted in total_iter') in log
     assert 'dual training (cross-frozen primary/auxiliary) from iteration 1' in log
-    assert 'New best psnr on Pan: ' in log and '(auxiliary network validated)' in log
+    assert 'New best psnr on Olympus: ' in log and '(auxiliary network validated)' in log
     layers = json.loads((exp / 'ldt_partition.json').read_text())['layers']
     assert sum(layer['group'] == 'stable' for layer in layers) == int(len(layers) * 0.5)   # ratio_s
     assert (exp / 'models' / 'net_g_best.pth').is_file() and (exp / 'training_states' / '4.state').is_file()
@@ -81,10 +82,10 @@ def test_official_settings_run_on_demo_data(project, pan_data):
         (cut / folder / name).write_bytes((exp / folder / name).read_bytes())
     # What net_g_best.pth held then: the composite of iteration 2, the best so far.
     (cut / 'models' / 'net_g_best.pth').write_bytes((exp / 'models' / 'net_g_2.pth').read_bytes())
-    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', official_on_demo(pan_data, 'cut')),
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', official_on_demo(olympus_data, 'cut')),
               '--auto_resume')
     resumed_log = next(cut.glob('train_cut_*.log')).read_text()
-    assert 'Resumed best psnr on Pan: ' in resumed_log and 'at iteration 2' in resumed_log
+    assert 'Resumed best psnr on Olympus: ' in resumed_log and 'at iteration 2' in resumed_log
     expected = torch.load(exp / 'models' / 'net_g_best.pth', weights_only=True)['params']
     got = torch.load(cut / 'models' / 'net_g_best.pth', weights_only=True)['params']
     assert all(torch.equal(expected[k], got[k]) for k in expected)
