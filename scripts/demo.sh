@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quick start: install, build the mini DRealSR, check the shipped pretrained small SAFMN (Clean camera)
+# Quick start: install, build the mini DRealSR, check the shipped pretrained small SAFMN (Mix camera)
 # against bicubic, then run the demo study: FT, FT+EMA, LP-FT, DeFT, LDT and LDT-S fine-tuned on one
 # source camera from that start, 3 seeds each, plus Bicubic, tested per camera and compared
 # (results/demo/study.md).
@@ -12,10 +12,10 @@ source scripts/python_env.sh    # PY: the given Python, or the project's .venv o
 # digits (README, "Reproducing the figures"). Set OMP_NUM_THREADS / DEMO_JOBS to override.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 bash scripts/install.sh
-if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Clean_023_x4.png ]; then   # the current build: 12 train + 10 test pairs per camera, Clean 64 + 10, DRealSR's names
-  "$PY" scripts/make_demo_data.py --force --cameras Olympus Pan Sony DSC IMG Canon Clean
+if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Mix_023_x4.png ]; then   # the current build: 12 train + 10 test pairs per camera, Mix 192 + 10, DRealSR's names
+  "$PY" scripts/make_demo_data.py --force --cameras Olympus Pan Sony DSC IMG Canon Mix
 fi
-if [ -f pretrained/demo/SAFMN_demo_Clean_x4.pth ]; then
+if [ -f pretrained/demo/SAFMN_demo_Mix_x4.pth ]; then
   "$PY" scripts/pretrain_demo.py --check      # the shipped pretrained start, verified by the sha256 beside it
 else
   "$PY" scripts/pretrain_demo.py --replace    # re-create it (stands in for released DF2K weights)

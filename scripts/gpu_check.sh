@@ -122,8 +122,8 @@ EOF
 
 run_step scan_backends 480 check_scan "$PY" scripts/bench_scan.py --device cuda
 
-if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Clean_023_x4.png ]; then   # the current demo build (DRealSR's names; Clean: 64 train + 10 test pairs)
-  "$PY" scripts/make_demo_data.py --force --cameras Olympus Pan Sony DSC IMG Canon Clean > "$OUT/demo_data.log" 2>&1 \
+if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Mix_023_x4.png ]; then   # the current demo build (DRealSR's names; Mix: 192 train + 10 test pairs)
+  "$PY" scripts/make_demo_data.py --force --cameras Olympus Pan Sony DSC IMG Canon Mix > "$OUT/demo_data.log" 2>&1 \
     || say "[FAIL] demo data (log: $OUT/demo_data.log)"
 fi
 run_step train_mambair_ldt_bf16 600 check_train \

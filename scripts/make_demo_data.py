@@ -17,12 +17,15 @@ with pooch from the internet, which must never happen here. Synthetic or unsuita
 (chessboards, logo, horse silhouette, phantom, color wheel, tiny images) are not used, nor is
 ``motorcycle_right`` (the same scene as ``motorcycle_left``, which would leak test content).
 
-Each "camera" is a fixed, documented degradation profile (``CAMERA_PROFILES``):
+The six cameras are one family: each is a fixed setting (``CAMERA_PROFILES``) of the same
+pipeline, every parameter inside the shared ``FAMILY_RANGES``, so a network trained on one camera is
+partly right on the others; the pretraining camera ``Mix`` draws every pair's parameters from those
+ranges (``sample_profile``). The pipeline:
 
 1. *camera look* (white balance gains, tone curve gamma, saturation) -- applied to the HR and
    therefore inherited by the LR, because in DRealSR both images of a pair are shot with the
    same camera (the two differ in focal length, not in colour rendition);
-2. *optics*: blur kernel at HR resolution (isotropic / anisotropic Gaussian or linear motion);
+2. *optics*: blur kernel at HR resolution (anisotropic Gaussian lens blur; ``motion`` also exists);
 3. *sensor*: x4 area downsampling (pixel-aperture integration), so ``LR size * 4 == HR size``;
 4. *noise* at LR resolution: signal-dependent Poisson-Gaussian, ``var = a * x + b**2``, with a
    camera-specific share of per-channel (chroma) vs shared (luma) noise;
@@ -35,8 +38,8 @@ scores differ by the degradation alone. ``cameras.json`` records each pair's pho
 
 Determinism: the same arguments give byte-identical files. Random generators are
 ``np.random.default_rng`` seeded with ``[seed, crc32(camera), split, index]`` (train crop position),
-``[seed, split, index]`` (test crop position) and ``[seed, crc32(camera), split, index, 1]``
-(noise) -- independent of the other cameras requested, so ``--cameras Sony`` writes the same Sony
+``[seed, split, index]`` (test crop position), ``[seed, crc32(camera), split, index, 1]``
+(noise) and ``[seed, crc32(camera), split, index, 2]`` (a Mix pair's parameters) -- independent of the other cameras requested, so ``--cameras Sony`` writes the same Sony
 files as a full build. PNG and JPEG encoder parameters are fixed, and ``cameras.json`` holds no
 timestamps or machine paths.
 
@@ -72,7 +75,7 @@ CAMERA_STEM_PATTERN = r'^[A-Za-z]+'
 #: HR image carries the zoom token ``_x4`` and the LR ``_x1``; training pairs are patches
 #: ``<stem>_x4_<k>`` (patch ``k`` of shot ``stem``).
 STEM_FORMATS = {'Olympus': 'P114{:04d}', 'Pan': 'panasonic_{}', 'Sony': 'sony_{}', 'DSC': 'DSC_{:04d}',
-                'IMG': 'IMG_{}', 'Canon': 'Canon_{}', 'Clean': 'Clean_{:03d}'}
+                'IMG': 'IMG_{}', 'Canon': 'Canon_{}', 'Mix': 'Mix_{:03d}'}
 HR_ZOOM, LR_ZOOM = '_x4', '_x1'
 
 
@@ -105,7 +108,8 @@ class CameraProfile:
 
     Colour: ``wb`` RGB gains, output ``gamma`` exponent (< 1 brightens), ``saturation`` factor.
     Blur: ``blur`` is ``gaussian`` (``sigma_x``, ``sigma_y``, ``angle`` in degrees) or ``motion``
-    (``motion_length`` pixels along ``angle``), applied at HR resolution.
+    (``motion_length`` pixels along ``angle``), applied at HR resolution (``per-pair`` only in the
+    documenting profile of a pretraining camera, whose pairs each get their own).
     Noise (on [0, 1] LR values): ``var = noise_a * x + noise_b ** 2``; ``noise_chroma`` is the
     share of independent per-channel noise (0 = identical noise in R, G, B).
     ISP: unsharp-mask ``sharpen`` amount, JPEG ``jpeg_quality``.
@@ -126,42 +130,77 @@ class CameraProfile:
     jpeg_quality: int
 
 
-#: The six camera branches the LDT paper names for DRealSR, each given a fixed, clearly different
-#: and plausible character (these are synthetic profiles, not measurements of the real cameras).
+#: The camera family: every parameter of every demo camera lies in these shared ranges (closed
+#: intervals). Real cameras of one kind share optics and sensor physics and differ in settings; the
+#: demo cameras do too, so what a network learns on one camera is partly right on the others. The
+#: pretraining camera (``PRETRAIN_CAMERAS``) draws *every pair's* parameters independently and
+#: uniformly from these ranges (``sample_profile``), as real-world SR pretraining randomises its
+#: degradations per sample. ``wb`` is the red and blue gain (green is 1); ``sigma_x``/``sigma_y``
+#: are the Gaussian lens blur's standard deviations in HR pixels along/across ``angle``; noise is
+#: on [0, 1] LR values; ``sharpen`` is an unsharp-mask amount; JPEG quality is an integer.
+FAMILY_RANGES: Dict[str, Tuple[float, float]] = {
+    'wb_red': (0.94, 1.06), 'wb_blue': (0.94, 1.06), 'gamma': (0.88, 1.08), 'saturation': (0.95, 1.30),
+    'sigma_x': (1.0, 2.6), 'sigma_y': (1.0, 2.6), 'angle': (0.0, 180.0),
+    'noise_a': (0.0, 0.0015), 'noise_b': (0.001, 0.008), 'noise_chroma': (0.2, 0.8),
+    'sharpen': (0.0, 0.6), 'jpeg_quality': (72, 95),
+}
+
+
+def _family(description: str, wb_red: float, wb_blue: float, gamma: float, saturation: float,
+            sigma_x: float, sigma_y: float, angle: float, noise_a: float, noise_b: float,
+            noise_chroma: float, sharpen: float, jpeg_quality: int) -> CameraProfile:
+    """A family member: Gaussian lens blur, every parameter inside ``FAMILY_RANGES``."""
+    values = dict(wb_red=wb_red, wb_blue=wb_blue, gamma=gamma, saturation=saturation, sigma_x=sigma_x,
+                  sigma_y=sigma_y, angle=angle, noise_a=noise_a, noise_b=noise_b, noise_chroma=noise_chroma,
+                  sharpen=sharpen, jpeg_quality=jpeg_quality)
+    for key, value in values.items():
+        lo, hi = FAMILY_RANGES[key]
+        if not lo <= value <= hi:
+            raise ValueError(f'{key} = {value} is outside the family range [{lo}, {hi}]')
+    return CameraProfile(description, (wb_red, 1.0, wb_blue), gamma, saturation, 'gaussian', sigma_x, sigma_y,
+                         angle, 0, noise_a, noise_b, noise_chroma, sharpen, int(jpeg_quality))
+
+
+def sample_profile(rng: np.random.Generator) -> CameraProfile:
+    """One pretraining pair's degradation: every parameter uniform in its ``FAMILY_RANGES``."""
+    draw = {key: float(rng.uniform(lo, hi)) for key, (lo, hi) in FAMILY_RANGES.items()}
+    lo, hi = FAMILY_RANGES['jpeg_quality']
+    draw['jpeg_quality'] = int(rng.integers(lo, hi + 1))
+    return _family('per-pair draw from FAMILY_RANGES', **draw)
+
+
+#: The six camera branches the LDT paper names for DRealSR: one family (``FAMILY_RANGES``), each
+#: camera a fixed setting inside it (synthetic, plausible, not measurements of the real cameras).
+#: Olympus, the demo's source, sits in the middle of the family; the targets differ from it in
+#: blur shape and size, noise level and colour, sharpening and JPEG, each within the ranges.
 CAMERA_PROFILES: Dict[str, CameraProfile] = {
-    'Olympus': CameraProfile('neutral-cool, moderate isotropic lens blur, very low noise, fine JPEG',
-                             (0.97, 1.0, 1.05), 1.0, 1.10, 'gaussian', 2.0, 2.0, 0.0, 0,
-                             0.0003, 0.002, 0.5, 0.0, 92),
-    'Pan': CameraProfile('warm, strongly anisotropic lens blur (astigmatism), moderate noise',
-                         (1.05, 1.0, 0.95), 0.95, 1.00, 'gaussian', 3.2, 0.7, 30.0, 0,
-                         0.0020, 0.008, 0.7, 0.0, 85),
-    'Sony': CameraProfile('neutral, very sharp lens (aliasing), very low noise, near-lossless JPEG',
-                          (1.0, 1.0, 1.0), 1.05, 1.05, 'gaussian', 0.4, 0.4, 0.0, 0,
-                          0.0003, 0.002, 0.3, 0.0, 97),
-    'DSC': CameraProfile('warm and saturated, horizontal camera-shake motion blur, medium JPEG',
-                         (1.06, 1.0, 0.93), 1.0, 1.20, 'motion', 0.0, 0.0, 0.0, 11,
-                         0.0015, 0.006, 0.5, 0.3, 75),
-    'IMG': CameraProfile('phone-like: bright, vivid, strong chroma noise, oversharpened, low JPEG',
-                         (1.0, 1.03, 1.02), 0.85, 1.30, 'gaussian', 1.2, 1.2, 0.0, 0,
-                         0.0060, 0.015, 1.0, 0.8, 60),
-    'Canon': CameraProfile('warm-neutral, soft (strong isotropic blur), luma noise',
-                           (1.04, 1.0, 0.97), 1.02, 1.05, 'gaussian', 2.8, 2.8, 0.0, 0,
-                           0.0010, 0.010, 0.2, 0.0, 88),
+    'Olympus': _family('neutral-cool, medium slightly elliptic blur, low noise, light sharpening, JPEG 88',
+                       0.97, 1.04, 1.00, 1.10, 1.8, 1.5, 20.0, 0.0006, 0.004, 0.5, 0.2, 88),
+    'Pan': _family('warm, astigmatic blur (elongated at 30 deg), moderate noise, no sharpening, JPEG 85',
+                   1.05, 0.95, 0.95, 1.00, 2.4, 1.2, 30.0, 0.0009, 0.005, 0.6, 0.0, 85),
+    'Sony': _family('neutral, sharpest lens of the family, very low noise, fine JPEG 94',
+                    1.00, 1.00, 1.05, 1.05, 1.2, 1.1, 0.0, 0.0003, 0.002, 0.3, 0.1, 94),
+    'DSC': _family('warm and saturated, horizontally elongated blur (shake-like), medium JPEG 78',
+                   1.06, 0.94, 1.00, 1.20, 2.2, 1.3, 0.0, 0.0008, 0.005, 0.5, 0.3, 78),
+    'IMG': _family('phone-like: bright, vivid, chroma noise, strong sharpening, JPEG 74',
+                   1.00, 1.03, 0.90, 1.28, 1.5, 1.4, 60.0, 0.0013, 0.007, 0.8, 0.55, 74),
+    'Canon': _family('warm-neutral, soft (widest isotropic blur), luma noise, JPEG 90',
+                     1.04, 0.97, 1.02, 1.05, 2.5, 2.4, 0.0, 0.0005, 0.006, 0.2, 0.0, 90),
 }
 #: The DRealSR branches: the default build.
 DEFAULT_CAMERAS = tuple(CAMERA_PROFILES)
-#: Not a DRealSR camera: a clean degradation (Gaussian lens blur, area downsampling, no noise)
-#: standing in for the synthetic DF2K pretraining of released SR weights, so the demo can
-#: fine-tune from a pretrained network as the paper does. Its blur (sigma 2 HR pixels) is one
-#: that bicubic interpolation cannot undo and a small network learns to (README, "Demo data"),
-#: so the pretrained start does real super-resolution. Built only when asked for
-#: (``--cameras ... Clean``), with ``pretrain_train_per_camera`` train pairs.
-CAMERA_PROFILES['Clean'] = CameraProfile('synthetic pretraining data: neutral colour, Gaussian blur, no noise, JPEG quality 100',
-                                         (1.0, 1.0, 1.0), 1.0, 1.0, 'gaussian', 2.0, 2.0, 0.0, 0,
-                                         0.0, 0.0, 0.0, 0.0, 100)
-#: Pretraining cameras get more train pairs (``--pretrain-train-per-camera``): one network learns
-#: from them for many iterations, and 12 crops would be learnt by heart.
-PRETRAIN_CAMERAS = ('Clean',)
+#: Not a DRealSR camera: the demo's pretraining data, standing in for the broad synthetic
+#: degradations (blur, noise, JPEG, sharpening) of real-world SR pretraining. Each of its pairs has
+#: its own parameters drawn by ``sample_profile`` from ``FAMILY_RANGES`` (recorded per pair in
+#: ``cameras.json``), so the pretrained start has seen the whole family but no camera's setting in
+#: particular. Built only when asked for (``--cameras ... Mix``), with ``pretrain_train_per_camera``
+#: train pairs; its profile below only documents the ranges (``blur: per-pair``).
+CAMERA_PROFILES['Mix'] = CameraProfile('pretraining mix: every pair its own draw from FAMILY_RANGES',
+                                       (1.0, 1.0, 1.0), 1.0, 1.0, 'per-pair', 0.0, 0.0, 0.0, 0,
+                                       0.0, 0.0, 0.0, 0.0, 100)
+#: Pretraining cameras get more train pairs (``--pretrain-train-per-camera``) and per-pair
+#: degradations: one network learns from them for many iterations.
+PRETRAIN_CAMERAS = ('Mix',)
 
 
 def skimage_data_dir() -> Path:
@@ -325,23 +364,28 @@ def _build(root: Path, seed: int, cameras: Sequence[str], counts: Dict[str, Dict
                 crop_key = [seed, cam_code, SPLIT_CODES[split], i] if split == 'train' else [seed, SPLIT_CODES[split], i]
                 crop_rng = np.random.default_rng(crop_key)
                 noise_rng = np.random.default_rng([seed, cam_code, SPLIT_CODES[split], i, 1])
-                hr, lr, (y, x) = make_pair(photos[name], sizes[split], CAMERA_PROFILES[cam],
-                                           crop_rng, noise_rng)
+                profile = (sample_profile(np.random.default_rng([seed, cam_code, SPLIT_CODES[split], i, 2]))
+                           if cam in PRETRAIN_CAMERAS else CAMERA_PROFILES[cam])
+                hr, lr, (y, x) = make_pair(photos[name], sizes[split], profile, crop_rng, noise_rng)
                 if split == 'train':   # one shot per photo, its crops are patches 0, 1, ...
                     stem, hr_name, lr_name = pair_names(cam, names.index(name), i // len(names))
                 else:                  # test shots are numbered after every train shot
                     stem, hr_name, lr_name = pair_names(cam, len(TRAIN_PHOTOS) + i)
                 write_png(hr_dir / hr_name, hr)
                 write_png(lr_dir / lr_name, lr)
-                rows.append({'split': split, 'stem': stem, 'hr': hr_name, 'lr': lr_name, 'camera': cam, 'source': name,
-                             'hr_box_yxhw': [y, x, sizes[split], sizes[split]]})
+                row = {'split': split, 'stem': stem, 'hr': hr_name, 'lr': lr_name, 'camera': cam, 'source': name,
+                       'hr_box_yxhw': [y, x, sizes[split], sizes[split]]}
+                if cam in PRETRAIN_CAMERAS:   # its own degradation, rounded for the record only
+                    row['profile'] = {k: (round(v, 6) if isinstance(v, float) else v)
+                                      for k, v in asdict(profile).items() if k not in ('description', 'motion_length')}
+                rows.append(row)
     return rows
 
 
 def make_demo_data(out: Path = DEFAULT_OUT, seed: int = 0, cameras: Sequence[str] = DEFAULT_CAMERAS,
                    train_per_camera: int = 12, test_per_camera: int = 10, hr_size: int = 128,
                    test_hr_size: int = 192, force: bool = False, verbose: bool = False,
-                   pretrain_train_per_camera: int = 64) -> dict:
+                   pretrain_train_per_camera: int = 192) -> dict:
     """Build the demo dataset at ``out`` and return a summary dict.
 
     Raises ``ValueError`` for bad arguments and ``FileExistsError`` when ``out`` exists and
@@ -373,6 +417,7 @@ def make_demo_data(out: Path = DEFAULT_OUT, seed: int = 0, cameras: Sequence[str
                          'blur kernel at HR resolution', f'x{SCALE} area downsampling',
                          'Poisson-Gaussian noise at LR resolution', 'unsharp-mask sharpening',
                          'JPEG at the camera quality'],
+            'family_ranges': {k: list(v) for k, v in FAMILY_RANGES.items()},
             'cameras': {cam: asdict(CAMERA_PROFILES[cam]) for cam in cameras},
             'source_photos': {'train': sorted({r['source'] for r in rows if r['split'] == 'train'}),
                               'test': sorted({r['source'] for r in rows if r['split'] == 'test'})},
@@ -421,7 +466,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--cameras', nargs='+', default=list(DEFAULT_CAMERAS),
                         help=f"camera profiles to build (known: {', '.join(CAMERA_PROFILES)})")
     parser.add_argument('--train-per-camera', type=int, default=12)
-    parser.add_argument('--pretrain-train-per-camera', type=int, default=64,
+    parser.add_argument('--pretrain-train-per-camera', type=int, default=192,
                         help=f"train pairs of the pretraining camera(s) ({', '.join(PRETRAIN_CAMERAS)})")
     parser.add_argument('--test-per-camera', type=int, default=10,
                         help='test pairs per camera (10: per-camera means over enough images to compare methods)')

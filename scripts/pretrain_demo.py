@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The demo's pretrained start, ``pretrained/demo/SAFMN_demo_Clean_x4.pth``: check it, or re-create it.
+"""The demo's pretrained start, ``pretrained/demo/SAFMN_demo_Mix_x4.pth``: check it, or re-create it.
 
     python scripts/pretrain_demo.py --check     # the shipped file against the sha256 recorded beside it
     python scripts/pretrain_demo.py             # re-create it: demo data if missing, then
@@ -27,15 +27,15 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
-CHECKPOINT = REPO / 'pretrained' / 'demo' / 'SAFMN_demo_Clean_x4.pth'
+CHECKPOINT = REPO / 'pretrained' / 'demo' / 'SAFMN_demo_Mix_x4.pth'
 DIGEST = CHECKPOINT.with_name(CHECKPOINT.name + '.sha256')
 OPTIONS = REPO / 'options' / 'demo' / 'pretrain_demo.yml'
-TRAINED = REPO / 'experiments' / 'demo_pretrain_Clean' / 'models' / 'net_g_latest.pth'
+TRAINED = REPO / 'experiments' / 'demo_pretrain_Mix' / 'models' / 'net_g_latest.pth'
 DATA = REPO / 'datasets' / 'DRealSR_demo'
-#: The demo's cameras; ``Clean`` is the pretraining camera (64 train pairs).
-DEMO_CAMERAS = ('Olympus', 'Pan', 'Sony', 'DSC', 'IMG', 'Canon', 'Clean')
-#: The last file a complete demo build writes (the last Clean test HR image, DRealSR's naming).
-LAST_CLEAN_PAIR = DATA / 'Test_x4' / 'test_HR' / 'Clean_023_x4.png'
+#: The demo's cameras; ``Mix`` is the pretraining camera (192 train pairs, each its own degradation).
+DEMO_CAMERAS = ('Olympus', 'Pan', 'Sony', 'DSC', 'IMG', 'Canon', 'Mix')
+#: The last file a complete demo build writes (the last Mix test HR image, DRealSR's naming).
+LAST_MIX_PAIR = DATA / 'Test_x4' / 'test_HR' / 'Mix_023_x4.png'
 THREADS = 1
 
 sys.path.insert(0, str(REPO))
@@ -75,7 +75,7 @@ def check() -> int:
 
 def train(python: str) -> Path:
     """Build the demo data if it is missing, train on ``THREADS`` thread(s); the trained file."""
-    if not LAST_CLEAN_PAIR.is_file():
+    if not LAST_MIX_PAIR.is_file():
         subprocess.run([python, str(REPO / 'scripts' / 'make_demo_data.py'), '--force', '--cameras', *DEMO_CAMERAS],
                        cwd=REPO, check=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), MKL_NUM_THREADS=str(THREADS))

@@ -131,13 +131,24 @@ def test_same_seed_is_byte_identical_and_other_seed_differs(tmp_path, demo):
     assert all(sony[k] == full[k] for k in sony if k.endswith('.png'))
 
 
-def test_domain_shift_is_real(demo):
-    """Cameras differ in how hard they are, and a model fitted on one camera is best on its own.
+def test_cameras_are_one_family_with_a_real_shift(demo):
+    """The cameras differ, yet they are one family: a model fitted on the source transfers partly.
 
     The "model" is a ridge regression from a 7x7 neighbourhood of the bicubic-upsampled LR (Y) to
     the HR pixel: a tiny linear SR network, trained per camera on its train split in a second.
+    Shift: on every camera some other camera's filter is >= 0.3 dB worse than the camera's own.
+    Family: the filter fitted on Olympus (the demo's source) beats bicubic on most targets and on
+    their mean. (A linear filter cannot denoise: it does not beat bicubic on the noisy,
+    oversharpened IMG camera, where the networks do; README, "Results".)
     """
     out, _ = demo
+    manifest = json.loads((out / 'cameras.json').read_text())
+    assert manifest['family_ranges'] == {k: list(v) for k, v in mdd.FAMILY_RANGES.items()}
+    for name, params in manifest['cameras'].items():     # every setting inside the shared ranges
+        values = dict(params, wb_red=params['wb'][0], wb_blue=params['wb'][2])
+        assert params['wb'][1] == 1.0 and params['blur'] == 'gaussian', name
+        for key, (lo, hi) in mdd.FAMILY_RANGES.items():
+            assert lo <= values[key] <= hi, (name, key, values[key])
     data = {}
     for split in SPLITS:
         for stem, hr_path, lr_path in pairs(out, split):
@@ -164,12 +175,38 @@ def test_domain_shift_is_real(demo):
                             for _, up in data[(c, 'train')]])
         t = np.concatenate([hr[4:-4, 4:-4].ravel() for hr, _ in data[(c, 'train')]])
         weights[c] = np.linalg.solve(x.T @ x + 1e-3 * np.eye(x.shape[1]), x.T @ t)
-    score = {(m, c): np.mean([psnr(np.clip(features(up) @ weights[m], 0, 1), hr)
-                              for hr, up in data[(c, 'test')]])
-             for m in cameras for c in cameras}
+    gain = {(m, c): np.mean([psnr(np.clip(features(up) @ weights[m], 0, 1), hr)
+                             for hr, up in data[(c, 'test')]]) - bicubic[c]
+            for m in cameras for c in cameras}
     for c in cameras:
-        others = np.mean([score[(m, c)] for m in cameras if m != c])
-        assert score[(c, c)] > others + 0.1, (c, score[(c, c)], others)
+        worst = min(gain[(m, c)] for m in cameras if m != c)
+        assert gain[(c, c)] > worst + 0.3, (c, gain[(c, c)], worst)
+    targets = [c for c in cameras if c != 'Olympus']
+    from_source = [gain[('Olympus', c)] for c in targets]
+    assert sum(g > 0 for g in from_source) >= 3 and np.mean(from_source) > 0, dict(zip(targets, from_source))
+
+
+def test_pretraining_pairs_each_draw_their_own_degradation(tmp_path):
+    summary = mdd.make_demo_data(tmp_path / 'demo', cameras=['Mix'], pretrain_train_per_camera=6,
+                                 test_per_camera=2)
+    rows = [r for r in summary['pairs'] if r['camera'] == 'Mix']
+    assert len(rows) == 8 and all('profile' in r for r in rows)
+    draws = [tuple(r['profile'][k] for k in ('sigma_x', 'noise_b', 'jpeg_quality')) for r in rows]
+    assert len(set(draws)) == len(draws)                 # no two pairs share a degradation
+    for r in rows:
+        values = dict(r['profile'], wb_red=r['profile']['wb'][0], wb_blue=r['profile']['wb'][2])
+        for key, (lo, hi) in mdd.FAMILY_RANGES.items():
+            assert lo - 1e-6 <= values[key] <= hi + 1e-6, (key, values[key])
+    # The same pair index gets the same draw whatever else is built (seeded per pair).
+    again = mdd.make_demo_data(tmp_path / 'again', cameras=['Sony', 'Mix'], pretrain_train_per_camera=3,
+                               test_per_camera=2, train_per_camera=1)
+    first = {(r['split'], r['stem']): r['profile'] for r in rows}
+    assert all(first[(r['split'], r['stem'])] == r['profile'] for r in again['pairs'] if r['camera'] == 'Mix')
+
+
+def test_a_camera_setting_outside_the_family_is_refused():
+    with pytest.raises(ValueError, match=r'sigma_x = 3.5 is outside the family range \[1.0, 2.6\]'):
+        mdd._family('too soft', 1.0, 1.0, 1.0, 1.0, 3.5, 1.0, 0.0, 0.0, 0.002, 0.5, 0.0, 90)
 
 
 def test_refuses_to_overwrite_without_force(tmp_path, capsys):
@@ -225,12 +262,12 @@ def test_failure_leaves_nothing_half_written(tmp_path, monkeypatch):
 
 
 def test_pretraining_camera_gets_its_own_train_count(tmp_path, capsys):
-    summary = mdd.make_demo_data(tmp_path / 'demo', cameras=['Sony', 'Clean'], train_per_camera=2,
+    summary = mdd.make_demo_data(tmp_path / 'demo', cameras=['Sony', 'Mix'], train_per_camera=2,
                                  pretrain_train_per_camera=3, test_per_camera=1)
-    assert summary['counts'] == {'train': {'Sony': 2, 'Clean': 3}, 'test': {'Sony': 1, 'Clean': 1}}
+    assert summary['counts'] == {'train': {'Sony': 2, 'Mix': 3}, 'test': {'Sony': 1, 'Mix': 1}}
     names = sorted(p.name for p in (tmp_path / 'demo' / 'Train_x4' / 'train_HR').iterdir())
-    assert len(names) == 5 and [n.split('_')[0] for n in names] == ['Clean'] * 3 + ['sony'] * 2
-    assert all(re.fullmatch(r'(Clean_\d{3}|sony_\d+)_x4_0\.png', n) for n in names)
+    assert len(names) == 5 and [n.split('_')[0] for n in names] == ['Mix'] * 3 + ['sony'] * 2
+    assert all(re.fullmatch(r'(Mix_\d{3}|sony_\d+)_x4_0\.png', n) for n in names)
     assert mdd.main(['--out', str(tmp_path / 'bad'), '--pretrain-train-per-camera', '0']) == 2
     err = capsys.readouterr().err
     assert '--pretrain-train-per-camera must be at least 1, got 0' in err and not (tmp_path / 'bad').exists()

@@ -46,7 +46,7 @@ DEFAULT_CAMERA_ALIASES = {
     'canon': 'Canon',
     'CANON': 'Canon',
     # Not in DRealSR: the demo's synthetic pretraining camera (scripts/make_demo_data.py).
-    'Clean': 'Clean',
+    'Mix': 'Mix',
 }
 
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.tif', '.tiff', '.webp')
