@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Quick start: install, build the mini DRealSR, check the shipped pretrained small SAFMN (Mix camera)
-# against bicubic, then run the demo study: FT, FT+EMA, LP-FT, DeFT, LDT and LDT-S fine-tuned on one
-# source camera from that start, 3 seeds each, plus Bicubic, tested per camera and compared
-# (results/demo/study.md).
+# Quick start: install, build the mini DRealSR (six cameras of one family + the Mix pretraining
+# camera), check the shipped pretrained small SAFMN (trained on Mix) against bicubic, then run the
+# demo study: FT, FT+EMA, LP-FT, DeFT, LDT and LDT-S fine-tuned on the Olympus camera from that
+# start, 5 seeds each, plus Bicubic, tested per camera and compared (results/demo/study.md), and
+# print the calibration checks (scripts/demo_calibration.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/python_env.sh    # PY: the given Python, or the project's .venv on an externally managed one
@@ -12,7 +13,7 @@ source scripts/python_env.sh    # PY: the given Python, or the project's .venv o
 # digits (README, "Reproducing the figures"). Set OMP_NUM_THREADS / DEMO_JOBS to override.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 bash scripts/install.sh
-if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Mix_023_x4.png ]; then   # the current build: 12 train + 10 test pairs per camera, Mix 192 + 10, DRealSR's names
+if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Mix_023_x4.png ]; then   # the current build: one family, 12 train + 10 test pairs per camera, Mix 192 + 10, DRealSR's names
   "$PY" scripts/make_demo_data.py --force --cameras Olympus Pan Sony DSC IMG Canon Mix
 fi
 if [ -f pretrained/demo/SAFMN_demo_Mix_x4.pth ]; then
@@ -23,6 +24,7 @@ fi
 "$PY" test.py -opt options/demo/test_demo_pretrained.yml   # Bicubic vs the pretrained start on every camera
 "$PY" scripts/study.py -opt options/study/demo.yml --jobs "${DEMO_JOBS:-2}"   # finished runs are skipped on a re-run
 "$PY" test.py -opt options/demo/test_demo.yml               # seed 0 side by side + comparison grids
+"$PY" scripts/demo_calibration.py                          # start vs bicubic, FT vs start, methods vs bicubic
 echo "Pretrained start vs Bicubic: results/demo_pretrained/metrics.md"
 echo "Study tables: results/demo/study.md (also study.json, study.csv, study.png)"
 echo "Seed-0 networks side by side: results/demo_test/metrics.md, grids in results/demo_test/compare/"
