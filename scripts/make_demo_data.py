@@ -140,9 +140,9 @@ class CameraProfile:
 #: on [0, 1] LR values; ``sharpen`` is an unsharp-mask amount; JPEG quality is an integer.
 FAMILY_RANGES: Dict[str, Tuple[float, float]] = {
     'wb_red': (0.94, 1.06), 'wb_blue': (0.94, 1.06), 'gamma': (0.88, 1.08), 'saturation': (0.95, 1.30),
-    'sigma_x': (1.0, 2.6), 'sigma_y': (1.0, 2.6), 'angle': (0.0, 180.0),
-    'noise_a': (0.0, 0.0015), 'noise_b': (0.001, 0.008), 'noise_chroma': (0.2, 0.8),
-    'sharpen': (0.0, 0.6), 'jpeg_quality': (72, 95),
+    'sigma_x': (1.2, 3.0), 'sigma_y': (1.2, 3.0), 'angle': (0.0, 180.0),
+    'noise_a': (0.0, 0.0006), 'noise_b': (0.0005, 0.004), 'noise_chroma': (0.2, 0.8),
+    'sharpen': (0.0, 0.4), 'jpeg_quality': (80, 95),
 }
 
 
@@ -174,18 +174,18 @@ def sample_profile(rng: np.random.Generator) -> CameraProfile:
 #: Olympus, the demo's source, sits in the middle of the family; the targets differ from it in
 #: blur shape and size, noise level and colour, sharpening and JPEG, each within the ranges.
 CAMERA_PROFILES: Dict[str, CameraProfile] = {
-    'Olympus': _family('neutral-cool, medium slightly elliptic blur, low noise, light sharpening, JPEG 88',
-                       0.97, 1.04, 1.00, 1.10, 1.8, 1.5, 20.0, 0.0006, 0.004, 0.5, 0.2, 88),
-    'Pan': _family('warm, astigmatic blur (elongated at 30 deg), moderate noise, no sharpening, JPEG 85',
-                   1.05, 0.95, 0.95, 1.00, 2.4, 1.2, 30.0, 0.0009, 0.005, 0.6, 0.0, 85),
+    'Olympus': _family('neutral-cool, medium slightly elliptic blur, low noise, light sharpening, JPEG 90',
+                       0.97, 1.04, 1.00, 1.10, 2.0, 1.6, 20.0, 0.0003, 0.002, 0.5, 0.15, 90),
+    'Pan': _family('warm, astigmatic blur (elongated at 30 deg), moderate noise, no sharpening, JPEG 87',
+                   1.05, 0.95, 0.95, 1.00, 2.8, 1.4, 30.0, 0.0004, 0.0025, 0.6, 0.0, 87),
     'Sony': _family('neutral, sharpest lens of the family, very low noise, fine JPEG 94',
-                    1.00, 1.00, 1.05, 1.05, 1.2, 1.1, 0.0, 0.0003, 0.002, 0.3, 0.1, 94),
-    'DSC': _family('warm and saturated, horizontally elongated blur (shake-like), medium JPEG 78',
-                   1.06, 0.94, 1.00, 1.20, 2.2, 1.3, 0.0, 0.0008, 0.005, 0.5, 0.3, 78),
-    'IMG': _family('phone-like: bright, vivid, chroma noise, strong sharpening, JPEG 74',
-                   1.00, 1.03, 0.90, 1.28, 1.5, 1.4, 60.0, 0.0013, 0.007, 0.8, 0.55, 74),
+                    1.00, 1.00, 1.05, 1.05, 1.4, 1.3, 0.0, 0.0001, 0.001, 0.3, 0.1, 94),
+    'DSC': _family('warm and saturated, horizontally elongated blur (shake-like), medium JPEG 82',
+                   1.06, 0.94, 1.00, 1.20, 2.6, 1.5, 0.0, 0.0004, 0.0025, 0.5, 0.25, 82),
+    'IMG': _family('phone-like: bright, vivid, chroma noise, strongest sharpening, JPEG 84',
+                   1.00, 1.03, 0.90, 1.28, 1.8, 1.7, 60.0, 0.0004, 0.003, 0.8, 0.25, 84),
     'Canon': _family('warm-neutral, soft (widest isotropic blur), luma noise, JPEG 90',
-                     1.04, 0.97, 1.02, 1.05, 2.5, 2.4, 0.0, 0.0005, 0.006, 0.2, 0.0, 90),
+                     1.04, 0.97, 1.02, 1.05, 2.9, 2.8, 0.0, 0.0002, 0.003, 0.2, 0.0, 90),
 }
 #: The DRealSR branches: the default build.
 DEFAULT_CAMERAS = tuple(CAMERA_PROFILES)

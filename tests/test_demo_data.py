@@ -205,8 +205,8 @@ def test_pretraining_pairs_each_draw_their_own_degradation(tmp_path):
 
 
 def test_a_camera_setting_outside_the_family_is_refused():
-    with pytest.raises(ValueError, match=r'sigma_x = 3.5 is outside the family range \[1.0, 2.6\]'):
-        mdd._family('too soft', 1.0, 1.0, 1.0, 1.0, 3.5, 1.0, 0.0, 0.0, 0.002, 0.5, 0.0, 90)
+    with pytest.raises(ValueError, match=r'sigma_x = 3.5 is outside the family range \[1.2, 3.0\]'):
+        mdd._family('too soft', 1.0, 1.0, 1.0, 1.0, 3.5, 1.5, 0.0, 0.0, 0.002, 0.5, 0.0, 90)
 
 
 def test_refuses_to_overwrite_without_force(tmp_path, capsys):

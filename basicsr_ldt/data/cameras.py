@@ -45,7 +45,8 @@ DEFAULT_CAMERA_ALIASES = {
     'nikon': 'DSC',
     'canon': 'Canon',
     'CANON': 'Canon',
-    # Not in DRealSR: the demo's synthetic pretraining camera (scripts/make_demo_data.py).
+    # Not in DRealSR: the demo's pretraining camera, whose pairs each draw their own degradation
+    # from the demo camera family's ranges (scripts/make_demo_data.py, Mix_<nnn> files).
     'Mix': 'Mix',
 }
 
