@@ -207,13 +207,18 @@ def test_paper_study_files_validate_without_data(name, capsys):
     assert before == {p for p in ('experiments', 'results') if (REPO / p).exists() and any((REPO / p).iterdir())}
 
 
-def test_demo_study_file_validates():
-    study = plan.load_study(str(REPO / 'options' / 'study' / 'demo.yml'), str(REPO))
+@pytest.mark.parametrize('name, seeds, sources', [('demo', [0, 1, 2, 3, 4], ['Olympus']),
+                                                  ('demo_olympus_pan', [0, 1, 2], ['Olympus', 'Pan'])])
+def test_demo_study_files_validate(name, seeds, sources):
+    study = plan.load_study(str(REPO / 'options' / 'study' / f'{name}.yml'), str(REPO))
     assert list(study.methods) == ['Bicubic', 'FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT', 'LDT-S']
-    assert study.seeds == [0, 1, 2] and study.untrained == ['Bicubic'] and len(study.runs) == 1 + 6 * 3
+    assert study.seeds == seeds and study.untrained == ['Bicubic'] and len(study.runs) == 1 + 6 * len(seeds)
     assert study.runs[0].name == 'Bicubic' and not study.runs[0].trained
     assert [r.uses_ema for r in study.runs[1:7]] == [False, True, False, False, False, False]
     assert study.runs[6].train_opt['ldt']['method'] == 'ldt_s'
+    for run in study.runs[1:]:     # one budget for every method, as the study file's rules say
+        assert run.train_opt['train']['total_iter'] == 500
+        assert run.train_opt['datasets']['train']['cameras'] == sources
 
 
 def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
