@@ -40,3 +40,34 @@ def test_params_ema_fallback_and_module_prefix(tmp_path):
     fresh = torch.nn.Linear(2, 2)
     load_weights(fresh, str(path), param_key='params_ema')
     assert torch.equal(fresh.weight, net.weight)
+
+
+def _experiment(tmp_path, iterations):
+    """An experiment folder whose training_states hold ``<it>.state`` for each iteration, and the
+    options ``--auto_resume`` reads (``network_g``: BasicSR then points the weights at that iteration)."""
+    from basicsr_ldt.train import load_resume_state  # noqa: F401  (imported here: train pulls in BasicSR)
+    states = tmp_path / 'experiments' / 'run' / 'training_states'
+    for it in iterations:
+        save_atomic({'epoch': it // 100, 'iter': it}, str(states / f'{it}.state'))
+    return {'auto_resume': True, 'rank': 0, 'network_g': {'type': 'MSRResNet'},
+            'path': {'training_states': str(states), 'models': str(tmp_path / 'experiments' / 'run' / 'models'),
+                     'resume_state': None, 'pretrain_network_g': None}}
+
+
+def test_auto_resume_takes_the_highest_iteration_not_the_last_name(tmp_path):
+    """Past 9,999 iterations the newest state's name sorts first as text ('15000' < '5000' < '9999'):
+    resuming must still go on from 15000.state and its net_g_15000.pth, not from 9999 or 5000."""
+    from basicsr_ldt.train import load_resume_state
+    opt = _experiment(tmp_path, [1, 2, 5000, 9999, 10000, 15000])
+    state = load_resume_state(opt)
+    assert state['iter'] == 15000
+    assert opt['path']['resume_state'] == str(tmp_path / 'experiments' / 'run' / 'training_states' / '15000.state')
+    assert opt['path']['pretrain_network_g'].endswith('net_g_15000.pth')
+    # A damaged newest state is moved aside and the run goes on from the next one by number, 10000.
+    states = tmp_path / 'experiments' / 'run' / 'training_states'
+    (states / '15000.state').write_bytes(b'')
+    opt = _experiment(tmp_path, [])
+    assert load_resume_state(opt)['iter'] == 10000
+    assert opt['path']['resume_state'] == str(states / '10000.state')
+    assert {p.name for p in states.iterdir()} == {'1.state', '2.state', '5000.state', '9999.state', '10000.state',
+                                                  '15000.state.corrupt'}
