@@ -2,8 +2,10 @@
 as checkpoints."""
 import hashlib
 import http.server
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -238,3 +240,64 @@ def test_release_names_work_as_checkpoints(tmp_path, monkeypatch):
     with pytest.raises(InputError, match=r"^checkpoint 'pretrained/HAT_SRx4\.pth' does not exist \(the released "
                                          r'HAT_SRx4: python scripts/fetch_weights\.py HAT_SRx4\)$'):
         load_weights(torch.nn.Conv2d(3, 3, 3), 'pretrained/HAT_SRx4.pth')
+
+
+def state_with(change):
+    """A Tiny_x4 checkpoint's bytes after ``change`` edited its state dict (a key dropped or added)."""
+    torch.manual_seed(0)
+    state = build_network(dict(TINY)).state_dict()
+    change(state)
+    buffer = io.BytesIO()
+    torch.save({'params': state}, buffer)
+    return buffer.getvalue()
+
+
+KEY_PROBLEMS = {
+    'missing': (lambda s: s.pop(sorted(s)[0]), '1 missing'),
+    'unexpected': (lambda s: s.update(extra_head=torch.zeros(3)), "1 unexpected (e.g. extra_head)"),
+}
+
+
+@pytest.mark.parametrize('problem', sorted(KEY_PROBLEMS))
+def test_a_file_with_other_keys_is_not_kept(server, tmp_path, problem):
+    """Every shape fits, only the key set differs: the strict load refuses it, so nothing is kept or
+    pinned, whether it was downloaded or put there by hand."""
+    change, message = KEY_PROBLEMS[problem]
+    endpoint, files, _ = server
+    files['tiny_x4.pth'] = state_with(change)
+    out = tmp_path / 'pretrained'
+    with pytest.raises(InputError, match=f'not a complete SAFMN checkpoint, not kept: .* keys {re.escape(message)}'):
+        fetch('Tiny_x4', out, endpoint)
+    assert listing_of(out) == []
+    (out / 'Drive_x4.pth').write_bytes(files['tiny_x4.pth'])
+    with pytest.raises(InputError, match=f'Drive_x4.pth is there but not usable: .* keys {re.escape(message)}'):
+        fetch('Drive_x4', out, endpoint)
+    assert listing_of(out) == ['Drive_x4.pth']          # no lock entry for it
+
+
+def test_recording_a_release_keeps_the_pins_of_the_others(server, tmp_path):
+    """Three releases in one folder, pinned one after another (downloaded, by hand, downloaded): the
+    lock ends with all three lines and sha256sum checks all three files."""
+    endpoint, files, _ = server
+    table = {**TABLE, 'Second_x4': rel.Release(TINY, PAGE, repo='authors/tiny', file='ckpt/second_x4.pth')}
+    out = tmp_path / 'pretrained'
+    files['tiny_x4.pth'] = checkpoint_bytes(tmp_path / 'a.pth', seed=0)
+    files['second_x4.pth'] = checkpoint_bytes(tmp_path / 'b.pth', seed=1)
+    digests = {'Tiny_x4.pth': hashlib.sha256(files['tiny_x4.pth']).hexdigest(),
+               'Second_x4.pth': hashlib.sha256(files['second_x4.pth']).hexdigest()}
+
+    def lock_lines():
+        return (out / 'weights.lock').read_text().splitlines()[1:]
+
+    def run(name):
+        return fw.fetch(name, str(out), table, endpoint=endpoint, progress=False, say=lambda line: None)
+
+    run('Tiny_x4')
+    digests['Drive_x4.pth'] = hashlib.sha256(checkpoint_bytes(out / 'Drive_x4.pth', seed=2)).hexdigest()
+    run('Drive_x4')
+    assert lock_lines() == [f"{digests[n]}  {n}" for n in ('Drive_x4.pth', 'Tiny_x4.pth')]
+    run('Second_x4')
+    assert lock_lines() == [f"{digests[n]}  {n}" for n in ('Drive_x4.pth', 'Second_x4.pth', 'Tiny_x4.pth')]
+    assert run('Tiny_x4').endswith('skipped') and len(lock_lines()) == 3
+    check = subprocess.run(['sha256sum', '-c', 'weights.lock'], cwd=out, capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout.count(': OK') == 3
