@@ -160,3 +160,24 @@ def test_ema_every_is_counted_within_each_interval(interval_iters, ema_every, ex
         if any(not torch.equal(after[n], before[n]) for n in algo.partition.stable + algo.partition.unstable):
             changed_at.append(step)
     assert changed_at == exchanges
+
+
+def test_a_skipped_non_finite_step_does_not_move_the_exchanges():
+    """A NaN batch at LDT-S iteration 2 is skipped and not counted: the exchanges of interval 4,
+    ema_every 3 come one iteration later (4, 5, 8, 9) and the first swap after 5 iterations."""
+    algo = _ldt_s(interval_iters=4, ema_every=3)
+    _run(algo, 1, START - 1)
+    algo.enter(START)
+    changed_at, active = [], []
+    for step in range(1, 10):
+        iteration = START + step - 1
+        loss = _loss(iteration)
+        batch = (lambda m: loss(m) * float('nan')) if step == 2 else loss
+        before = {n: t.clone() for n, t in algo.composite_state_dict().items()}
+        algo.update(batch, iteration)
+        after = algo.composite_state_dict()
+        if any(not torch.equal(after[n], before[n]) for n in algo.partition.stable + algo.partition.unstable):
+            changed_at.append(step)                    # (BatchNorm statistics move at every step)
+        active.append(algo.alternation.active)
+    assert changed_at == [4, 5, 8, 9]
+    assert active == ['stable'] * 4 + ['unstable'] * 4 + ['stable']
