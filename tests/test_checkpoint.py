@@ -71,3 +71,57 @@ def test_auto_resume_takes_the_highest_iteration_not_the_last_name(tmp_path):
     assert opt['path']['resume_state'] == str(states / '10000.state')
     assert {p.name for p in states.iterdir()} == {'1.state', '2.state', '5000.state', '9999.state', '10000.state',
                                                   '15000.state.corrupt'}
+
+
+def test_a_damaged_state_is_moved_aside_by_rank_0_only(tmp_path, capsys):
+    """Under torchrun every rank picks the same readable state; only rank 0 renames the damaged one
+    (two ranks renaming the same file would race) and says so."""
+    from basicsr_ldt.train import load_resume_state
+    opt = _experiment(tmp_path, [2, 4])
+    states = tmp_path / 'experiments' / 'run' / 'training_states'
+    (states / '4.state').write_bytes(b'')
+    opt['rank'] = 1
+    assert load_resume_state(opt)['iter'] == 2 and opt['path']['resume_state'] == str(states / '2.state')
+    assert {p.name for p in states.iterdir()} == {'2.state', '4.state'} and 'warning' not in capsys.readouterr().err
+    opt = _experiment(tmp_path, [])
+    assert load_resume_state(opt)['iter'] == 2
+    assert {p.name for p in states.iterdir()} == {'2.state', '4.state.corrupt'}
+    assert "moved it to '" in capsys.readouterr().err
+    # The file moved aside is not a training state any more: the next resume goes straight to 2.state.
+    assert load_resume_state(_experiment(tmp_path, []))['iter'] == 2 and capsys.readouterr().err == ''
+
+
+def test_released_file_with_both_keys_gives_its_ema_weights(tmp_path):
+    """``param_key=None`` (fetch_weights, a release used as a checkpoint) takes ``params_ema`` when a
+    file holds both, whichever comes first in it; a named key takes that one."""
+    torch.manual_seed(0)
+    plain, ema = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    path = tmp_path / 'release.pth'
+    torch.save({'params': plain.state_dict(), 'params_ema': ema.state_dict()}, path)
+    for key, expected in ((None, ema), ('params', plain), ('params_ema', ema)):
+        fresh = torch.nn.Linear(2, 2)
+        load_weights(fresh, str(path), param_key=key)
+        assert torch.equal(fresh.weight, expected.weight), key
+
+
+def test_non_strict_loading_skips_key_differences_but_never_a_shape(tmp_path):
+    """``strict_load_g: false`` loads the keys both sides have and ignores the others; a tensor of
+    another shape is still refused with its name."""
+    torch.manual_seed(0)
+    source = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 2))
+    state = dict(source.state_dict())
+    del state['1.bias']
+    state['2.weight'] = torch.ones(1)
+    torch.save({'params': state}, tmp_path / 'partial.pth')
+    target = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 2))
+    bias_before = target[1].bias.clone()
+    with pytest.raises(InputError, match=r'keys 1 missing \(e\.g\. 1\.bias\); 1 unexpected \(e\.g\. 2\.weight\)$'):
+        load_weights(target, str(tmp_path / 'partial.pth'))
+    load_weights(target, str(tmp_path / 'partial.pth'), strict=False)
+    assert torch.equal(target[0].weight, source[0].weight) and torch.equal(target[1].weight, source[1].weight)
+    assert torch.equal(target[1].bias, bias_before)
+    state['0.weight'] = torch.zeros(4, 2)
+    torch.save({'params': state}, tmp_path / 'shape.pth')
+    with pytest.raises(InputError, match=r'keys 1 with another shape \(e\.g\. 0\.weight: checkpoint \(4, 2\), '
+                                         r'network \(3, 2\)\)$'):
+        load_weights(target, str(tmp_path / 'shape.pth'), strict=False)
