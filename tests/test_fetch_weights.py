@@ -301,3 +301,19 @@ def test_recording_a_release_keeps_the_pins_of_the_others(server, tmp_path):
     assert run('Tiny_x4').endswith('skipped') and len(lock_lines()) == 3
     check = subprocess.run(['sha256sum', '-c', 'weights.lock'], cwd=out, capture_output=True, text=True)
     assert check.returncode == 0 and check.stdout.count(': OK') == 3
+
+
+def test_a_lock_written_by_sha256sum_is_read(server, tmp_path):
+    """A lock the user regenerated with ``sha256sum -b`` (``*name``, any case, comments) pins the same
+    files: a matching file is skipped, a changed one refused."""
+    endpoint, files, requests = server
+    out = tmp_path / 'pretrained'
+    out.mkdir()
+    data = checkpoint_bytes(out / 'Tiny_x4.pth', seed=0)
+    (out / 'weights.lock').write_text(f'# mine\n\n{hashlib.sha256(data).hexdigest().upper()} *Tiny_x4.pth\n')
+    lock = (out / 'weights.lock').read_text()
+    assert fetch('Tiny_x4', out, endpoint).endswith('present and checked (SHA-256 as recorded), skipped')
+    assert (out / 'weights.lock').read_text() == lock and requests == []
+    checkpoint_bytes(out / 'Tiny_x4.pth', seed=1)
+    with pytest.raises(InputError, match=r'Tiny_x4\.pth is there but not usable: .* but weights\.lock recorded'):
+        fetch('Tiny_x4', out, endpoint)
