@@ -125,3 +125,31 @@ def test_non_strict_loading_skips_key_differences_but_never_a_shape(tmp_path):
     with pytest.raises(InputError, match=r'keys 1 with another shape \(e\.g\. 0\.weight: checkpoint \(4, 2\), '
                                          r'network \(3, 2\)\)$'):
         load_weights(target, str(tmp_path / 'shape.pth'), strict=False)
+
+
+def test_a_write_cut_short_leaves_a_hidden_temporary_that_the_next_run_removes(tmp_path, monkeypatch):
+    """What a SIGKILL mid-write leaves is ``.<name>.<random>.tmp`` beside the checkpoint (hidden, and
+    named after it); the next run deletes exactly such files and keeps the checkpoints."""
+    from basicsr_ldt.train import remove_partial_writes
+    models, states = tmp_path / 'models', tmp_path / 'training_states'
+    written = []
+    real_mkstemp = checkpoint.tempfile.mkstemp
+
+    def mkstemp_and_note(*args, **kwargs):
+        handle, path = real_mkstemp(*args, **kwargs)
+        written.append(os.path.basename(path))
+        return handle, path
+
+    monkeypatch.setattr(checkpoint.tempfile, 'mkstemp', mkstemp_and_note)
+    save_atomic({'params': {'w': torch.ones(2)}}, str(models / 'net_g_10.pth'))
+    save_atomic({'epoch': 0, 'iter': 10}, str(states / '10.state'))
+    monkeypatch.undo()
+    assert written[0].startswith('.net_g_10.pth.') and written[0].endswith('.tmp')
+    assert written[1].startswith('.10.state.') and written[1].endswith('.tmp')
+    assert load_safe(str(models / 'net_g_10.pth'))['params']['w'].tolist() == [1.0, 1.0]
+    assert load_safe(str(states / '10.state')) == {'epoch': 0, 'iter': 10}
+    (models / written[0]).write_bytes(b'half')          # as a killed run leaves them
+    (states / written[1]).write_bytes(b'half')
+    (models / 'notes.tmp').write_text('mine')           # not ours: not hidden
+    remove_partial_writes({'path': {'models': str(models), 'training_states': str(states)}})
+    assert sorted(os.listdir(models)) == ['net_g_10.pth', 'notes.tmp'] and os.listdir(states) == ['10.state']
