@@ -33,6 +33,7 @@ TESTS=(
   tests/test_ldt_algorithm.py tests/test_ldt_config.py tests/test_ldt_pair.py tests/test_ldt_partition.py
   tests/test_ldt_reference.py tests/test_ldt_s.py tests/test_ldt_statistics.py tests/test_precision.py
   tests/test_typed_options.py tests/test_checkpoint.py tests/test_fetch_weights.py tests/test_best_checkpoint.py
+  tests/test_resumable_model.py
 )
 SUBPROCESS_TESTS=(
   tests/test_precision.py::test_bf16_ldt_run_through_every_phase_then_bf16_test
