@@ -317,3 +317,15 @@ def test_a_lock_written_by_sha256sum_is_read(server, tmp_path):
     checkpoint_bytes(out / 'Tiny_x4.pth', seed=1)
     with pytest.raises(InputError, match=r'Tiny_x4\.pth is there but not usable: .* but weights\.lock recorded'):
         fetch('Tiny_x4', out, endpoint)
+
+
+def test_a_mirror_endpoint_with_a_trailing_slash(server, tmp_path):
+    """HF_ENDPOINT=https://mirror/ (as mirrors often tell users to set it) gives the same URLs as without the
+    slash, in what fetch says it downloads and in --list (a local server cannot tell: it folds '//' itself)."""
+    endpoint, files, _ = server
+    files['tiny_x4.pth'] = checkpoint_bytes(tmp_path / 'a.pth', seed=0)
+    said = []
+    fw.fetch('Tiny_x4', str(tmp_path / 'pretrained'), TABLE, endpoint=endpoint + '/', progress=False, say=said.append)
+    url = f'{endpoint}/authors/tiny/resolve/main/ckpt/tiny_x4.pth'
+    assert said == [f"Tiny_x4: downloading {url} to {tmp_path / 'pretrained' / 'Tiny_x4.pth'}"]
+    assert f'    from {url}\n' in fw.listing(str(tmp_path / 'pretrained'), TABLE, endpoint=endpoint + '//')
