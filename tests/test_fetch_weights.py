@@ -28,6 +28,7 @@ TABLE = {
     'Cut_x4': rel.Release(TINY, PAGE, repo='authors/tiny', file='ckpt/cut_x4.pth'),
     'Gone_x4': rel.Release(TINY, PAGE, repo='authors/tiny', file='ckpt/gone_x4.pth'),
     'Drive_x4': rel.Release(TINY, PAGE, manual='Google Drive https://drive.google.com/x'),
+    'Drop_x4': rel.Release(TINY, PAGE, repo='authors/tiny', file='ckpt/drop_x4.pth'),
 }
 
 
@@ -40,7 +41,7 @@ def checkpoint_bytes(path, seed, key='params'):
 @pytest.fixture
 def server(tmp_path):
     """Serves /authors/tiny/resolve/main/ckpt/<file> from a dict; 'cut_x4.pth' announces its full length and
-    closes the connection half-way; anything else is 404. Yields (endpoint, files, requests)."""
+    closes the connection half-way, 'drop_x4.pth' closes it without a response; anything else is 404. Yields (endpoint, files, requests)."""
     files, requests = {}, []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -49,6 +50,9 @@ def server(tmp_path):
             name = self.path.rsplit('/', 1)[-1]
             if not self.path.startswith('/authors/tiny/resolve/main/ckpt/') or name not in files:
                 self.send_error(404)
+                return
+            if name == 'drop_x4.pth':          # the connection drops before any response
+                self.close_connection = True
                 return
             body = files[name]
             self.send_response(200)
@@ -270,7 +274,7 @@ def test_a_file_with_other_keys_is_not_kept(server, tmp_path, problem):
         fetch('Tiny_x4', out, endpoint)
     assert listing_of(out) == []
     (out / 'Drive_x4.pth').write_bytes(files['tiny_x4.pth'])
-    with pytest.raises(InputError, match=f'Drive_x4.pth is there but not usable: .* keys {re.escape(message)}'):
+    with pytest.raises(InputError, match=f'Drive_x4.pth is there but not usable: Drive_x4: .* keys {re.escape(message)}'):
         fetch('Drive_x4', out, endpoint)
     assert listing_of(out) == ['Drive_x4.pth']          # no lock entry for it
 
@@ -329,3 +333,43 @@ def test_a_mirror_endpoint_with_a_trailing_slash(server, tmp_path):
     url = f'{endpoint}/authors/tiny/resolve/main/ckpt/tiny_x4.pth'
     assert said == [f"Tiny_x4: downloading {url} to {tmp_path / 'pretrained' / 'Tiny_x4.pth'}"]
     assert f'    from {url}\n' in fw.listing(str(tmp_path / 'pretrained'), TABLE, endpoint=endpoint + '//')
+
+
+def test_a_dropped_connection_is_one_line(server, tmp_path):
+    endpoint, files, _ = server
+    files['drop_x4.pth'] = b'never sent'
+    with pytest.raises(InputError, match=rf'^the download of {endpoint}/authors/tiny/resolve/main/ckpt/drop_x4\.pth was '
+                                         r'interrupted \(RemoteDisconnected: Remote end closed connection'):
+        fetch('Drop_x4', tmp_path / 'pretrained', endpoint)
+    assert listing_of(tmp_path / 'pretrained') == []
+
+
+def test_the_download_goes_to_a_hidden_folder_beside_the_target(server, tmp_path):
+    """The transfer lands in ``pretrained/.<name>.<random>.download`` (same file system: the final rename is
+    atomic; hidden: a killed transfer is not mistaken for a release) and the folder is gone afterwards."""
+    endpoint, files, _ = server
+    files['tiny_x4.pth'] = checkpoint_bytes(tmp_path / 'a.pth', seed=0)
+    out = tmp_path / 'pretrained'
+    during = []
+    fw.fetch('Tiny_x4', str(out), TABLE, endpoint=endpoint, progress=False, say=lambda line: during.extend(listing_of(out)))
+    assert len(during) == 1 and re.fullmatch(r'\.Tiny_x4\..+\.download', during[0]), during
+    assert listing_of(out) == ['Tiny_x4.pth', 'weights.lock']
+
+
+def test_hf_endpoint_and_the_default_table(server, tmp_path, monkeypatch):
+    """Without an explicit endpoint HF_ENDPOINT is used (a mirror); without a table the project's releases
+    are, and a misspelt name lists them."""
+    endpoint, files, requests = server
+    files['tiny_x4.pth'] = checkpoint_bytes(tmp_path / 'a.pth', seed=0)
+    monkeypatch.setenv('HF_ENDPOINT', endpoint)
+    fw.fetch('Tiny_x4', str(tmp_path / 'pretrained'), TABLE, progress=False, say=lambda line: None)
+    assert requests == ['/authors/tiny/resolve/main/ckpt/tiny_x4.pth']
+    with pytest.raises(InputError, match=r"^unknown release 'SAFMN_x4'; known: MambaIR_SR_x4, HAT_SRx4, SAFMN_DF2K_x4 "
+                                         r'\(python scripts/fetch_weights\.py --list\)$'):
+        fw.fetch('SAFMN_x4', str(tmp_path / 'pretrained'))
+
+
+def test_a_malformed_lock_line_is_named(tmp_path):
+    (tmp_path / 'weights.lock').write_text('# pins\n\n' + 'a' * 64 + '  Tiny_x4.pth\nabc Second.pth\n')
+    with pytest.raises(InputError, match=r"weights\.lock, line 4: expected '<sha256>  <file name>', got 'abc Second\.pth'$"):
+        fw.read_lock(str(tmp_path))
