@@ -1,4 +1,5 @@
 """Checkpoint files are replaced atomically and read safely."""
+import logging
 import os
 
 import pytest
@@ -153,3 +154,39 @@ def test_a_write_cut_short_leaves_a_hidden_temporary_that_the_next_run_removes(t
     (models / 'notes.tmp').write_text('mine')           # not ours: not hidden
     remove_partial_writes({'path': {'models': str(models), 'training_states': str(states)}})
     assert sorted(os.listdir(models)) == ['net_g_10.pth', 'notes.tmp'] and os.listdir(states) == ['10.state']
+
+
+def test_which_weights_a_checkpoint_gives(tmp_path):
+    """By default ``params``; a named key that is absent falls back to the other one with a warning; a
+    bare state dict loads as is; anything else is refused naming what the file holds, and a missing
+    file that is no release gets no fetch hint."""
+    torch.manual_seed(0)
+    plain, ema = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    torch.save({'params': plain.state_dict(), 'params_ema': ema.state_dict()}, tmp_path / 'both.pth')
+    torch.save({'params_ema': ema.state_dict()}, tmp_path / 'ema.pth')
+    torch.save(plain.state_dict(), tmp_path / 'bare.pth')
+    torch.save({'model': plain.state_dict(), 'optimizer': {}}, tmp_path / 'other.pth')
+    torch.save(torch.ones(2), tmp_path / 'tensor.pth')
+    fresh = torch.nn.Linear(2, 2)
+    load_weights(fresh, str(tmp_path / 'both.pth'))
+    assert torch.equal(fresh.weight, plain.weight)
+    warnings = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger('basicsr').addHandler(handler)      # (BasicSR's logger may not propagate)
+    try:
+        load_weights(fresh, str(tmp_path / 'ema.pth'), param_key='params')
+    finally:
+        logging.getLogger('basicsr').removeHandler(handler)
+    assert torch.equal(fresh.weight, ema.weight)
+    assert warnings == [f"checkpoint '{tmp_path / 'ema.pth'}' has no 'params' weights: loading 'params_ema'"]
+    load_weights(fresh, str(tmp_path / 'bare.pth'))
+    assert torch.equal(fresh.weight, plain.weight)
+    for name, key, holds in (('other', 'params', "['model', 'optimizer']"), ('other', None, "['model', 'optimizer']"),
+                             ('tensor', 'params', 'Tensor')):
+        with pytest.raises(InputError) as err:
+            load_weights(fresh, str(tmp_path / f'{name}.pth'), param_key=key)
+        assert str(err.value) == f"checkpoint '{tmp_path / name}.pth' has no 'params' weights (top-level keys: {holds})"
+    with pytest.raises(InputError) as err:
+        load_weights(fresh, str(tmp_path / 'runs' / 'net_g_latest.pth'))
+    assert str(err.value) == f"checkpoint '{tmp_path / 'runs' / 'net_g_latest.pth'}' does not exist"
