@@ -133,12 +133,13 @@ def test_a_write_cut_short_leaves_a_hidden_temporary_that_the_next_run_removes(t
     named after it); the next run deletes exactly such files and keeps the checkpoints."""
     from basicsr_ldt.train import remove_partial_writes
     models, states = tmp_path / 'models', tmp_path / 'training_states'
-    written = []
+    written, folders = [], []
     real_mkstemp = checkpoint.tempfile.mkstemp
 
     def mkstemp_and_note(*args, **kwargs):
         handle, path = real_mkstemp(*args, **kwargs)
         written.append(os.path.basename(path))
+        folders.append(os.path.dirname(path))
         return handle, path
 
     monkeypatch.setattr(checkpoint.tempfile, 'mkstemp', mkstemp_and_note)
@@ -147,6 +148,7 @@ def test_a_write_cut_short_leaves_a_hidden_temporary_that_the_next_run_removes(t
     monkeypatch.undo()
     assert written[0].startswith('.net_g_10.pth.') and written[0].endswith('.tmp')
     assert written[1].startswith('.10.state.') and written[1].endswith('.tmp')
+    assert folders == [str(models), str(states)]       # beside the checkpoint: the rename stays on one disk
     assert load_safe(str(models / 'net_g_10.pth'))['params']['w'].tolist() == [1.0, 1.0]
     assert load_safe(str(states / '10.state')) == {'epoch': 0, 'iter': 10}
     (models / written[0]).write_bytes(b'half')          # as a killed run leaves them

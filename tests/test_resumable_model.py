@@ -44,4 +44,8 @@ def test_nan_in_the_ema_copy_is_not_saved(tmp_path):
         next(model.net_g_ema.parameters()).view(-1)[0] = float('nan')
     with pytest.raises(FloatingPointError, match='1 weight tensors hold NaN/inf at iteration 4: not saving'):
         model.save(0, 4)
+    with torch.no_grad():
+        next(model.net_g.parameters()).view(-1)[0] = float('inf')
+    with pytest.raises(FloatingPointError, match='2 weight tensors hold NaN/inf at iteration 6: not saving'):
+        model.save(0, 6)
     assert os.listdir(tmp_path / 'models') == ['net_g_2.pth'] and os.listdir(tmp_path / 'states') == ['2.state']
