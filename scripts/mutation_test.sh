@@ -18,7 +18,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORK="${MUTATION_DIR:-/tmp/basicsr-ldt-mutation}"
 JOBS="${MUTATION_JOBS:-1}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}" CUDA_VISIBLE_DEVICES=''
-PYTHON="${PYTHON:-python3}"
+PYTHON="$(cd "$REPO" && source scripts/python_env.sh && echo "$PY")"   # the project's interpreter
 
 # What is mutated by default: the weights/resume code and the LDT-S/EMA core (about 25 min with one job
 # on this project's 2-core machine). All of basicsr_ldt/ldt/ takes about an hour more:
@@ -43,7 +43,7 @@ SUBPROCESS_TESTS=(
 )
 
 if ! "$PYTHON" -c 'import mutmut' 2>/dev/null; then
-  echo "mutmut is not installed: pip install 'mutmut>=3.8,<4'" >&2
+  echo "mutmut is not installed: $PYTHON -m pip install 'mutmut>=3.8,<4'" >&2
   exit 2
 fi
 
@@ -78,11 +78,12 @@ case "$mode" in
     rm -rf "$WORK"; mkdir -p "$WORK"; copy_tree "$WORK" ;;
   --resume) ;;
   --retest)
-    (cd "$WORK" && "$PYTHON" -m mutmut results --all true) \
-      | sed -n 's/^ *\([^ ]*\): \(survived\|no tests\)$/\1/p' > "$WORK/retest.txt"
+    # Adding tests cannot let a killed mutant survive, so only the others run again; their new
+    # verdicts are laid over the previous ones (mutmut forgets the rest when the test selection changes).
+    (cd "$WORK" && "$PYTHON" -m mutmut results --all true) > "$WORK/results-before.txt"
+    sed -n 's/^ *\([^ ]*\): \(survived\|no tests\)$/\1/p' "$WORK/results-before.txt" > "$WORK/retest.txt"
     mapfile -t rerun < "$WORK/retest.txt"
     rm -rf "$WORK/tests"; copy_tree "$WORK" tests
-    rm -f "$WORK/mutants/mutmut-stats.json"      # map the new tests to the functions they run
     echo "rerunning ${#rerun[@]} mutants that survived or had no test" ;;
   *) echo "usage: $0 [--resume|--retest]" >&2; exit 2 ;;
 esac
@@ -96,6 +97,11 @@ else
   "$PYTHON" -m mutmut run --max-children "$JOBS" > run.log 2>&1 || true
 fi
 echo "mutmut run took $(( $(date +%s) - start )) s (its output: $WORK/run.log)"
-"$PYTHON" -m mutmut results --all true > results.txt
-"$PYTHON" "$REPO/scripts/mutation_summary.py" results.txt
+if (( ${#rerun[@]} )); then
+  "$PYTHON" -m mutmut results --all true > results-retest.txt
+  "$PYTHON" "$REPO/scripts/mutation_summary.py" results-before.txt results-retest.txt --merged results.txt
+else
+  "$PYTHON" -m mutmut results --all true > results.txt
+  "$PYTHON" "$REPO/scripts/mutation_summary.py" results.txt
+fi
 echo "survivors: grep survived $WORK/results.txt; one mutant's diff: cd $WORK && $PYTHON -m mutmut show <name>"
