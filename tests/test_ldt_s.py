@@ -181,3 +181,15 @@ def test_a_skipped_non_finite_step_does_not_move_the_exchanges():
         active.append(algo.alternation.active)
     assert changed_at == [4, 5, 8, 9]
     assert active == ['stable'] * 4 + ['unstable'] * 4 + ['stable']
+
+
+def test_train_amp_bf16_reaches_the_ldt_s_steps():
+    """``train.amp: bf16`` (here on the CPU) runs the LDT-S forward passes under bf16 autocast too,
+    not only warm-up and profiling."""
+    from basicsr_ldt.ldt.precision import MixedPrecision
+    net = _net()
+    algo = LDT(net, preset('ldt_s', **CFG), _factory, MixedPrecision(torch.bfloat16, 'cpu'))
+    dtypes = []
+    net[0].register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    _run(algo, 1, START + 3)
+    assert algo.alternation is not None and dtypes == [torch.bfloat16] * (START + 3)
