@@ -373,3 +373,13 @@ def test_a_malformed_lock_line_is_named(tmp_path):
     (tmp_path / 'weights.lock').write_text('# pins\n\n' + 'a' * 64 + '  Tiny_x4.pth\nabc Second.pth\n')
     with pytest.raises(InputError, match=r"weights\.lock, line 4: expected '<sha256>  <file name>', got 'abc Second\.pth'$"):
         fw.read_lock(str(tmp_path))
+
+
+def test_where_each_release_comes_from(tmp_path):
+    """The authors' files that fetch_weights.py downloads (Hugging Face path under the endpoint), and the
+    by-hand source of the one without a direct link, as --list shows them."""
+    listed = fw.listing(str(tmp_path), endpoint='https://mirror.example')
+    assert '    from https://mirror.example/cguoh/MambaIR/resolve/main/MambaIRv1_ckpt/MambaIR_classicSRx4.pth\n' in listed
+    assert '    from https://mirror.example/Meloo/SAFMN/resolve/main/SAFMN_DF2K_x4.pth\n' in listed
+    assert ('    from by hand: Google Drive https://drive.google.com/drive/folders/1HpmReFfoUqUbnAOQ7rvOeNU3uf_m69w0 or '
+            'Baidu Netdisk https://pan.baidu.com/s/1u2r4Lc2_EEeQqra2-w85Xg (access code qyrl), file HAT_SRx4.pth\n') in listed
