@@ -192,3 +192,32 @@ def test_which_weights_a_checkpoint_gives(tmp_path):
     with pytest.raises(InputError) as err:
         load_weights(fresh, str(tmp_path / 'runs' / 'net_g_latest.pth'))
     assert str(err.value) == f"checkpoint '{tmp_path / 'runs' / 'net_g_latest.pth'}' does not exist"
+
+
+def test_explicit_resume_state_and_states_that_cannot_be_resumed(tmp_path, capsys):
+    """``path.resume_state`` (no ``--auto_resume``) resumes from exactly that file, even with newer ones
+    there; files in training_states that are not ``<iter>.state`` are ignored; when no state loads the
+    newest one's error names how many older ones failed too."""
+    from basicsr_ldt.train import load_resume_state
+    opt = _experiment(tmp_path, [5000, 15000])
+    states = tmp_path / 'experiments' / 'run' / 'training_states'
+    (states / 'latest.state').write_bytes(b'not ours')
+    opt.update(auto_resume=False)
+    assert load_resume_state(opt) is None and opt['path']['resume_state'] is None
+    opt['path']['resume_state'] = str(states / '5000.state')
+    assert load_resume_state(opt)['iter'] == 5000 and opt['path']['pretrain_network_g'].endswith('net_g_5000.pth')
+    opt['path']['resume_state'] = str(states / 'latest.state')
+    with pytest.raises(InputError, match=r"^refusing to load training state '.*latest\.state'"):
+        load_resume_state(opt)
+    torch.save({'params': {}}, states / 'weights.state')
+    opt['path']['resume_state'] = str(states / 'weights.state')
+    with pytest.raises(InputError, match=r"weights\.state' has no epoch/iter: not a BasicSR training state$"):
+        load_resume_state(opt)
+    assert load_resume_state(_experiment(tmp_path, []))['iter'] == 15000     # latest/weights.state ignored
+    (states / '15000.state').write_bytes(b'')
+    (states / '5000.state').write_bytes(b'')
+    with pytest.raises(InputError) as err:
+        load_resume_state(_experiment(tmp_path, []))
+    assert str(err.value).startswith(f"cannot read training state '{states / '15000.state'}'")
+    assert str(err.value).endswith(' (nor any of the 1 older one(s))')
+    assert 'warning' not in capsys.readouterr().err
