@@ -78,3 +78,21 @@ def test_one_camera_or_a_too_small_batch_is_refused():
         CameraBalancedSampler(Cameras(['A'] * 4), 1, 0, batch_size=2)
     with pytest.raises(ValueError, match='smaller than the number of source cameras'):
         CameraBalancedSampler(DATA, 1, 0, batch_size=2)
+
+
+def test_ranks_under_torchrun_never_draw_the_same_sample():
+    """With two processes each rank gets its own draws (same draw = same image and same crop): the plain
+    sampler splits the epoch's slots between the ranks, the balanced one keeps draw numbers apart."""
+    from basicsr_ldt.data.sampler import ResumableSampler
+    data = Cameras(DATA.cameras)
+    data.accepts_draw_numbers = True
+    for epoch in range(2):
+        plain = [ResumableSampler(data, 2, rank, ratio=2, seed=0) for rank in (0, 1)]
+        balanced = [CameraBalancedSampler(data, 2, rank, ratio=2, seed=0, batch_size=3) for rank in (0, 1)]
+        for sampler in plain + balanced:
+            sampler.set_epoch(epoch)
+        first, second = list(plain[0]), list(plain[1])
+        assert len(first) == len(second) == 12 and not set(first) & set(second)
+        assert sorted(first + second) == list(range(epoch * 24, epoch * 24 + 24))
+        first, second = list(balanced[0]), list(balanced[1])
+        assert len(first) == len(second) == 12 and not set(first) & set(second)

@@ -1,8 +1,11 @@
 """test.py's numbers are BasicSR's numbers, grouped by camera; tiling does not change them; the
 Bicubic row is OpenCV's bicubic of the LR image, measured by the same code as the networks."""
+import json
+
 import numpy as np
 import pytest
 import torch
+import yaml
 from torch import nn
 
 from basicsr.metrics.psnr_ssim import calculate_psnr, calculate_ssim
@@ -99,3 +102,35 @@ def test_bicubic_checkpoint_entry():
         checkpoints_of({'checkpoints': [{'label': 'B', 'bicubic': 'yes'}]})
     with pytest.raises(InputError, match=r'checkpoints\[0\] has no path'):
         checkpoints_of({'checkpoints': [{'label': 'B', 'bicubic': False}]})
+
+
+def _test_py(monkeypatch, folder, name, data, test_section):
+    """Run test.py's pipeline in-process on the demo's Sony test pairs with the Bicubic entry; the
+    per-image PSNR/SSIM it reports (metrics.json), in dataset order."""
+    from basicsr_ldt.evaluate import test_pipeline
+    from test_cli import dataset
+    opt = {'name': name, 'scale': 4, 'num_gpu': 0, 'datasets': {'test_1': dataset(data, 'Test', ['Sony'])},
+           'path': {}, 'checkpoints': [{'bicubic': True}], 'test': test_section}
+    yml = folder / f'{name}.yml'
+    yml.write_text(yaml.safe_dump(opt))
+    monkeypatch.setattr('sys.argv', ['test.py', '-opt', str(yml)])
+    test_pipeline(str(folder))
+    return json.loads((folder / 'results' / name / 'metrics.json').read_text())['images']['Bicubic']
+
+
+def test_explicit_crop_border_zero_is_honoured(tmp_path, monkeypatch, demo_data):
+    """``test: {crop_border: 0}`` measures the whole image; only an absent crop_border means the scale."""
+    from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
+    from test_cli import dataset
+    whole = _test_py(monkeypatch, tmp_path, 'whole', demo_data, {'crop_border': 0})
+    default = _test_py(monkeypatch, tmp_path, 'default', demo_data, {})
+    items = DRealSRCameraDataset(dataset(demo_data, 'Test', ['Sony']))
+    assert len(whole) == len(default) == len(items) == 2
+    for k in range(len(items)):
+        item = items[k]
+        sr = tensor2img(bicubic_upscale(item['lq'].unsqueeze(0), 4))
+        gt = tensor2img(item['gt'].unsqueeze(0))
+        assert whole[k]['psnr'] == pytest.approx(calculate_psnr(sr, gt, 0, test_y_channel=True), abs=1e-9)
+        assert whole[k]['ssim'] == pytest.approx(calculate_ssim(sr, gt, 0, test_y_channel=True), abs=1e-9)
+        assert default[k]['psnr'] == pytest.approx(calculate_psnr(sr, gt, 4, test_y_channel=True), abs=1e-9)
+        assert whole[k]['psnr'] != pytest.approx(default[k]['psnr'], abs=1e-3)

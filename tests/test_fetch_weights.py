@@ -2,8 +2,10 @@
 as checkpoints."""
 import hashlib
 import http.server
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -26,6 +28,7 @@ TABLE = {
     'Cut_x4': rel.Release(TINY, PAGE, repo='authors/tiny', file='ckpt/cut_x4.pth'),
     'Gone_x4': rel.Release(TINY, PAGE, repo='authors/tiny', file='ckpt/gone_x4.pth'),
     'Drive_x4': rel.Release(TINY, PAGE, manual='Google Drive https://drive.google.com/x'),
+    'Drop_x4': rel.Release(TINY, PAGE, repo='authors/tiny', file='ckpt/drop_x4.pth'),
 }
 
 
@@ -38,7 +41,7 @@ def checkpoint_bytes(path, seed, key='params'):
 @pytest.fixture
 def server(tmp_path):
     """Serves /authors/tiny/resolve/main/ckpt/<file> from a dict; 'cut_x4.pth' announces its full length and
-    closes the connection half-way; anything else is 404. Yields (endpoint, files, requests)."""
+    closes the connection half-way, 'drop_x4.pth' closes it without a response; anything else is 404. Yields (endpoint, files, requests)."""
     files, requests = {}, []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -47,6 +50,9 @@ def server(tmp_path):
             name = self.path.rsplit('/', 1)[-1]
             if not self.path.startswith('/authors/tiny/resolve/main/ckpt/') or name not in files:
                 self.send_error(404)
+                return
+            if name == 'drop_x4.pth':          # the connection drops before any response
+                self.close_connection = True
                 return
             body = files[name]
             self.send_response(200)
@@ -265,3 +271,142 @@ def test_safmn_release_is_pinned_to_its_published_checksum():
     release = rel.releases()['SAFMN_DF2K_x4']
     assert release.sha256 == 'fe4f38fd6c1e3692bfbc6ab94f44adb815bfb54984b8886547657727af67f49d'
     assert 'published by its authors, pinned before download' in fw.listing(table={'SAFMN_DF2K_x4': release})
+
+
+def state_with(change):
+    """A Tiny_x4 checkpoint's bytes after ``change`` edited its state dict (a key dropped or added)."""
+    torch.manual_seed(0)
+    state = build_network(dict(TINY)).state_dict()
+    change(state)
+    buffer = io.BytesIO()
+    torch.save({'params': state}, buffer)
+    return buffer.getvalue()
+
+
+KEY_PROBLEMS = {
+    'missing': (lambda s: s.pop(sorted(s)[0]), '1 missing'),
+    'unexpected': (lambda s: s.update(extra_head=torch.zeros(3)), "1 unexpected (e.g. extra_head)"),
+}
+
+
+@pytest.mark.parametrize('problem', sorted(KEY_PROBLEMS))
+def test_a_file_with_other_keys_is_not_kept(server, tmp_path, problem):
+    """Every shape fits, only the key set differs: the strict load refuses it, so nothing is kept or
+    pinned, whether it was downloaded or put there by hand."""
+    change, message = KEY_PROBLEMS[problem]
+    endpoint, files, _ = server
+    files['tiny_x4.pth'] = state_with(change)
+    out = tmp_path / 'pretrained'
+    with pytest.raises(InputError, match=f'not a complete SAFMN checkpoint, not kept: .* keys {re.escape(message)}'):
+        fetch('Tiny_x4', out, endpoint)
+    assert listing_of(out) == []
+    (out / 'Drive_x4.pth').write_bytes(files['tiny_x4.pth'])
+    with pytest.raises(InputError, match=f'Drive_x4.pth is there but not usable: Drive_x4: .* keys {re.escape(message)}'):
+        fetch('Drive_x4', out, endpoint)
+    assert listing_of(out) == ['Drive_x4.pth']          # no lock entry for it
+
+
+def test_recording_a_release_keeps_the_pins_of_the_others(server, tmp_path):
+    """Three releases in one folder, pinned one after another (downloaded, by hand, downloaded): the
+    lock ends with all three lines and sha256sum checks all three files."""
+    endpoint, files, _ = server
+    table = {**TABLE, 'Second_x4': rel.Release(TINY, PAGE, repo='authors/tiny', file='ckpt/second_x4.pth')}
+    out = tmp_path / 'pretrained'
+    files['tiny_x4.pth'] = checkpoint_bytes(tmp_path / 'a.pth', seed=0)
+    files['second_x4.pth'] = checkpoint_bytes(tmp_path / 'b.pth', seed=1)
+    digests = {'Tiny_x4.pth': hashlib.sha256(files['tiny_x4.pth']).hexdigest(),
+               'Second_x4.pth': hashlib.sha256(files['second_x4.pth']).hexdigest()}
+
+    def lock_lines():
+        return (out / 'weights.lock').read_text().splitlines()[1:]
+
+    def run(name):
+        return fw.fetch(name, str(out), table, endpoint=endpoint, progress=False, say=lambda line: None)
+
+    run('Tiny_x4')
+    digests['Drive_x4.pth'] = hashlib.sha256(checkpoint_bytes(out / 'Drive_x4.pth', seed=2)).hexdigest()
+    run('Drive_x4')
+    assert lock_lines() == [f"{digests[n]}  {n}" for n in ('Drive_x4.pth', 'Tiny_x4.pth')]
+    run('Second_x4')
+    assert lock_lines() == [f"{digests[n]}  {n}" for n in ('Drive_x4.pth', 'Second_x4.pth', 'Tiny_x4.pth')]
+    assert run('Tiny_x4').endswith('skipped') and len(lock_lines()) == 3
+    check = subprocess.run(['sha256sum', '-c', 'weights.lock'], cwd=out, capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout.count(': OK') == 3
+
+
+def test_a_lock_written_by_sha256sum_is_read(server, tmp_path):
+    """A lock the user regenerated with ``sha256sum -b`` (``*name``, any case, comments) pins the same
+    files: a matching file is skipped, a changed one refused."""
+    endpoint, files, requests = server
+    out = tmp_path / 'pretrained'
+    out.mkdir()
+    data = checkpoint_bytes(out / 'Tiny_x4.pth', seed=0)
+    (out / 'weights.lock').write_text(f'# mine\n\n{hashlib.sha256(data).hexdigest().upper()} *Tiny_x4.pth\n')
+    lock = (out / 'weights.lock').read_text()
+    assert fetch('Tiny_x4', out, endpoint).endswith('present and checked (SHA-256 as recorded), skipped')
+    assert (out / 'weights.lock').read_text() == lock and requests == []
+    checkpoint_bytes(out / 'Tiny_x4.pth', seed=1)
+    with pytest.raises(InputError, match=r'Tiny_x4\.pth is there but not usable: .* but weights\.lock recorded'):
+        fetch('Tiny_x4', out, endpoint)
+
+
+def test_a_mirror_endpoint_with_a_trailing_slash(server, tmp_path):
+    """HF_ENDPOINT=https://mirror/ (as mirrors often tell users to set it) gives the same URLs as without the
+    slash, in what fetch says it downloads and in --list (a local server cannot tell: it folds '//' itself)."""
+    endpoint, files, _ = server
+    files['tiny_x4.pth'] = checkpoint_bytes(tmp_path / 'a.pth', seed=0)
+    said = []
+    fw.fetch('Tiny_x4', str(tmp_path / 'pretrained'), TABLE, endpoint=endpoint + '/', progress=False, say=said.append)
+    url = f'{endpoint}/authors/tiny/resolve/main/ckpt/tiny_x4.pth'
+    assert said == [f"Tiny_x4: downloading {url} to {tmp_path / 'pretrained' / 'Tiny_x4.pth'}"]
+    assert f'    from {url}\n' in fw.listing(str(tmp_path / 'pretrained'), TABLE, endpoint=endpoint + '//')
+
+
+def test_a_dropped_connection_is_one_line(server, tmp_path):
+    endpoint, files, _ = server
+    files['drop_x4.pth'] = b'never sent'
+    with pytest.raises(InputError, match=rf'^the download of {endpoint}/authors/tiny/resolve/main/ckpt/drop_x4\.pth was '
+                                         r'interrupted \(RemoteDisconnected: Remote end closed connection'):
+        fetch('Drop_x4', tmp_path / 'pretrained', endpoint)
+    assert listing_of(tmp_path / 'pretrained') == []
+
+
+def test_the_download_goes_to_a_hidden_folder_beside_the_target(server, tmp_path):
+    """The transfer lands in ``pretrained/.<name>.<random>.download`` (same file system: the final rename is
+    atomic; hidden: a killed transfer is not mistaken for a release) and the folder is gone afterwards."""
+    endpoint, files, _ = server
+    files['tiny_x4.pth'] = checkpoint_bytes(tmp_path / 'a.pth', seed=0)
+    out = tmp_path / 'pretrained'
+    during = []
+    fw.fetch('Tiny_x4', str(out), TABLE, endpoint=endpoint, progress=False, say=lambda line: during.extend(listing_of(out)))
+    assert len(during) == 1 and re.fullmatch(r'\.Tiny_x4\..+\.download', during[0]), during
+    assert listing_of(out) == ['Tiny_x4.pth', 'weights.lock']
+
+
+def test_hf_endpoint_and_the_default_table(server, tmp_path, monkeypatch):
+    """Without an explicit endpoint HF_ENDPOINT is used (a mirror); without a table the project's releases
+    are, and a misspelt name lists them."""
+    endpoint, files, requests = server
+    files['tiny_x4.pth'] = checkpoint_bytes(tmp_path / 'a.pth', seed=0)
+    monkeypatch.setenv('HF_ENDPOINT', endpoint)
+    fw.fetch('Tiny_x4', str(tmp_path / 'pretrained'), TABLE, progress=False, say=lambda line: None)
+    assert requests == ['/authors/tiny/resolve/main/ckpt/tiny_x4.pth']
+    with pytest.raises(InputError, match=r"^unknown release 'SAFMN_x4'; known: MambaIR_SR_x4, HAT_SRx4, SAFMN_DF2K_x4 "
+                                         r'\(python scripts/fetch_weights\.py --list\)$'):
+        fw.fetch('SAFMN_x4', str(tmp_path / 'pretrained'))
+
+
+def test_a_malformed_lock_line_is_named(tmp_path):
+    (tmp_path / 'weights.lock').write_text('# pins\n\n' + 'a' * 64 + '  Tiny_x4.pth\nabc Second.pth\n')
+    with pytest.raises(InputError, match=r"weights\.lock, line 4: expected '<sha256>  <file name>', got 'abc Second\.pth'$"):
+        fw.read_lock(str(tmp_path))
+
+
+def test_where_each_release_comes_from(tmp_path):
+    """The authors' files that fetch_weights.py downloads (Hugging Face path under the endpoint), and the
+    by-hand source of the one without a direct link, as --list shows them."""
+    listed = fw.listing(str(tmp_path), endpoint='https://mirror.example')
+    assert '    from https://mirror.example/cguoh/MambaIR/resolve/main/MambaIRv1_ckpt/MambaIR_classicSRx4.pth\n' in listed
+    assert '    from https://mirror.example/Meloo/SAFMN/resolve/main/SAFMN_DF2K_x4.pth\n' in listed
+    assert ('    from by hand: Google Drive https://drive.google.com/drive/folders/1HpmReFfoUqUbnAOQ7rvOeNU3uf_m69w0 or '
+            'Baidu Netdisk https://pan.baidu.com/s/1u2r4Lc2_EEeQqra2-w85Xg (access code qyrl), file HAT_SRx4.pth\n') in listed

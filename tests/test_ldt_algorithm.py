@@ -151,3 +151,15 @@ def test_partition_file_is_used_and_checked(tmp_path):
     wrong = LDT(nn.Sequential(nn.Linear(2, 2)), cfg, _factory)
     with pytest.raises(ValueError, match='does not match the model'):
         wrong.update(_loss(1), 1)
+
+
+def test_the_smallest_network_ldt_accepts_has_two_tensors():
+    """A network with exactly two parameter tensors (one Linear: weight, bias) is split one/one."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 3)
+    algo = LDT(net, LDTConfig(head_warmup_iters=0, profile_iters=2, ratio_u=0.5, ema_every=1), _factory)
+    data = torch.randn(4, 3)
+    for i in range(1, 5):
+        algo.update(lambda m: (m(data) - data).abs().mean(), i)
+    assert sorted([*algo.partition.stable, *algo.partition.unstable]) == ['bias', 'weight']
+    assert len(algo.partition.stable) == len(algo.partition.unstable) == 1

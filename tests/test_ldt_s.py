@@ -140,3 +140,56 @@ def test_every_interval_moves_the_ema_of_the_group_that_trained(interval_iters, 
         assert all(not torch.equal(final[n], start[n]) for n in names), group
         assert all(not torch.equal(algo.composite_state_dict()[n], start[n]) for n in names), group
     assert moved == {'stable': 1, 'unstable': 1}
+
+
+@pytest.mark.parametrize('interval_iters, ema_every, exchanges', [
+    (4, 3, [3, 4, 7, 8, 11, 12]),      # counted over the run it would be 3, 4, 6, 8, 9, 12
+    (5, 2, [2, 4, 5, 7, 9, 10, 12]),   # counted over the run it would be 2, 4, 5, 6, 8, 10, 12
+])
+def test_ema_every_is_counted_within_each_interval(interval_iters, ema_every, exchanges):
+    """The composite (what net_g saves) changes exactly at the exchanges: every ``ema_every``
+    iterations counted from the start of each interval, and at each interval's last iteration."""
+    algo = _ldt_s(interval_iters=interval_iters, ema_every=ema_every)
+    _run(algo, 1, START - 1)
+    algo.enter(START)
+    changed_at = []
+    for step in range(1, 13):                          # LDT-S iterations 1..12 = START..START+11
+        before = {n: t.clone() for n, t in algo.composite_state_dict().items()}
+        _run(algo, START + step - 1, START + step - 1)
+        after = algo.composite_state_dict()
+        if any(not torch.equal(after[n], before[n]) for n in algo.partition.stable + algo.partition.unstable):
+            changed_at.append(step)
+    assert changed_at == exchanges
+
+
+def test_a_skipped_non_finite_step_does_not_move_the_exchanges():
+    """A NaN batch at LDT-S iteration 2 is skipped and not counted: the exchanges of interval 4,
+    ema_every 3 come one iteration later (4, 5, 8, 9) and the first swap after 5 iterations."""
+    algo = _ldt_s(interval_iters=4, ema_every=3)
+    _run(algo, 1, START - 1)
+    algo.enter(START)
+    changed_at, active = [], []
+    for step in range(1, 10):
+        iteration = START + step - 1
+        loss = _loss(iteration)
+        batch = (lambda m: loss(m) * float('nan')) if step == 2 else loss
+        before = {n: t.clone() for n, t in algo.composite_state_dict().items()}
+        algo.update(batch, iteration)
+        after = algo.composite_state_dict()
+        if any(not torch.equal(after[n], before[n]) for n in algo.partition.stable + algo.partition.unstable):
+            changed_at.append(step)                    # (BatchNorm statistics move at every step)
+        active.append(algo.alternation.active)
+    assert changed_at == [4, 5, 8, 9]
+    assert active == ['stable'] * 4 + ['unstable'] * 4 + ['stable']
+
+
+def test_train_amp_bf16_reaches_the_ldt_s_steps():
+    """``train.amp: bf16`` (here on the CPU) runs the LDT-S forward passes under bf16 autocast too,
+    not only warm-up and profiling."""
+    from basicsr_ldt.ldt.precision import MixedPrecision
+    net = _net()
+    algo = LDT(net, preset('ldt_s', **CFG), _factory, MixedPrecision(torch.bfloat16, 'cpu'))
+    dtypes = []
+    net[0].register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    _run(algo, 1, START + 3)
+    assert algo.alternation is not None and dtypes == [torch.bfloat16] * (START + 3)

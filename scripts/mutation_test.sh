@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Mutation testing of the weights/resume code and the LDT-S core with mutmut 3 (not part of CI, not
+# collected by pytest; see docs/development.md, "Mutation testing").
+#
+#   scripts/mutation_test.sh             copy the working tree to $MUTATION_DIR, run every mutant, summarise
+#   scripts/mutation_test.sh --resume    continue an interrupted run in $MUTATION_DIR (no new copy)
+#   scripts/mutation_test.sh --retest    bring the working tree's tests/ into $MUTATION_DIR and rerun only
+#                                        the mutants that survived or had no test (after adding tests)
+#
+# The run happens in a scratch copy of the working tree (tracked and untracked, not ignored files),
+# so editing code or tests while it runs changes nothing in it, and mutmut's mutants/ folder never
+# lands in the repository. Environment: MUTATION_DIR (default /tmp/basicsr-ldt-mutation),
+# MUTATION_JOBS (mutants run in parallel, default 1), MUTATION_MODULES (space-separated globs of the
+# files to mutate, default below), OMP_NUM_THREADS (default 1).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WORK="${MUTATION_DIR:-/tmp/basicsr-ldt-mutation}"
+JOBS="${MUTATION_JOBS:-1}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}" CUDA_VISIBLE_DEVICES=''
+PYTHON="$(cd "$REPO" && source scripts/python_env.sh && echo "$PY")"   # the project's interpreter
+
+# What is mutated by default: the weights/resume code and the LDT-S/EMA core (about 25 min with one job
+# on this project's 2-core machine). All of basicsr_ldt/ldt/ takes about an hour more:
+# MUTATION_MODULES='basicsr_ldt/ldt/*.py basicsr_ldt/checkpoint.py ...'.
+read -r -a MODULES <<< "${MUTATION_MODULES:-basicsr_ldt/ldt/ldt_s.py basicsr_ldt/ldt/equations.py \
+basicsr_ldt/checkpoint.py basicsr_ldt/releases.py basicsr_ldt/fetch_weights.py basicsr_ldt/models/resumable.py \
+basicsr_ldt/train.py}"
+# The tests that run that code in-process. mutmut maps tests to functions by tracing the pytest process,
+# so a test that only drives Train_pip.py/test.py in a subprocess cannot kill a mutant (the mutated
+# code there runs outside mutmut's control and fails): those are left out or deselected.
+TESTS=(
+  tests/test_ldt_algorithm.py tests/test_ldt_config.py tests/test_ldt_pair.py tests/test_ldt_partition.py
+  tests/test_ldt_reference.py tests/test_ldt_s.py tests/test_ldt_statistics.py tests/test_precision.py
+  tests/test_typed_options.py tests/test_checkpoint.py tests/test_fetch_weights.py tests/test_best_checkpoint.py
+  tests/test_resumable_model.py
+)
+SUBPROCESS_TESTS=(
+  tests/test_precision.py::test_bf16_ldt_run_through_every_phase_then_bf16_test
+  tests/test_fetch_weights.py::test_command_line_list_and_unreachable
+  tests/test_best_checkpoint.py::test_best_iteration_weights_are_saved_and_survive_resume
+  tests/test_best_checkpoint.py::test_plain_srmodel_is_refused_before_training
+)
+
+if ! "$PYTHON" -c 'import mutmut' 2>/dev/null; then
+  echo "mutmut is not installed: $PYTHON -m pip install 'mutmut>=3.8,<4'" >&2
+  exit 2
+fi
+
+copy_tree() {  # files git knows or would add (not ignored), from the working tree, into $1
+  (cd "$REPO" && git ls-files -z --cached --others --exclude-standard -- "${@:2}" \
+     | while IFS= read -r -d '' f; do [[ -e "$f" ]] && printf '%s\0' "$f"; done \
+     | tar --null -T - -cf -) | tar -xf - -C "$1"
+}
+
+write_config() {
+  {
+    echo '[mutmut]'
+    echo 'source_paths = basicsr_ldt'
+    echo 'only_mutate ='
+    for m in "${MODULES[@]}"; do echo "    $m"; done
+    echo 'also_copy ='
+    for p in archs scripts options pytest.ini Train_pip.py inference.py; do echo "    $p"; done
+    echo 'pytest_add_cli_args_test_selection ='
+    for t in "${TESTS[@]}"; do [[ -e "$WORK/$t" ]] && echo "    $t"; done
+    echo 'pytest_add_cli_args ='
+    for a in -p no:cacheprovider -x -q; do echo "    $a"; done
+    for t in "${SUBPROCESS_TESTS[@]}"; do echo "    --deselect"; echo "    $t"; done
+    echo 'process_isolation = forkserver'
+    echo 'timeout_multiplier = 5'
+  } > "$WORK/setup.cfg"
+}
+
+mode="${1:-fresh}"
+rerun=()
+case "$mode" in
+  fresh)
+    rm -rf "$WORK"; mkdir -p "$WORK"; copy_tree "$WORK" ;;
+  --resume) ;;
+  --retest)
+    # Adding tests cannot let a killed mutant survive, so only the others run again; their new
+    # verdicts are laid over the previous ones (mutmut forgets the rest when the test selection changes).
+    (cd "$WORK" && "$PYTHON" -m mutmut results --all true) > "$WORK/results-before.txt"
+    sed -n 's/^ *\([^ ]*\): \(survived\|no tests\)$/\1/p' "$WORK/results-before.txt" > "$WORK/retest.txt"
+    mapfile -t rerun < "$WORK/retest.txt"
+    rm -rf "$WORK/tests"; copy_tree "$WORK" tests
+    echo "rerunning ${#rerun[@]} mutants that survived or had no test" ;;
+  *) echo "usage: $0 [--resume|--retest]" >&2; exit 2 ;;
+esac
+write_config
+
+cd "$WORK"
+start=$(date +%s)
+if (( ${#rerun[@]} )); then
+  "$PYTHON" -m mutmut run --max-children "$JOBS" "${rerun[@]}" > run.log 2>&1 || true
+else
+  "$PYTHON" -m mutmut run --max-children "$JOBS" > run.log 2>&1 || true
+fi
+echo "mutmut run took $(( $(date +%s) - start )) s (its output: $WORK/run.log)"
+if (( ${#rerun[@]} )); then
+  "$PYTHON" -m mutmut results --all true > results-retest.txt
+  "$PYTHON" "$REPO/scripts/mutation_summary.py" results-before.txt results-retest.txt --merged results.txt
+else
+  "$PYTHON" -m mutmut results --all true > results.txt
+  "$PYTHON" "$REPO/scripts/mutation_summary.py" results.txt
+fi
+echo "survivors: grep survived $WORK/results.txt; one mutant's diff: cd $WORK && $PYTHON -m mutmut show <name>"

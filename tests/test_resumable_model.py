@@ -1,0 +1,51 @@
+"""What every model adds to BasicSR's loading and saving (models/resumable.py), seen from the options a
+user sets: ``path.strict_load_g`` and an EMA copy (``train.ema_decay``) whose weights went bad."""
+import os
+
+import pytest
+import torch
+
+from basicsr.archs import build_network
+from basicsr.models import build_model
+
+from basicsr_ldt.errors import InputError
+from test_cli import NETWORK, train_options
+
+
+def _model(tmp_path, **path):
+    """An FTSRModel with an EMA copy, built in-process (no dataset is read: their folders need not exist)."""
+    opt = train_options(tmp_path / 'no_data', 'weights', path={'strict_load_g': True, **path})
+    opt['train']['ema_decay'] = 0.999
+    opt['path'].update(models=str(tmp_path / 'models'), training_states=str(tmp_path / 'states'))
+    opt.update(is_train=True, dist=False, rank=0, world_size=1)
+    return build_model(opt)
+
+
+def test_strict_load_g_decides_whether_other_keys_are_refused(tmp_path):
+    torch.manual_seed(0)
+    state = dict(build_network(dict(NETWORK)).state_dict(), extra_head=torch.zeros(2))
+    torch.save({'params': state}, tmp_path / 'extra.pth')
+    with pytest.raises(InputError, match=r"does not fit network MSRResNet: keys 1 unexpected \(e\.g\. extra_head\)"):
+        _model(tmp_path, pretrain_network_g=str(tmp_path / 'extra.pth'))
+    model = _model(tmp_path, pretrain_network_g=str(tmp_path / 'extra.pth'), strict_load_g=False)
+    assert all(torch.equal(v, state[k]) for k, v in model.net_g.state_dict().items())
+
+
+def test_nan_in_the_ema_copy_is_not_saved(tmp_path):
+    """``net_g_<iter>.pth`` holds the EMA copy as ``params_ema`` beside ``params``; NaN in the EMA copy
+    stops the save like NaN in net_g (neither weights nor training state written)."""
+    model = _model(tmp_path)
+    model.save(0, 2)
+    assert sorted(os.listdir(tmp_path / 'models')) == ['net_g_2.pth'] and os.listdir(tmp_path / 'states') == ['2.state']
+    saved = torch.load(tmp_path / 'models' / 'net_g_2.pth', weights_only=True)
+    assert set(saved) == {'params', 'params_ema'}
+    assert all(torch.equal(v, saved['params_ema'][k]) for k, v in model.net_g_ema.state_dict().items())
+    with torch.no_grad():
+        next(model.net_g_ema.parameters()).view(-1)[0] = float('nan')
+    with pytest.raises(FloatingPointError, match='1 weight tensors hold NaN/inf at iteration 4: not saving'):
+        model.save(0, 4)
+    with torch.no_grad():
+        next(model.net_g.parameters()).view(-1)[0] = float('inf')
+    with pytest.raises(FloatingPointError, match='2 weight tensors hold NaN/inf at iteration 6: not saving'):
+        model.save(0, 6)
+    assert os.listdir(tmp_path / 'models') == ['net_g_2.pth'] and os.listdir(tmp_path / 'states') == ['2.state']
