@@ -20,12 +20,12 @@ JOBS="${MUTATION_JOBS:-1}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}" CUDA_VISIBLE_DEVICES=''
 PYTHON="$(cd "$REPO" && source scripts/python_env.sh && echo "$PY")"   # the project's interpreter
 
-# What is mutated by default: the weights/resume code and the LDT-S/EMA core (about 25 min with one job
-# on this project's 2-core machine). All of basicsr_ldt/ldt/ takes about an hour more:
+# What is mutated by default: the weights/resume code, the LDT-S/EMA core and the DRealSR loader
+# (cameras, pairing, dataset, sampler). All of basicsr_ldt/ldt/ takes about an hour more:
 # MUTATION_MODULES='basicsr_ldt/ldt/*.py basicsr_ldt/checkpoint.py ...'.
 read -r -a MODULES <<< "${MUTATION_MODULES:-basicsr_ldt/ldt/ldt_s.py basicsr_ldt/ldt/equations.py \
 basicsr_ldt/checkpoint.py basicsr_ldt/releases.py basicsr_ldt/fetch_weights.py basicsr_ldt/models/resumable.py \
-basicsr_ldt/train.py}"
+basicsr_ldt/train.py basicsr_ldt/data/cameras.py basicsr_ldt/data/drealsr_dataset.py basicsr_ldt/data/sampler.py}"
 # The tests that run that code in-process. mutmut maps tests to functions by tracing the pytest process,
 # so a test that only drives Train_pip.py/test.py in a subprocess cannot kill a mutant (the mutated
 # code there runs outside mutmut's control and fails): those are left out or deselected.
@@ -33,13 +33,14 @@ TESTS=(
   tests/test_ldt_algorithm.py tests/test_ldt_config.py tests/test_ldt_pair.py tests/test_ldt_partition.py
   tests/test_ldt_reference.py tests/test_ldt_s.py tests/test_ldt_statistics.py tests/test_precision.py
   tests/test_typed_options.py tests/test_checkpoint.py tests/test_fetch_weights.py tests/test_best_checkpoint.py
-  tests/test_resumable_model.py
+  tests/test_resumable_model.py tests/test_dataset.py tests/test_camera_sampler.py tests/test_drealsr_real_names.py
 )
 SUBPROCESS_TESTS=(
   tests/test_precision.py::test_bf16_ldt_run_through_every_phase_then_bf16_test
   tests/test_fetch_weights.py::test_command_line_list_and_unreachable
   tests/test_best_checkpoint.py::test_best_iteration_weights_are_saved_and_survive_resume
   tests/test_best_checkpoint.py::test_plain_srmodel_is_refused_before_training
+  tests/test_drealsr_real_names.py::test_train_pip_stops_before_training_on_an_unknown_prefix
 )
 
 if ! "$PYTHON" -c 'import mutmut' 2>/dev/null; then
