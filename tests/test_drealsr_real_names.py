@@ -268,3 +268,15 @@ def test_train_pip_stops_before_training_on_an_unknown_prefix(project, flat_rele
     last = result.stderr.strip().splitlines()[-1]
     assert "unknown camera prefix(es) 'vivo'" in last and "'vivo_1_0'" in last
     assert not (project / 'experiments').exists() or not any((project / 'experiments').iterdir())
+
+
+def test_a_camera_named_by_its_own_prefix_in_another_folder_is_named(tmp_path):
+    """DSC/IMG/Canon files need no alias (their prefix is the camera's name); a DSC file in the
+    Olympus folder P, after a correctly placed flat file (IMG_140 sorts first), still stops the run."""
+    hr, lr = tmp_path / 'HR', tmp_path / 'LR'
+    for folder, data, zoom in ((hr, HR_BYTES, '_x4'), (lr, LR_BYTES, '_x1')):
+        (folder / 'P').mkdir(parents=True)
+        (folder / f'IMG_140{zoom}.png').write_bytes(data)
+        (folder / 'P' / f'DSC_1265{zoom}.png').write_bytes(data)
+    message = one_line_error({'name': 'mixed', 'dataroot_gt': str(hr), 'dataroot_lq': str(lr)})
+    assert "'P/DSC_1265' in" in message and "camera folder 'P' (Olympus) but its name says DSC" in message
