@@ -16,7 +16,6 @@ most of the I/O), and the report says which case it found.
 """
 import argparse
 import os
-import re
 import shutil
 import sys
 from os import path as osp
@@ -26,7 +25,8 @@ import cv2
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 import basicsr_ldt  # noqa: E402,F401  (torchvision shim before basicsr)
-from basicsr_ldt.data.cameras import CameraRule, camera_counts, list_images, pair_keys, split_extension  # noqa: E402
+from basicsr_ldt.data.cameras import (CameraRule, camera_counts, drealsr_name_parts, list_images,  # noqa: E402
+                                      pair_keys, split_extension)
 from basicsr_ldt.errors import InputError  # noqa: E402
 
 #: (split, HR folder, LR folder): the published layout first, then the official LDT code's.
@@ -55,15 +55,13 @@ def scan_split(root: str, split: str, hr: str, lr: str, scale: int, rule: Camera
 
 def naming(pairs: Sequence[tuple]) -> str:
     """The naming convention of a split's pairs, in words."""
+    order = {('4', '1'): "DRealSR's (HR _x4, LR _x1)", ('1', '4'): 'earlier basicsr-ldt (HR _x1, LR _x4)'}
     kinds = set()
     for _, gt_key, lq_key in pairs:
-        gt, lq = (split_extension(key.split('/')[-1])[0] for key in (gt_key, lq_key))
-        gt_zoom, lq_zoom = (re.search(r'_x(\d+)(?:_\d+)?$', name) for name in (gt, lq))
-        patch = re.search(r'_x\d+_\d+$', gt) is not None
-        if gt_zoom and lq_zoom:
-            order = {('4', '1'): "DRealSR's (HR _x4, LR _x1)", ('1', '4'): 'earlier basicsr-ldt (HR _x1, LR _x4)'}
-            kinds.add(order.get((gt_zoom[1], lq_zoom[1]), f'HR _x{gt_zoom[1]}, LR _x{lq_zoom[1]}') +
-                      (' patches _<k>' if patch else ''))
+        gt, lq = (drealsr_name_parts(split_extension(key.split('/')[-1])[0]) for key in (gt_key, lq_key))
+        if gt and lq:
+            zooms = (gt[1], lq[1])
+            kinds.add(order.get(zooms, f'HR _x{zooms[0]}, LR _x{zooms[1]}') + (' patches _<k>' if gt[2] else ''))
         else:
             kinds.add('identical names in HR and LR')
     return '; '.join(sorted(kinds))

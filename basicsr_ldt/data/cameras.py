@@ -144,12 +144,13 @@ class CameraRule:
                                  f"(e.g. '{example}'); prefixes found (images -> camera): {found}. Expected "
                                  f"DRealSR's P, panasonic, sony, DSC, IMG, Canon; name others with "
                                  f"camera_rule.aliases (e.g. {{{unknown[0]}: {unknown[0]}}})")
+            drealsr = set(DREALSR_CAMERAS)
             for key, (label, source), camera in zip(keys, labels, cameras):
                 if source != 'folder':
                     continue
                 named = self._from_filename(key)
                 by_name = self.aliases.get(named, named) if named else None
-                if by_name in set(DREALSR_CAMERAS) and by_name != camera and camera in set(DREALSR_CAMERAS):
+                if by_name in drealsr and by_name != camera and camera in drealsr:
                     raise InputError(f"'{key}' in {where} is in camera folder '{label}' ({camera}) but its "
                                      f"name says {by_name}: move it or rename it")
         return cameras
@@ -184,6 +185,13 @@ def strip_template(key: str, template: str) -> Optional[str]:
     return f'{head}/{stem}' if head else stem
 
 
+def drealsr_name_parts(name: str) -> Optional[Tuple[str, str, str]]:
+    """(stem, zoom, patch suffix) of a file name without extension under DRealSR's naming:
+    ``panasonic_141_x4_28`` -> ``('panasonic_141', '4', '_28')``; ``None`` without a zoom token."""
+    match = _DREALSR_NAME.match(name)
+    return (match['stem'], match['zoom'], match['patch']) if match else None
+
+
 def drealsr_pair_key(key: str) -> str:
     """The name shared by an HR image and its LR partner under DRealSR's naming.
 
@@ -193,9 +201,9 @@ def drealsr_pair_key(key: str) -> str:
     a name without one is its own key (identical names in both folders, BasicSR's default).
     """
     head, _, name = key.rpartition('/')
-    match = _DREALSR_NAME.match(name)
-    if match:
-        name = match['stem'] + match['patch']
+    parts = drealsr_name_parts(name)
+    if parts:
+        name = parts[0] + parts[2]
     return f'{head}/{name}' if head else name
 
 
