@@ -74,7 +74,7 @@ CAMERA_STEM_PATTERN = r'^[A-Za-z]+'
 #: sony_116, DSC_1265 for the Nikon, IMG_140, Canon_56), numbered from ``n``. As in the release the
 #: HR image carries the zoom token ``_x4`` and the LR ``_x1``; training pairs are patches
 #: ``<stem>_x4_<k>`` (patch ``k`` of shot ``stem``).
-STEM_FORMATS = {'Olympus': 'P114{:04d}', 'Pan': 'panasonic_{}', 'Sony': 'sony_{}', 'DSC': 'DSC_{:04d}',
+STEM_FORMATS = {'Olympus': 'P114{:04d}', 'Pan': 'panasonic_{}', 'Sony': 'sony_{}', 'DSC': 'DSC_1{:03d}',
                 'IMG': 'IMG_{}', 'Canon': 'Canon_{}', 'Mix': 'Mix_{:03d}'}
 HR_ZOOM, LR_ZOOM = '_x4', '_x1'
 
@@ -82,7 +82,7 @@ HR_ZOOM, LR_ZOOM = '_x4', '_x1'
 def pair_names(camera: str, number: int, patch: Optional[int] = None) -> Tuple[str, str, str]:
     """(pair stem, HR file name, LR file name) of shot ``number`` of ``camera``, patch ``patch``
     for training. The pair stem is what the loader pairs by: shot stem plus patch index."""
-    stem = STEM_FORMATS[camera].format(number + (1000 if camera == 'DSC' else 0))
+    stem = STEM_FORMATS[camera].format(number)
     tail = '' if patch is None else f'_{patch}'
     return stem + tail, f'{stem}{HR_ZOOM}{tail}.png', f'{stem}{LR_ZOOM}{tail}.png'
 #: Context kept around every crop so the blur sees real pixels instead of padding at the border.
