@@ -6,9 +6,9 @@ Accepts every flag of BasicSR's ``basicsr/train.py`` (``--launcher``, ``--auto_r
 from os import path as osp
 
 import basicsr_ldt  # noqa: F401  (registers archs, datasets and models; must precede basicsr)
-from basicsr_ldt.errors import InputError
-from basicsr_ldt.outputs import fail
-from basicsr_ldt.train import train_pipeline
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.outputs import fail
+from basicsr_ldt.pipelines.train import train_pipeline
 
 if __name__ == '__main__':
     try:

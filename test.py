@@ -5,9 +5,9 @@ Prints the PSNR/SSIM table and writes ``results/<name>/metrics.{md,csv,json}``.
 from os import path as osp
 
 import basicsr_ldt  # noqa: F401  (registers archs, datasets and models; must precede basicsr)
-from basicsr_ldt.errors import InputError
-from basicsr_ldt.evaluate import test_pipeline
-from basicsr_ldt.outputs import fail
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.outputs import fail
+from basicsr_ldt.pipelines.evaluate import test_pipeline
 
 if __name__ == '__main__':
     try:

@@ -4,7 +4,7 @@
 whose checkpoints and outputs match the upstream repositories; see ``archs/README.md``. The
 scan itself is ``archs.selective_scan.selective_scan``.
 """
-from basicsr_ldt import compat  # noqa: F401  (torchvision alias; must precede basicsr)
+from basicsr_ldt.common import compat  # noqa: F401  (torchvision alias; must precede basicsr)
 
 from archs.hat_arch import HAT  # noqa: E402
 from archs.mambair_arch import MambaIR  # noqa: E402

@@ -87,7 +87,7 @@ import torch
 import triton
 import triton.language as tl
 
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
 
 # Options every launch passes to Triton's compiler. FP fusion (``a * b + c`` as one FFMA) is
 # Triton's default today, but Triton 3.9 warns at the first launch that the default will change;

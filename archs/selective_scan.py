@@ -32,7 +32,7 @@ from typing import Callable, Dict, Optional, Sequence, Set, Tuple, Union
 import torch
 
 from archs.scan_torch import SelectiveScanTorch
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
 
 BACKEND_ENV = 'BASICSR_LDT_SCAN'
 BACKENDS = ('auto', 'torch', 'triton', 'cuda')

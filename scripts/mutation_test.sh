@@ -22,10 +22,10 @@ PYTHON="$(cd "$REPO" && source scripts/python_env.sh && echo "$PY")"   # the pro
 
 # What is mutated by default: the weights/resume code, the LDT-S/EMA core and the DRealSR loader
 # (cameras, pairing, dataset, sampler). All of basicsr_ldt/ldt/ takes about an hour more:
-# MUTATION_MODULES='basicsr_ldt/ldt/*.py basicsr_ldt/checkpoint.py ...'.
+# MUTATION_MODULES='basicsr_ldt/ldt/*.py basicsr_ldt/weights/checkpoint.py ...'.
 read -r -a MODULES <<< "${MUTATION_MODULES:-basicsr_ldt/ldt/ldt_s.py basicsr_ldt/ldt/equations.py \
-basicsr_ldt/checkpoint.py basicsr_ldt/releases.py basicsr_ldt/fetch_weights.py basicsr_ldt/models/resumable.py \
-basicsr_ldt/train.py basicsr_ldt/data/cameras.py basicsr_ldt/data/drealsr_dataset.py basicsr_ldt/data/sampler.py}"
+basicsr_ldt/weights/checkpoint.py basicsr_ldt/weights/releases.py basicsr_ldt/weights/fetch.py basicsr_ldt/models/resumable.py \
+basicsr_ldt/pipelines/train.py basicsr_ldt/data/cameras.py basicsr_ldt/data/drealsr_dataset.py basicsr_ldt/data/sampler.py}"
 # The tests that run that code in-process. mutmut maps tests to functions by tracing the pytest process,
 # so a test that only drives Train_pip.py/test.py in a subprocess cannot kill a mutant (the mutated
 # code there runs outside mutmut's control and fails): those are left out or deselected.

@@ -27,7 +27,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 import basicsr_ldt  # noqa: E402,F401  (torchvision shim before basicsr)
 from basicsr_ldt.data.cameras import (CameraRule, camera_counts, drealsr_name_parts, list_images,  # noqa: E402
                                       pair_keys, split_extension)
-from basicsr_ldt.errors import InputError  # noqa: E402
+from basicsr_ldt.common.errors import InputError  # noqa: E402
 
 #: (split, HR folder, LR folder): the published layout first, then the official LDT code's.
 SPLITS = (('Train_x4', 'train_HR', 'train_LR'), ('Test_x4', 'test_HR', 'test_LR'),

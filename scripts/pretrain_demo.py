@@ -39,7 +39,7 @@ LAST_MIX_PAIR = DATA / 'Test_x4' / 'test_HR' / 'Mix_023_x4.png'
 THREADS = 1
 
 sys.path.insert(0, str(REPO))
-from basicsr_ldt.fetch_weights import sha256  # noqa: E402  (one file digest for the project)
+from basicsr_ldt.weights.fetch import sha256  # noqa: E402  (one file digest for the project)
 
 
 def recorded_digest() -> str:

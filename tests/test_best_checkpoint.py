@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.models.best import best_selection
 from conftest import run_entry
 from test_cli import dataset, train_options, write
@@ -109,7 +109,7 @@ def test_param_key_g_chooses_the_starting_weights_of_every_copy(tmp_path, demo_d
     """path.param_key_g picks the weights FT starts from (net_g and its EMA copy) and test.py's default."""
     from basicsr.archs import build_network as build
     from basicsr.models import build_model
-    from basicsr_ldt.evaluate import checkpoints_of
+    from basicsr_ldt.pipelines.evaluate import checkpoints_of
     from test_cli import NETWORK
     torch.manual_seed(0)
     params, params_ema = build(dict(NETWORK)).state_dict(), build(dict(NETWORK)).state_dict()

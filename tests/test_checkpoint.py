@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 
-from basicsr_ldt import checkpoint
-from basicsr_ldt.checkpoint import load_safe, load_weights, save_atomic
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.weights import checkpoint
+from basicsr_ldt.weights.checkpoint import load_safe, load_weights, save_atomic
 
 
 def test_failed_write_leaves_previous_file_and_no_temp(tmp_path, monkeypatch):
@@ -46,7 +46,7 @@ def test_params_ema_fallback_and_module_prefix(tmp_path):
 def _experiment(tmp_path, iterations):
     """An experiment folder whose training_states hold ``<it>.state`` for each iteration, and the
     options ``--auto_resume`` reads (``network_g``: BasicSR then points the weights at that iteration)."""
-    from basicsr_ldt.train import load_resume_state  # noqa: F401  (imported here: train pulls in BasicSR)
+    from basicsr_ldt.pipelines.train import load_resume_state  # noqa: F401  (imported here: train pulls in BasicSR)
     states = tmp_path / 'experiments' / 'run' / 'training_states'
     for it in iterations:
         save_atomic({'epoch': it // 100, 'iter': it}, str(states / f'{it}.state'))
@@ -58,7 +58,7 @@ def _experiment(tmp_path, iterations):
 def test_auto_resume_takes_the_highest_iteration_not_the_last_name(tmp_path):
     """Past 9,999 iterations the newest state's name sorts first as text ('15000' < '5000' < '9999'):
     resuming must still go on from 15000.state and its net_g_15000.pth, not from 9999 or 5000."""
-    from basicsr_ldt.train import load_resume_state
+    from basicsr_ldt.pipelines.train import load_resume_state
     opt = _experiment(tmp_path, [1, 2, 5000, 9999, 10000, 15000])
     state = load_resume_state(opt)
     assert state['iter'] == 15000
@@ -77,7 +77,7 @@ def test_auto_resume_takes_the_highest_iteration_not_the_last_name(tmp_path):
 def test_a_damaged_state_is_moved_aside_by_rank_0_only(tmp_path, capsys):
     """Under torchrun every rank picks the same readable state; only rank 0 renames the damaged one
     (two ranks renaming the same file would race) and says so."""
-    from basicsr_ldt.train import load_resume_state
+    from basicsr_ldt.pipelines.train import load_resume_state
     opt = _experiment(tmp_path, [2, 4])
     states = tmp_path / 'experiments' / 'run' / 'training_states'
     (states / '4.state').write_bytes(b'')
@@ -131,7 +131,7 @@ def test_non_strict_loading_skips_key_differences_but_never_a_shape(tmp_path):
 def test_a_write_cut_short_leaves_a_hidden_temporary_that_the_next_run_removes(tmp_path, monkeypatch):
     """What a SIGKILL mid-write leaves is ``.<name>.<random>.tmp`` beside the checkpoint (hidden, and
     named after it); the next run deletes exactly such files and keeps the checkpoints."""
-    from basicsr_ldt.train import remove_partial_writes
+    from basicsr_ldt.pipelines.train import remove_partial_writes
     models, states = tmp_path / 'models', tmp_path / 'training_states'
     written, folders = [], []
     real_mkstemp = checkpoint.tempfile.mkstemp
@@ -198,7 +198,7 @@ def test_explicit_resume_state_and_states_that_cannot_be_resumed(tmp_path, capsy
     """``path.resume_state`` (no ``--auto_resume``) resumes from exactly that file, even with newer ones
     there; files in training_states that are not ``<iter>.state`` are ignored; when no state loads the
     newest one's error names how many older ones failed too."""
-    from basicsr_ldt.train import load_resume_state
+    from basicsr_ldt.pipelines.train import load_resume_state
     opt = _experiment(tmp_path, [5000, 15000])
     states = tmp_path / 'experiments' / 'run' / 'training_states'
     (states / 'latest.state').write_bytes(b'not ours')

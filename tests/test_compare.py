@@ -7,7 +7,7 @@ import torch
 
 from basicsr.archs import build_network
 from basicsr.metrics.psnr_ssim import calculate_psnr
-from basicsr_ldt.compare import comparison_grid, crop_boxes, disagreement, grid_name
+from basicsr_ldt.inference.compare import comparison_grid, crop_boxes, disagreement, grid_name
 from conftest import run_entry
 from test_cli import dataset, write
 from test_evaluate import keys_bicubic

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from basicsr_ldt.corgrad import (CorGrad, CorGradConfig, alpha_at, correct_layer_official, remove_conflicts,
-                                 smooth_dominant)
+from basicsr_ldt.corgrad.algorithm import (CorGrad, CorGradConfig, alpha_at, correct_layer_official,
+                                           remove_conflicts, smooth_dominant)
 
 
 def t(*values):

@@ -74,17 +74,18 @@ Benchmarks and gpu_check.sh:
          its option files -> tests/test_gpu_check.py::test_gpu_check_option_files_train_and_test_on_cpu
 
 Inference, resume, processes:
-  inference.py tiled_forward and api._run under fp16 autocast
+  inference/tiling.py tiled_forward and inference/api.py _run under fp16 autocast
       -> test_fp16_inference_runs_under_fp16_autocast_and_returns_fp32
-  api.load_network device 'cuda' (default when available; asked for without CUDA), upscale_cli --device
+  inference/api.py load_network device 'cuda' (default when available; asked for without CUDA),
+  pipelines/upscale.py --device
       -> test_asking_for_cuda_without_it_is_one_clear_error
   models/resumable.py CUDA RNG state saved in and restored from training states
       -> test_cuda_rng_state_is_saved_and_restored
-  distributed.py start_process_group on GPUs: set_device per local rank, NCCL with a GPU per rank, Gloo
+  common/process_group.py start_process_group on GPUs: set_device per local rank, NCCL with a GPU per rank, Gloo
   (and one line) when ranks share a GPU -> test_process_group_on_gpus_picks_the_device_and_backend
-  evaluate.py ``'cuda' if num_gpu and torch.cuda.is_available()``: the expression runs in every
+  pipelines/evaluate.py ``'cuda' if num_gpu and torch.cuda.is_available()``: the expression runs in every
   test.py test; its CUDA value needs a GPU (n/a)
-  train.py ``prefetch_mode: cuda``: BasicSR's CUDAPrefetcher (CUDA streams), n/a; the option check
+  pipelines/train.py ``prefetch_mode: cuda``: BasicSR's CUDAPrefetcher (CUDA streams), n/a; the option check
   runs on the CPU
 """
 import copy
@@ -703,8 +704,8 @@ def test_resolve_dtype_on_cuda_checks_bf16_support(monkeypatch):
 
 def test_fp16_inference_runs_under_fp16_autocast_and_returns_fp32(monkeypatch):
     """test.py's and upscale()'s fp16 path (refused on the CPU up front; the check is bypassed)."""
-    from basicsr_ldt import api
-    from basicsr_ldt.inference import tiled_forward
+    from basicsr_ldt.inference import api
+    from basicsr_ldt.inference.tiling import tiled_forward
     torch.manual_seed(0)
     net = _Tiny(2).eval()
     lq = torch.rand(1, 3, 13, 11)
@@ -721,8 +722,8 @@ def test_fp16_inference_runs_under_fp16_autocast_and_returns_fp32(monkeypatch):
 
 
 def test_asking_for_cuda_without_it_is_one_clear_error(tmp_path, monkeypatch):
-    from basicsr_ldt.api import load_network
-    from basicsr_ldt.errors import InputError
+    from basicsr_ldt.common.errors import InputError
+    from basicsr_ldt.inference.api import load_network
     network = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscaling_factor': 2}
     from basicsr.archs import build_network
     torch.save({'params': build_network(dict(network)).state_dict()}, tmp_path / 'net.pth')
@@ -749,7 +750,7 @@ def test_cuda_rng_state_is_saved_and_restored(monkeypatch):
 
 @pytest.mark.parametrize('gpus, ranks, backend', [(2, 2, 'nccl'), (1, 2, 'gloo')])
 def test_process_group_on_gpus_picks_the_device_and_backend(monkeypatch, capsys, gpus, ranks, backend):
-    from basicsr_ldt import distributed
+    from basicsr_ldt.common import process_group as distributed
     started, devices = [], []
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: gpus)
@@ -795,7 +796,7 @@ def test_gpu_check_version_report(monkeypatch, capsys):
 @pytest.mark.parametrize('psnr, ok', [(27.31, True), (math.nan, False), (4.0, False)])
 def test_gpu_check_reads_the_mean_psnr_of_test_py_table(tmp_path, psnr, ok):
     from collections import OrderedDict
-    from basicsr_ldt.evaluate import write_results
+    from basicsr_ldt.pipelines.evaluate import write_results
     rows = OrderedDict([('Sony', {'psnr': psnr, 'ssim': 0.8, 'images': 2}),
                         ('Mean', {'psnr': psnr, 'ssim': 0.8, 'images': 2})])
     write_results(str(tmp_path), OrderedDict([('LDT-bf16', rows), ('Other', rows)]), {})

@@ -6,9 +6,9 @@ import cv2
 import numpy as np
 import pytest
 
+from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.data.cameras import CameraRule, pair_keys, strip_template
 from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset, subset_indices
-from basicsr_ldt.errors import InputError
 
 
 def options(root, split='Train', **extra):

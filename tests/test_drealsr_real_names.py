@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import yaml
 
+from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
-from basicsr_ldt.errors import InputError
 
 from conftest import load_script, run_entry
 

@@ -11,9 +11,9 @@ from torch import nn
 from basicsr.metrics.psnr_ssim import calculate_psnr, calculate_ssim
 from basicsr.utils import tensor2img
 
-from basicsr_ldt.errors import InputError
-from basicsr_ldt.evaluate import checkpoints_of, evaluate_image, format_table, summarise
-from basicsr_ldt.inference import bicubic_upscale, tiled_forward
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.inference.tiling import bicubic_upscale, tiled_forward
+from basicsr_ldt.pipelines.evaluate import checkpoints_of, evaluate_image, format_table, summarise
 
 
 class LocalSR(nn.Module):
@@ -107,7 +107,7 @@ def test_bicubic_checkpoint_entry():
 def _test_py(monkeypatch, folder, name, data, test_section):
     """Run test.py's pipeline in-process on the demo's Sony test pairs with the Bicubic entry; the
     per-image PSNR/SSIM it reports (metrics.json), in dataset order."""
-    from basicsr_ldt.evaluate import test_pipeline
+    from basicsr_ldt.pipelines.evaluate import test_pipeline
     from test_cli import dataset
     opt = {'name': name, 'scale': 4, 'num_gpu': 0, 'datasets': {'test_1': dataset(data, 'Test', ['Sony'])},
            'path': {}, 'checkpoints': [{'bicubic': True}], 'test': test_section}

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from basicsr.archs import build_network
-from basicsr_ldt import fetch_weights as fw
-from basicsr_ldt import releases as rel
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.weights import fetch as fw
+from basicsr_ldt.weights import releases as rel
 from conftest import REPO
 
 TINY = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscaling_factor': 4}
@@ -225,9 +225,9 @@ def test_release_names_resolve_to_pretrained(tmp_path, monkeypatch):
 
 def test_release_names_work_as_checkpoints(tmp_path, monkeypatch):
     """inference.py --checkpoint, test.py checkpoints and path.pretrain_network_g all load through load_weights."""
-    from basicsr_ldt.api import load_network
-    from basicsr_ldt.checkpoint import load_weights
-    from basicsr_ldt.upscale_cli import main as upscale_main
+    from basicsr_ldt.inference.api import load_network
+    from basicsr_ldt.pipelines.upscale import main as upscale_main
+    from basicsr_ldt.weights.checkpoint import load_weights
     monkeypatch.setattr(rel, 'PRETRAINED_DIR', str(tmp_path))
     monkeypatch.chdir(tmp_path)
     released = build_network(dict(rel.releases()['SAFMN_DF2K_x4'].network))

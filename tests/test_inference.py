@@ -10,7 +10,7 @@ import yaml
 
 from basicsr.archs import build_network
 from basicsr_ldt import load_network, upscale
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
 from conftest import REPO, run_entry
 
 TINY = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscaling_factor': 4}

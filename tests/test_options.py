@@ -6,11 +6,11 @@ import yaml
 
 from basicsr.utils.registry import ARCH_REGISTRY, MODEL_REGISTRY
 
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.options import check_known_keys
 from basicsr_ldt.data.drealsr_dataset import _BASICSR_KEYS, _OWN_KEYS
-from basicsr_ldt.errors import InputError
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
-from basicsr_ldt.options import check_known_keys
 
 # Study files (options/study/) are checked by their own --dry-run tests in test_study.py.
 OPTIONS = sorted(p for p in (Path(__file__).resolve().parents[1] / 'options').rglob('*.yml') if p.parent.name != 'study')

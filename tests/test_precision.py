@@ -12,7 +12,7 @@ from test_cli import dataset, write
 from test_ldt_algorithm import _net
 from test_ldt_model import NETWORK, ldt_options
 
-from basicsr_ldt.inference import tiled_forward
+from basicsr_ldt.inference.tiling import tiled_forward
 from basicsr_ldt.ldt import AMP_DTYPES, LDT, LDTConfig, MixedPrecision, optimizer_step, resolve_dtype
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 

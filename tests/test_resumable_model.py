@@ -8,7 +8,7 @@ import torch
 from basicsr.archs import build_network
 from basicsr.models import build_model
 
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
 from test_cli import NETWORK, train_options
 
 

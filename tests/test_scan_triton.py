@@ -23,7 +23,7 @@ from archs.selective_scan import (BACKEND_ENV, ScanBackendUnavailable, resolve_b
 import archs.scan_triton as scan_triton  # noqa: E402  (kernels interpreted: see `interpreted`)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from basicsr_ldt.errors import InputError  # noqa: E402
+from basicsr_ldt.common.errors import InputError  # noqa: E402
 from conftest import load_script  # noqa: E402
 from test_selective_scan import make_inputs, sequential_reference  # noqa: E402
 

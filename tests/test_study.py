@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.study import cli, plan, report, run as runner
 from conftest import REPO
 from test_cli import dataset, train_options, write

@@ -3,12 +3,12 @@ import pytest
 import torch
 import yaml
 
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.options import validate_dataset_options
 from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
-from basicsr_ldt.errors import InputError
-from basicsr_ldt.evaluate import _build
 from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
-from basicsr_ldt.options import validate_dataset_options
+from basicsr_ldt.pipelines.evaluate import _build
 
 
 @pytest.mark.parametrize('ldt, message', [

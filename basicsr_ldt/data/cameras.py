@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
 
 #: The six camera branches the LDT paper reports on DRealSR (Table 1).
 DREALSR_CAMERAS = ('Olympus', 'Pan', 'Sony', 'DSC', 'IMG', 'Canon')
@@ -85,7 +85,7 @@ class CameraRule:
         """Build from the ``camera_rule`` option; given aliases extend the defaults."""
         if opt is None:
             return cls()
-        from basicsr_ldt.options import check_known_keys
+        from basicsr_ldt.common.options import check_known_keys
         check_known_keys('camera_rule', opt, ('source', 'pattern', 'aliases'))
         aliases = dict(DEFAULT_CAMERA_ALIASES)
         aliases.update(opt.get('aliases') or {})

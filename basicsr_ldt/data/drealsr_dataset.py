@@ -15,10 +15,10 @@ from torch.utils import data
 from basicsr.utils import FileClient, img2tensor
 from basicsr.utils.registry import DATASET_REGISTRY
 
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.options import check_known_keys
 from basicsr_ldt.data.cameras import CameraRule, camera_counts, list_images, pair_keys, select_cameras
-from basicsr_ldt.errors import InputError
 from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, mapping, string, strings
-from basicsr_ldt.options import check_known_keys
 
 # Keys BasicSR itself reads or injects into a dataset section.
 _BASICSR_KEYS = ('name', 'type', 'phase', 'scale', 'num_worker_per_gpu', 'batch_size_per_gpu',

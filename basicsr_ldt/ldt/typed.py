@@ -104,7 +104,7 @@ def check_options(section: str, options: Mapping, specs: Mapping[str, Spec],
     """Raise ``error('<section>.<key>: expected ..., got ...')`` for the first value off its spec.
 
     Keys absent from ``options`` are not checked (defaults apply); unknown keys are the caller's
-    concern (:func:`basicsr_ldt.options.check_known_keys`).
+    concern (:func:`basicsr_ldt.common.options.check_known_keys`).
     """
     for key, spec in specs.items():
         value = lookup(options, key)

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from basicsr.utils import get_root_logger
 
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
 
 BEST_LABEL = 'best'
 

@@ -2,7 +2,7 @@
 
 Selected by ``ldt: {method: corgrad}`` (with ``model_type: LDTSRModel``, so a study can switch
 methods by overriding the ``ldt:`` block alone) or directly by ``model_type: CorGradSRModel``.
-The method is ``basicsr_ldt/corgrad.py`` (plain PyTorch); this adapter checks the source cameras,
+The method is ``basicsr_ldt/corgrad/algorithm.py`` (plain PyTorch); this adapter checks the source cameras,
 asks the training loop for camera-balanced batches, splits each batch by camera and hands CorGrad
 one loss per camera. Checkpoints are a plain network (no composite), like FT.
 """
@@ -17,14 +17,14 @@ from basicsr.models.sr_model import SRModel
 from basicsr.utils import get_root_logger
 from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
 
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.options import registered
 from basicsr_ldt.corgrad import CorGrad, CorGradConfig
 from basicsr_ldt.data.sampler import dataset_cameras
-from basicsr_ldt.errors import InputError
 from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.resumable import ResumableMixin
-from basicsr_ldt.options import registered
 
 
 def corgrad_config_from_options(opt: Dict) -> Tuple[CorGradConfig, List[str]]:
@@ -48,7 +48,7 @@ def corgrad_config_from_options(opt: Dict) -> Tuple[CorGradConfig, List[str]]:
 class CorGradSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
     """SR model whose every step is one CorGrad update over a batch holding every source camera."""
 
-    #: read by the training loop (``basicsr_ldt.train``): every batch must hold every camera
+    #: read by the training loop (``basicsr_ldt.pipelines.train``): every batch must hold every camera
     camera_balanced_batches = True
 
     def init_training_settings(self) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from basicsr.utils import get_root_logger
 
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.ldt.pair import optimizer_step
 from basicsr_ldt.ldt.precision import AMP_DTYPES, MixedPrecision, resolve_dtype
 

@@ -20,14 +20,14 @@ from basicsr.utils import get_root_logger
 from basicsr.utils.dist_util import get_dist_info
 from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
 
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.options import closest_key_hint, registered
 from basicsr_ldt.data.sampler import ResumableSampler
-from basicsr_ldt.errors import InputError
 from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, preset, select
 from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.models.resumable import ResumableMixin
-from basicsr_ldt.options import closest_key_hint, registered
 
 #: How a step LDT skipped for a non-finite loss is named in the log.
 SKIPPED_STEP = {'warmup': 'the head warm-up', 'profile': 'gradient profiling (sample not used)',

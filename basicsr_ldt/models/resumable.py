@@ -15,7 +15,7 @@ import torch.distributed as dist
 from basicsr.utils import get_root_logger
 from basicsr.utils.dist_util import master_only
 
-from basicsr_ldt.checkpoint import load_weights, save_atomic
+from basicsr_ldt.weights.checkpoint import load_weights, save_atomic
 
 
 def rng_state() -> Dict[str, Any]:

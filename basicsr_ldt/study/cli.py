@@ -5,8 +5,8 @@ import sys
 from os import path as osp
 from typing import List, Optional, Sequence
 
-from basicsr_ldt.errors import InputError
-from basicsr_ldt.outputs import fail
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.outputs import fail
 from basicsr_ldt.study import report
 from basicsr_ldt.study.plan import Study, load_study, missing_inputs
 from basicsr_ldt.study.run import DONE, RunFailed, check_unchanged, commands, execute, run_state, shell_line

@@ -17,14 +17,14 @@ import yaml
 
 from basicsr.utils.registry import ARCH_REGISTRY, MODEL_REGISTRY
 
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.options import check_known_keys, closest_key_hint, registered
 from basicsr_ldt.corgrad import CorGradConfig
-from basicsr_ldt.errors import InputError
-from basicsr_ldt.evaluate import TEST_DEFAULTS
 from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
-from basicsr_ldt.options import check_known_keys, closest_key_hint, registered
-from basicsr_ldt.releases import fetch_hint, release_file
+from basicsr_ldt.pipelines.evaluate import TEST_DEFAULTS
+from basicsr_ldt.weights.releases import fetch_hint, release_file
 
 #: Keys of a study file. ``overrides`` applies to every method (before the method's own).
 STUDY_KEYS = ('name', 'train', 'test', 'seeds', 'methods', 'sweep', 'reference', 'overrides')

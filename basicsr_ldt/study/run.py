@@ -27,7 +27,7 @@ from typing import Callable, List, Optional, TextIO
 import yaml
 from tqdm import tqdm
 
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.study.plan import Run, Study, final_checkpoint, read_yaml, results_file
 
 DONE, TEST, RESUME, NEW = 'finished', 'test only', 'resume', 'new'

@@ -79,8 +79,8 @@ import torch
 from torch import nn
 
 from basicsr_ldt.ldt.config import reject_unknown_keys
-from basicsr_ldt.ldt.typed import check_options, choice, integer, number, optional
 from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, finite_on_all_ranks
+from basicsr_ldt.ldt.typed import check_options, choice, integer, number, optional
 
 ALPHA_DECAYS = ('log', 'linear', 'none')
 VARIANTS = ('paper', 'official')

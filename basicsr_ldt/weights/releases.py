@@ -14,10 +14,22 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
 
-#: Where released weights live: ``<repository>/pretrained``.
-PRETRAINED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'pretrained')
+#: Where released weights live: ``<repository>/pretrained`` (this file is ``basicsr_ldt/weights/releases.py``).
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PRETRAINED_DIR = os.path.join(REPOSITORY, 'pretrained')
+
+#: Each architecture's classic x4 configuration (the released DF2K/DIV2K SR models: MambaIR
+#: ``MambaIR_SR_x4``, HAT ``HAT_SRx4``, SAFMN ``SAFMN_DF2K_x4``); ``scale`` replaces the factor.
+ARCH_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    'MambaIR': dict(upscale=4, in_chans=3, img_size=64, img_range=1., d_state=16, depths=[6] * 6, embed_dim=180,
+                    mlp_ratio=2., upsampler='pixelshuffle', resi_connection='1conv'),
+    'HAT': dict(upscale=4, in_chans=3, img_size=64, window_size=16, compress_ratio=3, squeeze_factor=30,
+                conv_scale=0.01, overlap_ratio=0.5, img_range=1., depths=[6] * 6, embed_dim=180,
+                num_heads=[6] * 6, mlp_ratio=2., upsampler='pixelshuffle', resi_connection='1conv'),
+    'SAFMN': dict(dim=36, n_blocks=8, ffn_scale=2.0, upscaling_factor=4),
+}
 
 
 @dataclass(frozen=True)
@@ -39,7 +51,6 @@ class Release:
 
 
 def _classic_x4(arch: str) -> Dict[str, Any]:
-    from basicsr_ldt.api import ARCH_DEFAULTS  # (api imports checkpoint, which uses this module)
     return {'type': arch, **ARCH_DEFAULTS[arch]}
 
 

@@ -29,13 +29,13 @@ from basicsr.utils import AvgTimer, MessageLogger, check_resume, get_env_info, g
 from basicsr.utils.options import copy_opt_file, dict2str
 from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY, MODEL_REGISTRY
 
-from basicsr_ldt.checkpoint import UnreadableCheckpoint, load_safe
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.options import registered, validate_dataset_options
+from basicsr_ldt.common.outputs import OutputFolder, fail
+from basicsr_ldt.common.process_group import end_process_group, parse_training_options
 from basicsr_ldt.data.sampler import training_sampler
-from basicsr_ldt.distributed import end_process_group, parse_training_options
-from basicsr_ldt.errors import InputError
 from basicsr_ldt.models.best import BestCheckpointMixin
-from basicsr_ldt.options import registered, validate_dataset_options
-from basicsr_ldt.outputs import OutputFolder, fail
+from basicsr_ldt.weights.checkpoint import UnreadableCheckpoint, load_safe
 
 
 def training_states(opt: Dict) -> List[str]:

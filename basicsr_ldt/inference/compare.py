@@ -20,12 +20,12 @@ from basicsr.archs import build_network
 from basicsr.metrics.psnr_ssim import calculate_psnr
 from basicsr.utils import tensor2img
 
-from basicsr_ldt.checkpoint import load_weights
-from basicsr_ldt.releases import resolve_checkpoint
-from basicsr_ldt.errors import InputError
-from basicsr_ldt.inference import bicubic_upscale, tiled_forward
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.options import check_known_keys
+from basicsr_ldt.inference.tiling import bicubic_upscale, tiled_forward
 from basicsr_ldt.ldt.typed import integer, mapping, string
-from basicsr_ldt.options import check_known_keys
+from basicsr_ldt.weights.checkpoint import load_weights
+from basicsr_ldt.weights.releases import resolve_checkpoint
 
 #: ``test.compare`` keys (``methods`` maps a label to a checkpoint file or a folder of SR images).
 COMPARE_SPECS = {'compare': mapping(), 'compare.crops': integer(0, 8), 'compare.size': integer(8),

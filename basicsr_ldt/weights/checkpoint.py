@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 import torch
 
-from basicsr_ldt.errors import InputError
-from basicsr_ldt.releases import fetch_hint, resolve_checkpoint
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.weights.releases import fetch_hint, resolve_checkpoint
 
 
 class UnreadableCheckpoint(InputError):

@@ -1,6 +1,6 @@
 """``inference.py``: super-resolve your own photos (no ground truth) with a trained network.
 
-One image at a time through :func:`basicsr_ldt.api.upscale` (memory is bounded by the largest
+One image at a time through :func:`basicsr_ldt.inference.api.upscale` (memory is bounded by the largest
 image, or by the tile with ``--tile``). Everything that can be checked before the first image is
 read is checked first (flags, input files, existing outputs, the network and its checkpoint), so
 bad input costs nothing; an unreadable image later is one line and the run goes on.
@@ -14,9 +14,9 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from basicsr_ldt.api import PRECISIONS, check_precision, check_tiles, load_network, network_scale, upscale
-from basicsr_ldt.errors import InputError
-from basicsr_ldt.releases import releases
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.inference.api import PRECISIONS, check_precision, check_tiles, load_network, network_scale, upscale
+from basicsr_ldt.weights.releases import releases
 
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.tif', '.tiff', '.webp')
 OUTPUT_EXTENSIONS = ('png', 'tif')

@@ -22,14 +22,14 @@ from basicsr.utils import get_root_logger, get_time_str, imwrite, tensor2img
 from basicsr.utils.options import dict2str, parse_options
 from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY
 
-from basicsr_ldt.checkpoint import load_weights
-from basicsr_ldt.compare import COMPARE_SPECS, Comparison, compare_settings
-from basicsr_ldt.errors import InputError
-from basicsr_ldt.inference import bicubic_upscale, tiled_forward
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.options import check_known_keys, registered, validate_dataset_options
+from basicsr_ldt.common.outputs import OutputFolder, fail
+from basicsr_ldt.inference.compare import COMPARE_SPECS, Comparison, compare_settings
+from basicsr_ldt.inference.tiling import bicubic_upscale, tiled_forward
 from basicsr_ldt.ldt.precision import INFERENCE_DTYPES, resolve_dtype
 from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, optional, string
-from basicsr_ldt.options import check_known_keys, registered, validate_dataset_options
-from basicsr_ldt.outputs import OutputFolder, fail
+from basicsr_ldt.weights.checkpoint import load_weights
 
 #: The ``test:`` section and its defaults (documented in the README).
 TEST_DEFAULTS = {'tile_size': 0, 'tile_overlap': 16, 'save_img': False, 'crop_border': None,

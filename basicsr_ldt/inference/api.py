@@ -16,21 +16,12 @@ from torch import nn
 from basicsr.archs import build_network
 from basicsr.utils.registry import ARCH_REGISTRY
 
-from basicsr_ldt.checkpoint import load_weights
-from basicsr_ldt.errors import InputError
-from basicsr_ldt.inference import tiled_forward
-from basicsr_ldt.options import registered
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.options import registered
+from basicsr_ldt.inference.tiling import tiled_forward
+from basicsr_ldt.weights.checkpoint import load_weights
+from basicsr_ldt.weights.releases import ARCH_DEFAULTS
 
-#: Each architecture's classic x4 configuration (the released DF2K/DIV2K SR models: MambaIR
-#: ``MambaIR_SR_x4``, HAT ``HAT_SRx4``, SAFMN ``SAFMN_DF2K_x4``); ``scale`` replaces the factor.
-ARCH_DEFAULTS: Dict[str, Dict[str, Any]] = {
-    'MambaIR': dict(upscale=4, in_chans=3, img_size=64, img_range=1., d_state=16, depths=[6] * 6, embed_dim=180,
-                    mlp_ratio=2., upsampler='pixelshuffle', resi_connection='1conv'),
-    'HAT': dict(upscale=4, in_chans=3, img_size=64, window_size=16, compress_ratio=3, squeeze_factor=30,
-                conv_scale=0.01, overlap_ratio=0.5, img_range=1., depths=[6] * 6, embed_dim=180,
-                num_heads=[6] * 6, mlp_ratio=2., upsampler='pixelshuffle', resi_connection='1conv'),
-    'SAFMN': dict(dim=36, n_blocks=8, ffn_scale=2.0, upscaling_factor=4),
-}
 #: The constructor argument that holds the upscaling factor, per architecture.
 SCALE_KEYS = ('upscale', 'upscaling_factor', 'scale')
 PRECISIONS = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}

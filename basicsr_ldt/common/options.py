@@ -2,7 +2,7 @@
 import difflib
 from typing import Iterable, Mapping
 
-from basicsr_ldt.errors import InputError
+from basicsr_ldt.common.errors import InputError
 
 
 def closest_key_hint(key: str, valid: Iterable[str]) -> str:

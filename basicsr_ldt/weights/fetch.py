@@ -23,10 +23,10 @@ from urllib.parse import urlparse
 from basicsr.archs import build_network
 from basicsr.utils.download_util import load_file_from_url
 
-from basicsr_ldt.checkpoint import load_weights
-from basicsr_ldt.errors import InputError
-from basicsr_ldt.outputs import fail
-from basicsr_ldt.releases import PRETRAINED_DIR, Release, releases
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.outputs import fail
+from basicsr_ldt.weights.checkpoint import load_weights
+from basicsr_ldt.weights.releases import PRETRAINED_DIR, Release, releases
 
 LOCK = 'weights.lock'
 DEFAULT_ENDPOINT = 'https://huggingface.co'
