@@ -3,7 +3,7 @@
 Importing this package registers the project's architectures, datasets and models into
 BasicSR's registries (as BasicSR does for its own folders), so ``type:`` names in option files
 resolve. ``basicsr_ldt.ldt`` is the method itself and does not depend on BasicSR.
-``load_network`` and ``upscale`` are the Python API (README, "Python API").
+``load_network`` and ``upscale`` are the Python API (docs/inference-and-api.md).
 """
 from basicsr_ldt.common import compat  # noqa: F401  (must precede the first basicsr import)
 from basicsr_ldt import data, models  # noqa: F401,E402  (registration)

@@ -8,9 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/python_env.sh    # PY: the given Python, or the project's .venv on an externally managed one
 # One thread per process, two study runs at a time (--jobs 2): the small demo network gains almost
-# nothing from a second thread, so this halves the study's time on 2 cores. The README's demo tables
+# nothing from a second thread, so this halves the study's time on 2 cores. The demo tables in docs/results.md
 # were computed this way; the thread count changes floating-point summation order and so the last
-# digits (README, "Reproducing the figures"). Set OMP_NUM_THREADS / DEMO_JOBS to override.
+# digits (docs/results.md, "Reproducing the figures"). Set OMP_NUM_THREADS / DEMO_JOBS to override.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 bash scripts/install.sh
 if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Mix_023_x4.png ]; then   # the current build: one family, 12 train + 10 test pairs per camera, Mix 192 + 10, DRealSR's names

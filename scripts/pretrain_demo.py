@@ -10,7 +10,7 @@
 Why a shipped checkpoint: the demo fine-tunes from a network that really does super-resolution
 (the paper starts from released DF2K weights), and training one takes longer than the rest of
 the demo. Shipping it keeps ``scripts/demo.sh`` short; the sha256 beside it says exactly which
-file the README's numbers come from, and this script re-creates it from the seeded data and
+file the numbers in docs/results.md come from, and this script re-creates it from the seeded data and
 options. Training runs on ``THREADS`` thread(s): the thread count (and the CPU's vector
 instructions) sets the floating-point summation order, so the same bytes come back on the same
 kind of CPU with the same thread count, and a file within rounding differences elsewhere.

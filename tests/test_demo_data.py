@@ -139,7 +139,7 @@ def test_cameras_are_one_family_with_a_real_shift(demo):
     Shift: on every camera some other camera's filter is >= 0.3 dB worse than the camera's own.
     Family: the filter fitted on Olympus (the demo's source) beats bicubic on most targets and on
     their mean. (A linear filter cannot denoise: it does not beat bicubic on the noisy,
-    oversharpened IMG camera, where the networks do; README, "Results".)
+    oversharpened IMG camera, where the networks do; docs/results.md.)
     """
     out, _ = demo
     manifest = json.loads((out / 'cameras.json').read_text())

@@ -1,7 +1,7 @@
 """The demo's shipped pretrained start does super-resolution on every camera of the family: on the
 10 test images of each camera (the ones scripts/demo.sh builds) it beats bicubic upscaling by at
-least 0.5 dB (PSNR, Y channel, crop 4) -- the calibration the demo study relies on (README,
-"Results") -- and it is the file whose sha256 is recorded beside it.
+least 0.5 dB (PSNR, Y channel, crop 4) -- the calibration the demo study relies on (docs/results.md,
+"Demo data") -- and it is the file whose sha256 is recorded beside it.
 
 The test images are rebuilt here with make_demo_data (test crops, noise and the Mix pairs'
 degradations depend only on the seed, the camera and the index, not on the number of train pairs,

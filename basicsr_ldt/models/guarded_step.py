@@ -20,7 +20,7 @@ from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.ldt.pair import optimizer_step
 from basicsr_ldt.ldt.precision import AMP_DTYPES, MixedPrecision, resolve_dtype
 
-#: Defaults of the ``train:`` keys this mixin reads (documented in the README).
+#: Defaults of the ``train:`` keys this mixin reads (documented in docs/options.md).
 STEP_DEFAULTS = {'amp': 'none', 'max_bad_steps': 10}
 
 

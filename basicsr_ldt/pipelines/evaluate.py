@@ -31,7 +31,7 @@ from basicsr_ldt.ldt.precision import INFERENCE_DTYPES, resolve_dtype
 from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, optional, string
 from basicsr_ldt.weights.checkpoint import load_weights
 
-#: The ``test:`` section and its defaults (documented in the README).
+#: The ``test:`` section and its defaults (documented in docs/options.md).
 TEST_DEFAULTS = {'tile_size': 0, 'tile_overlap': 16, 'save_img': False, 'crop_border': None,
                  'test_y_channel': True, 'precision': 'fp32',
                  'compare': None}
