@@ -2,7 +2,7 @@
 
 ``MambaIR`` (with its selective-scan kernels), ``HAT`` and ``SAFMN`` are re-implementations
 whose checkpoints and outputs match the upstream repositories; see ``archs/README.md``. The
-scan itself is ``archs.selective_scan.selective_scan``.
+scan itself is ``archs.scan.selective_scan``.
 """
 from basicsr_ldt.common import compat  # noqa: F401  (torchvision alias; must precede basicsr)
 

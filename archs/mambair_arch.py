@@ -2,7 +2,7 @@
 
 Constructor arguments, defaults, parameter names/shapes and outputs follow the upstream
 ``MambaIR`` class, so released ``*.pth`` files (``params`` / ``params_ema``) load with
-``strict=True``. Differences: the selective scan comes from :mod:`archs.selective_scan`
+``strict=True``. Differences: the selective scan comes from :mod:`archs.scan.dispatch`
 (mamba-ssm is optional; ``scan_backend`` picks the kernel), and ``use_checkpoint`` works
 (upstream passes the wrong arguments to its blocks).
 """
@@ -21,7 +21,7 @@ from torch import nn
 
 from archs.arch_common import (PatchEmbed, PatchUnEmbed, UpsampleOneStep, drop_path_rates,
                                 init_transformer_weights, rgb_mean)
-from archs.selective_scan import log_configuration_once, resolve_backend, selective_scan
+from archs.scan.dispatch import log_configuration_once, resolve_backend, selective_scan
 
 SCAN_DIRECTIONS = 4  # row-major, column-major, and both reversed
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from archs.selective_scan import ScanKernelFailed, select_kernel, selective_scan  # noqa: E402
+from archs.scan.dispatch import ScanKernelFailed, select_kernel, selective_scan  # noqa: E402
 
 NAMES = ('u', 'delta', 'A', 'B', 'C', 'D', 'delta_bias')
 LABELS = {'torch': 'torch', 'triton': 'triton', 'cuda': 'mamba-ssm'}

@@ -3,8 +3,8 @@
     python scripts/scan_static_report.py                      # every MambaIR combination
     python scripts/scan_static_report.py --arch 90 --shape infer --combos mambair --markdown
 
-No GPU is needed: each launch is described by :func:`archs.scan_triton.forward_launch` and
-:func:`archs.scan_triton.backward_launch` (the functions the autograd function runs), called with
+No GPU is needed: each launch is described by :func:`archs.scan.triton_launches.forward_launch` and
+:func:`archs.scan.triton_launches.backward_launch` (the functions the autograd function runs), called with
 ``meta`` tensors of the real shapes and dtypes. Triton's own JIT binder turns those arguments into
 the specialisation a real launch gets (16-byte aligned pointers, as fresh CUDA allocations are;
 ints divisible by 16; ints past 2**31 - 1 passed as int64), and ``triton.compile`` with a
@@ -46,7 +46,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
-import archs.scan_triton as scan_triton  # noqa: E402
+import archs.scan.triton_kernels as triton_kernels  # noqa: E402
+import archs.scan.triton_launches as triton_launches  # noqa: E402
 
 # MambaIR classic SR x4: K = 4 scan directions x d_inner 360 channels, d_state 16, B/C grouped
 # per direction ((b, 4, n, L)); D, delta_bias and softplus on, no z.
@@ -126,8 +127,8 @@ def meta_launches(batch: int, length: int, combo: Combo):
     D = meta(DIM, dtype=torch.float32) if combo.D else None
     z = meta(batch, DIM, length) if combo.z else None
     bias = meta(DIM, dtype=torch.float32) if combo.bias else None
-    fwd = scan_triton.forward_launch(u, meta(batch, DIM, length), A, B, C, D, z, bias, True)
-    bwd = scan_triton.backward_launch(u, meta(batch, DIM, length), A, B, C, D, z, bias,
+    fwd = triton_launches.forward_launch(u, meta(batch, DIM, length), A, B, C, D, z, bias, True)
+    bwd = triton_launches.backward_launch(u, meta(batch, DIM, length), A, B, C, D, z, bias,
                                       fwd.outputs['saved'], fwd.outputs['dsum'],
                                       meta(batch, DIM, length), None, True)
     return fwd.launches + bwd.launches
@@ -382,7 +383,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         line = lambda values: '  '.join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
         print(line(HEADER))
         log = lambda row: print(line(cells(row)), flush=True)  # noqa: E731
-    if not hasattr(scan_triton._forward_chunk_kernel, '_pack_args'):
+    if not hasattr(triton_kernels._forward_chunk_kernel, '_pack_args'):
         print(f'error: triton {triton.__version__} lacks the JIT internals this report uses '
               f'(JITFunction._pack_args); written for triton 3.8', file=sys.stderr)
         return UNSUPPORTED_TRITON

@@ -18,6 +18,14 @@ if not torch.cuda.is_available():
 import basicsr_ldt  # noqa: E402,F401  (torchvision shim + registration before any basicsr import)
 
 REPO = Path(__file__).resolve().parents[1]
+# The longest tests (minutes of Triton compiling, a CPU training of every GPU-check option file) run
+# first, so that with several workers (scripts/run_tests.sh runs pytest-xdist) they start at once
+# instead of leaving one worker busy after the others have finished.
+LONGEST_FIRST = ('test_scan_static.py', 'test_gpu_check.py')
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # a stable sort: order kept otherwise
 
 
 def load_script(name: str):

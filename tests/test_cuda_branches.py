@@ -42,7 +42,7 @@ LDT-S host buffer (ldt/ldt_s.py):
          test_ldt_s_copy_path_is_bitwise_the_in_place_host_ema;
          tests/test_ldt_s.py (CPU results unchanged, exact resume)
 
-Selective scan (archs/selective_scan.py):
+Selective scan (archs/scan/dispatch.py):
   select_kernel for CUDA tensors ('auto' order, forced backends missing)
       -> tests/test_scan_triton.py::test_auto_order_for_cuda_tensors,
          ::test_forced_backends_that_are_unavailable_name_the_option,
@@ -56,7 +56,7 @@ Selective scan (archs/selective_scan.py):
          compiler failed, shared memory), test_a_backward_kernel_that_fails_is_caught_at_the_first_call_too,
          test_forced_triton_stops_with_one_line_naming_the_option, test_out_of_memory_is_not_a_kernel_failure,
          test_the_decision_is_a_function_of_backend_device_and_trial
-  archs/scan_triton.py ``torch.cuda.device(u.device) if u.is_cuda``: n/a here (the kernel launch;
+  archs/scan/triton_launches.py ``torch.cuda.device(u.device) if u.is_cuda``: n/a here (the kernel launch;
   the kernels run under TRITON_INTERPRET and are compiled for sm_90 in tests/test_scan_triton.py)
 
 Benchmarks and gpu_check.sh:
@@ -104,8 +104,8 @@ import torch
 from torch import nn
 
 import archs  # noqa: F401  (registers MambaIR)
-import archs.selective_scan as scan_module
-from archs.selective_scan import ScanKernelFailed, checked_kernel, selective_scan
+import archs.scan.dispatch as scan_module
+from archs.scan.dispatch import ScanKernelFailed, checked_kernel, selective_scan
 from basicsr_ldt.ldt import MixedPrecision
 from basicsr_ldt.ldt import ldt_s as ldt_s_module
 from conftest import REPO, load_script

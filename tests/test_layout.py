@@ -6,6 +6,9 @@ and no two modules import each other through a circle (which breaks as soon as o
 imported first, and makes the order of imports matter).
 """
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List, Set
 
@@ -97,3 +100,18 @@ def test_the_top_of_the_package_is_folders_by_role():
     assert not loose, f'modules at the top of basicsr_ldt/: {loose}; put each in the folder of its role'
     folders = sorted(path.name for path in PACKAGE.iterdir() if (path / '__init__.py').is_file())
     assert folders == ['common', 'corgrad', 'data', 'inference', 'ldt', 'models', 'pipelines', 'study', 'weights']
+
+
+def test_the_networks_need_neither_scan_kernel_package_on_a_cpu():
+    """``import archs`` and a MambaIR forward and backward on the CPU load the torch scan only:
+    mamba-ssm and the Triton kernels (``archs/scan/triton_*.py``) are optional, GPU-only, and imported
+    at the first call that needs them, so a CPU machine without triton runs every network."""
+    code = ('import sys, torch, basicsr_ldt, archs\n'
+            'net = archs.MambaIR(upscale=2, img_size=8, embed_dim=30, depths=[1], d_state=2, mlp_ratio=1, '
+            'upsampler="pixelshuffle", scan_backend="auto")\n'
+            'net(torch.rand(1, 3, 8, 8)).mean().backward()\n'
+            'print(" ".join(sorted(m for m in sys.modules if m.startswith(("archs.scan", "mamba_ssm")))))')
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES='')
+    run = subprocess.run([sys.executable, '-c', code], cwd=PACKAGE.parent, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ['archs.scan', 'archs.scan.dispatch', 'archs.scan.linear_scan', 'archs.scan.torch_scan']

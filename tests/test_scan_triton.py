@@ -17,10 +17,11 @@ pytest.importorskip('triton', reason='triton is not installed (it ships with the
 
 import basicsr_ldt  # noqa: E402,F401
 import archs  # noqa: E402,F401
-import archs.selective_scan as scan_module  # noqa: E402
-from archs.selective_scan import (BACKEND_ENV, ScanBackendUnavailable, resolve_backend,  # noqa: E402
-                                  select_kernel, selective_scan)
-import archs.scan_triton as scan_triton  # noqa: E402  (kernels interpreted: see `interpreted`)
+import archs.scan.dispatch as scan_module  # noqa: E402
+from archs.scan.dispatch import (BACKEND_ENV, ScanBackendUnavailable, resolve_backend,  # noqa: E402
+                                select_kernel, selective_scan)
+import archs.scan.triton_kernels as triton_kernels  # noqa: E402  (interpreted: see `interpreted`)
+import archs.scan.triton_launches as triton_launches  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from basicsr_ldt.common.errors import InputError  # noqa: E402
@@ -32,16 +33,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope='module')
 def interpreted():
-    """archs.scan_triton with kernels for Triton's CPU interpreter.
+    """archs.scan.triton_function with kernels for Triton's CPU interpreter.
 
     Triton decorates its own library functions (tl.sum, ...) for the interpreter only when
     TRITON_INTERPRET=1 is set before triton is first imported; tests/conftest.py sets it on
     machines without a GPU. Where it was not set in time (a GPU machine, another runner), the
     whole module runs once in a fresh process with the flag, whose result decides (the
     in-process tests are then skipped, saying so)."""
-    import archs.scan_triton as module
-    if not module.interpreting():
-        module = importlib.reload(module)  # flag set after this module was imported
+    import archs.scan.triton_function as module
+    if not module.interpreting():  # flag set after these modules were imported
+        for name in ('archs.scan.triton_kernels', 'archs.scan.triton_launches'):
+            importlib.reload(sys.modules[name])
+        module = importlib.reload(module)
     if not module.interpreting():
         env = dict(os.environ, TRITON_INTERPRET='1')
         run = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-x', '-p', 'no:cacheprovider',
@@ -121,7 +124,7 @@ def _lane_sums_probe(x_ptr, out_ptr, ROWS: tl.constexpr, V: tl.constexpr, PARTS:
     columns = ()
     for v in tl.static_range(V):  # one (ROWS,) vector per value, as the gradient kernel has them
         columns = columns + (tl.load(x_ptr + rows * V + v),)
-    tl.store(out_ptr + tl.arange(0, PARTS * V), scan_triton._lane_sums(scan_triton._stack(columns), PARTS))
+    tl.store(out_ptr + tl.arange(0, PARTS * V), triton_kernels._lane_sums(triton_kernels._stack(columns), PARTS))
 
 
 @pytest.mark.parametrize('rows, values, parts', [(32, 16, 1), (32, 8, 1), (32, 1, 1), (4, 8, 1), (4, 4, 1),
@@ -165,7 +168,7 @@ def test_forward_loop_and_its_masked_tail(interpreted, bc, options, dim, groups)
     to masked sub-tiles after it: at chunk 20 (16 positions of loop and one sub-tile of tail)
     and L = 37 (the second chunk: 16 of loop and one position of tail), output, last state and
     every gradient against the float64 reference."""
-    assert scan_triton.FORWARD_SUB * scan_triton.FORWARD_UNROLL == 16
+    assert triton_launches.FORWARD_SUB * triton_launches.FORWARD_UNROLL == 16
     args, softplus = make_inputs(bc, 37, options, batch=2, dim=dim, dstate=3, groups=groups)
     out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=20, block_d=4)
     _check_against_reference(args, softplus, out, last)
@@ -174,7 +177,7 @@ def test_forward_loop_and_its_masked_tail(interpreted, bc, options, dim, groups)
 @triton.jit
 def _softplus_probe(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + i, scan_triton._softplus(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+    tl.store(y_ptr + i, triton_kernels._softplus(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
 
 
 def test_softplus_is_torchs_to_a_few_float32_ulp(interpreted):
@@ -200,7 +203,7 @@ def test_softplus_is_torchs_to_a_few_float32_ulp(interpreted):
 @triton.jit
 def _bc_positions_probe(out_ptr, bi, dim, chans, g0, padded, t0, NQ: tl.constexpr):
     bi = (tl.program_id(0) + bi).to(tl.int64)  # int64, as _program_coordinates makes it
-    tl.store(out_ptr, scan_triton._bc_positions(bi, dim, chans, g0, padded, t0, NQ, True))
+    tl.store(out_ptr, triton_kernels._bc_positions(bi, dim, chans, g0, padded, t0, NQ, True))
 
 
 def test_position_major_b_and_c_offsets_past_2_31_are_exact(interpreted):
@@ -217,7 +220,7 @@ def test_position_major_b_and_c_offsets_past_2_31_are_exact(interpreted):
 def test_long_sequences_get_longer_chunks_not_more_than_max_chunks(interpreted, monkeypatch):
     """The carry kernel walks the chunks one after another, so their number is capped: with a
     cap of 3, L = 37 at chunk 4 runs 3 chunks of 16 positions (the last one partial)."""
-    monkeypatch.setattr(interpreted, 'MAX_CHUNKS', 3)
+    monkeypatch.setattr(triton_launches, 'MAX_CHUNKS', 3)
     args, softplus = make_inputs('shared', 37, 'D+bias+softplus', dim=3)
     out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus, chunk=4)
     assert [tuple(t.shape) for t in out.grad_fn.saved_tensors if t is not None and t.dim() == 4] == \
@@ -321,7 +324,7 @@ def test_backward_does_final_state_work_only_when_its_gradient_is_needed(interpr
             ((s.double() * w_last).sum() if used != 'output' else 0)
     grads = torch.autograd.grad(loss(out, last), list(args.values()))
     refs = torch.autograd.grad(loss(ref_out, ref_last), list(args.values()), allow_unused=True)
-    carries = [launch for plan in launches for launch in plan.launches if launch.kernel is interpreted._carry_kernel]
+    carries = [launch for plan in launches for launch in plan.launches if launch.kernel is triton_kernels._carry_kernel]
     assert [launch.constexprs['HAS_START'] for launch in carries] == [used != 'output']
     for (name, a), g, r in zip(args.items(), grads, refs):  # (the last state does not use C)
         r = torch.zeros_like(a) if r is None else r.float()
@@ -334,16 +337,16 @@ def _offsets_probe(rows_ptr, part_ptr, state_ptr, sums_ptr, last_ptr, slot_ptr, 
                    BLOCK_N: tl.constexpr):
     """The kernels' own offset helpers for the program (chunk c, block blk, batch bi) (any: no
     grid of that size is launched), written to int64 outputs."""
-    bi, g0, d, mask_d = scan_triton._program_coordinates(bi, blk, dim, group_size, BLOCK_D)
+    bi, g0, d, mask_d = triton_kernels._program_coordinates(bi, blk, dim, group_size, BLOCK_D)
     k, n = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_N)
     tile = d[:, None] * dstate + n[None, :]
     square = k[:, None] * BLOCK_N + n[None, :]
-    tl.store(rows_ptr + k, scan_triton._sequence_rows(bi, dim, d, length))
-    tl.store(part_ptr, scan_triton._partial_rows(bi, blk, blocks, dstate, length))
-    tl.store(state_ptr + square, scan_triton._chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, n))
-    tl.store(sums_ptr + k, scan_triton._chunk_sum_offsets(bi, dim, d, n_chunks, c))
-    tl.store(last_ptr + square, scan_triton._last_state_offsets(bi, dim, dstate, tile))
-    tl.store(slot_ptr, scan_triton._program_slot(bi, blk, blocks, n_chunks, c, slot_size))
+    tl.store(rows_ptr + k, triton_kernels._sequence_rows(bi, dim, d, length))
+    tl.store(part_ptr, triton_kernels._partial_rows(bi, blk, blocks, dstate, length))
+    tl.store(state_ptr + square, triton_kernels._chunk_state_offsets(bi, dim, d, n_chunks, c, dstate, n))
+    tl.store(sums_ptr + k, triton_kernels._chunk_sum_offsets(bi, dim, d, n_chunks, c))
+    tl.store(last_ptr + square, triton_kernels._last_state_offsets(bi, dim, dstate, tile))
+    tl.store(slot_ptr, triton_kernels._program_slot(bi, blk, blocks, n_chunks, c, slot_size))
 
 
 @pytest.mark.parametrize('batch, length', [(2, 1024 * 1024), (2000, 48 * 48)])
@@ -353,12 +356,12 @@ def test_offsets_past_2_31_are_exact(interpreted, batch, length):
     backward's per-program scratch slots pass it there). Reference: Python integers of the same
     layout (channel c of group g in block k is g*360 + k*32 + c; tensors row-major)."""
     dim, group, dstate, bd, bn = 1440, 360, 16, 32, 16
-    chunk = max(64, -(-length // scan_triton.MAX_CHUNKS))
+    chunk = max(64, -(-length // triton_launches.MAX_CHUNKS))
     blocks_per_group = -(-group // bd)
     blocks = dim // group * blocks_per_group
     n_chunks = -(-length // chunk)
     bi, blk, c = batch - 1, blocks - 1, n_chunks - 1
-    slot_size = chunk // scan_triton.SUB * bd * bn  # the backward's scratch slot
+    slot_size = chunk // triton_launches.SUB * bd * bn  # the backward's scratch slot
     grp, within = blk // blocks_per_group, blk % blocks_per_group
     chans = [grp * group + within * bd + i for i in range(bd)]
     expected = {
@@ -385,11 +388,11 @@ def test_shapes_past_the_kernels_32_bit_limits_are_refused_by_name_before_any_wo
         return torch.empty(*shape, device='meta')
     L = 2 ** 31
     with pytest.raises(InputError, match=r'shape \(1, 8, 2147483648\).*positions L \+ chunk'):
-        interpreted.forward_launch(meta(1, 8, L), meta(1, 8, L), meta(8, 4), meta(1, 2, 4, L),
-                                   meta(1, 2, 4, L), None, None, None, True)
+        triton_launches.forward_launch(meta(1, 8, L), meta(1, 8, L), meta(8, 4), meta(1, 2, 4, L),
+                                       meta(1, 2, 4, L), None, None, None, True)
     L = 2 ** 31 - 2 ** 24 - 64  # a long sequence it takes: 128 chunks of 16646144 positions
-    plan = interpreted.forward_launch(meta(1, 8, L), meta(1, 8, L), meta(8, 4), meta(1, 2, 4, L),
-                                      meta(1, 2, 4, L), None, None, None, True)
+    plan = triton_launches.forward_launch(meta(1, 8, L), meta(1, 8, L), meta(8, 4), meta(1, 2, 4, L),
+                                          meta(1, 2, 4, L), None, None, None, True)
     assert [launch.grid for launch in plan.launches] == [(128, 2, 1), (1, 1), (128, 2, 1)]
 
 
@@ -432,7 +435,7 @@ def test_auto_order_for_cuda_tensors(without_packages, monkeypatch):
 
 
 def test_forced_backends_that_are_unavailable_name_the_option(without_packages, monkeypatch):
-    without_packages('mamba_ssm', 'archs.scan_triton')
+    without_packages('mamba_ssm', 'archs.scan.triton_function')
     args, _ = make_inputs('shared', 5, '')
     for backend, package in (('triton', 'triton'), ('cuda', 'mamba-ssm'), ('mamba_ssm', 'mamba-ssm')):
         with pytest.raises(ScanBackendUnavailable, match=f'network_g.scan_backend.*{package}'):

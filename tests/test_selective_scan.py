@@ -8,10 +8,10 @@ import torch.nn.functional as F
 
 import basicsr_ldt  # noqa: F401
 import archs  # noqa: F401  (registers; imports basicsr in the right order)
-import archs.selective_scan as scan_module
-from archs import scan_torch
-from archs.linear_scan import chunk_length
-from archs.selective_scan import BACKEND_ENV, select_kernel, selective_scan
+import archs.scan.dispatch as scan_module
+from archs.scan import torch_scan as scan_torch
+from archs.scan.linear_scan import chunk_length
+from archs.scan.dispatch import BACKEND_ENV, select_kernel, selective_scan
 
 
 def sequential_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
@@ -132,7 +132,7 @@ def test_low_precision_input_keeps_its_dtype():
 def no_mamba(monkeypatch):
     """Make ``import mamba_ssm`` and the Triton kernel's import fail; forget cached kernels."""
     monkeypatch.setitem(sys.modules, 'mamba_ssm', None)
-    monkeypatch.setitem(sys.modules, 'archs.scan_triton', None)
+    monkeypatch.setitem(sys.modules, 'archs.scan.triton_function', None)
     for name in ('_cuda_fn', '_cuda_error', '_triton_module', '_triton_error'):
         monkeypatch.setattr(scan_module, name, None)
     monkeypatch.delenv(BACKEND_ENV, raising=False)
@@ -196,7 +196,7 @@ def test_bad_shapes_name_the_argument(change, message):
 def test_linear_scan_helpers_match_a_sequential_recurrence():
     """scan_forward with a given chunk decay or saved entry states, and decayed_previous_state_,
     agree with a step-by-step float64 recurrence (chunk layout (T, b, d, nc, n))."""
-    from archs.linear_scan import decayed_previous_state_, scan_forward
+    from archs.scan.linear_scan import decayed_previous_state_, scan_forward
     gen = torch.Generator().manual_seed(3)
     steps, chunks = 5, 4
     a = torch.rand(steps, 2, 3, chunks, 2, generator=gen)

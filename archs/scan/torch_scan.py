@@ -23,7 +23,7 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from archs.linear_scan import chunk_length, decayed_previous_state_, scan_forward, scan_reverse
+from archs.scan.linear_scan import chunk_length, decayed_previous_state_, scan_forward, scan_reverse
 
 # Target size (in float32 elements) of one (T, b, d_block, nc, n) temporary.
 BLOCK_ELEMENTS = 1 << 21

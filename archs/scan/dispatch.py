@@ -5,9 +5,9 @@ builds on GPU machines. :func:`selective_scan` has the same signature and semant
 ``selective_scan_ref`` and picks a kernel at call time:
 
 * ``'cuda'`` (alias ``'mamba_ssm'``): mamba-ssm's fused kernel (CUDA tensors, mamba-ssm installed);
-* ``'triton'``: :mod:`archs.scan_triton`, one forward and one backward Triton kernel (CUDA
+* ``'triton'``: :mod:`archs.scan.triton_function`, chunk-parallel Triton kernels (CUDA
   tensors; CPU tensors too when ``TRITON_INTERPRET=1``, which the tests use);
-* ``'torch'``: :class:`archs.scan_torch.SelectiveScanTorch`, pure PyTorch, any device;
+* ``'torch'``: :class:`archs.scan.torch_scan.SelectiveScanTorch`, pure PyTorch, any device;
 * ``'auto'`` (default): for CUDA tensors ``'cuda'`` when mamba-ssm imports, else ``'triton'``
   when triton imports, else ``'torch'``; for any other device ``'torch'``.
 
@@ -31,7 +31,7 @@ from typing import Callable, Dict, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
-from archs.scan_torch import SelectiveScanTorch
+from archs.scan.torch_scan import SelectiveScanTorch
 from basicsr_ldt.common.errors import InputError
 
 BACKEND_ENV = 'BASICSR_LDT_SCAN'
@@ -74,11 +74,11 @@ def _load_cuda_kernel() -> Optional[Callable]:
 
 
 def _load_triton():
-    """Import :mod:`archs.scan_triton` (and so triton) once; remember why it failed."""
+    """Import :mod:`archs.scan.triton_function` (and so triton) once; remember why it failed."""
     global _triton_module, _triton_error
     if _triton_module is None and _triton_error is None:
         try:
-            import archs.scan_triton as module
+            import archs.scan.triton_function as module
             _triton_module = module
         except (ImportError, OSError, RuntimeError) as err:  # no triton, or a broken install
             _triton_error = f'{type(err).__name__}: {err}'
