@@ -90,3 +90,57 @@ def test_json_round_trip_and_validation(tmp_path):
     open(path, 'w').write('{not json')
     with pytest.raises(ValueError, match='cannot read partition file'):
         Partition.load(path)
+
+
+def test_ratio_s_gives_the_stable_share():
+    """``ratio_s`` (the official code's ``Par_ratio``) sets the stable share instead of ``ratio_u``:
+    the bottom 60% of 5 layers stable leaves the top 2 unstable, 80% leaves the top one."""
+    assert build_partition(NAMES, STATS, partition='criterion', ratio_s=0.6).unstable == ['c', 'e']
+    assert build_partition(NAMES, STATS, partition='criterion', ratio_s=0.8).unstable == ['c']
+
+
+def test_official_deft_grouping_puts_the_blocks_apart_from_the_rest():
+    """``deft_grouping: non_layers`` (the official DeFT split): every ``layers.*`` tensor is one group
+    (stable), everything else (shallow conv, norms, upsampler) the other; a network without
+    ``layers.*`` tensors is refused, naming its first parameters."""
+    names = ['conv_first.weight', 'layers.0.attn.weight', 'layers.1.mlp.weight', 'norm.weight',
+             'conv_last.weight']
+    p = build_partition(names, None, partition='name', deft_grouping='non_layers', dpu=False)
+    assert p.stable == ['layers.0.attn.weight', 'layers.1.mlp.weight']
+    assert p.unstable == ['conv_first.weight', 'norm.weight', 'conv_last.weight']
+    body = ['body.0.weight', 'body.1.weight', 'body.2.weight', 'body.3.weight', 'conv_last.weight']
+    with pytest.raises(ValueError, match=r"deft_grouping 'non_layers' needs 'layers\.\*' parameters "
+                                         r"\(first names: \['body\.0\.weight', 'body\.1\.weight', "
+                                         r"'body\.2\.weight', 'body\.3\.weight'\]\)$"):
+        build_partition(body, None, partition='name', deft_grouping='non_layers', dpu=False)
+
+
+def test_the_partition_file_keeps_each_statistic_and_the_criterion(tmp_path):
+    """What users plot from partition.json: every layer's statistic as measured, and the criterion
+    that produced it ('name' for a split by names, which has no statistic)."""
+    p = build_partition(NAMES, STATS, partition='criterion', ratio_u=0.4, criterion='mean')
+    p.save(str(tmp_path / 'partition.json'))
+    data = json.load(open(tmp_path / 'partition.json'))
+    assert data['criterion'] == 'mean'
+    assert [layer['statistic'] for layer in data['layers']] == STATS
+    names = ['body.0.weight', 'conv_last.weight']
+    by_name = build_partition(names, None, partition='name', head_patterns=['conv_last'], dpu=False,
+                              criterion='mean')
+    assert by_name.criterion == 'name' and [r.statistic for r in by_name.layers] == [None, None]
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(statistics=STATS[:4], partition='criterion', ratio_u=0.4),
+     r'^build_partition: one statistic per layer expected$'),
+    (dict(statistics=None, partition='criterion', ratio_u=0.4),
+     r"^partition 'criterion' needs per-layer statistics$"),
+    (dict(statistics=None, partition='name', head_patterns=['e']),
+     r'^DPU coefficients need per-layer statistics$'),
+    (dict(statistics=STATS, partition='layers', ratio_u=0.4),
+     r"^unknown partition 'layers', expected 'criterion' or 'name'$"),
+    (dict(statistics=STATS[:4] + [float('inf')], partition='name', head_patterns=['e'], dpu=False),
+     r'^build_partition: statistics must be finite$'),
+])
+def test_each_wrong_partition_request_says_what_is_wrong(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        build_partition(NAMES, **kwargs)
