@@ -48,3 +48,31 @@ def test_presets_and_round_trip():
     assert not preset('ldt_random', dpu=False, profile_iters=0).needs_profiling()
     with pytest.raises(ValueError, match="did you mean 'deft'"):
         preset('deft_')
+
+
+@pytest.mark.parametrize('options', [
+    {'w_fixed': 0.0},                                   # [0, 1): 0 is allowed (no averaging)
+    {'w_base_stable': 0.0, 'r_base_stable': 1.0},       # r_base in [0, 1]: both ends allowed
+    {'w_base_unstable': 0.5, 'r_base_unstable': 0.0},
+    {'ema_every': 1, 'interval_iters': 1, 'head_warmup_iters': 0},   # integers at their lowest
+    {'ratio_u': 0.01}, {'ratio_u': 0.99},
+])
+def test_values_at_the_ends_of_their_ranges_are_accepted(options):
+    """Each documented range includes its closed ends: a value exactly there is taken as given."""
+    config = LDTConfig.from_dict(options)
+    assert {k: getattr(config, k) for k in options} == options
+
+
+@pytest.mark.parametrize('options, message', [
+    ({'w_fixed': 1.0}, r'^ldt\.w_fixed: expected a number in \[0, 1\), got 1\.0$'),
+    ({'w_base_stable': 1.0, 'r_base_stable': 0.0}, r'^ldt\.w_base_stable: expected a number in \[0, 1\), got 1\.0$'),
+    ({'w_base_stable': 0.0, 'r_base_stable': 1.5}, r'^ldt\.r_base_stable: expected a number in \[0, 1\], got 1\.5$'),
+    ({'r_base_unstable': -0.001}, r'^ldt\.r_base_unstable: expected a number in \[0, 1\], got -0\.001$'),
+    ({'ratio_u': 1.0}, r'^ldt\.ratio_u: expected a number in \(0, 1\), got 1\.0$'),
+    ({'ratio_u': 0.0}, r'^ldt\.ratio_u: expected a number in \(0, 1\), got 0\.0$'),
+    ({'ema_every': 0}, r'^ldt\.ema_every: expected an integer >= 1, got 0$'),
+    ({'dpu': 'yes'}, r"^ldt\.dpu: expected true or false, got 'yes'$"),
+])
+def test_values_just_past_their_ranges_name_the_range(options, message):
+    with pytest.raises(ValueError, match=message):
+        LDTConfig.from_dict(options)
