@@ -163,3 +163,53 @@ def test_the_smallest_network_ldt_accepts_has_two_tensors():
         algo.update(lambda m: (m(data) - data).abs().mean(), i)
     assert sorted([*algo.partition.stable, *algo.partition.unstable]) == ['bias', 'weight']
     assert len(algo.partition.stable) == len(algo.partition.unstable) == 1
+
+
+class _Blocks(nn.Module):
+    """Named like MambaIR/HAT/SAFMN: a shallow conv, ``layers.*`` blocks, a head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv_first = nn.Conv2d(2, 4, 3, padding=1)
+        self.layers = nn.ModuleList([nn.Conv2d(4, 4, 3, padding=1) for _ in range(2)])
+        self.conv_last = nn.Conv2d(4, 2, 3, padding=1)
+
+    def forward(self, x):
+        x = self.conv_first(x)
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return self.conv_last(x)
+
+
+def _trained_partition(network, **options):
+    algo = LDT(network, LDTConfig(**options), _factory)
+    start = options.get('head_warmup_iters', 0) + options.get('profile_iters', 0) + 1
+    _run(algo, 1, start)
+    return algo.partition
+
+
+def test_every_partition_option_reaches_the_trained_partition():
+    """What a user sets in the ``ldt:`` block decides the partition the pair trains with (and that
+    partition.json shows): the share (ratio_u or ratio_s), forced layers, the DPU bases of each group
+    (eq. 9-10), the fixed coefficient without DPU, the criterion, and DeFT's official grouping."""
+    base = dict(head_warmup_iters=0, profile_iters=3, ema_every=2)
+    assert len(_trained_partition(_net(), ratio_u=0.25, **base).unstable) == 2          # of 8 tensors
+    assert len(_trained_partition(_net(), ratio_u=None, ratio_s=0.25, **base).unstable) == 6
+    by_statistic = _trained_partition(_net(), ratio_u=0.5, **base)
+    flip_stable, flip_unstable = by_statistic.unstable[0], by_statistic.stable[0]
+    forced = _trained_partition(_net(), ratio_u=0.5, force_stable=(flip_stable,), force_unstable=(flip_unstable,),
+                                **base)
+    assert flip_stable in forced.stable and flip_unstable in forced.unstable
+    bases = _trained_partition(_net(), ratio_u=0.5, w_base_stable=0.9, r_base_stable=0.05, w_base_unstable=0.95,
+                               r_base_unstable=0.02, criterion='mean', **base)
+    w = bases.dpu_coefficients
+    assert sorted(w[n] for n in bases.stable) == pytest.approx([0.9 + 0.05 * k / 4 for k in range(4)])
+    assert sorted(w[n] for n in bases.unstable) == pytest.approx([0.95 + 0.02 * k / 4 for k in range(4)])
+    assert bases.criterion == 'mean'
+    fixed = _trained_partition(_net(), ratio_u=0.5, dpu=False, w_fixed=0.9, **base)
+    assert set(fixed.dpu_coefficients.values()) == {0.9}
+    deft = _trained_partition(_Blocks(), partition='name', deft_grouping='non_layers', dpu=False,
+                              head_warmup_iters=0, profile_iters=0, ema_every=1)
+    assert deft.stable == ['layers.0.weight', 'layers.0.bias', 'layers.1.weight', 'layers.1.bias']
+    assert deft.unstable == ['conv_first.weight', 'conv_first.bias', 'conv_last.weight', 'conv_last.bias']
