@@ -144,3 +144,40 @@ def test_the_partition_file_keeps_each_statistic_and_the_criterion(tmp_path):
 def test_each_wrong_partition_request_says_what_is_wrong(kwargs, message):
     with pytest.raises(ValueError, match=message):
         build_partition(NAMES, **kwargs)
+
+
+def _write(path, layers, **extra):
+    json.dump({'version': 1, **extra, 'layers': layers}, open(path, 'w'))
+    return str(path)
+
+
+def test_an_edited_partition_file_is_read_as_written(tmp_path):
+    """A partition file edited by hand (``partition_file:``): coefficients at both ends of [0, 1] are
+    kept, a statistic may be null (a split by names has none), a file without a criterion reads as
+    'var', and a split by names saved and loaded again is the same partition."""
+    layers = [dict(name='a', statistic=None, group='stable', coefficient=0.0),
+              dict(name='b', statistic=0.5, group='unstable', coefficient=1.0)]
+    p = Partition.load(_write(tmp_path / 'edited.json', layers), ['a', 'b'])
+    assert p.dpu_coefficients == {'a': 0.0, 'b': 1.0} and [r.statistic for r in p.layers] == [None, 0.5]
+    assert p.criterion == 'var'
+    by_name = build_partition(['body.weight', 'conv_last.weight'], None, partition='name',
+                              head_patterns=['conv_last'], dpu=False)
+    by_name.save(str(tmp_path / 'by_name.json'))
+    assert Partition.load(str(tmp_path / 'by_name.json'), by_name.names) == by_name
+
+
+@pytest.mark.parametrize('layers, message', [
+    ([dict(name='a', statistic=1.0, group='stable', coefficient=1.01),
+      dict(name='b', statistic=2.0, group='unstable', coefficient=0.9)],
+     r"layer 'a' has coefficient 1\.01, expected a value in \[0, 1\]$"),
+    ([dict(name='a', statistic=1.0, group='stable', coefficient=0.9),
+      dict(name='b', statistic=2.0, group='stable', coefficient=0.9)],
+     r'both groups need at least one layer \(2 stable, 0 unstable\)$'),
+    ([dict(name='a', statistic=1.0, group='stable', coefficient=0.9),
+      dict(name='b', statistic=2.0, group='unstable', coefficient=0.9),
+      dict(name='b', statistic=2.0, group='unstable', coefficient=0.9)],
+     r"does not match the model: duplicated names \['b'\]$"),
+])
+def test_a_partition_file_that_cannot_be_trained_with_is_refused_by_name(tmp_path, layers, message):
+    with pytest.raises(ValueError, match=message):
+        Partition.load(_write(tmp_path / 'edited.json', layers), ['a', 'b'])
