@@ -198,3 +198,18 @@ def test_all_reduce_over_two_ranks_equals_one_accumulator(tmp_path):
     assert got['n'] == 7
     for criterion in ('sample_var', 'fisher', 'var'):
         assert got[criterion] == pytest.approx(whole.criterion(criterion), rel=1e-12)
+
+
+def test_merging_several_accumulators_in_turn_equals_one_over_all_samples():
+    """Three accumulators merged one after another (as partial profiles are combined) give every
+    criterion of one accumulator over all samples, sample_var included: the merged per-entry mean
+    feeds the next merge, so a wrong mean shows from the second merge on."""
+    torch.manual_seed(3)
+    samples = [{'w': torch.randn(5) * 2 + 1.0, 'b': torch.randn(2) - 3.0} for _ in range(9)]
+    whole, *parts = (GradientStatistics(['w', 'b'], per_entry=True) for _ in range(4))
+    _feed(whole, samples)
+    for part, chunk in zip(parts, (samples[:2], samples[2:6], samples[6:])):
+        _feed(part, chunk)
+    merged = parts[0].merge_(parts[1]).merge_(parts[2])
+    for criterion in ('var', 'mean', 'sample_var', 'fisher'):
+        assert merged.criterion(criterion) == pytest.approx(whole.criterion(criterion), rel=1e-12), criterion
