@@ -213,3 +213,29 @@ def test_every_partition_option_reaches_the_trained_partition():
                               head_warmup_iters=0, profile_iters=0, ema_every=1)
     assert deft.stable == ['layers.0.weight', 'layers.0.bias', 'layers.1.weight', 'layers.1.bias']
     assert deft.unstable == ['conv_first.weight', 'conv_first.bias', 'conv_last.weight', 'conv_last.bias']
+
+
+def test_each_branch_is_a_standalone_copy_of_its_own_weights():
+    """``network('primary' | 'auxiliary' | 'composite')`` (what ``val: network:`` validates and what is
+    saved): each holds that branch's weights, is a copy that training does not move and that does not
+    move training, and a branch before dual training is the one network; other names are refused."""
+    algo = LDT(_net(), LDTConfig(**CFG), _factory)
+    early = algo.network('auxiliary')
+    assert all(torch.equal(early.state_dict()[k], v) for k, v in algo.primary.state_dict().items())
+    _run(algo, 1, 8)
+    branches = {which: algo.network(which) for which in ('primary', 'auxiliary', 'composite')}
+    expected = {'primary': algo.primary.state_dict(), 'auxiliary': algo.auxiliary.state_dict(),
+                'composite': algo.composite_state_dict()}
+    for which, network in branches.items():
+        assert all(torch.equal(network.state_dict()[k], v) for k, v in expected[which].items()), which
+    assert not all(torch.equal(branches['primary'].state_dict()[k], v)
+                   for k, v in expected['auxiliary'].items())  # the branches differ after training
+    kept = {k: v.clone() for k, v in branches['primary'].state_dict().items()}
+    with torch.no_grad():
+        for p in branches['composite'].parameters():
+            p.add_(1.0)
+    _run(algo, 9, 9)
+    assert all(torch.equal(branches['primary'].state_dict()[k], v) for k, v in kept.items())
+    assert not any(torch.equal(p, q) for p, q in zip(branches['composite'].parameters(), algo.primary.parameters()))
+    with pytest.raises(ValueError, match=r"^LDT\.network: expected 'composite', 'primary' or 'auxiliary', got 'ema'$"):
+        algo.network('ema')
