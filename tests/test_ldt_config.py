@@ -76,3 +76,19 @@ def test_values_at_the_ends_of_their_ranges_are_accepted(options):
 def test_values_just_past_their_ranges_name_the_range(options, message):
     with pytest.raises(ValueError, match=message):
         LDTConfig.from_dict(options)
+
+
+@pytest.mark.parametrize('options, profiles', [
+    ({'mode': 'single', 'profile_iters': 0}, False),                     # FT: no partition at all
+    ({'partition_file': 'p.json', 'profile_iters': 0}, False),           # the partition is given
+    ({'partition': 'name', 'dpu': False, 'profile_iters': 0}, False),    # DeFT-like: names, one coefficient
+    ({'criterion': 'random', 'profile_iters': 0}, False),                # ranks drawn from the seed
+    ({'partition': 'name', 'dpu': True, 'profile_iters': 5}, True),      # DPU ranks layers by a statistic
+    ({'profile_iters': 5}, True),                                        # LDT: the variance splits the layers
+])
+def test_profiling_happens_exactly_when_something_needs_the_statistics(options, profiles):
+    assert LDTConfig.from_dict(options).needs_profiling() is profiles
+    if profiles:   # without profiling iterations such a configuration is refused, saying why
+        with pytest.raises(ValueError, match=r"^ldt\.profile_iters: criterion 'var' \(or dpu\) needs gradient "
+                                             r'statistics: expected >= 2 \(got 0\)'):
+            LDTConfig.from_dict({**options, 'profile_iters': 0})
