@@ -21,8 +21,9 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREAD
 PYTHON="$(cd "$REPO" && source scripts/python_env.sh && echo "$PY")"   # the project's interpreter
 
 # What is mutated by default: the weights/resume code, the LDT-S/EMA core and the DRealSR loader
-# (cameras, pairing, dataset, sampler). All of basicsr_ldt/ldt/ takes about an hour more:
-# MUTATION_MODULES='basicsr_ldt/ldt/*.py basicsr_ldt/weights/checkpoint.py ...'.
+# (cameras, pairing, dataset, sampler). The rest of basicsr_ldt/ldt/ (1,877 mutants, 40 min with
+# MUTATION_JOBS=2 on 2 cores): MUTATION_MODULES='basicsr_ldt/ldt/algorithm.py basicsr_ldt/ldt/config.py ...'
+# (docs/development.md, "Mutation testing").
 read -r -a MODULES <<< "${MUTATION_MODULES:-basicsr_ldt/ldt/ldt_s.py basicsr_ldt/ldt/equations.py \
 basicsr_ldt/weights/checkpoint.py basicsr_ldt/weights/releases.py basicsr_ldt/weights/fetch.py basicsr_ldt/models/resumable.py \
 basicsr_ldt/pipelines/train.py basicsr_ldt/data/cameras.py basicsr_ldt/data/drealsr_dataset.py basicsr_ldt/data/sampler.py}"
