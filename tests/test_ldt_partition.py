@@ -99,22 +99,6 @@ def test_ratio_s_gives_the_stable_share():
     assert build_partition(NAMES, STATS, partition='criterion', ratio_s=0.8).unstable == ['c']
 
 
-def test_official_deft_grouping_puts_the_blocks_apart_from_the_rest():
-    """``deft_grouping: non_layers`` (the official DeFT split): every ``layers.*`` tensor is one group
-    (stable), everything else (shallow conv, norms, upsampler) the other; a network without
-    ``layers.*`` tensors is refused, naming its first parameters."""
-    names = ['conv_first.weight', 'layers.0.attn.weight', 'layers.1.mlp.weight', 'norm.weight',
-             'conv_last.weight']
-    p = build_partition(names, None, partition='name', deft_grouping='non_layers', dpu=False)
-    assert p.stable == ['layers.0.attn.weight', 'layers.1.mlp.weight']
-    assert p.unstable == ['conv_first.weight', 'norm.weight', 'conv_last.weight']
-    body = ['body.0.weight', 'body.1.weight', 'body.2.weight', 'body.3.weight', 'conv_last.weight']
-    with pytest.raises(ValueError, match=r"deft_grouping 'non_layers' needs 'layers\.\*' parameters "
-                                         r"\(first names: \['body\.0\.weight', 'body\.1\.weight', "
-                                         r"'body\.2\.weight', 'body\.3\.weight'\]\)$"):
-        build_partition(body, None, partition='name', deft_grouping='non_layers', dpu=False)
-
-
 def test_the_partition_file_keeps_each_statistic_and_the_criterion(tmp_path):
     """What users plot from partition.json: every layer's statistic as measured, and the criterion
     that produced it ('name' for a split by names, which has no statistic)."""
