@@ -82,7 +82,7 @@ class ConvNet(torch.nn.Module):
         return F.pixel_shuffle(self.b(torch.relu(self.a(x))), SCALE)
 
 
-@pytest.mark.parametrize('h, w', [(57, 86), (201, 199), (401, 650)])
+@pytest.mark.parametrize('h, w', [(57, 86), (201, 199), (401, 650), (200, 400)])   # 200 | 400: 2 | 3 sections
 def test_official_tiling_is_sr_slice_pixel_for_pixel(h, w):
     lr = torch.rand(1, 3, h, w, generator=torch.Generator().manual_seed(h * w), dtype=torch.float64)
     net = PositionNet()
