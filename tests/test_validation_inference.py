@@ -9,6 +9,7 @@ border); the first section keeps its first ``section`` rows of output, the other
 """
 import copy
 import logging
+import os
 
 import cv2
 import numpy as np
@@ -245,3 +246,61 @@ def test_other_size_mismatches_stay_one_line_errors(tmp_path, hr_size, phase):
     with pytest.raises(InputError, match=f"size mismatch for 'Canon_10' in dataset 'pairs': LR 20x15 times scale 4 "
                                          f'is 80x60, HR is {hr_size[0]}x{hr_size[1]}'):
         _dataset(tmp_path, phase)
+
+
+# ----------------------------------------------------------------------------- memory (item 3)
+# Peak resident memory of one validation forward, in a fresh process per measurement: writing 5 to
+# /proc/self/clear_refs resets the kernel's high-water mark (VmHWM), so VmHWM - VmRSS afterwards is
+# the peak of that call alone, whatever torch's CPU allocator (malloc) does (tracemalloc does not see
+# torch's buffers). A fresh process keeps memory freed by an earlier call from hiding a later one.
+PEAK_PROBE = '''
+import re, sys
+import torch
+import basicsr_ldt, archs
+from basicsr_ldt.models.validation import ValidationMixin, validation_settings
+torch.set_num_threads(1)
+def kib(key):
+    return int(re.search(key + r':\\s+(\\d+)', open('/proc/self/status').read()).group(1)) * 1024
+class Model(ValidationMixin):          # the validation step of every model type, without the training part
+    def __init__(self, val, size):
+        self.opt = {'scale': 4, 'num_gpu': 0, 'val': val}
+        self.validation_inference = validation_settings(self.opt)
+        torch.manual_seed(0)
+        self.net_g = archs.MambaIR(upscale=4, img_size=16, embed_dim=30, depths=[1], d_state=4, mlp_ratio=1,
+                                   upsampler='pixelshuffle')
+        self.lq = torch.rand(1, 3, size, size)
+val = {'tile_mode': sys.argv[1], **({'tile_size': 32, 'tile_overlap': 8} if sys.argv[1] == 'fixed' else {})}
+model = Model(val, int(sys.argv[2]))
+warm = Model(val, 40)
+warm.net_g = model.net_g
+warm.test()                             # first-call allocations (thread pools, kernels) out of the way
+del warm.output
+open('/proc/self/clear_refs', 'w').write('5')
+base = kib('VmRSS')
+model.test()
+print(kib('VmHWM') - base)
+'''
+
+
+def _validation_peak(mode: str, size: int) -> int:
+    import subprocess
+    import sys
+    from conftest import REPO
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1')
+    run = subprocess.run([sys.executable, '-c', PEAK_PROBE, mode, str(size)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return int(run.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/self/clear_refs'), reason='needs Linux /proc/self/clear_refs')
+def test_validation_peak_memory_does_not_grow_with_the_image_under_tiling():
+    """A small MambaIR validating a 64 and a 192 pixel LR image (9x the pixels) in 32-pixel tiles: the
+    peak is a tile's plus the image buffers (LR, output: 7 MB at 192), about 15 MiB at both sizes
+    here; the whole 192 image (the control: the measurement sees what the image costs) about 375 MiB."""
+    whole = _validation_peak('none', 192)
+    tiled = {size: _validation_peak('fixed', size) for size in (64, 192)}
+    mib = {'whole 192': round(whole / 2**20, 1), **{f'tiled {s}': round(v / 2**20, 1) for s, v in tiled.items()}}
+    assert whole > 150 * 2**20, mib
+    assert tiled[192] - tiled[64] < 0.1 * whole, mib
+    assert tiled[192] < 0.15 * whole, mib
