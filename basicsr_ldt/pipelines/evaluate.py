@@ -19,6 +19,7 @@ from tqdm import tqdm
 from basicsr.archs import build_network
 from basicsr.metrics.psnr_ssim import calculate_psnr, calculate_ssim
 from basicsr.utils import get_root_logger, get_time_str, imwrite, tensor2img
+from basicsr.utils.dist_util import get_dist_info
 from basicsr.utils.options import dict2str, parse_options
 from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY
 
@@ -156,6 +157,23 @@ def _build(opt: Dict, device: torch.device):
     return test_opt, datasets, checkpoints
 
 
+def test_logger(log_file: str) -> logging.Logger:
+    """BasicSR's root logger writing INFO to ``log_file``.
+
+    Building a network first (BasicSR's ``build_network`` logs through ``get_root_logger``) already
+    initialised that logger, without a file and at the default WARNING level, so a later
+    ``get_root_logger(log_file=...)`` returned it unchanged and every INFO line of test.py was lost;
+    the file and the level are added here when missing.
+    """
+    logger = get_root_logger(logger_name='basicsr', log_level=logging.INFO, log_file=log_file)
+    if get_dist_info()[0] == 0 and not any(isinstance(h, logging.FileHandler) for h in logger.handlers):
+        logger.setLevel(logging.INFO)
+        handler = logging.FileHandler(log_file, 'w')
+        handler.setFormatter(logging.Formatter('%(asctime)s %(levelname)s: %(message)s'))
+        logger.addHandler(handler)
+    return logger
+
+
 def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
     """Evaluate every checkpoint on every test dataset; print and write the per-camera table."""
     opt, _ = parse_options(root_path, is_train=False)
@@ -176,8 +194,7 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
     except InputError as err:
         outputs.rollback()
         fail(str(err))
-    logger = get_root_logger(logger_name='basicsr', log_level=logging.INFO,
-                             log_file=osp.join(opt['path']['log'], f"test_{opt['name'].replace('/', '_')}_{get_time_str()}.log"))
+    logger = test_logger(osp.join(opt['path']['log'], f"test_{opt['name'].replace('/', '_')}_{get_time_str()}.log"))
     logger.info(dict2str(opt))
     logger.info(f"Inference: {test_opt['inference'].describe()}")
     scale = opt.get('scale', 4)
