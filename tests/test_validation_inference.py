@@ -117,7 +117,7 @@ def test_run_inference_follows_the_mode_and_precision():
     official = inference_settings('test', {'tile_mode': 'official'}, 'cpu')
     assert torch.equal(run_inference(net, lr, SCALE, official), official_forward(net, lr, SCALE))
     whole = inference_settings('test', {}, 'cpu')
-    assert (whole.tile_mode, whole.dtype) == ('none', None)
+    assert (whole.tile_mode, whole.dtype) == ('whole', None)
     assert torch.equal(run_inference(net, lr, SCALE, whole), net(lr))
     fixed = inference_settings('test', {'tile_size': 64, 'tile_overlap': 8}, 'cpu')
     assert fixed.tile_mode == 'fixed' and not torch.equal(run_inference(net, lr, SCALE, fixed), net(lr))
@@ -128,7 +128,7 @@ def test_run_inference_follows_the_mode_and_precision():
 
 
 @pytest.mark.parametrize('section, message', [
-    ({'tile_mode': 'tiles'}, "val.tile_mode: expected one of 'official', 'fixed', 'none', got 'tiles'"),
+    ({'tile_mode': 'tiles'}, "val.tile_mode: expected one of 'official', 'fixed', 'whole', or null, got 'tiles'"),
     ({'tile_mode': 'official', 'tile_size': 200}, "val.tile_size: only tile_mode 'fixed' uses it"),
     ({'tile_mode': 'fixed'}, "val.tile_size: tile_mode 'fixed' needs the tile size"),
     ({'tile_size': 32, 'tile_overlap': 32}, r'val.tile_overlap: expected an integer in \[0, tile_size=32\), got 32'),
@@ -151,7 +151,8 @@ def test_val_keys_of_basicsr_and_best_selection_are_accepted():
            'tile_mode': 'official', 'precision': 'bf16'}
     settings = validation_settings({'scale': 4, 'num_gpu': 0, 'val': val})
     assert (settings.tile_mode, settings.dtype) == ('official', torch.bfloat16)
-    assert validation_settings({'num_gpu': 0}).tile_mode == 'none'
+    assert validation_settings({'num_gpu': 0}).tile_mode == 'whole'
+    assert inference_settings('test', {'tile_mode': None, 'tile_size': 8, 'tile_overlap': 2}, 'cpu').tile_mode == 'fixed'
 
 
 def _model(demo_data, model_type, val):
@@ -298,7 +299,7 @@ def test_validation_peak_memory_does_not_grow_with_the_image_under_tiling():
     """A small MambaIR validating a 64 and a 192 pixel LR image (9x the pixels) in 32-pixel tiles: the
     peak is a tile's plus the image buffers (LR, output: 7 MB at 192), about 15 MiB at both sizes
     here; the whole 192 image (the control: the measurement sees what the image costs) about 375 MiB."""
-    whole = _validation_peak('none', 192)
+    whole = _validation_peak('whole', 192)
     tiled = {size: _validation_peak('fixed', size) for size in (64, 192)}
     mib = {'whole 192': round(whole / 2**20, 1), **{f'tiled {s}': round(v / 2**20, 1) for s, v in tiled.items()}}
     assert whole > 150 * 2**20, mib

@@ -5,8 +5,9 @@ keys through :func:`inference_settings` and run :func:`basicsr_ldt.inference.til
 
 - ``tile_mode``: ``official`` (the LDT code's ``SR_slice``: ``n // 200 + 1`` sections per axis,
   10% overlap; what the paper's numbers were measured with), ``fixed`` (square tiles of
-  ``tile_size`` LR pixels overlapping by ``tile_overlap``) or ``none`` (whole images). Default:
-  ``fixed`` when ``tile_size`` > 0, else ``none`` (what these keys meant before ``tile_mode``).
+  ``tile_size`` LR pixels overlapping by ``tile_overlap``) or ``whole`` (whole images). Default (also
+  for ``null``): ``fixed`` when ``tile_size`` > 0, else ``whole`` (what these keys meant before
+  ``tile_mode``). Not ``none``: BasicSR's ``--force_yml`` turns that word into null.
 - ``precision``: ``fp32``, ``bf16`` or ``fp16`` (autocast; fp16 on CUDA only).
 """
 from dataclasses import dataclass
@@ -16,12 +17,12 @@ import torch
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.ldt.precision import INFERENCE_DTYPES, resolve_dtype
-from basicsr_ldt.ldt.typed import check_options, choice, integer
+from basicsr_ldt.ldt.typed import check_options, choice, integer, optional
 
-TILE_MODES = ('official', 'fixed', 'none')
+TILE_MODES = ('official', 'fixed', 'whole')
 #: The inference keys of ``test:`` and ``val:`` and their defaults (``tile_mode``: see above).
 INFERENCE_DEFAULTS = {'tile_mode': None, 'tile_size': 0, 'tile_overlap': 16, 'precision': 'fp32'}
-INFERENCE_SPECS = {'tile_mode': choice(*TILE_MODES), 'tile_size': integer(0), 'tile_overlap': integer(0),
+INFERENCE_SPECS = {'tile_mode': optional(choice(*TILE_MODES)), 'tile_size': integer(0), 'tile_overlap': integer(0),
                    'precision': choice(*INFERENCE_DTYPES)}
 
 
@@ -37,7 +38,7 @@ class InferenceSettings:
         """One phrase for the log: how images are cut and in which precision."""
         cut = {'official': 'official LDT sections (n // 200 + 1 per axis, 10% overlap)',
                'fixed': f'{self.tile_size}-pixel tiles overlapping by {self.tile_overlap}',
-               'none': 'whole images'}[self.tile_mode]
+               'whole': 'whole images'}[self.tile_mode]
         return f'{cut}, {self.precision}'
 
 
@@ -47,7 +48,7 @@ def inference_settings(section: str, given: Optional[Mapping], device_type: str)
     given = {k: v for k, v in (given or {}).items() if k in INFERENCE_DEFAULTS}
     check_options(section, given, INFERENCE_SPECS, InputError)
     values = {**INFERENCE_DEFAULTS, **given}
-    mode = values['tile_mode'] or ('fixed' if values['tile_size'] else 'none')
+    mode = values['tile_mode'] or ('fixed' if values['tile_size'] else 'whole')
     if mode == 'fixed' and not values['tile_size']:
         raise InputError(f"{section}.tile_size: tile_mode 'fixed' needs the tile size in LR pixels (an integer >= 1), "
                          f"got {values['tile_size']!r}")

@@ -41,7 +41,7 @@ def validation_settings(opt: Dict) -> InferenceSettings:
     check_options('val', val, BASICSR_VAL_SPECS, InputError)
     device_type = 'cuda' if opt.get('num_gpu', 0) != 0 else 'cpu'   # as BasicSR's BaseModel picks it
     settings = inference_settings('val', val, device_type)
-    if settings.tile_mode != 'none' and not isinstance(opt.get('scale'), int):
+    if settings.tile_mode != 'whole' and not isinstance(opt.get('scale'), int):
         raise InputError(f"scale: val.tile_mode {settings.tile_mode!r} pastes tiles at the network's scale; give the "
                          f"top-level 'scale' (an integer), got {opt.get('scale')!r}")
     return settings
