@@ -2,8 +2,8 @@
 
 Two ways of cutting an image: the official LDT code's (:func:`official_forward`, ``tile_mode:
 official``: a section count that grows with the image, 10% overlap) and fixed-size tiles
-(:func:`tiled_forward`, ``tile_mode: fixed``); :func:`run_inference` picks one from an
-:class:`~basicsr_ldt.inference.settings.InferenceSettings`, for ``test.py`` and for validation alike.
+(:func:`tiled_forward`, ``tile_mode: fixed``); :func:`run_inference` picks one from the
+``InferenceSettings`` of ``test:`` or ``val:``, for ``test.py`` and for validation alike.
 """
 from typing import Callable, List, NamedTuple, Optional
 
@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from basicsr_ldt.inference.settings import InferenceSettings
 from basicsr_ldt.ldt.precision import autocast
 
 
@@ -110,8 +111,8 @@ def _forward(network: Callable, tile: torch.Tensor, dtype: Optional[torch.dtype]
         return network(tile).float()
 
 
-def run_inference(network: nn.Module, lq: torch.Tensor, scale: int, settings) -> torch.Tensor:
-    """``network(lq)`` as ``settings`` (an ``InferenceSettings``: ``test:`` or ``val:``) ask:
+def run_inference(network: nn.Module, lq: torch.Tensor, scale: int, settings: InferenceSettings) -> torch.Tensor:
+    """``network(lq)`` as ``settings`` (``test:`` or ``val:``) ask:
     whole image, fixed tiles or the official sections, under the chosen precision; fp32 out."""
     if settings.tile_mode == 'official':
         return official_forward(network, lq, scale, settings.dtype)
