@@ -141,3 +141,46 @@ def test_gpu_check_option_files_train_and_test_on_cpu(project, demo_data, demo_m
     assert 'Inference: 32-pixel tiles overlapping by 8, bf16' in log
     summary = json.loads((project / 'results' / test['name'] / 'metrics.json').read_text())['summary']
     assert math.isfinite(summary['LDT-bf16']['Mean']['psnr']) and summary['LDT-bf16']['Sony']['images'] == 4
+
+
+def test_bench_ldt_builds_the_three_networks_in_their_released_configuration():
+    from conftest import load_script
+    bench = load_script('bench_ldt')
+    hat, safmn = bench.build_network('hat', 4), bench.build_network('safmn', 4)
+    assert (type(hat).__name__, hat.window_size, hat.embed_dim, len(hat.layers)) == ('HAT', 16, 180, 6)
+    assert (type(safmn).__name__, len(safmn.feats), safmn.to_feat.out_channels) == ('SAFMN', 8, 36)
+    assert type(bench.build_network('mambair', 4)).__name__ == 'MambaIR'
+
+
+def test_bench_ldt_summary_line_holds_each_ratio_to_ft_of_the_run(monkeypatch, capsys):
+    """The line gpu_check.sh and the results table read: FT ms, LDT/FT and LDT-S/FT time and memory;
+    --no-profile-memory leaves out only the profiling-vs-N section."""
+    import torch
+    from conftest import load_script
+    bench = load_script('bench_ldt')
+
+    class Tiny(torch.nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.scale = scale
+            self.conv_first = torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.conv_last = torch.nn.Conv2d(4, 3 * scale * scale, 3, padding=1)
+
+        def forward(self, x):
+            return torch.nn.functional.pixel_shuffle(self.conv_last(torch.relu(self.conv_first(x))), self.scale)
+
+    peaks = {'ft': [100 * 2**20], 'dual': [103 * 2**20], 'ldt_s': [101 * 2**20]}
+    monkeypatch.setattr(bench, 'build_network', lambda arch, scale: Tiny(scale))
+    monkeypatch.setattr(bench, 'peak_of', lambda args, kind, **extra: peaks[kind])
+    bench.main(['--device', 'cpu', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '2', '--warm', '1',
+                '--profile-passes', '2', '--no-profile-memory'])
+    out = capsys.readouterr().out
+    assert 'profiling peak memory' not in out
+    last = out.strip().splitlines()[-1]
+    match = re.fullmatch(r'summary: arch=msrresnet amp=none LR patch 6 batch 1, threads \d+: FT ([\d.]+) ms \| '
+                         r'LDT/FT time ([\d.]+) \| LDT/FT memory 1\.030 \| LDT-S/FT time ([\d.]+) \| '
+                         r'LDT-S/FT memory 1\.010', last)
+    assert match, last
+    dual = re.search(r'wall time/iter .*\n  step ratio dual/FT = ([\d.]+)', out).group(1)
+    ldt_s = re.search(r'LDT-S wall time/iter .*\n  step ratio LDT-S/FT = ([\d.]+)', out).group(1)
+    assert (match.group(2), match.group(3)) == (dual, ldt_s)
