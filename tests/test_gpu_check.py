@@ -1,14 +1,28 @@
-"""scripts/gpu_check.sh on a machine without CUDA, and the option files it trains and tests with
-(run on the CPU, shortened, so a typo in them is not first found on a lent GPU)."""
+"""scripts/gpu_check.sh on a machine without CUDA; its budget, limits, report and commands with a
+stand-in interpreter; and the option files it trains and tests with (run on the CPU, shortened, so
+a typo in them is not first found on a lent GPU)."""
 import json
 import math
 import os
+import re
+import shutil
 import subprocess
+import time
 
+import pytest
 import yaml
 
 from conftest import REPO, run_entry
 from test_cli import write
+
+STEPS = ['versions', 'scan_backends', 'demo_data', 'train_mambair_ldt_bf16', 'test_bf16', 'torchrun_ddp_2',
+         'bench_ldt_mambair', 'bench_ldt_hat', 'bench_ldt_safmn']
+#: A stand-in for python: says CUDA is there, logs its arguments, then sleeps FAKE_SLEEP seconds.
+FAKE_PYTHON = """#!/usr/bin/env bash
+case "$*" in *cuda.is_available*) exit 0;; esac
+echo "fake-python $*"
+sleep "${FAKE_SLEEP:-0}"
+"""
 
 
 def test_gpu_check_without_cuda_is_one_line_and_non_zero():
@@ -18,6 +32,60 @@ def test_gpu_check_without_cuda_is_one_line_and_non_zero():
     assert result.returncode == 2 and result.stdout == ''
     assert result.stderr.splitlines() == ['gpu_check: no CUDA device visible to PyTorch (torch.cuda.is_available() is '
                                           'False); run it on a machine with an NVIDIA GPU']
+
+
+def _run_with_fake_python(tmp_path, budget, sleep):
+    """gpu_check.sh copied into a scratch project (it cd's to its parent folder), run with the stand-in."""
+    (tmp_path / 'scripts').mkdir()
+    shutil.copy(REPO / 'scripts' / 'gpu_check.sh', tmp_path / 'scripts' / 'gpu_check.sh')
+    fake = tmp_path / 'fake_python'
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    out = tmp_path / 'out'
+    env = dict(os.environ, PYTHON=str(fake), OUT=str(out), GPU_CHECK_BUDGET_S=str(budget), FAKE_SLEEP=str(sleep))
+    start = time.monotonic()
+    result = subprocess.run(['bash', str(tmp_path / 'scripts' / 'gpu_check.sh')], env=env, capture_output=True,
+                            text=True, timeout=budget + 60)
+    return result, time.monotonic() - start, out / 'gpu_check'
+
+
+def test_every_step_runs_under_its_limit_and_the_limits_fit_six_minutes(tmp_path):
+    """The steps in order, each reported with its time and limit; the limits add up to the 350 s
+    budget (6 minutes less the start-up check and kill margins); the commands the issue asks for."""
+    result, _, folder = _run_with_fake_python(tmp_path, budget=350, sleep=0)
+    assert result.returncode != 0      # the stand-in writes no logs, so the checks fail
+    report = (folder / 'report.txt').read_text()
+    assert report == result.stdout
+    steps = re.findall(r'^\[(PASS|FAIL|SKIP)\] (\S+) \((\d+) s, limit (\d+) s', report, re.M)
+    assert [name for _, name, _, _ in steps] == STEPS
+    limits = {name: int(limit) for _, name, _, limit in steps}
+    assert limits == {'versions': 10, 'scan_backends': 40, 'demo_data': 20, 'train_mambair_ldt_bf16': 75,
+                      'test_bf16': 25, 'torchrun_ddp_2': 45, 'bench_ldt_mambair': 55, 'bench_ldt_hat': 55,
+                      'bench_ldt_safmn': 25}
+    assert sum(limits.values()) <= 350
+    log = {name: (folder / f'{name}.log').read_text() for name in STEPS}
+    assert 'scripts/bench_scan.py --device cuda' in log['scan_backends']
+    assert 'Train_pip.py -opt options/demo/train_demo_mambair_ldt_gpu.yml' in log['train_mambair_ldt_bf16']
+    assert 'test.py -opt options/demo/test_demo_mambair_gpu.yml' in log['test_bf16']
+    assert '-m torch.distributed.run --nproc_per_node=2' in log['torchrun_ddp_2']
+    for arch in ('mambair', 'hat', 'safmn'):
+        assert f'scripts/bench_ldt.py --device cuda --arch {arch} --amp bf16' in log[f'bench_ldt_{arch}']
+    assert re.search(r'^\[PASS\] scan_backends', report, re.M)   # the scan issue's check: its benchmark ran
+    assert 'test pairs: 0 of LR 48 (datasets/DRealSR_demo), 0 of LR 115' in report
+    assert re.search(r'^result: 8 step\(s\) failed or skipped in \d+ s of the 350 s budget', report, re.M)
+
+
+def test_the_budget_cuts_a_step_short_and_skips_the_rest(tmp_path):
+    """With 20 s of budget and steps that would run 30 s: the first is stopped at its own 10 s
+    limit, the second at what is left (20 - 10 - 5 s kill margin), the others are skipped."""
+    result, took, folder = _run_with_fake_python(tmp_path, budget=20, sleep=30)
+    report = (folder / 'report.txt').read_text()
+    assert result.returncode != 0 and took < 20 + 5
+    assert re.search(r'^\[FAIL\] versions \(1[01] s, limit 10 s, exit 124', report, re.M), report
+    assert 'timed out after 10 s' in report
+    assert re.search(r'^\[FAIL\] scan_backends \(\d s, limit [5-9] s, exit 124', report, re.M), report
+    skipped = re.findall(r'^\[SKIP\] (\S+) \(\d+ s left of the 20 s budget\)', report, re.M)
+    assert skipped == STEPS[2:]
 
 
 def _load(name):
@@ -30,31 +98,89 @@ def _point_at(dataset_opt, data, split):
     dataset_opt['dataroot_lq'] = str(data / f'{split}_x4' / f'{lower}_LR')
 
 
-def test_gpu_check_option_files_train_and_test_on_cpu(project, demo_data):
+def test_gpu_check_option_files_train_and_test_on_cpu(project, demo_data, demo_module, tmp_path):
+    """Every phase in bf16, two validations of two sets of different image sizes with the official
+    cutting in bf16, then test.py in bf16 on 32-pixel tiles: the GPU run's plan, shortened, on the CPU."""
+    large = tmp_path / 'large'       # stands in for datasets/DRealSR_demo_large: other image sizes (LR 40)
+    demo_module.make_demo_data(large, seed=0, cameras=('Sony',), train_per_camera=1, test_per_camera=2, hr_size=64,
+                               test_hr_size=160)
     train = _load('train_demo_mambair_ldt_gpu.yml')
     assert train['train']['amp'] == 'bf16' and train['network_g']['type'] == 'MambaIR'
+    assert (train['val']['tile_mode'], train['val']['precision']) == ('official', 'bf16')
+    assert train['val']['val_freq'] < train['train']['total_iter'] < 2 * train['val']['val_freq']   # 2 validations
     train['num_gpu'] = 0
     _point_at(train['datasets']['train'], demo_data, 'Train')
     _point_at(train['datasets']['val_targets'], demo_data, 'Test')
+    _point_at(train['datasets']['val_large'], large, 'Test')
     train['datasets']['train'].update(gt_size=32, num_worker_per_gpu=0, batch_size_per_gpu=2, dataset_enlarge_ratio=1)
     train['datasets']['val_targets']['cameras'] = ['Sony']          # the fixture's target cameras
+    train['datasets']['val_large']['cameras'] = ['Sony']
     train['ldt'].update(head_warmup_iters=1, profile_iters=2, ema_every=1)
     train['train']['total_iter'] = 4
     train['logger'].update(print_freq=1, save_checkpoint_freq=4)
-    train['val']['val_freq'] = 4
+    train['val']['val_freq'] = 3      # at 3 and at the end (4)
     run_entry(project, 'Train_pip.py', '-opt', write(project / 'train.yml', train))
     exp = project / 'experiments' / train['name']
     log = next(exp.glob(f"train_{train['name']}_*.log")).read_text()
     for text in ('Mixed precision: autocast bf16', 'LDT phase: head warm-up', 'LDT phase: gradient profiling',
-                 'LDT phase: dual training', '# psnr'):
+                 'LDT phase: dual training', '# psnr',
+                 'Validation inference: official LDT sections (n // 200 + 1 per axis, 10% overlap), bf16'):
         assert text in log
+    assert log.count('Validation demo_targets') == log.count('Validation demo_large') == 2
 
     test = _load('test_demo_mambair_gpu.yml')
     assert test['network_g'] == train['network_g'] and test['test']['precision'] == 'bf16'
     assert test['checkpoints'][0]['path'] == f"experiments/{train['name']}/models/net_g_latest.pth"
     test['num_gpu'] = 0
     _point_at(test['datasets']['test_targets'], demo_data, 'Test')
+    _point_at(test['datasets']['test_large'], large, 'Test')
     test['datasets']['test_targets']['cameras'] = ['Sony', 'Canon']
+    test['datasets']['test_large']['cameras'] = ['Sony']
     run_entry(project, 'test.py', '-opt', write(project / 'test.yml', test))
+    log = next((project / 'results' / test['name']).glob(f"test_{test['name']}_*.log")).read_text()
+    assert 'Inference: 32-pixel tiles overlapping by 8, bf16' in log
     summary = json.loads((project / 'results' / test['name'] / 'metrics.json').read_text())['summary']
-    assert math.isfinite(summary['LDT-bf16']['Mean']['psnr'])
+    assert math.isfinite(summary['LDT-bf16']['Mean']['psnr']) and summary['LDT-bf16']['Sony']['images'] == 4
+
+
+def test_bench_ldt_builds_the_three_networks_in_their_released_configuration():
+    from conftest import load_script
+    bench = load_script('bench_ldt')
+    hat, safmn = bench.build_network('hat', 4), bench.build_network('safmn', 4)
+    assert (type(hat).__name__, hat.window_size, hat.embed_dim, len(hat.layers)) == ('HAT', 16, 180, 6)
+    assert (type(safmn).__name__, len(safmn.feats), safmn.to_feat.out_channels) == ('SAFMN', 8, 36)
+    assert type(bench.build_network('mambair', 4)).__name__ == 'MambaIR'
+
+
+def test_bench_ldt_summary_line_holds_each_ratio_to_ft_of_the_run(monkeypatch, capsys):
+    """The line gpu_check.sh and the results table read: FT ms, LDT/FT and LDT-S/FT time and memory;
+    --no-profile-memory leaves out only the profiling-vs-N section."""
+    import torch
+    from conftest import load_script
+    bench = load_script('bench_ldt')
+
+    class Tiny(torch.nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.scale = scale
+            self.conv_first = torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.conv_last = torch.nn.Conv2d(4, 3 * scale * scale, 3, padding=1)
+
+        def forward(self, x):
+            return torch.nn.functional.pixel_shuffle(self.conv_last(torch.relu(self.conv_first(x))), self.scale)
+
+    peaks = {'ft': [100 * 2**20], 'dual': [103 * 2**20], 'ldt_s': [101 * 2**20]}
+    monkeypatch.setattr(bench, 'build_network', lambda arch, scale: Tiny(scale))
+    monkeypatch.setattr(bench, 'peak_of', lambda args, kind, **extra: peaks[kind])
+    bench.main(['--device', 'cpu', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '2', '--warm', '1',
+                '--profile-passes', '2', '--no-profile-memory'])
+    out = capsys.readouterr().out
+    assert 'profiling peak memory' not in out
+    last = out.strip().splitlines()[-1]
+    match = re.fullmatch(r'summary: arch=msrresnet amp=none LR patch 6 batch 1, threads \d+: FT ([\d.]+) ms \| '
+                         r'LDT/FT time ([\d.]+) \| LDT/FT memory 1\.030 \| LDT-S/FT time ([\d.]+) \| '
+                         r'LDT-S/FT memory 1\.010', last)
+    assert match, last
+    dual = re.search(r'wall time/iter .*\n  step ratio dual/FT = ([\d.]+)', out).group(1)
+    ldt_s = re.search(r'LDT-S wall time/iter .*\n  step ratio LDT-S/FT = ([\d.]+)', out).group(1)
+    assert (match.group(2), match.group(3)) == (dual, ldt_s)

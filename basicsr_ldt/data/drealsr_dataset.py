@@ -4,8 +4,9 @@ Source cameras (``train``) and target cameras (``val_*``, ``test_*``) are chosen
 the YAML; a ``subset`` cuts the selection into disjoint, deterministic parts, because LDT warms
 the head up on one part of the source data and profiles gradient variance on another.
 """
+import logging
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import cv2
 import numpy as np
@@ -110,6 +111,7 @@ class DRealSRCameraDataset(data.Dataset):
         if backend == 'disk':
             self._check_headers()
         self.file_client: Optional[FileClient] = None
+        self._cropped_logged: Set[str] = set()
 
     # ---------------------------------------------------------------- listing
     def _scan(self, backend: str) -> List[Dict[str, str]]:
@@ -158,8 +160,22 @@ class DRealSRCameraDataset(data.Dataset):
                     raise InputError(f"image '{item[key]}' of dataset '{self.name}' is corrupt or not an image "
                                      f'({type(err).__name__})') from None
             (gw, gh), (lw, lh) = sizes
-            if (gw, gh) != (lw * self.scale, lh * self.scale):
-                raise InputError(_size_mismatch(item['stem'], self.name, lw, lh, gw, gh, self.scale))
+            self._check_sizes(item['stem'], lw, lh, gw, gh)
+
+    def _check_sizes(self, stem: str, lw: int, lh: int, gw: int, gh: int) -> bool:
+        """Whether the HR image must be cropped to LR size x scale; raises for a pair that does not fit.
+
+        Outside training an HR up to ``scale - 1`` pixels wider or taller than LR x scale is cropped
+        at the bottom/right, as the official LDT code (``DG_validation_dataset.py``:
+        ``hr[0:lr_h * scale, 0:lr_w * scale]``) and BasicSR's ``PairedImageDataset`` do: an LR image
+        made by an integer division of the HR size loses those pixels. Anything else is a wrong pair.
+        """
+        extra_w, extra_h = gw - lw * self.scale, gh - lh * self.scale
+        if extra_w == extra_h == 0:
+            return False
+        if self.phase != 'train' and 0 <= extra_w < self.scale and 0 <= extra_h < self.scale:
+            return True
+        raise InputError(_size_mismatch(stem, self.name, lw, lh, gw, gh, self.scale, self.phase != 'train'))
 
     @property
     def cameras(self) -> Dict[str, int]:
@@ -198,9 +214,18 @@ class DRealSRCameraDataset(data.Dataset):
         item = self.items[index % len(self.items)]
         gt = self._read(item['gt_path'], 'gt')
         lq = self._read(item['lq_path'], 'lq')
+        gt_size = (gt.shape[1], gt.shape[0])
         h, w = lq.shape[:2]
-        if gt.shape[0] != h * self.scale or gt.shape[1] != w * self.scale:
-            raise InputError(_size_mismatch(item['stem'], self.name, w, h, gt.shape[1], gt.shape[0], self.scale))
+        if self._check_sizes(item['stem'], w, h, gt.shape[1], gt.shape[0]):
+            gt = gt[:h * self.scale, :w * self.scale]
+            if item['stem'] not in self._cropped_logged:
+                self._cropped_logged.add(item['stem'])
+                # The named logger, not basicsr's get_root_logger: that would initialise it before the
+                # entry point adds its log file.
+                logging.getLogger('basicsr').info(
+                    f"dataset '{self.name}': HR of '{item['stem']}' is {gt_size[0]}x{gt_size[1]}, LR {w}x{h} x {self.scale} "
+                    f'is {w * self.scale}x{h * self.scale}: HR cropped at the bottom/right before the metric, as the '
+                    'official LDT code does')
         if self.phase == 'train':
             rng = np.random.default_rng([self.seed, int(index)])
             gt, lq = random_crop_and_flip(gt, lq, self.opt['gt_size'], self.scale, rng,
@@ -211,9 +236,11 @@ class DRealSRCameraDataset(data.Dataset):
                 'camera': item['camera']}
 
 
-def _size_mismatch(stem: str, name: str, lw: int, lh: int, gw: int, gh: int, scale: int) -> str:
+def _size_mismatch(stem: str, name: str, lw: int, lh: int, gw: int, gh: int, scale: int, crops: bool) -> str:
+    allowed = (f' (outside training an HR up to {scale - 1} pixels wider or taller is cropped; this one is not)'
+               if crops else '')
     return (f"size mismatch for '{stem}' in dataset '{name}': LR {lw}x{lh} times scale {scale} is "
-            f'{lw * scale}x{lh * scale}, HR is {gw}x{gh}')
+            f'{lw * scale}x{lh * scale}, HR is {gw}x{gh}{allowed}')
 
 
 def random_crop_and_flip(gt: np.ndarray, lq: np.ndarray, gt_size: int, scale: int, rng: np.random.Generator,

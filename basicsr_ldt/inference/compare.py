@@ -22,7 +22,7 @@ from basicsr.utils import tensor2img
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import check_known_keys
-from basicsr_ldt.inference.tiling import bicubic_upscale, tiled_forward
+from basicsr_ldt.inference.tiling import bicubic_upscale, run_inference
 from basicsr_ldt.ldt.typed import integer, mapping, string
 from basicsr_ldt.weights.checkpoint import load_weights
 from basicsr_ldt.weights.releases import resolve_checkpoint
@@ -200,8 +200,7 @@ class Comparison:
                 outputs[label] = folder_image(source, item['camera'], stem)
             else:
                 lq = item['lq'].unsqueeze(0).to(next(source.parameters()).device)
-                outputs[label] = tensor2img(tiled_forward(source, lq, scale, test_opt['tile_size'],
-                                                          test_opt['tile_overlap']).cpu())
+                outputs[label] = tensor2img(run_inference(source, lq, scale, test_opt['inference']).cpu())
         hr = tensor2img(item['gt'])
         bicubic = tensor2img(bicubic_upscale(item['lq'].unsqueeze(0), scale))   # the tables' Bicubic row
         panels = OrderedDict([(BICUBIC_LABEL, bicubic), *outputs.items(), ('HR', hr)])

@@ -5,10 +5,11 @@ from basicsr.utils.registry import MODEL_REGISTRY
 from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.resumable import ResumableMixin
+from basicsr_ldt.models.validation import ValidationMixin
 
 
 @MODEL_REGISTRY.register()
-class FTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
+class FTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
     """BasicSR's ``SRModel``, trained as BasicSR trains it, plus ``train: amp`` and skipping of
     non-finite losses; checkpoints and training states are written atomically and carry RNG
     state, so ``--auto_resume`` repeats the run, and ``val: save_best`` keeps the best-validating

@@ -28,6 +28,7 @@ from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.models.resumable import ResumableMixin
+from basicsr_ldt.models.validation import ValidationMixin
 
 #: How a step LDT skipped for a non-finite loss is named in the log.
 SKIPPED_STEP = {'warmup': 'the head warm-up', 'profile': 'gradient profiling (sample not used)',
@@ -119,7 +120,7 @@ class PhaseBatches:
 
 
 @MODEL_REGISTRY.register()
-class LDTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
+class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
     """SR model trained with LDT; ``net_g`` checkpoints hold the composite network (eq. 12)."""
 
     validated_networks = ('composite', 'primary', 'auxiliary')  # val.best_network; default first
@@ -316,10 +317,8 @@ class LDTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel)
         finally:
             self._validated = None
 
-    def test(self) -> None:
-        network = getattr(self, '_validated', None) or self.composite_network()
-        with torch.no_grad():
-            self.output = network(self.lq)
+    def inference_network(self) -> torch.nn.Module:
+        return getattr(self, '_validated', None) or self.composite_network()
 
     def replica_tensors(self) -> List[torch.Tensor]:
         tensors = list(self.ldt.primary.parameters())

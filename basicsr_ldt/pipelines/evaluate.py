@@ -19,6 +19,7 @@ from tqdm import tqdm
 from basicsr.archs import build_network
 from basicsr.metrics.psnr_ssim import calculate_psnr, calculate_ssim
 from basicsr.utils import get_root_logger, get_time_str, imwrite, tensor2img
+from basicsr.utils.dist_util import get_dist_info
 from basicsr.utils.options import dict2str, parse_options
 from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY
 
@@ -26,19 +27,18 @@ from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import check_known_keys, registered, validate_dataset_options
 from basicsr_ldt.common.outputs import OutputFolder, fail
 from basicsr_ldt.inference.compare import COMPARE_SPECS, Comparison, compare_settings
-from basicsr_ldt.inference.tiling import bicubic_upscale, tiled_forward
-from basicsr_ldt.ldt.precision import INFERENCE_DTYPES, resolve_dtype
-from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, optional, string
+from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, INFERENCE_SPECS, inference_settings
+from basicsr_ldt.inference.tiling import bicubic_upscale, run_inference
+from basicsr_ldt.ldt.typed import boolean, check_options, integer, optional, string
 from basicsr_ldt.weights.checkpoint import load_weights
 
 #: The ``test:`` section and its defaults (documented in docs/options.md).
-TEST_DEFAULTS = {'tile_size': 0, 'tile_overlap': 16, 'save_img': False, 'crop_border': None,
-                 'test_y_channel': True, 'precision': 'fp32',
+#: (``tile_mode``, ``tile_size``, ``tile_overlap``, ``precision``: basicsr_ldt.inference.settings.)
+TEST_DEFAULTS = {**INFERENCE_DEFAULTS, 'save_img': False, 'crop_border': None, 'test_y_channel': True,
                  'compare': None}
 #: Types and ranges of the ``test:`` keys and of each ``checkpoints`` entry.
-TEST_SPECS = {'tile_size': integer(0), 'tile_overlap': integer(0), 'save_img': boolean(),
-              'crop_border': optional(integer(0)), 'test_y_channel': boolean(),
-              'precision': choice(*INFERENCE_DTYPES), **COMPARE_SPECS}
+TEST_SPECS = {**INFERENCE_SPECS, 'save_img': boolean(), 'crop_border': optional(integer(0)),
+              'test_y_channel': boolean(), **COMPARE_SPECS}
 CHECKPOINT_SPECS = {'label': string(), 'path': string(), 'param_key': string(), 'bicubic': boolean()}
 #: The label of a ``{bicubic: true}`` entry when it gives none.
 BICUBIC_LABEL = 'Bicubic'
@@ -140,13 +140,7 @@ def _build(opt: Dict, device: torch.device):
     check_known_keys('test', opt.get('test') or {}, TEST_DEFAULTS)
     check_options('test', opt.get('test') or {}, TEST_SPECS, InputError)
     test_opt.update(opt.get('test') or {})
-    if test_opt['tile_size'] and test_opt['tile_overlap'] >= test_opt['tile_size']:
-        raise InputError(f"test.tile_overlap: expected an integer in [0, tile_size={test_opt['tile_size']}), "
-                         f"got {test_opt['tile_overlap']}")
-    try:
-        test_opt['dtype'] = resolve_dtype('test.precision', test_opt['precision'], INFERENCE_DTYPES, device.type)
-    except ValueError as err:
-        raise InputError(str(err)) from None
+    test_opt['inference'] = inference_settings('test', opt.get('test'), device.type)
     if test_opt['crop_border'] is None:
         test_opt['crop_border'] = opt.get('scale', 4)
     datasets = []
@@ -161,6 +155,23 @@ def _build(opt: Dict, device: torch.device):
         registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), 'network_g.type')
     test_opt['compare'] = compare_settings(test_opt['compare'])
     return test_opt, datasets, checkpoints
+
+
+def test_logger(log_file: str) -> logging.Logger:
+    """BasicSR's root logger writing INFO to ``log_file``.
+
+    Building a network first (BasicSR's ``build_network`` logs through ``get_root_logger``) already
+    initialised that logger, without a file and at the default WARNING level, so a later
+    ``get_root_logger(log_file=...)`` returned it unchanged and every INFO line of test.py was lost;
+    the file and the level are added here when missing.
+    """
+    logger = get_root_logger(logger_name='basicsr', log_level=logging.INFO, log_file=log_file)
+    if get_dist_info()[0] == 0 and not any(isinstance(h, logging.FileHandler) for h in logger.handlers):
+        logger.setLevel(logging.INFO)
+        handler = logging.FileHandler(log_file, 'w')
+        handler.setFormatter(logging.Formatter('%(asctime)s %(levelname)s: %(message)s'))
+        logger.addHandler(handler)
+    return logger
 
 
 def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
@@ -183,9 +194,9 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
     except InputError as err:
         outputs.rollback()
         fail(str(err))
-    logger = get_root_logger(logger_name='basicsr', log_level=logging.INFO,
-                             log_file=osp.join(opt['path']['log'], f"test_{opt['name'].replace('/', '_')}_{get_time_str()}.log"))
+    logger = test_logger(osp.join(opt['path']['log'], f"test_{opt['name'].replace('/', '_')}_{get_time_str()}.log"))
     logger.info(dict2str(opt))
+    logger.info(f"Inference: {test_opt['inference'].describe()}")
     scale = opt.get('scale', 4)
     per_image = {entry['label']: [] for entry in checkpoints}
     images = [(ds, i) for ds in datasets for i in range(len(ds))]
@@ -198,8 +209,7 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
             if network is None:
                 sr = bicubic_upscale(lq, scale).cpu()
             else:
-                sr = tiled_forward(network, lq, scale, test_opt['tile_size'], test_opt['tile_overlap'],
-                                   test_opt['dtype']).cpu()
+                sr = run_inference(network, lq, scale, test_opt['inference']).cpu()
             results[entry['label']] = sr
             values = evaluate_image(sr, gt, test_opt['crop_border'], test_opt['test_y_channel'])
             per_image[entry['label']].append({'camera': item['camera'], 'image': stem, **values})

@@ -1,0 +1,74 @@
+"""Validation during training runs the network as ``test.py`` does, for every model type.
+
+BasicSR's ``SRModel.test`` runs each validation image whole, in fp32: on DRealSR's full-size
+photographs a MambaIR or HAT forward of that size is what runs out of GPU memory, and it is not
+how the official LDT code validates (``Tools/Test_tool.py`` ``SR_slice`` cuts every image into
+sections). Here ``val:`` takes ``test:``'s inference keys (``tile_mode``, ``tile_size``,
+``tile_overlap``, ``precision``; basicsr_ldt.inference.settings), and the whole ``val:`` section
+is checked when the model is built, before the first iteration, so a misspelt key or a bad value
+stops the run with one line instead of at the first validation hours later.
+"""
+from typing import Dict
+
+import torch
+from torch import nn
+
+from basicsr.utils import get_root_logger
+
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.options import check_known_keys
+from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, InferenceSettings, inference_settings
+from basicsr_ldt.inference.tiling import run_inference
+from basicsr_ldt.ldt.typed import boolean, check_options, mapping, number, optional, string
+
+#: ``val:`` keys BasicSR 1.4.2 reads, with their types.
+BASICSR_VAL_SPECS = {'val_freq': number(0, float('inf')), 'save_img': boolean(), 'suffix': optional(string()),
+                     'pbar': boolean(), 'metrics': optional(mapping(mapping()))}
+#: ``val:`` keys of val: save_best (basicsr_ldt.models.best checks their values).
+BEST_KEYS = ('save_best', 'best_metric', 'best_dataset', 'best_network')
+VAL_KEYS = tuple(BASICSR_VAL_SPECS) + BEST_KEYS + tuple(INFERENCE_DEFAULTS)
+
+
+def validation_settings(opt: Dict) -> InferenceSettings:
+    """Check the ``val:`` section (unknown keys, BasicSR's and the inference keys' values) and
+    return how validation runs the network."""
+    val = opt.get('val')
+    if val is None:
+        val = {}
+    elif not isinstance(val, dict):
+        raise InputError(f'val: expected a mapping of validation options, got {val!r}')
+    check_known_keys('val', val, VAL_KEYS)
+    check_options('val', val, BASICSR_VAL_SPECS, InputError)
+    device_type = 'cuda' if opt.get('num_gpu', 0) != 0 else 'cpu'   # as BasicSR's BaseModel picks it
+    settings = inference_settings('val', val, device_type)
+    if settings.tile_mode != 'whole' and not isinstance(opt.get('scale'), int):
+        raise InputError(f"scale: val.tile_mode {settings.tile_mode!r} pastes tiles at the network's scale; give the "
+                         f"top-level 'scale' (an integer), got {opt.get('scale')!r}")
+    return settings
+
+
+class ValidationMixin:
+    """``test()`` (what BasicSR's validation calls per image) through the shared inference path.
+
+    ``inference_network`` is the network validated: BasicSR's choice (``net_g_ema`` when kept,
+    else ``net_g``); LDT overrides it with the composite or the branch ``val.best_network`` names.
+    """
+
+    def __init__(self, opt: Dict) -> None:
+        self.validation_inference = validation_settings(opt)
+        super().__init__(opt)
+        if opt.get('val') is not None:
+            get_root_logger().info(f'Validation inference: {self.validation_inference.describe()}')
+
+    def inference_network(self) -> nn.Module:
+        return self.net_g_ema if hasattr(self, 'net_g_ema') else self.net_g
+
+    def test(self) -> None:
+        network = self.inference_network()
+        was_training = network.training
+        network.eval()
+        try:
+            with torch.no_grad():
+                self.output = run_inference(network, self.lq, self.opt.get('scale', 1), self.validation_inference)
+        finally:
+            network.train(was_training)
