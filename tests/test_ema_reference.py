@@ -184,3 +184,26 @@ def test_basicsr_ema_decay_scales_the_same_way():
                            ({'ema_decay': 0.8, 'ema_reference_iters': 100, 'total_iter': 10}, r'<= 0')):
         with pytest.raises(InputError, match=message):
             scaled_ema_decay(train)
+
+
+def _sr_model(tmp_path, model_type, **train):
+    """A model built in-process as Train_pip.py builds it (no dataset is read)."""
+    from basicsr.models import build_model
+    from test_cli import train_options
+    opt = train_options(tmp_path / 'no_data', 'ema', total_iter=500, model_type=model_type)
+    opt['train'].update(train)
+    opt['path'].update(models=str(tmp_path / 'models'), training_states=str(tmp_path / 'states'))
+    opt.update(is_train=True, dist=False, rank=0, world_size=1)
+    return build_model(opt)
+
+
+def test_ft_with_ema_trains_with_the_rescaled_decay(tmp_path):
+    """FTSRModel uses decay' (what BasicSR's model_ema is called with), not the decay as written; a
+    decay whose rescaled value is <= 0 and LDTSRModel with the train key are refused before training."""
+    model = _sr_model(tmp_path, 'FTSRModel', ema_decay=0.99, ema_reference_iters=20000)
+    assert model.ema_decay == pytest.approx(1 - 0.01 * 20000 / 500, abs=1e-12)       # 0.6
+    assert _sr_model(tmp_path, 'FTSRModel', ema_decay=0.99).ema_decay == 0.99
+    with pytest.raises(InputError, match=r'train\.ema_reference_iters: .*<= 0'):
+        _sr_model(tmp_path, 'FTSRModel', ema_decay=0.99, ema_reference_iters=200000)   # 1 - 4 < 0
+    with pytest.raises(InputError, match=r'train\.ema_reference_iters: .*ldt\.ema_reference_iters'):
+        _sr_model(tmp_path, 'LDTSRModel', ema_reference_iters=200000)
