@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Quick start: install, build the mini DRealSR (six cameras of one family + the Mix pretraining
-# camera), check the shipped pretrained small SAFMN (trained on Mix) against bicubic, then run the
-# demo study: FT, FT+EMA, LP-FT, DeFT, LDT and LDT-S fine-tuned on the Olympus camera from that
-# start, 5 seeds each, plus Bicubic, tested per camera and compared (results/demo/study.md), and
-# print the calibration checks (scripts/demo_calibration.py).
+# Quick start: install, build the mini DRealSR (six cameras of one family + the Mix and Clean
+# pretraining cameras), check the shipped pretrained small SAFMN (trained on Clean: classic SR pairs
+# without degradation, as the paper's start is trained on bicubic DF2K) against bicubic, then run the
+# demo study: FT, FT+EMA, LP-FT, DeFT, LDT (the paper's EMA coefficients, and rescaled to the run)
+# and LDT-S fine-tuned on the Olympus camera from that start, 5 seeds each, plus Bicubic, tested per
+# camera and compared (results/demo/study.md), and print the calibration checks
+# (scripts/demo_calibration.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/python_env.sh    # PY: the given Python, or the project's .venv on an externally managed one
@@ -13,10 +15,10 @@ source scripts/python_env.sh    # PY: the given Python, or the project's .venv o
 # digits (docs/results.md, "Reproducing the figures"). Set OMP_NUM_THREADS / DEMO_JOBS to override.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 bash scripts/install.sh
-if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Mix_023_x4.png ]; then   # the current build: one family, 12 train + 10 test pairs per camera, Mix 192 + 10, DRealSR's names
-  "$PY" scripts/make_demo_data.py --force --cameras Olympus Pan Sony DSC IMG Canon Mix
+if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Clean_023_x4.png ]; then   # the current build: one family, 12 train + 10 test pairs per camera, Mix and Clean 192 + 10, DRealSR's names
+  "$PY" scripts/make_demo_data.py --force --cameras Olympus Pan Sony DSC IMG Canon Mix Clean
 fi
-if [ -f pretrained/demo/SAFMN_demo_Mix_x4.pth ]; then
+if [ -f pretrained/demo/SAFMN_demo_Clean_x4.pth ]; then
   "$PY" scripts/pretrain_demo.py --check      # the shipped pretrained start, verified by the sha256 beside it
 else
   "$PY" scripts/pretrain_demo.py --replace    # re-create it (stands in for released DF2K weights)

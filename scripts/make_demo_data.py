@@ -20,7 +20,9 @@ with pooch from the internet, which must never happen here. Synthetic or unsuita
 The six cameras are one family: each is a fixed setting (``CAMERA_PROFILES``) of the same
 pipeline, every parameter inside the shared ``FAMILY_RANGES``, so a network trained on one camera is
 partly right on the others; the pretraining camera ``Mix`` draws every pair's parameters from those
-ranges (``sample_profile``). The pipeline:
+ranges (``sample_profile``); the classic-SR pretraining camera ``Clean`` has no degradation at all
+(HR = the photo crop, LR = its x4 area resize, ``make_clean_pair``), as the bicubic pairs released
+SR weights are trained on. The pipeline of the others:
 
 1. *camera look* (white balance gains, tone curve gamma, saturation) -- applied to the HR and
    therefore inherited by the LR, because in DRealSR both images of a pair are shot with the
@@ -75,7 +77,7 @@ CAMERA_STEM_PATTERN = r'^[A-Za-z]+'
 #: HR image carries the zoom token ``_x4`` and the LR ``_x1``; training pairs are patches
 #: ``<stem>_x4_<k>`` (patch ``k`` of shot ``stem``).
 STEM_FORMATS = {'Olympus': 'P114{:04d}', 'Pan': 'panasonic_{}', 'Sony': 'sony_{}', 'DSC': 'DSC_1{:03d}',
-                'IMG': 'IMG_{}', 'Canon': 'Canon_{}', 'Mix': 'Mix_{:03d}'}
+                'IMG': 'IMG_{}', 'Canon': 'Canon_{}', 'Mix': 'Mix_{:03d}', 'Clean': 'Clean_{:03d}'}
 HR_ZOOM, LR_ZOOM = '_x4', '_x1'
 
 
@@ -198,9 +200,21 @@ DEFAULT_CAMERAS = tuple(CAMERA_PROFILES)
 CAMERA_PROFILES['Mix'] = CameraProfile('pretraining mix: every pair its own draw from FAMILY_RANGES',
                                        (1.0, 1.0, 1.0), 1.0, 1.0, 'per-pair', 0.0, 0.0, 0.0, 0,
                                        0.0, 0.0, 0.0, 0.0, 100)
-#: Pretraining cameras get more train pairs (``--pretrain-train-per-camera``) and per-pair
-#: degradations: one network learns from them for many iterations.
-PRETRAIN_CAMERAS = ('Mix',)
+#: Not a DRealSR camera either: the demo's *classic-SR* pretraining data, standing in for the
+#: bicubic DF2K pairs that released SR weights (the paper's start) are trained on. HR = the photo
+#: crop as it is (no camera look), LR = its x4 ``INTER_AREA`` resize (the pipeline's sensor step,
+#: the same exact x4 pixel-area integration every camera applies) with nothing else: no blur, no
+#: noise, no sharpening, lossless PNG. So a network trained on it knows the scale and the sampling
+#: and none of the cameras' degradations, as a bicubic-trained network knows none of a real
+#: camera's. (The issue that introduced it also tried MATLAB-style bicubic LR; area is chosen
+#: because it is the cameras' own sampling, so the gap the demo measures is the degradation alone.)
+CAMERA_PROFILES['Clean'] = CameraProfile('classic-SR pretraining pairs: no look, no blur, x4 area resize, '
+                                         'no noise, no sharpening, PNG', (1.0, 1.0, 1.0), 1.0, 1.0, 'none',
+                                         0.0, 0.0, 0.0, 0, 0.0, 0.0, 0.0, 0.0, 100)
+#: Pretraining cameras get more train pairs (``--pretrain-train-per-camera``): one network learns
+#: from them for many iterations. ``Mix`` draws per-pair degradations, ``Clean`` has none.
+PRETRAIN_CAMERAS = ('Mix', 'Clean')
+CLEAN_CAMERAS = ('Clean',)
 
 
 def skimage_data_dir() -> Path:
@@ -309,6 +323,18 @@ def make_pair(photo: np.ndarray, size: int, p: CameraProfile, crop_rng: np.rando
     return hr, lr, (y + MARGIN, x + MARGIN)
 
 
+def make_clean_pair(photo: np.ndarray, size: int, crop_rng: np.random.Generator
+                    ) -> Tuple[np.ndarray, np.ndarray, Tuple[int, int]]:
+    """A classic-SR pair (``CLEAN_CAMERAS``): the photo crop and its x4 area resize, nothing else.
+
+    The crop is picked as for every camera (same window with its MARGIN, so the same photos and
+    texture rule); the LR is computed from the uint8 HR, so the pair is exactly HR and its resize."""
+    y, x = pick_crop(photo, size, crop_rng)
+    hr = photo[y + MARGIN:y + MARGIN + size, x + MARGIN:x + MARGIN + size].copy()
+    lr = cv2.resize(hr.astype(np.float64) / 255.0, (size // SCALE, size // SCALE), interpolation=cv2.INTER_AREA)
+    return hr, to_uint8(lr), (y + MARGIN, x + MARGIN)
+
+
 def write_png(path: Path, rgb: np.ndarray) -> None:
     if not cv2.imwrite(str(path), np.ascontiguousarray(rgb[..., ::-1]), PNG_PARAMS):
         raise RuntimeError(f'could not write {path}')
@@ -364,9 +390,13 @@ def _build(root: Path, seed: int, cameras: Sequence[str], counts: Dict[str, Dict
                 crop_key = [seed, cam_code, SPLIT_CODES[split], i] if split == 'train' else [seed, SPLIT_CODES[split], i]
                 crop_rng = np.random.default_rng(crop_key)
                 noise_rng = np.random.default_rng([seed, cam_code, SPLIT_CODES[split], i, 1])
-                profile = (sample_profile(np.random.default_rng([seed, cam_code, SPLIT_CODES[split], i, 2]))
-                           if cam in PRETRAIN_CAMERAS else CAMERA_PROFILES[cam])
-                hr, lr, (y, x) = make_pair(photos[name], sizes[split], profile, crop_rng, noise_rng)
+                if cam in CLEAN_CAMERAS:
+                    profile = CAMERA_PROFILES[cam]
+                    hr, lr, (y, x) = make_clean_pair(photos[name], sizes[split], crop_rng)
+                else:
+                    profile = (sample_profile(np.random.default_rng([seed, cam_code, SPLIT_CODES[split], i, 2]))
+                               if cam in PRETRAIN_CAMERAS else CAMERA_PROFILES[cam])
+                    hr, lr, (y, x) = make_pair(photos[name], sizes[split], profile, crop_rng, noise_rng)
                 if split == 'train':   # one shot per photo, its crops are patches 0, 1, ...
                     stem, hr_name, lr_name = pair_names(cam, names.index(name), i // len(names))
                 else:                  # test shots are numbered after every train shot
@@ -375,7 +405,7 @@ def _build(root: Path, seed: int, cameras: Sequence[str], counts: Dict[str, Dict
                 write_png(lr_dir / lr_name, lr)
                 row = {'split': split, 'stem': stem, 'hr': hr_name, 'lr': lr_name, 'camera': cam, 'source': name,
                        'hr_box_yxhw': [y, x, sizes[split], sizes[split]]}
-                if cam in PRETRAIN_CAMERAS:   # its own degradation, rounded for the record only
+                if cam in PRETRAIN_CAMERAS and cam not in CLEAN_CAMERAS:   # its own degradation, rounded for the record only
                     row['profile'] = {k: (round(v, 6) if isinstance(v, float) else v)
                                       for k, v in asdict(profile).items() if k not in ('description', 'motion_length')}
                 rows.append(row)

@@ -4,7 +4,7 @@ import json
 from conftest import load_script
 
 cal = load_script('demo_calibration')
-CAMERAS = ('Mix', 'Olympus', 'Pan', 'Sony')
+CAMERAS = ('Clean', 'Olympus', 'Pan', 'Sony')
 
 
 def write(tmp_path, start_gain=1.0, ft_gain=0.8, ldt_pan=24.0):
@@ -30,13 +30,23 @@ def test_passing_results_pass(tmp_path, capsys):
 
 
 def test_each_failing_check_is_named_with_its_numbers(tmp_path, capsys):
-    args = write(tmp_path, start_gain=0.3, ft_gain=0.2, ldt_pan=22.9)
+    args = write(tmp_path, start_gain=-0.1, ft_gain=0.08, ldt_pan=22.9)
     assert cal.main(args) == 0                        # reports, does not stop demo.sh
     assert cal.main(args + ['--strict']) == 1
     out = capsys.readouterr().out
-    assert 'Pan       23.30 vs  23.00  +0.30 dB  FAIL' in out
-    assert 'Olympus   23.50 vs  23.30  +0.20 dB  FAIL' in out
+    assert 'Pan       22.90 vs  23.00  -0.10 dB  FAIL' in out
+    assert 'Olympus   22.98 vs  22.90  +0.08 dB  FAIL' in out
     assert 'LDT      worst Pan -0.10 dB over 2 targets  FAIL: Pan' in out
+
+
+def test_the_regime_s_thresholds_a_small_start_gain_passes_a_still_ft_fails(tmp_path, capsys):
+    """Any gain of the start over bicubic passes (check 1); FT must move the source by 0.1 dB (check 2)."""
+    assert cal.main(write(tmp_path, start_gain=0.01, ft_gain=0.1) + ['--strict']) == 0
+    assert 'Pan       23.01 vs  23.00  +0.01 dB  PASS' in capsys.readouterr().out
+    assert cal.main(write(tmp_path, start_gain=0.5, ft_gain=0.09) + ['--strict']) == 1
+    assert 'Olympus   23.59 vs  23.50  +0.09 dB  FAIL' in capsys.readouterr().out
+    assert cal.main(write(tmp_path, start_gain=0.0, ft_gain=0.5) + ['--strict']) == 1
+    assert 'Pan       23.00 vs  23.00  +0.00 dB  FAIL' in capsys.readouterr().out
 
 
 def test_missing_results_are_one_clear_error(tmp_path, capsys):

@@ -271,3 +271,24 @@ def test_pretraining_camera_gets_its_own_train_count(tmp_path, capsys):
     assert mdd.main(['--out', str(tmp_path / 'bad'), '--pretrain-train-per-camera', '0']) == 2
     err = capsys.readouterr().err
     assert '--pretrain-train-per-camera must be at least 1, got 0' in err and not (tmp_path / 'bad').exists()
+
+
+def test_clean_pairs_are_the_photo_crop_and_its_area_resize(tmp_path):
+    """The classic-SR pretraining camera: HR = the photograph's pixels at the recorded box (no camera
+    look), LR = each 4x4 block's mean (the x4 area resize), no blur, noise, sharpening or JPEG."""
+    summary = mdd.make_demo_data(tmp_path / 'demo', cameras=['Clean'], pretrain_train_per_camera=3,
+                                 test_per_camera=2)
+    assert summary['counts'] == {'train': {'Clean': 3}, 'test': {'Clean': 2}}
+    rows = [r for r in summary['pairs'] if r['camera'] == 'Clean']
+    assert len(rows) == 5 and all('profile' not in r for r in rows)
+    data_dir = mdd.skimage_data_dir()
+    for row in rows:
+        top, hr_folder, lr_folder = SPLITS[row['split']]
+        hr = cv2.imread(str(tmp_path / 'demo' / top / hr_folder / row['hr']))[..., ::-1]
+        lr = cv2.imread(str(tmp_path / 'demo' / top / lr_folder / row['lr']))[..., ::-1]
+        assert re.fullmatch(r'Clean_\d{3}_x4(_\d+)?\.png', row['hr'])
+        y, x, h, w = row['hr_box_yxhw']
+        photo = mdd.load_photo(data_dir / row['source'])
+        assert np.array_equal(hr, photo[y:y + h, x:x + w])
+        blocks = hr.astype(np.float64).reshape(h // 4, 4, w // 4, 4, 3).mean(axis=(1, 3))
+        assert np.abs(lr.astype(np.float64) - blocks).max() <= 0.5 + 1e-6, row['lr']   # rounding only

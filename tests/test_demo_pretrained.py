@@ -1,7 +1,9 @@
 """The demo's shipped pretrained start does super-resolution on every camera of the family: on the
-10 test images of each camera (the ones scripts/demo.sh builds) it beats bicubic upscaling by at
-least 0.5 dB (PSNR, Y channel, crop 4) -- the calibration the demo study relies on (docs/results.md,
-"Demo data") -- and it is the file whose sha256 is recorded beside it.
+10 test images of each camera (the ones scripts/demo.sh builds) it beats bicubic upscaling (PSNR,
+Y channel, crop 4) -- the premise of the paper's regime the demo study relies on (a classic SR start
+trained on clean pairs; docs/results.md, scripts/demo_calibration.py check 1) -- and it is the file
+whose sha256 is recorded beside it. The extra Mix start (the second demo study's) is the recorded
+file too.
 
 The test images are rebuilt here with make_demo_data (test crops, noise and the Mix pairs'
 degradations depend only on the seed, the camera and the index, not on the number of train pairs,
@@ -20,10 +22,11 @@ from basicsr.archs import build_network
 from basicsr.metrics.psnr_ssim import calculate_psnr
 from conftest import REPO, load_script
 
-CHECKPOINT = REPO / 'pretrained' / 'demo' / 'SAFMN_demo_Mix_x4.pth'
-MARGIN_DB = 0.5
-CAMERAS = ('Mix', 'Olympus', 'Pan', 'Sony', 'DSC', 'IMG', 'Canon')
-PREFIXES = {'Mix': 'Mix', 'Olympus': 'P', 'Pan': 'panasonic', 'Sony': 'sony', 'DSC': 'DSC', 'IMG': 'IMG',
+CHECKPOINT = REPO / 'pretrained' / 'demo' / 'SAFMN_demo_Clean_x4.pth'
+MIX_CHECKPOINT = REPO / 'pretrained' / 'demo' / 'SAFMN_demo_Mix_x4.pth'
+MARGIN_DB = 0.0    # scripts/demo_calibration.py START_MARGIN_DB: any gain over bicubic
+CAMERAS = ('Clean', 'Olympus', 'Pan', 'Sony', 'DSC', 'IMG', 'Canon')
+PREFIXES = {'Clean': 'Clean', 'Olympus': 'P', 'Pan': 'panasonic', 'Sony': 'sony', 'DSC': 'DSC', 'IMG': 'IMG',
             'Canon': 'Canon'}
 
 
@@ -41,11 +44,14 @@ def test_pairs(tmp_path_factory, demo_module):
     return pairs
 
 
-def test_shipped_checkpoint_is_the_recorded_one():
-    recorded = (CHECKPOINT.parent / (CHECKPOINT.name + '.sha256')).read_text().split()
-    assert recorded[1] == CHECKPOINT.name
-    assert hashlib.sha256(CHECKPOINT.read_bytes()).hexdigest() == recorded[0]
-    assert load_script('pretrain_demo').check() == 0
+@pytest.mark.parametrize('checkpoint, start', [(CHECKPOINT, 'clean'), (MIX_CHECKPOINT, 'mix')])
+def test_shipped_checkpoint_is_the_recorded_one(checkpoint, start):
+    recorded = (checkpoint.parent / (checkpoint.name + '.sha256')).read_text().split()
+    assert recorded[1] == checkpoint.name
+    assert hashlib.sha256(checkpoint.read_bytes()).hexdigest() == recorded[0]
+    script = load_script('pretrain_demo')
+    assert script.check(script.STARTS[start]) == 0
+    assert script.STARTS[start].checkpoint == checkpoint
 
 
 def mean_psnr(network, pairs):
@@ -68,5 +74,5 @@ def test_pretrained_start_beats_bicubic_on_every_camera(test_pairs):
     network = build_network(dict(options['network_g'])).eval()
     network.load_state_dict(torch.load(CHECKPOINT, map_location='cpu', weights_only=True)['params'])
     scores = {camera: mean_psnr(network, pairs) for camera, pairs in test_pairs.items()}
-    short = {c: f'{s:.2f} vs bicubic {b:.2f} dB' for c, (b, s) in scores.items() if s - b < MARGIN_DB}
-    assert not short, f'the pretrained start is not {MARGIN_DB} dB above bicubic on: {short}'
+    short = {c: f'{s:.2f} vs bicubic {b:.2f} dB' for c, (b, s) in scores.items() if s - b <= MARGIN_DB}
+    assert not short, f'the pretrained start is not above bicubic on: {short}'

@@ -42,6 +42,10 @@ def test_three_phases_partition_report_and_composite_checkpoint(uninterrupted, d
     for text in ('head warm-up on D_S1 (2 iterations) from iteration 1', "profiling on D_S2 (2 batches, criterion 'var')",
                  'dual training (cross-frozen primary/auxiliary) from iteration 5', 'l_primary', 'l_auxiliary'):
         assert text in log
+    # 4 dual steps, an exchange every 2: the paper's W (0.99 and up: 100 exchanges or more) outlast the
+    # run's 2 exchanges, and the log names the option that rescales them.
+    assert re.search(r"WARNING: LDT: the stable layers' EMAs \(W 0\.99 \.\. [0-9.]+\) average over 100 exchanges or "
+                     r'more, more than the 2 left in this run.*Set ldt\.ema_reference_iters', log)
     partition = json.loads((exp / 'ldt_partition.json').read_text())
     layers = partition['layers']
     params = dict(torch.load(exp / 'models' / 'net_g_latest.pth', weights_only=True)['params'])

@@ -207,18 +207,30 @@ def test_paper_study_files_validate_without_data(name, capsys):
     assert before == {p for p in ('experiments', 'results') if (REPO / p).exists() and any((REPO / p).iterdir())}
 
 
-@pytest.mark.parametrize('name, seeds, sources', [('demo', [0, 1, 2, 3, 4], ['Olympus']),
-                                                  ('demo_olympus_pan', [0, 1, 2], ['Olympus', 'Pan'])])
-def test_demo_study_files_validate(name, seeds, sources):
+DEMO_METHODS = ['Bicubic', 'FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT-paper', 'LDT-scaled', 'LDT-S-scaled']
+SECOND_METHODS = ['Bicubic', 'FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT', 'LDT-S']
+
+
+@pytest.mark.parametrize('name, seeds, sources, methods, start', [
+    ('demo', [0, 1, 2, 3, 4], ['Olympus'], DEMO_METHODS, 'pretrained/demo/SAFMN_demo_Clean_x4.pth'),
+    ('demo_olympus_pan', [0, 1, 2], ['Olympus', 'Pan'], SECOND_METHODS, 'pretrained/demo/SAFMN_demo_Mix_x4.pth')])
+def test_demo_study_files_validate(name, seeds, sources, methods, start):
     study = plan.load_study(str(REPO / 'options' / 'study' / f'{name}.yml'), str(REPO))
-    assert list(study.methods) == ['Bicubic', 'FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT', 'LDT-S']
-    assert study.seeds == seeds and study.untrained == ['Bicubic'] and len(study.runs) == 1 + 6 * len(seeds)
+    assert list(study.methods) == methods
+    trained = len(methods) - 1
+    assert study.seeds == seeds and study.untrained == ['Bicubic'] and len(study.runs) == 1 + trained * len(seeds)
     assert study.runs[0].name == 'Bicubic' and not study.runs[0].trained
-    assert [r.uses_ema for r in study.runs[1:7]] == [False, True, False, False, False, False]
-    assert study.runs[6].train_opt['ldt']['method'] == 'ldt_s'
-    for run in study.runs[1:]:     # one budget for every method, as the study file's rules say
+    first = study.runs[1:1 + trained]
+    assert [r.uses_ema for r in first] == [False, True] + [False] * (trained - 2)
+    assert first[-1].train_opt['ldt']['method'] == 'ldt_s'
+    for run in study.runs[1:]:     # one budget and one start for every method, as the study file's rules say
         assert run.train_opt['train']['total_iter'] == 500
         assert run.train_opt['datasets']['train']['cameras'] == sources
+        assert run.train_opt['path']['pretrain_network_g'] == start
+    if name == 'demo':             # the EMA rule: paper coefficients rescaled to the run, one unscaled control
+        references = {r.method: (r.train_opt.get('ldt') or {}).get('ema_reference_iters') for r in first}
+        assert references == {'FT': None, 'FT+EMA': None, 'LP-FT': None, 'DeFT': 40000, 'LDT-paper': None,
+                              'LDT-scaled': 200000, 'LDT-S-scaled': 200000}
 
 
 def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):

@@ -48,6 +48,9 @@ DEFAULT_CAMERA_ALIASES = {
     # Not in DRealSR: the demo's pretraining camera, whose pairs each draw their own degradation
     # from the demo camera family's ranges (scripts/make_demo_data.py, Mix_<nnn> files).
     'Mix': 'Mix',
+    # Not in DRealSR: the demo's classic-SR pretraining pairs (no degradation, x4 area resize;
+    # scripts/make_demo_data.py, Clean_<nnn> files).
+    'Clean': 'Clean',
 }
 
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.tif', '.tiff', '.webp')

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from basicsr_ldt.ldt.config import LDTConfig
+from basicsr_ldt.ldt.ema_horizon import horizon_warnings, scale_partition
 from basicsr_ldt.ldt.freezing import clear_routing, set_trainable
 from basicsr_ldt.ldt.ldt_s import AlternatingFreezing
 from basicsr_ldt.ldt.pair import BatchLoss, CrossFrozenPair, OptimizerFactory, optimizer_step
@@ -41,8 +42,15 @@ class LDT:
     """
 
     def __init__(self, network: nn.Module, config: LDTConfig, optimizer_factory: OptimizerFactory,
-                 precision: Optional[MixedPrecision] = None) -> None:
+                 precision: Optional[MixedPrecision] = None, total_iters: Optional[int] = None) -> None:
+        if config.ema_reference_iters is not None and total_iters is None:
+            raise ValueError('LDT: ema_reference_iters rescales the EMA coefficients to the run: give total_iters')
+        if total_iters is not None:
+            config.check_run_length(total_iters)
         self.config = config
+        #: Iterations of the whole run (warm-up, counted profiling, training), when the caller knows
+        #: them: the EMA coefficients scale to it (``ema_reference_iters``) and horizons are checked.
+        self.total_iters = total_iters
         self.precision = precision or MixedPrecision()
         self.primary = network
         self.optimizer_factory = optimizer_factory
@@ -143,6 +151,16 @@ class LDT:
             count += 1
         return count
 
+    def horizon_warnings(self) -> List[str]:
+        """Groups whose slowest EMA averages over more exchanges than the run has left (call on entering
+        'train'; empty without a partition or ``total_iters``): the trap ``ema_reference_iters`` removes."""
+        if self.partition is None or self.total_iters is None or self.config.mode == 'single':
+            return []
+        remaining = self.config.run_exchanges(self.total_iters)
+        hint = ('200000 for the paper\'s coefficients, with ema_reference_every 10' if self.config.partition == 'criterion'
+                else '40000 for DeFT\'s beta, with ema_reference_every 1')
+        return horizon_warnings(self.partition, remaining, 'ldt.ema_reference_iters', hint)
+
     # -- results -------------------------------------------------------------------------------
     @property
     def auxiliary(self) -> Optional[nn.Module]:
@@ -242,12 +260,17 @@ class LDT:
             values = all_reduce_statistics(self.statistics).criterion(cfg.criterion, cfg.seed)
         elif cfg.criterion == 'random':
             values = random_statistic(len(self.names), cfg.seed)
-        return build_partition(
+        partition = build_partition(
             self.names, values, partition=cfg.partition, ratio_u=cfg.ratio_u, ratio_s=cfg.ratio_s,
             head_patterns=cfg.head_patterns, deft_grouping=cfg.deft_grouping, force_stable=cfg.force_stable,
             force_unstable=cfg.force_unstable, dpu=cfg.dpu, w_base_stable=cfg.w_base_stable,
             r_base_stable=cfg.r_base_stable, w_base_unstable=cfg.w_base_unstable,
             r_base_unstable=cfg.r_base_unstable, w_fixed=cfg.w_fixed, criterion=cfg.criterion)
+        reference = cfg.reference_exchanges()
+        if reference is None:
+            return partition
+        # scaled eq. 8/10/11: W' = 1 - (1 - W) E_ref / E_run per layer (ema_horizon)
+        return scale_partition(partition, reference, cfg.run_exchanges(self.total_iters))
 
     # -- resume --------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from basicsr_ldt.ldt.ema_horizon import reference_exchanges, run_exchanges
 from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, number, optional, string, strings
 
 CRITERIA = ('var', 'mean', 'var_over_mean', 'random', 'sample_var', 'fisher')
@@ -65,6 +66,10 @@ class LDTConfig:
     r_base_unstable: float = 0.001
     w_fixed: float = 0.99
     ema_every: int = 10
+    # Run length the EMA coefficients above were written for (None: use them as given); with it,
+    # every W is rescaled so that each EMA averages over the same share of this run (ema_horizon).
+    ema_reference_iters: Optional[int] = None
+    ema_reference_every: int = 10      # the reference run's exchange interval (official LDT: 10)
     seed: int = 0
     buffers_from: str = 'primary'
     profile_order: str = 'shuffled'
@@ -103,6 +108,34 @@ class LDTConfig:
         """Iterations of ``total_iter`` the profiling phase occupies (0 when it runs before training)."""
         return self.profile_iters if self.profile_counts_in_total_iter else 0
 
+    def train_iters(self, total_iters: int) -> int:
+        """Iterations of ``total_iters`` left for the training phase (after warm-up and counted profiling)."""
+        return total_iters - self.head_warmup_iters - self.counted_profile_iters
+
+    def run_exchanges(self, total_iters: int) -> Dict[str, int]:
+        """E_run: EMA exchanges each group receives in a run of ``total_iters`` iterations."""
+        return run_exchanges(self.mode, self.train_iters(total_iters), self.ema_every, self.interval_iters,
+                             self.first_group)
+
+    def reference_exchanges(self) -> Optional[int]:
+        """E_ref: exchanges of the run the coefficients were written for; None when not scaling."""
+        if self.ema_reference_iters is None:
+            return None
+        return reference_exchanges(self.ema_reference_iters, self.ema_reference_every)
+
+    def check_run_length(self, total_iters: int) -> None:
+        """Refuse to scale the EMA coefficients for a run in which a group's EMA never moves."""
+        if self.ema_reference_iters is None:
+            return
+        exchanges = self.run_exchanges(total_iters)
+        empty = [g for g, n in exchanges.items() if n < 1]
+        if empty:
+            raise ValueError(f'ldt.ema_reference_iters: a run of {total_iters} iterations leaves '
+                             f'{self.train_iters(total_iters)} training iterations, in which the {", ".join(empty)} '
+                             f'EMA gets no exchange (ema_every {self.ema_every}'
+                             + (f', interval_iters {self.interval_iters}' if self.mode == 'alternating' else '')
+                             + '): nothing to rescale for; train longer or exchange more often')
+
     def needs_profiling(self) -> bool:
         """Whether the partition or the DPU coefficients depend on gradient statistics."""
         if self.mode == 'single' or self.partition_file is not None:
@@ -133,6 +166,8 @@ SPECS = {
     'r_base_unstable': number(0, 1, '[]'),
     'w_fixed': number(0, 1, '[)'),
     'ema_every': integer(1),
+    'ema_reference_iters': optional(integer(1)),
+    'ema_reference_every': integer(1),
     'seed': integer(0),
     'buffers_from': choice(*BUFFER_SOURCES),
     'profile_order': choice(*PROFILE_ORDERS),
@@ -170,6 +205,17 @@ def _validate(cfg: LDTConfig) -> None:
     if cfg.mode == 'single' and cfg.profile_iters:
         raise ValueError("ldt.profile_iters: expected 0 with mode 'single' (FT / LP-FT do not profile), "
                          f'got {cfg.profile_iters}')
+    if cfg.ema_reference_iters is not None:
+        if cfg.mode == 'single':
+            raise ValueError("ldt.ema_reference_iters: rescales the EMA coefficients of the cross-frozen pair or "
+                             f"LDT-S; mode 'single' (FT / LP-FT) has no EMA (got {cfg.ema_reference_iters}); for "
+                             "BasicSR's weight EMA use train.ema_reference_iters")
+        if cfg.partition_file is not None:
+            raise ValueError('ldt.ema_reference_iters: a partition_file carries its own coefficients, used as '
+                             f'written; remove one of the two (got {cfg.ema_reference_iters})')
+        if cfg.ema_reference_iters < cfg.ema_reference_every:
+            raise ValueError(f'ldt.ema_reference_iters: expected at least ema_reference_every '
+                             f'({cfg.ema_reference_every}) iterations, i.e. one exchange, got {cfg.ema_reference_iters}')
     if cfg.head_warmup_iters and not cfg.head_patterns:
         raise ValueError("ldt.head_patterns: expected patterns naming the head's parameters when "
                          f'head_warmup_iters > 0, got {list(cfg.head_patterns)}')
@@ -183,8 +229,10 @@ _PRESETS = {
     'lp_ft': dict(mode='single', head_warmup_iters=1000, profile_iters=0),
     # DeFT (Pahk et al. 2025): head = unstable (GC of primary), backbone = stable; beta = 0.9999
     # every step; the final model is both EMA'd components, i.e. our composite.
+    # beta was written for an exchange every iteration (DeFT paper, section 4.1: 40K iterations of
+    # decoupled fine-tuning): ema_reference_iters 40000 rescales it to another run length.
     'deft': dict(mode='dual', head_warmup_iters=1000, partition='name', dpu=False, w_fixed=0.9999,
-                 ema_every=1, profile_iters=0),
+                 ema_every=1, profile_iters=0, ema_reference_every=1),
     'ldt': dict(),
     'ldt_no_dpu': dict(dpu=False),
     'ldt_mean': dict(criterion='mean'),

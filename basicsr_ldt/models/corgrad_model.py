@@ -23,6 +23,7 @@ from basicsr_ldt.corgrad import CorGrad, CorGradConfig
 from basicsr_ldt.data.sampler import dataset_cameras
 from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.models.best import BestCheckpointMixin
+from basicsr_ldt.models.ema_decay import rescale_ema_decay, scaled_ema_decay
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.resumable import ResumableMixin
 from basicsr_ldt.models.validation import ValidationMixin
@@ -55,7 +56,9 @@ class CorGradSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Res
     def init_training_settings(self) -> None:
         self.corgrad_config, ignored = corgrad_config_from_options(self.opt)
         self.source_cameras = self._check_source_cameras()
+        scaled = scaled_ema_decay(self.opt['train'])
         super().init_training_settings()
+        rescale_ema_decay(self, scaled)
         if self.precision.dtype is torch.float16:
             raise InputError('train.amp: CorGrad compares unscaled per-camera gradients; use bf16 or none, not fp16')
         self.corgrad = CorGrad(self.net_g, self.optimizer_g, self.corgrad_config, int(self.opt['train']['total_iter']))

@@ -3,6 +3,7 @@ from basicsr.models.sr_model import SRModel
 from basicsr.utils.registry import MODEL_REGISTRY
 
 from basicsr_ldt.models.best import BestCheckpointMixin
+from basicsr_ldt.models.ema_decay import rescale_ema_decay, scaled_ema_decay
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.resumable import ResumableMixin
 from basicsr_ldt.models.validation import ValidationMixin
@@ -13,10 +14,12 @@ class FTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumabl
     """BasicSR's ``SRModel``, trained as BasicSR trains it, plus ``train: amp`` and skipping of
     non-finite losses; checkpoints and training states are written atomically and carry RNG
     state, so ``--auto_resume`` repeats the run, and ``val: save_best`` keeps the best-validating
-    weights."""
+    weights. ``train.ema_reference_iters`` rescales ``ema_decay`` to the run's length."""
 
     def init_training_settings(self) -> None:
+        scaled = scaled_ema_decay(self.opt['train'])   # refused before anything is built
         super().init_training_settings()
+        rescale_ema_decay(self, scaled)
         # BasicSR starts net_g_ema from the file's 'params_ema' whatever path.param_key_g names; a fresh
         # run starts both copies from the weights the user chose (a resumed one keeps its EMA copy).
         path = self.opt['path']

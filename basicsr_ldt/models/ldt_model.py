@@ -52,6 +52,10 @@ def ldt_config_from_options(opt: Dict) -> LDTConfig:
     if config.head_warmup_iters + config.counted_profile_iters >= total:
         raise InputError(f'ldt: head_warmup_iters ({config.head_warmup_iters}) + profile_iters ({config.profile_iters}) '
                          f'must be smaller than train.total_iter ({total}), or no training would remain')
+    try:
+        config.check_run_length(total)
+    except ValueError as err:
+        raise InputError(str(err)) from None
     return config
 
 
@@ -148,6 +152,9 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         train_opt = self.opt['train']
         if train_opt.get('ema_decay', 0):
             raise InputError('train.ema_decay: LDTSRModel keeps its own EMA between branches; remove ema_decay')
+        if train_opt.get('ema_reference_iters') is not None:
+            raise InputError('train.ema_reference_iters: rescales BasicSR\'s train.ema_decay, which LDTSRModel does not '
+                             'use; its own EMA scales with ldt.ema_reference_iters')
         self.setup_precision()
         self.net_g.train()
         self.ema_decay = 0
@@ -158,7 +165,8 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         self._lr_iter = 0
         self._schedulers: Dict[int, object] = {}
         self._phase: Optional[str] = None
-        self.ldt = LDT(self.get_bare_model(self.net_g), self.config, self._make_optimizer, self.precision)
+        self.ldt = LDT(self.get_bare_model(self.net_g), self.config, self._make_optimizer, self.precision,
+                       total_iters=int(train_opt['total_iter']))
         self._check_head_patterns()
         seed, parts = self.opt.get('manual_seed', 0), 2 if self.config.head_warmup_iters else 1
         train_data = self.opt['datasets']['train']
@@ -261,6 +269,8 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         logger.info(f'LDT phase: {descriptions[phase]} from iteration {current_iter}')
         if phase == 'train' and self.ldt.partition is not None:
             self._report_partition(self.ldt.partition)
+            for line in self.ldt.horizon_warnings():
+                logger.warning(f'LDT: {line}')
         self._phase = phase
         return True
 
@@ -283,6 +293,15 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         top = ', '.join(f'{r.name} ({r.statistic:.3g})' for r in ranked[:3]) or 'by name'
         logger.info(f'LDT partition ({partition.criterion}): {len(partition.stable)} stable, '
                     f'{len(partition.unstable)} unstable layers; highest statistic: {top}')
+        reference = self.config.reference_exchanges()
+        if reference is not None:
+            run = self.config.run_exchanges(int(self.opt['train']['total_iter']))
+            ranges = '; '.join(f'{g} W {min(w):.6g} .. {max(w):.6g} over {run[g]} exchanges'
+                               for g, w in (('stable', [r.coefficient for r in partition.layers if r.group == 'stable']),
+                                            ('unstable', [r.coefficient for r in partition.layers if r.group == 'unstable'])))
+            logger.info(f'LDT EMA coefficients rescaled from {reference} reference exchanges '
+                        f'(ldt.ema_reference_iters {self.config.ema_reference_iters} / ema_reference_every '
+                        f'{self.config.ema_reference_every}) to this run: {ranges}')
         if self.opt['rank'] == 0 and self.is_train and 'experiments_root' in self.opt['path']:
             write_partition_report(partition, self.opt['path']['experiments_root'])
 

@@ -38,7 +38,7 @@ BICUBIC_KEY = 'bicubic'
 OPTIONAL_KEYS: Dict[str, Tuple[str, ...]] = {
     '': ('ldt', 'manual_seed', 'val', 'dist_params', 'find_unused_parameters', 'use_static_graph'),
     'train': ('ema_decay', 'warmup_iter', 'use_grad_clip', 'pixel_opt', 'perceptual_opt', 'prefetch_mode',
-              'enlarge_ratio', 'amp', 'max_bad_steps'),
+              'enlarge_ratio', 'amp', 'max_bad_steps', 'ema_reference_iters'),
     'val': ('save_best', 'best_metric', 'best_dataset', 'best_network'),
     'path': ('pretrain_network_g', 'param_key_g', 'strict_load_g', 'resume_state'),
     'ldt': tuple(['method'] + [f.name for f in dataclasses.fields(LDTConfig)]
