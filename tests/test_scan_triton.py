@@ -398,20 +398,30 @@ def test_backend_is_logged_once_at_build_and_once_at_first_use_per_process(inter
         logger.setLevel(old_level)
 
 
-def test_benchmark_compares_backends_against_the_torch_path(interpreted, without_packages, capsys):
+def test_benchmark_compares_backends_against_the_float64_reference(interpreted, without_packages, capsys):
     """bench_scan.py's backend comparison (run with --device cuda on a GPU), here on CPU tensors
-    through the interpreter at tiny shapes: triton agrees with torch, a missing mamba-ssm is
-    reported as not run, and every backend gets a time."""
+    through the interpreter at tiny shapes: torch and triton agree with the float64 reference in
+    the output and every gradient, a missing mamba-ssm is reported as not run, every backend
+    gets a time; and the MambaIR comparison runs triton against torch."""
     without_packages('mamba_ssm')
     scan_module._triton_module = interpreted
     bench = load_script('bench_scan')
     args = argparse.Namespace(batch=1, d_inner=3, d_state=3, side=3, repeats=1, warmup=1, skip_loop=False)
-    bench.compare_backends(args, torch.device('cpu'))
+    medians = bench.compare_backends(args, torch.device('cpu'))
     out = capsys.readouterr().out
+    assert set(medians) == {'torch', 'triton'}
     assert re.search(r'^torch +fwd\+bwd: median', out, re.M)
     assert re.search(r'^mamba-ssm +not run: .*mamba-ssm', out, re.M)
-    errors = re.search(r'^triton +fwd\+bwd: .*output (\S+), grads (.*)$', out, re.M)
-    assert errors, out
-    values = [float(errors.group(1))] + [float(v.split()[1]) for v in errors.group(2).split(', ')]
-    assert len(values) == 8 and max(values) < 1e-4, out
+    errors = re.findall(r'^ +max \|diff\| / max \|float64 reference\|: output (\S+), grads (.*)$', out, re.M)
+    assert len(errors) == 2, out   # torch, triton
+    for output, grads in errors:
+        values = [float(output)] + [float(v.split()[1]) for v in grads.split(', ')]
+        assert len(values) == 8 and max(values) < 1e-5, out
     assert 'speed-up of triton over torch' in out and 'sequential loop fwd+bwd' in out
+    bench.compare_mambair(torch.device('cpu'), ('torch', 'triton', 'cuda'), embed_dim=30, d_state=3, size=(5, 3),
+                          blocks=1)
+    out = capsys.readouterr().out
+    assert re.search(r'^MambaIR mamba-ssm +not run: .*mamba-ssm', out, re.M), out
+    diff = re.search(r'^MambaIR scan_backend triton vs torch: output (\S+), largest over (\d+) parameter '
+                     r'gradients (\S+)', out, re.M)
+    assert diff and int(diff.group(2)) > 10 and float(diff.group(1)) < 1e-4 and float(diff.group(3)) < 1e-3, out
