@@ -21,7 +21,7 @@ launch configurations instead.
     python scripts/bench_scan.py                 # classic x4 shapes, batch 4, 48x48
     python scripts/bench_scan.py --side 24 --threads 1
     python scripts/bench_scan.py --device cuda   # backends against each other on a GPU
-    python scripts/bench_scan.py --device cuda --sweep 16,4,2,2 32,4,2,4 16,2,1,1 16,8,2,2
+    python scripts/bench_scan.py --device cuda --sweep 16,4,2,2 16,8,2,2 16,8,4,4 16,16,4,4 16,2,1,1
 """
 import argparse
 import importlib

@@ -12,10 +12,14 @@ Work split. One program per (batch element, block of ``BLOCK_D`` channels that s
 of B and C). It owns those channels over the whole sequence and walks it in a runtime loop
 over chunks of ``T`` positions (``T`` a constexpr; the number of chunks is a runtime value, so
 the compiled code does not depend on the sequence length). Per chunk, u and delta are loaded as
-(BLOCK_D, T) tiles and B and C as (BLOCK_N, T) tiles of the channels' group, each row
-``T`` consecutive positions (coalesced); delta + bias and the softplus are computed once per
-(channel, position), then the decays ``a = exp2(delta A log2 e)`` and inputs ``b = delta u B``
-as (BLOCK_D, BLOCK_N, T) tiles. The recurrence ``h[t] = a[t] h[t-1] + b[t]`` is a
+(T, BLOCK_D) tiles and B and C as (T, BLOCK_N) tiles of the channels' group (``T`` consecutive
+positions of each row); delta + bias and the softplus are computed once per (position,
+channel), then the decays ``a = exp2(delta A log2 e)`` and inputs ``b = delta u B`` as
+(T, BLOCK_N, BLOCK_D) tiles. Positions come first and channels last so that Triton's default
+layout gives the lanes states and channels and keeps a chunk's positions inside each thread:
+the scans along the positions then need no lane shuffles (compiled for sm_90 and read in the
+SASS; with the positions last the lanes took positions and the forward needed 3.6x the
+shuffles). The recurrence ``h[t] = a[t] h[t-1] + b[t]`` is a
 ``tl.associative_scan`` along the positions with the combine ``(a1, b1), (a2, b2) ->
 (a1 a2, a2 b1 + b2)``, the state carried from the previous chunk folded into position 0
 (``b[0] += a[0] h``). Positions past the sequence get delta 0: decay 1, input 0, so the state
@@ -106,7 +110,7 @@ def _adjoint_combine(u_later, v_later, lead_later, u_here, v_here, lead_here):
 def _chunk_inputs(u_ptr, delta_ptr, rows, t, mask, bias, HAS_BIAS: tl.constexpr,
                   SOFTPLUS: tl.constexpr):
     """u, delta after bias and softplus (0 where ``mask`` is off: decay 1, input 0), and delta
-    before the softplus, as float32 (BLOCK_D, T) tiles of one chunk."""
+    before the softplus, as float32 (T, BLOCK_D) tiles of one chunk."""
     offsets = rows[None, :] + t[:, None]
     u = tl.load(u_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     raw = tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -120,22 +124,22 @@ def _chunk_inputs(u_ptr, delta_ptr, rows, t, mask, bias, HAS_BIAS: tl.constexpr,
 
 @triton.jit
 def _bc_tile(ptr, base, stride_n, n, t, mask_n, mask_t, d, dstate, mask_d, VARIES: tl.constexpr):
-    """A varying B or C's (BLOCK_N, T) tile of the chunk (float32), or a constant one's
-    (BLOCK_D, BLOCK_N) tile of the program's channels."""
+    """A varying B or C's (T, BLOCK_N) tile of the chunk (float32), or a constant one's
+    (BLOCK_N, BLOCK_D) tile of the program's channels."""
     if VARIES:
         tile = tl.load(ptr + base + n[None, :] * stride_n + t[:, None],
                        mask=mask_t[:, None] & mask_n[None, :], other=0.0)
     else:
-        tile = tl.load(ptr + d[:, None] * dstate + n[None, :],
-                       mask=mask_d[:, None] & mask_n[None, :], other=0.0)
+        tile = tl.load(ptr + d[None, :] * dstate + n[:, None],
+                       mask=mask_n[:, None] & mask_d[None, :], other=0.0)
     return tile.to(tl.float32)
 
 
 @triton.jit
 def _per_update(tile, VARIES: tl.constexpr):
-    """A B or C tile from :func:`_bc_tile` broadcast to (BLOCK_D, BLOCK_N, T)."""
+    """A B or C tile from :func:`_bc_tile` broadcast to (T, BLOCK_N, BLOCK_D)."""
     if VARIES:
-        out = tile[:, None, :]
+        out = tile[:, :, None]
     else:
         out = tile[None, :, :]
     return out
@@ -143,10 +147,10 @@ def _per_update(tile, VARIES: tl.constexpr):
 
 @triton.jit
 def _chunk_states(u, dt, A2, B, h, first, VAR_B: tl.constexpr):
-    """(decays, inputs, states) of one chunk, (BLOCK_D, BLOCK_N, T), from the state ``h``
-    (BLOCK_D, BLOCK_N) entering it (``first``: position 0 of the chunk)."""
-    a = tl.exp2(dt[:, :, None] * A2[None, :, :])
-    b = (dt * u)[:, :, None] * _per_update(B, VAR_B)
+    """(decays, inputs, states) of one chunk, (T, BLOCK_N, BLOCK_D), from the state ``h``
+    (BLOCK_N, BLOCK_D) entering it (``first``: position 0 of the chunk)."""
+    a = tl.exp2(dt[:, None, :] * A2[None, :, :])
+    b = (dt * u)[:, None, :] * _per_update(B, VAR_B)
     folded = tl.where(first[:, None, None], b + a * h[None, :, :], b)
     _, states = tl.associative_scan((a, folded), 0, _state_combine)
     return a, b, states
@@ -154,7 +158,7 @@ def _chunk_states(u, dt, A2, B, h, first, VAR_B: tl.constexpr):
 
 @triton.jit
 def _at(x, where):
-    """The (BLOCK_D, BLOCK_N) slice of a (BLOCK_D, BLOCK_N, T) tile at the one position where
+    """The (BLOCK_N, BLOCK_D) slice of a (T, BLOCK_N, BLOCK_D) tile at the one position where
     ``where`` (a (T,) mask) is on."""
     return tl.sum(tl.where(where[:, None, None], x, 0.0), axis=0)
 
@@ -179,8 +183,8 @@ def _rows(bi, dim, d, length):
 
 @triton.jit
 def _output(states, C, u, z, Dv, VAR_C: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
-    """(y = sum_n C h + D u, y times silu(z) when there is z) of one chunk, (BLOCK_D, T)."""
-    y = tl.sum(states * _per_update(C, VAR_C), axis=2)
+    """(y = sum_n C h + D u, y times silu(z) when there is z) of one chunk, (T, BLOCK_D)."""
+    y = tl.sum(states * _per_update(C, VAR_C), axis=1)
     if HAS_D:
         y = y + Dv[None, :] * u
     gated = y
@@ -204,8 +208,8 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
     bi, d, mask_d, gb, gc = _program(dim, group_size, blocks_per_group, b_chans, c_chans, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     mask_n = n < dstate
-    mask_dn = mask_d[:, None] & mask_n[None, :]
-    dn = d[:, None] * dstate + n[None, :]
+    mask_dn = mask_n[:, None] & mask_d[None, :]  # (BLOCK_N, BLOCK_D) tiles: states, then channels
+    dn = d[None, :] * dstate + n[:, None]
     A2 = tl.load(A_ptr + dn, mask=mask_dn, other=0.0) * LOG2E
     bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0) if HAS_BIAS else None
     Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0) if HAS_D else None
@@ -214,13 +218,13 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
     c_base = bi * c_stride_b + gc * c_stride_g
     state_rows = (bi * dim + d) * n_chunks * dstate
     steps = tl.arange(0, T)
-    h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    h = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     for c in range(0, n_chunks):
         t = c * T + steps
         mask_t = t < length
         mask = mask_t[:, None] & mask_d[None, :]
         if flag != 0:  # the state entering chunk c, for the backward
-            tl.store(chunk_states_ptr + state_rows[:, None] + c * dstate + n[None, :], h, mask=mask_dn)
+            tl.store(chunk_states_ptr + state_rows[None, :] + c * dstate + n[:, None], h, mask=mask_dn)
         u, dt, _ = _chunk_inputs(u_ptr, delta_ptr, rows, t, mask, bias, HAS_BIAS, SOFTPLUS)
         B = _bc_tile(B_ptr, b_base, b_stride_n, n, t, mask_n, mask_t, d, dstate, mask_d, VAR_B)
         C = _bc_tile(C_ptr, c_base, c_stride_n, n, t, mask_n, mask_t, d, dstate, mask_d, VAR_C)
@@ -231,7 +235,7 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
         _, out = _output(states, C, u, z, Dv, VAR_C, HAS_D, HAS_Z)
         tl.store(out_ptr + rows[None, :] + t[:, None], out, mask=mask)
         h = _at(states, steps == T - 1)
-    tl.store(last_ptr + (bi * dim + d[:, None]) * dstate + n[None, :], h, mask=mask_dn)
+    tl.store(last_ptr + (bi * dim + d[None, :]) * dstate + n[:, None], h, mask=mask_dn)
 
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)
@@ -252,8 +256,8 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
     bi, d, mask_d, gb, gc = _program(dim, group_size, blocks_per_group, b_chans, c_chans, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     mask_n = n < dstate
-    mask_dn = mask_d[:, None] & mask_n[None, :]
-    dn = d[:, None] * dstate + n[None, :]
+    mask_dn = mask_n[:, None] & mask_d[None, :]  # (BLOCK_N, BLOCK_D) tiles: states, then channels
+    dn = d[None, :] * dstate + n[:, None]
     A = tl.load(A_ptr + dn, mask=mask_dn, other=0.0)
     A2 = A * LOG2E
     bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0) if HAS_BIAS else None
@@ -262,18 +266,18 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
     b_base = bi * b_stride_b + gb * b_stride_g
     c_base = bi * c_stride_b + gc * c_stride_g
     state_rows = (bi * dim + d) * n_chunks * dstate
-    per_batch = (bi * dim + d[:, None]) * dstate + n[None, :]  # (b, dim, n) sums
+    per_batch = (bi * dim + d[None, :]) * dstate + n[:, None]  # (b, dim, n) sums
     steps = tl.arange(0, T)
     first = steps == 0
     last = steps == T - 1
     # what enters a chunk from its right: a[t0] g[t0] of the next chunk, or the last state's
     # gradient (the positions past the sequence pass it through: decay 1, no input)
-    carried = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    carried = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     if flag != 0:
         carried = tl.load(dlast_ptr + per_batch, mask=mask_dn, other=0.0)
-    dA = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    dB_const = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
-    dC_const = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    dA = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dB_const = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dC_const = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dD = tl.zeros((BLOCK_D,), dtype=tl.float32)
     dbias = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for i in range(0, n_chunks):
@@ -282,7 +286,7 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
         mask_t = t < length
         mask = mask_t[:, None] & mask_d[None, :]
         offsets = rows[None, :] + t[:, None]
-        h0 = tl.load(chunk_states_ptr + state_rows[:, None] + c * dstate + n[None, :], mask=mask_dn,
+        h0 = tl.load(chunk_states_ptr + state_rows[None, :] + c * dstate + n[:, None], mask=mask_dn,
                      other=0.0)
         u, dt, raw = _chunk_inputs(u_ptr, delta_ptr, rows, t, mask, bias, HAS_BIAS, SOFTPLUS)
         B = _bc_tile(B_ptr, b_base, b_stride_n, n, t, mask_n, mask_t, d, dstate, mask_d, VAR_B)
@@ -296,7 +300,7 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
             tl.store(dz_ptr + offsets, dy * y * sig * (1.0 + z * (1.0 - sig)), mask=mask)
             dy = dy * z * sig
         Cx = _per_update(C, VAR_C)
-        x = dy[:, :, None] * Cx
+        x = dy[:, None, :] * Cx
         x = tl.where(last[:, None, None], x + carried[None, :, :], x)
         # the reverse scan as a forward scan of the flipped chunk: Triton lowers ``reverse=True``
         # with lane shuffles even along an axis a thread holds whole (the flips here move no data)
@@ -307,9 +311,9 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
         # dL/d(delta A) at each position: g a h[t-1] = g (h - b)
         dlog = g * (states - b)
         gB = g * _per_update(B, VAR_B)
-        ddt = tl.sum(dlog * A[None, :, :] + gB * u[:, :, None], axis=2)
-        du = tl.sum(gB, axis=2) * dt
-        dA += tl.sum(dlog * dt[:, :, None], axis=0)
+        ddt = tl.sum(dlog * A[None, :, :] + gB * u[:, None, :], axis=1)
+        du = tl.sum(gB, axis=1) * dt
+        dA += tl.sum(dlog * dt[:, None, :], axis=0)
         if HAS_D:
             du += Dv[None, :] * dy
             dD += tl.sum(dy * u, axis=0)
@@ -320,16 +324,16 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
         tl.store(ddelta_ptr + offsets, ddt, mask=mask)
         if HAS_BIAS:
             dbias += tl.sum(ddt, axis=0)
-        gbu = g * (dt * u)[:, :, None]
+        gbu = g * (dt * u)[:, None, :]
         if VAR_B:
             tl.atomic_add(dB_ptr + ((bi * (dim // b_chans) + gb) * dstate + n[None, :]) * length + t[:, None],
-                          tl.sum(gbu, axis=1), mask=mask_t[:, None] & mask_n[None, :], sem='relaxed')
+                          tl.sum(gbu, axis=2), mask=mask_t[:, None] & mask_n[None, :], sem='relaxed')
         else:
             dB_const += tl.sum(gbu, axis=0)
-        hdy = states * dy[:, :, None]
+        hdy = states * dy[:, None, :]
         if VAR_C:
             tl.atomic_add(dC_ptr + ((bi * (dim // c_chans) + gc) * dstate + n[None, :]) * length + t[:, None],
-                          tl.sum(hdy, axis=1), mask=mask_t[:, None] & mask_n[None, :], sem='relaxed')
+                          tl.sum(hdy, axis=2), mask=mask_t[:, None] & mask_n[None, :], sem='relaxed')
         else:
             dC_const += tl.sum(hdy, axis=0)
     tl.store(dA_ptr + per_batch, dA, mask=mask_dn)
