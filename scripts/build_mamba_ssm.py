@@ -3,6 +3,7 @@ architecture only, against the torch installed here; make ``selective_scan_fn`` 
 without the rest of mamba-ssm (issue #38: the GPU machine has nvcc and torch but no network).
 
     pip download --no-deps --no-binary :all: --no-build-isolation mamba-ssm==2.3.2.post1 -d gpu_carry/
+    pip download --no-deps --only-binary :all: --platform manylinux2014_x86_64 ninja -d gpu_carry/
     python scripts/build_mamba_ssm.py --sdist gpu_carry/mamba_ssm-2.3.2.post1.tar.gz   # on the GPU machine
     export PYTHONPATH=$(python scripts/build_mamba_ssm.py --sdist ... --print-path):$PYTHONPATH
 
@@ -55,6 +56,29 @@ def extract(sdist: Path, build_dir: Path) -> Path:
     version = next((line for line in init.read_text().splitlines() if line.startswith('__version__')), '')
     init.write_text(f'{version}\n# (the models this file imports are not needed for selective_scan_fn)\n')
     return tree
+
+
+def ensure_ninja(sdist: Path, build_dir: Path) -> str:
+    """The ninja that ``torch.utils.cpp_extension.load`` runs: the one on PATH, else the binary
+    of a ``ninja-*.whl`` carried beside the sdist (``pip download --no-deps --only-binary :all:
+    --platform manylinux2014_x86_64 ninja``), unpacked into ``build_dir/bin`` and put on PATH
+    (nothing is installed)."""
+    found = shutil.which('ninja')
+    if found:
+        return found
+    wheels = sorted(sdist.parent.glob('ninja-*.whl'))
+    if not wheels:
+        sys.exit(f'build_mamba_ssm.py: no ninja on PATH and no ninja-*.whl beside {sdist}: torch\'s '
+                 f'extension builder needs ninja')
+    import zipfile
+    bin_dir = build_dir / 'bin'
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheels[-1]) as wheel:
+        member = next(n for n in wheel.namelist() if n.endswith('/scripts/ninja') or n.endswith('/bin/ninja'))
+        (bin_dir / 'ninja').write_bytes(wheel.read(member))
+    (bin_dir / 'ninja').chmod(0o755)
+    os.environ['PATH'] = f'{bin_dir}{os.pathsep}{os.environ.get("PATH", "")}'
+    return str(bin_dir / 'ninja')
 
 
 def arch_of_gpu(requested: str) -> str:
@@ -127,6 +151,7 @@ def main() -> int:
     import torch
     ext_dir = args.build_dir.resolve() / f'ext-sm{arch}-torch{torch.__version__.replace("+", "-")}'
     if not args.print_path:
+        print(f'ninja: {ensure_ninja(args.sdist, args.build_dir.resolve())}', flush=True)
         ext_dir = build(tree, args.build_dir.resolve(), arch, args.jobs)
     paths = search_path(tree, ext_dir)
     if args.print_path:
