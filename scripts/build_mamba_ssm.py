@@ -54,7 +54,7 @@ def extract(sdist: Path, build_dir: Path) -> Path:
             tar.extractall(src_root, filter='data') if hasattr(tarfile, 'data_filter') else tar.extractall(src_root)
     init = tree / 'mamba_ssm' / '__init__.py'
     version = next((line for line in init.read_text().splitlines() if line.startswith('__version__')), '')
-    init.write_text(f'{version}\n# (the models this file imports are not needed for selective_scan_fn)\n')
+    init.write_text(f'{version}\n')
     return tree
 
 
