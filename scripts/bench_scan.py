@@ -21,7 +21,7 @@ launch configurations instead.
     python scripts/bench_scan.py                 # classic x4 shapes, batch 4, 48x48
     python scripts/bench_scan.py --side 24 --threads 1
     python scripts/bench_scan.py --device cuda   # backends against each other on a GPU
-    python scripts/bench_scan.py --device cuda --sweep 16,4,2,2 16,8,2,2 16,8,4,4 16,16,4,4 16,2,1,1
+    python scripts/bench_scan.py --device cuda --sweep 16,4,2,4,2 16,16,2,4,2 16,8,1,8,2 16,16,2,8,2
 """
 import argparse
 import importlib
@@ -236,18 +236,22 @@ def compare_backends(args: argparse.Namespace, device: torch.device) -> Dict[str
     return medians
 
 
+SWEEP_NAMES = ('CHUNK', 'FORWARD_BLOCK_D', 'FORWARD_WARPS', 'BACKWARD_BLOCK_D', 'BACKWARD_WARPS')
+
+
 def sweep_triton(args: argparse.Namespace, device: torch.device, configs: List[str]) -> None:
     """The Triton scan's forward+backward time for each launch configuration
-    ``chunk,block_d,forward_warps,backward_warps`` (each compiles once, its first call), at the
-    shape of ``args``: to pick the defaults of archs/scan/triton_launches.py on a GPU."""
+    ``chunk,forward_block_d,forward_warps,backward_block_d,backward_warps`` (each compiles once,
+    at its first call), at the shape of ``args``: to pick the defaults of
+    archs/scan/triton_launches.py on a GPU."""
     import archs.scan.triton_launches as launches
     inputs = tuple(t.detach().to(device).requires_grad_()
                    for t in make_inputs(args.batch, args.d_inner, args.d_state, args.side))
-    saved = (launches.CHUNK, launches.BLOCK_D, launches.FORWARD_WARPS, launches.BACKWARD_WARPS)
+    saved = {name: getattr(launches, name) for name in SWEEP_NAMES}
     try:
         for config in configs:
-            (launches.CHUNK, launches.BLOCK_D, launches.FORWARD_WARPS,
-             launches.BACKWARD_WARPS) = (int(v) for v in config.split(','))
+            for name, value in zip(SWEEP_NAMES, config.split(',')):
+                setattr(launches, name, int(value))
             start = time.perf_counter()
             try:
                 time_fwd_bwd(backend_fn('triton'), inputs, 0, 1)
@@ -256,11 +260,12 @@ def sweep_triton(args: argparse.Namespace, device: torch.device, configs: List[s
                 continue
             first = time.perf_counter() - start
             times = time_fwd_bwd(backend_fn('triton'), inputs, args.repeats, args.warmup)
-            print(f'sweep chunk,block_d,fwd warps,bwd warps = {config}: median '
+            print(f'sweep chunk,fwd block_d,fwd warps,bwd block_d,bwd warps = {config}: median '
                   f'{statistics.median(times) * 1e3:.3f} ms, best {min(times) * 1e3:.3f} ms '
                   f'(first call {first:.1f} s)', flush=True)
     finally:
-        launches.CHUNK, launches.BLOCK_D, launches.FORWARD_WARPS, launches.BACKWARD_WARPS = saved
+        for name, value in saved.items():
+            setattr(launches, name, value)
 
 
 def compare_mambair(device: torch.device, backends: Sequence[str] = ('torch', 'triton', 'cuda'),
@@ -313,7 +318,7 @@ def main() -> None:
     parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu',
                         help='cuda: the scan backends against each other on CUDA tensors')
     parser.add_argument('--warmup', type=int, default=2, help='untimed runs per backend first (cuda only)')
-    parser.add_argument('--sweep', nargs='+', metavar='CHUNK,BLOCK_D,FWD_WARPS,BWD_WARPS',
+    parser.add_argument('--sweep', nargs='+', metavar='CHUNK,FWD_BLOCK_D,FWD_WARPS,BWD_BLOCK_D,BWD_WARPS',
                         help='cuda only: time the Triton scan at these launch configurations instead')
     args = parser.parse_args()
     args.side_given = args.side != 48 or args.batch != 4

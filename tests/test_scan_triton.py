@@ -117,7 +117,7 @@ def test_chunk_boundaries_with_mambairs_call(interpreted, length, use_last):
 
 
 def test_sixteen_states_at_the_default_chunk(interpreted):
-    """MambaIR's d_state 16 at the launch defaults (CHUNK, BLOCK_D), over 3 chunks and a partial
+    """MambaIR's d_state 16 at the launch defaults (CHUNK, channel blocks), over 3 chunks and a partial
     one, channel groups of 6 (a block of 4 partly past its group)."""
     length = 3 * triton_launches.CHUNK + 7
     args, softplus = make_inputs('grouped', length, 'D+bias+softplus', batch=1, dim=12, dstate=16, groups=2)
@@ -425,3 +425,8 @@ def test_benchmark_compares_backends_against_the_float64_reference(interpreted, 
     diff = re.search(r'^MambaIR scan_backend triton vs torch: output (\S+), largest over (\d+) parameter '
                      r'gradients (\S+)', out, re.M)
     assert diff and int(diff.group(2)) > 10 and float(diff.group(1)) < 1e-4 and float(diff.group(3)) < 1e-3, out
+    before = {name: getattr(triton_launches, name) for name in bench.SWEEP_NAMES}
+    bench.sweep_triton(args, torch.device('cpu'), ['8,2,1,4,1'])
+    out = capsys.readouterr().out
+    assert re.search(r'^sweep chunk,fwd block_d,fwd warps,bwd block_d,bwd warps = 8,2,1,4,1: median [\d.]+ ms', out, re.M)
+    assert {name: getattr(triton_launches, name) for name in bench.SWEEP_NAMES} == before   # defaults restored

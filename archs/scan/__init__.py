@@ -7,7 +7,7 @@
 * ``triton_kernels.py``: the Triton kernels, one forward and one backward, each a single pass
   over the sequence (``@triton.jit`` code only);
 * ``triton_launches.py``: how those kernels are launched (grid, arguments, constexprs, compiler
-  options, launch defaults ``CHUNK``/``BLOCK_D``/warps), the one description that the autograd
+  options, launch defaults: chunk length, channels and warps per program), the one description that the autograd
   function, ``scripts/scan_static_report.py`` and ``scripts/bench_scan.py --sweep`` use;
 * ``triton_function.py``: the autograd function over the launches.
 

@@ -23,9 +23,13 @@ COMPILE_OPTIONS = {'enable_fp_fusion': True}
 # Positions per chunk (the kernels' T, a power of two): the programs walk the sequence in a
 # runtime loop over chunks of this many positions, so L never changes the compiled code.
 CHUNK = 16
-# Channels per program (a power of two; at most the channels of one B/C group, rounded up).
-BLOCK_D = 4
-# Warps per program of the forward and the backward kernel.
+# Channels per program of the forward and of the backward kernel (powers of two; at most the
+# channels of one B/C group, rounded up), and their warps per program. Compiled for sm_90, wider
+# forward blocks execute fewer instructions per state update (0.47 at 16 channels and 2 warps,
+# 1.16 at 4) but give fewer programs (368 at the training shape, 92 for a 250x250 tile at batch
+# 1, for 132 SMs): `scripts/bench_scan.py --device cuda --sweep` decides on a GPU.
+FORWARD_BLOCK_D = 4
+BACKWARD_BLOCK_D = 4
 FORWARD_WARPS = 2
 BACKWARD_WARPS = 2
 # CUDA's grid limit along its second axis (the channel blocks; the batch is the first axis).
@@ -132,9 +136,9 @@ def _bc(m: torch.Tensor) -> torch.Tensor:
 
 def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
     """The inputs in the kernels' argument order, the flags they are compiled for, and the
-    layout (``chunk`` and ``block_d`` None: :data:`CHUNK` and :data:`BLOCK_D`, read at the call)."""
+    layout (``chunk`` None: :data:`CHUNK`, read at the call)."""
     B, C = _bc(B), _bc(C)
-    lay = _Layout(u, A, B, C, CHUNK if chunk is None else chunk, BLOCK_D if block_d is None else block_d)
+    lay = _Layout(u, A, B, C, CHUNK if chunk is None else chunk, block_d)
     u, delta = _sequence(u), _sequence(delta)
     z = None if z is None else _sequence(z)
     A32, D32, bias32 = _float(A), _float(D), _float(delta_bias)
@@ -156,7 +160,8 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, save_sta
     ``scripts/scan_static_report.py`` compiles it for GPUs it does not have, by calling this
     with tensors on the ``meta`` device (shapes and dtypes only). So it must do nothing but
     prepare inputs, allocate outputs and describe the launch; it must never read tensor values."""
-    inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d)
+    inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk,
+                                  FORWARD_BLOCK_D if block_d is None else block_d)
     u = inputs[0]
     out = torch.empty_like(u)
     last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
@@ -178,7 +183,8 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, states: torch.Tensor, d
     float32 ``dB``/``dC`` ((b, G, n, L) sums over channels for a varying one, zeroed first and
     added to with atomics; (b, d, n) sums over positions for a constant one), ``dA`` (b, d, n),
     ``dD`` and ``dbias`` (b, d) (or None): per-batch sums the caller adds up."""
-    inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d)
+    inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk,
+                                  BACKWARD_BLOCK_D if block_d is None else block_d)
     u, delta, B, C = inputs[0], inputs[1], inputs[3], inputs[4]
     dout = _sequence(dout)
     dlast = None if dlast is None else _aligned(dlast.float().contiguous())
