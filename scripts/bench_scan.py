@@ -9,21 +9,29 @@ The loop baseline is a fair one: decays and inputs are precomputed in time-major
 layout and unbound once (indexing a big tensor inside the loop would make its backward O(L^2)).
 
 With ``--device cuda`` the scan backends run against each other on CUDA tensors: torch, triton
-and mamba-ssm's kernel (those that import), each checked against the torch path (largest
-absolute difference of the output and of every gradient) and timed with warm-up runs (Triton
-compiles on its first call) and torch.cuda.synchronize() around every timed run.
+and mamba-ssm's kernel (those that import), at MambaIR's x4 training shape (batch 4, 48x48) and
+a 250x250 validation tile (batch 1), each checked against a float64 sequential reference
+(largest difference of the output and of every gradient; the output only for the tile) and
+timed with warm-up runs (Triton compiles on its first call, timed apart) and
+torch.cuda.synchronize() around every timed run; the ratio triton / mamba-ssm from the same run;
+then a small MambaIR built on each backend (output and gradients against torch's), and the GPU,
+driver, torch, triton and mamba-ssm versions first. ``--sweep`` times the Triton scan at several
+launch configurations instead.
 
     python scripts/bench_scan.py                 # classic x4 shapes, batch 4, 48x48
     python scripts/bench_scan.py --side 24 --threads 1
     python scripts/bench_scan.py --device cuda   # backends against each other on a GPU
+    python scripts/bench_scan.py --device cuda --sweep 16,4,2,4,2 16,16,2,4,2 16,8,1,8,2 16,16,2,8,2
 """
 import argparse
+import importlib
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -124,39 +132,81 @@ def available_backends(device: torch.device) -> List[Tuple[str, str]]:
     return found
 
 
-def compare_backends(args: argparse.Namespace, device: torch.device) -> None:
-    """Every backend that can run on ``device`` against the torch path: error and time. Meant
-    for CUDA tensors; the tests run it on CPU tensors with Triton's interpreter."""
+# Longest sequence whose float64 reference runs forward and backward (autograd through every
+# step keeps a few (b, d, n) float64 tensors per position); longer ones check the output only.
+REFERENCE_GRAD_LENGTH = 4096
+
+
+def float64_reference(inputs: Tuple[torch.Tensor, ...], with_grads: bool) -> List[Optional[torch.Tensor]]:
+    """Output (and, when ``with_grads``, every gradient for the same output weights as
+    :func:`output_and_grads`) of the sequential loop in float64: mamba's selective_scan_ref
+    semantics, written here, not one of the backends."""
+    copies = tuple(t.detach().double().requires_grad_(with_grads) for t in inputs)
+    with torch.set_grad_enabled(with_grads):
+        out = loop_scan(*copies)
+        if not with_grads:
+            return [out] + [None] * len(inputs)
+        weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device, out.dtype)
+        (out * weight).sum().backward()
+    return [out.detach()] + [t.grad for t in copies]
+
+
+def versions(device: torch.device) -> str:
+    """GPU, driver, torch, triton and mamba-ssm versions (what every figure is measured with)."""
+    parts = [f'torch {torch.__version__}']
+    if on_cuda(device) and torch.cuda.is_available():
+        parts.insert(0, f'{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}')
+        try:
+            smi = subprocess.run(['nvidia-smi', '--query-gpu=driver_version', '--format=csv,noheader'],
+                                 capture_output=True, text=True, timeout=20)
+            parts.insert(1, f'driver {smi.stdout.strip().splitlines()[0]}')
+        except (OSError, subprocess.SubprocessError, IndexError):
+            parts.insert(1, 'driver unknown')
+    for package in ('triton', 'mamba_ssm'):
+        try:
+            parts.append(f'{package} {importlib.import_module(package).__version__}')
+        except ImportError:
+            parts.append(f'{package} not installed')
+    return '; '.join(parts)
+
+
+def compare_backends(args: argparse.Namespace, device: torch.device) -> Dict[str, float]:
+    """Every backend that can run on ``device``: its largest difference from the float64
+    reference (output and gradients; the output only for sequences longer than
+    :data:`REFERENCE_GRAD_LENGTH`) and its forward+backward time; ratios from this one run.
+    Meant for CUDA tensors; the tests run it on CPU tensors with Triton's interpreter. Returns
+    the median times by backend."""
     cuda = on_cuda(device)
     inputs = tuple(t.detach().to(device).requires_grad_()
                    for t in make_inputs(args.batch, args.d_inner, args.d_state, args.side))
     device_name = torch.cuda.get_device_name(device) if cuda else str(device)
+    length = args.side ** 2
     print(f'device: {device_name}; torch {torch.__version__}; shapes: u/delta '
-          f'({args.batch}, {4 * args.d_inner}, {args.side ** 2}), B/C ({args.batch}, 4, {args.d_state}, '
-          f'{args.side ** 2}); {args.warmup} warm-up run(s), {args.repeats} timed')
-    reference = output_and_grads(backend_fn('torch'), inputs)
-    medians = {}
+          f'({args.batch}, {4 * args.d_inner}, {length}), B/C ({args.batch}, 4, {args.d_state}, '
+          f'{length}); {args.warmup} warm-up run(s), {args.repeats} timed', flush=True)
+    reference = None
+    if getattr(args, 'reference', True):
+        start = time.perf_counter()
+        reference = float64_reference(inputs, length <= REFERENCE_GRAD_LENGTH)
+        print(f'float64 reference (sequential loop{"" if length <= REFERENCE_GRAD_LENGTH else ", output only"}): '
+              f'{time.perf_counter() - start:.1f} s', flush=True)
+    medians: Dict[str, float] = {}
     for name, missing in [('torch', '')] + available_backends(device):
         if missing:
             print(f'{LABELS[name]:10s} not run: {missing}')
             continue
-        errors = ''
+        first = time.perf_counter()
+        try:
+            ours = output_and_grads(backend_fn(name), inputs)
+        except ScanKernelFailed as err:   # compiled or launched at its first call, and failed
+            print(f'{LABELS[name]:10s} not run: {err}')
+            continue
         if name != 'torch':
-            first = time.perf_counter()
-            try:
-                ours = output_and_grads(backend_fn(name), inputs)
-            except ScanKernelFailed as err:   # compiled or launched at its first call, and failed
-                print(f'{LABELS[name]:10s} not run: {err}')
-                continue
             if cuda:
                 torch.cuda.synchronize()
             # Triton compiles (or loads from its cache, ~/.triton) at the first call: users wait this long once.
             print(f'{LABELS[name]:10s} first fwd+bwd call (compile or cache load included): '
                   f'{time.perf_counter() - first:.1f} s', flush=True)
-            worst = [(o - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
-                     for o, r in zip(ours, reference)]
-            errors = (f'; max |diff| / max |torch|: output {worst[0]:.1e}, grads ' +
-                      ', '.join(f'{n} {e:.1e}' for n, e in zip(NAMES, worst[1:])))
         memory = ''
         if cuda:
             torch.cuda.synchronize()
@@ -168,15 +218,87 @@ def compare_backends(args: argparse.Namespace, device: torch.device) -> None:
             memory = f', peak memory {extra:.0f} MB above the inputs'
         medians[name] = statistics.median(times)
         print(f'{LABELS[name]:10s} fwd+bwd: median {medians[name] * 1e3:.2f} ms, '
-              f'best {min(times) * 1e3:.2f} ms'
-              f'{memory}{errors}', flush=True)
+              f'best {min(times) * 1e3:.2f} ms{memory}', flush=True)
+        if reference is not None:
+            worst = [(o.double() - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+                     for o, r in zip(ours, reference) if r is not None]
+            print(f'{"":10s} max |diff| / max |float64 reference|: output {worst[0]:.1e}' +
+                  (', grads ' + ', '.join(f'{n} {e:.1e}' for n, e in zip(NAMES, worst[1:])) if len(worst) > 1 else ''))
     for name in medians:
         if name != 'torch':
             print(f'speed-up of {LABELS[name]} over torch: {medians["torch"] / medians[name]:.1f}x (medians)')
+    if 'triton' in medians and 'cuda' in medians:
+        print(f'triton / mamba-ssm fwd+bwd: {medians["triton"] / medians["cuda"]:.2f} (medians, this run; goal <= 1.0)')
     if not args.skip_loop:
         loop = time_fwd_bwd(loop_scan, inputs, 1, 1)[0]
         print(f'sequential loop fwd+bwd: {loop * 1e3:.1f} ms; '
               f'torch path {loop / medians["torch"]:.1f}x faster')
+    return medians
+
+
+SWEEP_NAMES = ('CHUNK', 'FORWARD_BLOCK_D', 'FORWARD_WARPS', 'BACKWARD_BLOCK_D', 'BACKWARD_WARPS')
+
+
+def sweep_triton(args: argparse.Namespace, device: torch.device, configs: List[str]) -> None:
+    """The Triton scan's forward+backward time for each launch configuration
+    ``chunk,forward_block_d,forward_warps,backward_block_d,backward_warps`` (each compiles once,
+    at its first call), at the shape of ``args``: to pick the defaults of
+    archs/scan/triton_launches.py on a GPU."""
+    import archs.scan.triton_launches as launches
+    inputs = tuple(t.detach().to(device).requires_grad_()
+                   for t in make_inputs(args.batch, args.d_inner, args.d_state, args.side))
+    saved = {name: getattr(launches, name) for name in SWEEP_NAMES}
+    try:
+        for config in configs:
+            for name, value in zip(SWEEP_NAMES, config.split(',')):
+                setattr(launches, name, int(value))
+            start = time.perf_counter()
+            try:
+                time_fwd_bwd(backend_fn('triton'), inputs, 0, 1)
+            except ScanKernelFailed as err:
+                print(f'sweep {config}: failed: {err}')
+                continue
+            first = time.perf_counter() - start
+            times = time_fwd_bwd(backend_fn('triton'), inputs, args.repeats, args.warmup)
+            print(f'sweep chunk,fwd block_d,fwd warps,bwd block_d,bwd warps = {config}: median '
+                  f'{statistics.median(times) * 1e3:.3f} ms, best {min(times) * 1e3:.3f} ms '
+                  f'(first call {first:.1f} s)', flush=True)
+    finally:
+        for name, value in saved.items():
+            setattr(launches, name, value)
+
+
+def compare_mambair(device: torch.device, backends: Sequence[str] = ('torch', 'triton', 'cuda'),
+                    embed_dim: int = 60, d_state: int = 16, size: Tuple[int, int] = (24, 20),
+                    blocks: int = 2) -> None:
+    """A small MambaIR (two blocks; by default d_state 16, 60 channels, 24x20) built once per scan backend from the same seed:
+    its output and every parameter's gradient on each backend against the torch backend's
+    (largest difference relative to the largest torch value). The first time the ``cuda``
+    backend runs inside the network."""
+    import archs
+    x = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(2)).to(device)
+    results = {}
+    for backend in backends:
+        torch.manual_seed(0)
+        net = archs.MambaIR(upscale=2, img_size=max(size), embed_dim=embed_dim, depths=[blocks], d_state=d_state, mlp_ratio=1.5,
+                            upsampler='pixelshuffle', scan_backend=backend).to(device)
+        try:
+            out = net(x)
+        except (ImportError, ValueError, ScanKernelFailed) as err:
+            print(f'MambaIR {LABELS[backend]:10s} not run: {str(err).splitlines()[0][:200]}')
+            continue
+        out.square().mean().backward()
+        results[backend] = [out.detach()] + [p.grad.detach().clone() for p in net.parameters() if p.grad is not None]
+    if 'torch' not in results:
+        return
+    ref = results['torch']
+    for backend, values in results.items():
+        if backend == 'torch':
+            continue
+        worst = max((v - r).abs().max().item() / max(r.abs().max().item(), 1e-30) for v, r in zip(values, ref))
+        out_diff = (values[0] - ref[0]).abs().max().item() / max(ref[0].abs().max().item(), 1e-30)
+        print(f'MambaIR scan_backend {LABELS[backend]} vs torch: output {out_diff:.1e}, '
+              f'largest over {len(values) - 1} parameter gradients {worst:.1e} (relative to the largest torch value)')
 
 
 def peak_rss_mb() -> float:
@@ -196,14 +318,25 @@ def main() -> None:
     parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu',
                         help='cuda: the scan backends against each other on CUDA tensors')
     parser.add_argument('--warmup', type=int, default=2, help='untimed runs per backend first (cuda only)')
+    parser.add_argument('--sweep', nargs='+', metavar='CHUNK,FWD_BLOCK_D,FWD_WARPS,BWD_BLOCK_D,BWD_WARPS',
+                        help='cuda only: time the Triton scan at these launch configurations instead')
     args = parser.parse_args()
+    args.side_given = args.side != 48 or args.batch != 4
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == 'cuda':
         if not torch.cuda.is_available():
             sys.exit('bench_scan.py --device cuda: no CUDA device is available to torch '
                      f'{torch.__version__} (torch.cuda.is_available() is False)')
-        compare_backends(args, torch.device('cuda'))
+        device = torch.device('cuda')
+        print(versions(device), flush=True)
+        if args.sweep:
+            sweep_triton(args, device, args.sweep)
+            return
+        shapes = [(args.batch, args.side)] if args.side_given else [(4, 48), (1, 250)]
+        for batch, side in shapes:   # MambaIR x4 training, then a 250x250 validation tile
+            compare_backends(argparse.Namespace(**dict(vars(args), batch=batch, side=side)), device)
+        compare_mambair(device)
         return
     inputs = make_inputs(args.batch, args.d_inner, args.d_state, args.side)
     rss_inputs = peak_rss_mb()

@@ -5,7 +5,7 @@ builds on GPU machines. :func:`selective_scan` has the same signature and semant
 ``selective_scan_ref`` and picks a kernel at call time:
 
 * ``'cuda'`` (alias ``'mamba_ssm'``): mamba-ssm's fused kernel (CUDA tensors, mamba-ssm installed);
-* ``'triton'``: :mod:`archs.scan.triton_function`, chunk-parallel Triton kernels (CUDA
+* ``'triton'``: :mod:`archs.scan.triton_function`, single-pass Triton kernels (CUDA
   tensors; CPU tensors too when ``TRITON_INTERPRET=1``, which the tests use);
 * ``'torch'``: :class:`archs.scan.torch_scan.SelectiveScanTorch`, pure PyTorch, any device;
 * ``'auto'`` (default): for CUDA tensors ``'cuda'`` when mamba-ssm imports, else ``'triton'``
