@@ -5,15 +5,20 @@
 # left of the budget (a step that would start with under 5 s left is skipped and reported). Steps,
 # with their limits sized for one H100 (16 cores) and a cold Triton cache:
 #   1. versions      10 s  GPU, driver, CUDA, torch, triton, mamba-ssm
-#   2. scan_backends 40 s  the selective-scan backends side by side on CUDA (the scan issue's benchmark)
+#   2. scan_backends 60 s  the selective-scan backends side by side on CUDA (the scan issue's benchmark)
 #   3. demo_data     20 s  the demo cameras (LR 48) and a second set of larger images (LR 115) if absent
 #   4. train         75 s  small MambaIR, LDT in bf16 through every phase (head warm-up, profiling,
 #                          dual training with DPU), two validations (iterations 60 and 100) of both
 #                          sets with the official cutting in bf16, composite saved at 60 and 100
 #   5. test_bf16     25 s  test.py in bf16 on that composite, 32-pixel tiles, both sets
 #   6. torchrun      45 s  a 2-process torchrun run (NCCL with a GPU per rank; Gloo when they share one)
-#   7. bench_*   55/55/25 s  bench_ldt.py in bf16 for classic MambaIR, HAT and SAFMN x4 (LR 48, batch 4):
+#   7. bench_*   45/45/25 s  bench_ldt.py in bf16 for classic MambaIR, HAT and SAFMN x4 (LR 48, batch 4):
 #                          FT step, LDT dual step, LDT-S step, peak memory, ratios to FT of the run
+#   8. scan_mamba_ssm 90 s  only when mamba-ssm's sdist was carried (GPU_CHECK_MAMBA_SDIST, default
+#                          gpu_carry/mamba_ssm-*.tar.gz) and mamba_ssm does not import: its selective_scan_cuda
+#                          is built for this GPU by scripts/build_mamba_ssm.py in the background from the start
+#                          (8 compile jobs, beside steps 1-7), then the scan benchmark runs again with mamba-ssm
+#                          beside Triton and torch (Triton / mamba-ssm from the same run)
 # Prints each step's time and a report, written with the logs to $OUT/gpu_check/ (results/gpu_check/
 # when OUT is unset). Exits non-zero when a step fails or is skipped, and at once with one line on a
 # machine without CUDA.
@@ -73,7 +78,6 @@ run_step() {
 newest_log() { ls -t "$1"/train_"$(basename "$1")"_*.log 2>/dev/null | head -n 1; }
 
 check_versions() { cat "$1"; grep -q '^GPU ' "$1" && grep -q '^torch ' "$1"; }
-check_scan() { tail -n 12 "$1"; }
 check_data() {
   local small large
   small=$(ls datasets/DRealSR_demo/Test_x4/test_LR 2>/dev/null | wc -l)
@@ -127,11 +131,21 @@ check_ddp() {
 }
 check_bench() { grep -E 'bench_ldt:|step ratio|memory ratio|time/iter|^summary:' "$1"; grep -q '^summary:' "$1"; }
 
-# ---------------------------------------------------------------------------------------------
-# Scan backends (step 2). The scan issue owns this command: its benchmark compares the torch scan,
-# the Triton scan and mamba-ssm where it was built; wire a mamba-ssm build in here.
-scan_backends() { "$PY" scripts/bench_scan.py --device cuda; }
-# ---------------------------------------------------------------------------------------------
+# Scan backends (step 2): the torch scan, the Triton scan and mamba-ssm where it imports, at MambaIR's
+# training shape and a 250x250 validation tile, each against a float64 reference.
+scan_backends() { "$PY" scripts/bench_scan.py --device cuda --skip-loop --repeats 10; }
+check_scan() { grep -E '^device:|not run|first fwd\+bwd|fwd\+bwd: median|max \|diff\||triton / mamba-ssm|MambaIR scan_backend' "$1"; grep -q 'fwd+bwd: median' "$1"; }
+
+# mamba-ssm built in the background (step 8): MAMBA_BUILD holds the build; MAMBA_BUILD/rc its exit
+# status once it ends (the step runs in a child shell, which cannot wait for this shell's job).
+MAMBA_SDIST="${GPU_CHECK_MAMBA_SDIST:-$(ls gpu_carry/mamba_ssm-*.tar.gz 2>/dev/null | head -n 1)}"
+MAMBA_BUILD="${GPU_CHECK_MAMBA_BUILD:-/tmp/mamba_ssm_build}"
+scan_mamba_ssm() {
+  until [ -f "$MAMBA_BUILD/rc" ]; do sleep 2; done
+  [ "$(cat "$MAMBA_BUILD/rc")" -eq 0 ] || { echo "mamba-ssm build failed (log: $DIR/mamba_ssm_build.log)"; return 1; }
+  PYTHONPATH="$("$PY" scripts/build_mamba_ssm.py --sdist "$MAMBA_SDIST" --build-dir "$MAMBA_BUILD" --print-path):${PYTHONPATH:-}" \
+    "$PY" scripts/bench_scan.py --device cuda --skip-loop --repeats 10
+}
 
 demo_data() {
   if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Mix_023_x4.png ]; then   # the current demo build
@@ -143,10 +157,22 @@ demo_data() {
   fi
 }
 
-export PY
-export -f scan_backends demo_data   # run_step runs them under timeout, in a child bash
+export PY DIR MAMBA_SDIST MAMBA_BUILD
+export -f scan_backends scan_mamba_ssm demo_data   # run_step runs them under timeout, in a child bash
 
 say "gpu_check $(date -u '+%Y-%m-%d %H:%M UTC') in $(pwd), budget ${BUDGET_S} s"
+BUILD_MAMBA=0
+if [ -n "$MAMBA_SDIST" ] && ! "$PY" -c 'import mamba_ssm' >/dev/null 2>&1; then
+  BUILD_MAMBA=1
+  mkdir -p "$MAMBA_BUILD" && rm -f "$MAMBA_BUILD/rc"
+  say "mamba-ssm: building selective_scan_cuda from $MAMBA_SDIST in the background (log: $DIR/mamba_ssm_build.log)"
+  ( timeout -k "$KILL_S" $((BUDGET_S - KILL_S)) "$PY" scripts/build_mamba_ssm.py --sdist "$MAMBA_SDIST" \
+      --build-dir "$MAMBA_BUILD" --jobs 8 > "$DIR/mamba_ssm_build.log" 2>&1; echo $? > "$MAMBA_BUILD/rc" ) &
+  MAMBA_PID=$!
+  trap 'kill -- -$MAMBA_PID 2>/dev/null; pkill -P $MAMBA_PID 2>/dev/null' EXIT   # no compile outlives the check
+elif [ -z "$MAMBA_SDIST" ]; then
+  say "mamba-ssm: no sdist carried (gpu_carry/mamba_ssm-*.tar.gz), not built; the scan step compares what imports"
+fi
 run_step versions 10 check_versions "$PY" - <<'EOF'
 import importlib.util, subprocess
 import torch
@@ -166,7 +192,7 @@ print(f'GPU {torch.cuda.get_device_name(0)} ({props.total_memory / 2**30:.0f} Gi
       f'x{torch.cuda.device_count()}, driver {driver}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}')
 print(f'torch {torch.__version__}, triton {triton_version}, mamba-ssm {mamba}, bf16 {torch.cuda.is_bf16_supported()}')
 EOF
-run_step scan_backends 40 check_scan bash -c scan_backends
+run_step scan_backends 60 check_scan bash -c scan_backends
 run_step demo_data 20 check_data bash -c demo_data
 run_step train_mambair_ldt_bf16 75 check_train "$PY" Train_pip.py -opt options/demo/train_demo_mambair_ldt_gpu.yml
 run_step test_bf16 25 check_test "$PY" test.py -opt options/demo/test_demo_mambair_gpu.yml
@@ -175,10 +201,12 @@ run_step torchrun_ddp_2 45 check_ddp \
   -opt options/demo/train_demo_mambair_ldt_gpu.yml --launcher pytorch --force_yml name=gpu_check_ddp \
   datasets:train:batch_size_per_gpu=2 train:total_iter=40 ldt:head_warmup_iters=10 ldt:profile_iters=10 \
   logger:save_checkpoint_freq=20 logger:print_freq=20 val:val_freq=40
-for arch in mambair:55 hat:55 safmn:25; do
+for arch in mambair:45 hat:45 safmn:25; do
   run_step "bench_ldt_${arch%%:*}" "${arch##*:}" check_bench "$PY" scripts/bench_ldt.py --device cuda --arch "${arch%%:*}" \
     --amp bf16 --patch 48 --batch 4 --warm 2 --iters 4 --no-profile-memory
 done
+
+[ "$BUILD_MAMBA" -eq 1 ] && run_step scan_mamba_ssm 90 check_scan bash -c scan_mamba_ssm
 
 say "result: $([ "$FAILED" -eq 0 ] && echo 'all steps passed' || echo "$FAILED step(s) failed or skipped") in ${SECONDS} s of the ${BUDGET_S} s budget (report: $REPORT)"
 [ "$FAILED" -eq 0 ]

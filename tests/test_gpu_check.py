@@ -19,7 +19,7 @@ STEPS = ['versions', 'scan_backends', 'demo_data', 'train_mambair_ldt_bf16', 'te
          'bench_ldt_mambair', 'bench_ldt_hat', 'bench_ldt_safmn']
 #: A stand-in for python: says CUDA is there, logs its arguments, then sleeps FAKE_SLEEP seconds.
 FAKE_PYTHON = """#!/usr/bin/env bash
-case "$*" in *cuda.is_available*) exit 0;; esac
+case "$*" in *cuda.is_available*) exit 0;; *'import mamba_ssm'*) exit 1;; esac
 echo "fake-python $*"
 sleep "${FAKE_SLEEP:-0}"
 """
@@ -59,20 +59,42 @@ def test_every_step_runs_under_its_limit_and_the_limits_fit_six_minutes(tmp_path
     steps = re.findall(r'^\[(PASS|FAIL|SKIP)\] (\S+) \((\d+) s, limit (\d+) s', report, re.M)
     assert [name for _, name, _, _ in steps] == STEPS
     limits = {name: int(limit) for _, name, _, limit in steps}
-    assert limits == {'versions': 10, 'scan_backends': 40, 'demo_data': 20, 'train_mambair_ldt_bf16': 75,
-                      'test_bf16': 25, 'torchrun_ddp_2': 45, 'bench_ldt_mambair': 55, 'bench_ldt_hat': 55,
+    assert limits == {'versions': 10, 'scan_backends': 60, 'demo_data': 20, 'train_mambair_ldt_bf16': 75,
+                      'test_bf16': 25, 'torchrun_ddp_2': 45, 'bench_ldt_mambair': 45, 'bench_ldt_hat': 45,
                       'bench_ldt_safmn': 25}
     assert sum(limits.values()) <= 350
     log = {name: (folder / f'{name}.log').read_text() for name in STEPS}
     assert 'scripts/bench_scan.py --device cuda' in log['scan_backends']
+    assert 'mamba-ssm: no sdist carried' in report                     # nothing to build: no step 8
     assert 'Train_pip.py -opt options/demo/train_demo_mambair_ldt_gpu.yml' in log['train_mambair_ldt_bf16']
     assert 'test.py -opt options/demo/test_demo_mambair_gpu.yml' in log['test_bf16']
     assert '-m torch.distributed.run --nproc_per_node=2' in log['torchrun_ddp_2']
     for arch in ('mambair', 'hat', 'safmn'):
         assert f'scripts/bench_ldt.py --device cuda --arch {arch} --amp bf16' in log[f'bench_ldt_{arch}']
-    assert re.search(r'^\[PASS\] scan_backends', report, re.M)   # the scan issue's check: its benchmark ran
+    assert re.search(r'^\[FAIL\] scan_backends', report, re.M)   # the stand-in prints no timing
     assert 'test pairs: 0 of LR 48 (datasets/DRealSR_demo), 0 of LR 115' in report
-    assert re.search(r'^result: 8 step\(s\) failed or skipped in \d+ s of the 350 s budget', report, re.M)
+    assert re.search(r'^result: 9 step\(s\) failed or skipped in \d+ s of the 350 s budget', report, re.M)
+
+
+def test_a_carried_mamba_ssm_sdist_is_built_in_the_background_and_benchmarked_last(tmp_path):
+    """With mamba-ssm's sdist in gpu_carry/ and no mamba_ssm importable, its build starts before the
+    first step, beside the others, and a last step benchmarks the scan again with it on the path."""
+    (tmp_path / 'gpu_carry').mkdir()
+    (tmp_path / 'gpu_carry' / 'mamba_ssm-2.3.2.post1.tar.gz').write_bytes(b'')
+    build = tmp_path / 'mamba_build'
+    os.environ['GPU_CHECK_MAMBA_BUILD'] = str(build)
+    try:
+        result, _, folder = _run_with_fake_python(tmp_path, budget=350, sleep=0)
+    finally:
+        del os.environ['GPU_CHECK_MAMBA_BUILD']
+    report = (folder / 'report.txt').read_text()
+    assert 'mamba-ssm: building selective_scan_cuda from gpu_carry/mamba_ssm-2.3.2.post1.tar.gz' in report
+    steps = re.findall(r'^\[(?:PASS|FAIL|SKIP)\] (\S+) \(\d+ s, limit (\d+) s', report, re.M)
+    assert [name for name, _ in steps] == STEPS + ['scan_mamba_ssm'] and steps[-1][1] == '90'
+    built = (folder / 'mamba_ssm_build.log').read_text()
+    assert 'scripts/build_mamba_ssm.py --sdist gpu_carry/mamba_ssm-2.3.2.post1.tar.gz' in built
+    assert f'--build-dir {build} --jobs 8' in built and (build / 'rc').read_text().strip() == '0'
+    assert 'scripts/bench_scan.py --device cuda' in (folder / 'scan_mamba_ssm.log').read_text()
 
 
 def test_the_budget_cuts_a_step_short_and_skips_the_rest(tmp_path):
