@@ -1,5 +1,7 @@
 """val: save_best keeps the weights of the best-validating iteration in net_g_best.pth, across resumes,
 and its options fail early with one clear line."""
+import json
+import logging
 import re
 
 import pytest
@@ -124,3 +126,66 @@ def test_param_key_g_chooses_the_starting_weights_of_every_copy(tmp_path, demo_d
             assert all(torch.equal(v, expected[k]) for k, v in network.state_dict().items())
         entry = checkpoints_of({'path': {'param_key_g': key}, 'checkpoints': [{'path': 'x.pth'}]})[0]
         assert entry['param_key'] == key
+
+
+class _Messages(logging.Handler):
+    """Collects what BasicSR's logger writes (it does not propagate to pytest's caplog)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _in_process(monkeypatch, project, script, options):
+    """Run ``Train_pip.py`` / ``test.py`` the way a user does, but in this process (so that mutation
+    testing can see the code it runs); returns BasicSR's log messages."""
+    from basicsr_ldt.pipelines.evaluate import test_pipeline
+    from basicsr_ldt.pipelines.train import train_pipeline
+    monkeypatch.setattr('sys.argv', [script, '-opt', write(project / f"{options['name']}.yml", options)])
+    messages, logger = _Messages(), logging.getLogger('basicsr')
+    level = logger.level   # BasicSR sets INFO only when it first creates its logger with a log file
+    logger.addHandler(messages)
+    logger.setLevel(logging.INFO)
+    try:
+        (train_pipeline if script == 'Train_pip.py' else test_pipeline)(str(project))
+    finally:
+        logger.removeHandler(messages)
+        logger.setLevel(level)
+    return messages.lines
+
+
+def test_validation_measures_the_network_that_is_saved(tmp_path, monkeypatch, demo_data):
+    """A tiny LDT run validated every iteration: the PSNR validation logs for an iteration is what
+    test.py reports for that iteration's net_g file (the composite), net_g_best.pth is the network
+    that made the best value, and the primary and auxiliary branches measure differently (so the test
+    would see validation measuring a branch while net_g holds the composite). test.py evaluates with
+    the options validation used (the same image set, metric defaults)."""
+    from test_ldt_model import NETWORK, ldt_options
+    opt = ldt_options(demo_data, 'ldt_val')
+    opt['datasets'] = {'train': opt['datasets']['train'], 'val_source': dataset(demo_data, 'Test', ['Olympus'])}
+    opt['val'].update(val_freq=1, save_best=True, best_metric='psnr')
+    lines = _in_process(monkeypatch, tmp_path, 'Train_pip.py', opt)
+    logged = [float(v) for v in re.findall(r'Validation Test_Olympus\n\t # psnr: ([0-9.]+)', '\n'.join(lines))]
+    assert len(logged) == 9   # iterations 1..8 (dual training from 5), then the last weights again
+    exp = tmp_path / 'experiments' / 'ldt_val'
+    state = torch.load(exp / 'training_states' / '8.state', weights_only=True)['extra']
+    assert state['ldt']['phase'] == 'train' and state['ldt']['auxiliary'] is not None   # dual training
+    for branch in ('primary', 'auxiliary'):   # the branches as test.py checkpoints
+        torch.save({'params': state['ldt'][branch]}, exp / f'{branch}_8.pth')
+    files = {f'iter{i}': exp / 'models' / f'net_g_{i}.pth' for i in range(5, 9)}
+    files.update(best=exp / 'models' / 'net_g_best.pth', primary=exp / 'primary_8.pth',
+                 auxiliary=exp / 'auxiliary_8.pth')
+    _in_process(monkeypatch, tmp_path, 'test.py', {
+        'name': 'eval_val', 'scale': 4, 'num_gpu': 0, 'network_g': NETWORK, 'path': {},
+        'datasets': {'test_1': opt['datasets']['val_source']},
+        'checkpoints': [{'label': label, 'path': str(path)} for label, path in files.items()]})
+    table = json.loads((tmp_path / 'results' / 'eval_val' / 'metrics.json').read_text())['summary']
+    measured = {label: table[label]['Mean']['psnr'] for label in files}
+    for i in range(5, 9):
+        assert abs(logged[i - 1] - measured[f'iter{i}']) < 6e-5, (i, logged, measured)
+    assert abs(state['best']['value'] - measured['best']) < 1e-9, (state['best'], measured)
+    for branch in ('primary', 'auxiliary'):
+        assert abs(measured[branch] - measured['iter8']) > 1e-3, f'{branch} measures like the composite: {measured}'
