@@ -24,7 +24,7 @@ from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import closest_key_hint, registered
 from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, preset, select
-from basicsr_ldt.models.best import BestCheckpointMixin
+from basicsr_ldt.models.best import BestCheckpointMixin, validated_network
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.models.resumable import ResumableMixin
@@ -309,7 +309,7 @@ class LDTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel)
     def validation(self, dataloader, current_iter, tb_logger, save_img=False):
         # One network per validation run, not one per image: the composite unless val.best_network
         # names a branch (the official script validates one branch); net_g_best.pth is the composite.
-        which = (self.opt.get('val') or {}).get('best_network', 'composite')
+        which = validated_network(self.opt, self.validated_networks)
         self._validated = self.ldt.network(which).to(self.device).eval()
         try:
             super().validation(dataloader, current_iter, tb_logger, save_img)
