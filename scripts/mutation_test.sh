@@ -14,7 +14,8 @@
 # files to mutate, default below; files under basicsr_ldt/ or archs/), MUTATION_NAMES (space-separated
 # globs of the mutants to run, to restrict a run to some functions, e.g.
 # 'basicsr_ldt.ldt.partition.x_matches__mutmut_*'; the summary then counts only those; default: every
-# mutant of MUTATION_MODULES), OMP_NUM_THREADS (default 1).
+# mutant of MUTATION_MODULES), MUTATION_TIMEOUT_CONSTANT (seconds, default 10; see write_config),
+# OMP_NUM_THREADS (default 1).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -77,6 +78,10 @@ write_config() {
     for t in "${SUBPROCESS_TESTS[@]}"; do echo "    --deselect"; echo "    $t"; done
     echo 'process_isolation = forkserver'
     echo 'timeout_multiplier = 5'
+    # A mutant counts as 'timeout' when its tests run longer than (their recorded time + this) x 5 s
+    # of wall time; with mutmut's default of 1 s, a test of 0.1 s timed out whenever the machine was
+    # busy (other jobs, nice) and the verdict read as killed. 10 s leaves room; a real hang costs 50 s.
+    echo "timeout_constant = ${MUTATION_TIMEOUT_CONSTANT:-10}"
   } > "$WORK/setup.cfg"
 }
 
