@@ -1,7 +1,6 @@
 """val: save_best keeps the weights of the best-validating iteration in net_g_best.pth, across resumes,
 and its options fail early with one clear line."""
 import json
-import logging
 import re
 
 import pytest
@@ -9,7 +8,7 @@ import torch
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.models.best import best_selection
-from conftest import run_entry
+from conftest import basicsr_log, run_entry
 from test_cli import dataset, train_options, write
 
 
@@ -128,33 +127,15 @@ def test_param_key_g_chooses_the_starting_weights_of_every_copy(tmp_path, demo_d
         assert entry['param_key'] == key
 
 
-class _Messages(logging.Handler):
-    """Collects what BasicSR's logger writes (it does not propagate to pytest's caplog)."""
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
 def _in_process(monkeypatch, project, script, options):
     """Run ``Train_pip.py`` / ``test.py`` the way a user does, but in this process (so that mutation
     testing can see the code it runs); returns BasicSR's log messages."""
     from basicsr_ldt.pipelines.evaluate import test_pipeline
     from basicsr_ldt.pipelines.train import train_pipeline
     monkeypatch.setattr('sys.argv', [script, '-opt', write(project / f"{options['name']}.yml", options)])
-    messages, logger = _Messages(), logging.getLogger('basicsr')
-    level = logger.level   # BasicSR sets INFO only when it first creates its logger with a log file
-    logger.addHandler(messages)
-    logger.setLevel(logging.INFO)
-    try:
+    with basicsr_log() as lines:
         (train_pipeline if script == 'Train_pip.py' else test_pipeline)(str(project))
-    finally:
-        logger.removeHandler(messages)
-        logger.setLevel(level)
-    return messages.lines
+    return lines
 
 
 def test_validation_measures_the_network_that_is_saved(tmp_path, monkeypatch, demo_data):

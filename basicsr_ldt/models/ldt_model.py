@@ -118,6 +118,12 @@ class PhaseBatches:
         return {'lq': data['lq'].to(self.device), 'gt': data['gt'].to(self.device)}
 
 
+def _listing(names: List[str], shown: int = 12) -> str:
+    """``N parameters: a, b, ... and M more`` for a log line."""
+    more = f' and {len(names) - shown} more' if len(names) > shown else ''
+    return f"{len(names)} parameter{'s' if len(names) != 1 else ''}: {', '.join(names[:shown])}{more}"
+
+
 @MODEL_REGISTRY.register()
 class LDTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
     """SR model trained with LDT; ``net_g`` checkpoints hold the composite network (eq. 12)."""
@@ -158,7 +164,7 @@ class LDTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel)
         self._schedulers: Dict[int, object] = {}
         self._phase: Optional[str] = None
         self.ldt = LDT(self.get_bare_model(self.net_g), self.config, self._make_optimizer, self.precision)
-        self._check_head_patterns()
+        self._check_patterns()
         seed, parts = self.opt.get('manual_seed', 0), 2 if self.config.head_warmup_iters else 1
         train_data = self.opt['datasets']['train']
         self._phase_data = {
@@ -167,15 +173,32 @@ class LDTSRModel(BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel)
                                     self.config.profile_order == 'file_order') if self.config.profile_iters else None}
         self.log_dict = OrderedDict()
 
-    def _check_head_patterns(self) -> None:
-        """Fail before training when the head patterns a phase needs match no parameter."""
+    def _check_patterns(self) -> None:
+        """Before training: fail when a name pattern in use selects nothing, and log what each selects.
+
+        A pattern is an exact name, a glob or a module prefix (``layers.1`` is ``layers.1.*``, not
+        ``layers.10``); the log shows at the start of a run which tensors it took, where the partition
+        file would show the result only after warm-up and profiling. Force patterns are checked one
+        by one (each must select something, as ``build_partition`` requires), head patterns together.
+        """
+        names, network = self.ldt.names, self.opt['network_g']['type']
+        logger = get_root_logger()
         by_head = (self.config.partition, self.config.deft_grouping) == ('name', 'head')
-        if not (self.config.head_warmup_iters or by_head):
+        if self.config.head_warmup_iters or by_head:
+            head = select(names, self.config.head_patterns)
+            if not head:
+                raise InputError(f'ldt.head_patterns {list(self.config.head_patterns)} match no parameter of '
+                                 f"{network} (its last parameters: {', '.join(names[-4:])})")
+            logger.info(f'ldt.head_patterns {list(self.config.head_patterns)} select {_listing(head)}')
+        if self.config.partition_file is not None:   # the file decides the groups; force patterns are unused
             return
-        names = self.ldt.names
-        if not select(names, self.config.head_patterns):
-            raise InputError(f'ldt.head_patterns {list(self.config.head_patterns)} match no parameter of '
-                             f"{self.opt['network_g']['type']} (its last parameters: {', '.join(names[-4:])})")
+        for option in ('force_stable', 'force_unstable'):
+            for pattern in getattr(self.config, option):
+                chosen = select(names, [pattern])
+                if not chosen:
+                    raise InputError(f"ldt.{option}: pattern '{pattern}' matches no parameter of {network} "
+                                     f"(its first parameters: {', '.join(names[:4])})")
+                logger.info(f"ldt.{option} '{pattern}' selects {_listing(chosen)}")
 
     # ------------------------------------------------------------------ optimizers/schedulers
     def _make_optimizer(self, params: List[torch.nn.Parameter], role: str) -> torch.optim.Optimizer:
