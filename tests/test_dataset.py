@@ -239,13 +239,13 @@ def test_every_crop_and_flip_combination_keeps_lr_under_its_hr(hflip, rotate):
     of the LR crop at the drawn offset, and the options switch off exactly the flips they name."""
     from basicsr_ldt.data.drealsr_dataset import random_crop_and_flip
     hr, lr = synthetic_pair()
-    scale, gt_size, top, left = 4, 24, 3, 5           # LR patch 6x6 at (3, 5) of the 12x16 LR
-    crop = lr[top:top + 6, left:left + 6]
+    scale, gt_size, top, left = 4, 20, 3, 5           # LR patch 5x5 at (3, 5) of the 12x16 LR
+    crop = lr[top:top + 5, left:left + 5]
     seen = set()
     for applied in [(a, b, c) for a in (False, True) for b in (False, True) for c in (False, True)]:
         gt_patch, lq_patch = random_crop_and_flip(hr, lr, gt_size, scale, ScriptedDraws(top, left, applied),
                                                   hflip, rotate, 'P1140279_1')
-        assert gt_patch.shape == (24, 24, 3) and lq_patch.shape == (6, 6, 3)
+        assert gt_patch.shape == (20, 20, 3) and lq_patch.shape == (5, 5, 3)
         np.testing.assert_allclose(area_downsample(gt_patch, scale), lq_patch, rtol=0, atol=1e-6,
                                    err_msg=f'LR patch not under its HR patch for draws {applied}')
         assert key(lq_patch) in {key(d) for d in dihedral(crop)}, f'not the crop at ({top}, {left})'
@@ -256,20 +256,47 @@ def test_every_crop_and_flip_combination_keeps_lr_under_its_hr(hflip, rotate):
     assert seen == {key(e) for e in expected[hflip, rotate]}
 
 
-def test_dataset_training_patches_keep_lr_under_hr(tmp_path):
-    """Through the dataset, 64 draws of a pair whose LR is the HR's exact area downsample (stored as
-    8-bit PNGs): every LR patch is within rounding of its HR patch's downsample."""
-    hr, lr = synthetic_pair(seed=1)
+def write_pair(root, hr, lr):
+    """``hr``/``lr`` (RGB in [0, 1]) as one DRealSR training pair of 8-bit PNGs under ``root``."""
     for side, image, name in (('HR', hr, 'P1140279_x4_1.png'), ('LR', lr, 'P1140279_x1_1.png')):
-        folder = tmp_path / 'Train_x4' / f'train_{side}'
+        folder = root / 'Train_x4' / f'train_{side}'
         folder.mkdir(parents=True)
-        cv2.imwrite(str(folder / name), np.round(image * 255).astype(np.uint8))
+        cv2.imwrite(str(folder / name), np.round(image[..., ::-1] * 255).astype(np.uint8))
+
+
+def test_dataset_training_patches_keep_lr_under_hr_and_reach_every_position(tmp_path):
+    """Through the dataset, 200 draws of a pair whose LR is the HR's exact area downsample (stored as
+    8-bit PNGs): every LR patch is within rounding of its HR patch's downsample, and the patches come
+    from every position of the image, corners included, and from nowhere else."""
+    hr, lr = synthetic_pair(seed=1)
+    write_pair(tmp_path, hr, lr)
+    lr = np.round(lr * 255) / 255
     dataset = DRealSRCameraDataset(options(tmp_path, gt_size=16, seed=7))
-    patches = set()
-    for draw in range(64):
+    where = {key(d): (t, l) for t in range(12 - 4 + 1) for l in range(16 - 4 + 1)
+             for d in dihedral(lr[t:t + 4, l:l + 4].astype(np.float32))}
+    positions = set()
+    for draw in range(200):
         item = dataset[draw]
         gt, lq = item['gt'].numpy().transpose(1, 2, 0), item['lq'].numpy().transpose(1, 2, 0)
         assert gt.shape == (16, 16, 3) and lq.shape == (4, 4, 3)
         np.testing.assert_allclose(area_downsample(gt, 4), lq, rtol=0, atol=1.01 / 255, err_msg=f'draw {draw}')
-        patches.add(key(lq))
-    assert len(patches) > 32   # the draws do crop and flip (not 64 copies of one patch)
+        assert key(lq) in where, f'draw {draw}: the LR patch is no 4x4 window of the LR image'
+        positions.add(where[key(lq)])
+    tops, lefts = {t for t, _ in positions}, {l for _, l in positions}
+    assert tops == set(range(9)) and lefts == set(range(13)), (sorted(tops), sorted(lefts))
+
+
+@pytest.mark.parametrize('lr_size, fits', [((3, 16), False), ((12, 3), False), ((4, 4), True)])
+def test_an_lr_image_smaller_than_the_patch_is_named(tmp_path, lr_size, fits):
+    """An LR image narrower or lower than the LR patch (gt_size / scale = 4) stops with its name and
+    both sizes; one exactly the patch's size gives that one patch."""
+    hr, lr = synthetic_pair(seed=2, lr_h=lr_size[0], lr_w=lr_size[1])
+    write_pair(tmp_path, hr, lr)
+    dataset = DRealSRCameraDataset(options(tmp_path, gt_size=16))
+    if fits:
+        assert tuple(dataset[0]['lq'].shape) == (3, 4, 4)
+        return
+    h, w = lr_size
+    with pytest.raises(InputError, match=rf"^LR image 'P1140279_1' is {w}x{h}, smaller than the LR patch 4x4 "
+                                         r'\(gt_size 16 / scale 4\)$'):
+        dataset[0]
