@@ -97,6 +97,11 @@ case "$mode" in
     (cd "$WORK" && "$PYTHON" -m mutmut results --all true) > "$WORK/results-before.txt"
     sed -n 's/^ *\([^ ]*\): \(survived\|no tests\)$/\1/p' "$WORK/results-before.txt" > "$WORK/retest.txt"
     mapfile -t rerun < "$WORK/retest.txt"
+    if (( ${#NAMES[@]} )); then   # only the functions MUTATION_NAMES selects
+      kept=()
+      for m in "${rerun[@]}"; do for n in "${NAMES[@]}"; do [[ "$m" == $n ]] && { kept+=("$m"); break; }; done; done
+      rerun=("${kept[@]}")
+    fi
     if (( ${#rerun[@]} == 0 )); then echo 'no mutant survived or lacked a test: nothing to rerun'; exit 0; fi
     rm -rf "$WORK/tests"; copy_tree "$WORK" tests
     echo "rerunning ${#rerun[@]} mutants that survived or had no test" ;;
