@@ -213,7 +213,8 @@ class ScriptedDraws:
     def __init__(self, top, left, applied):
         self.offsets, self.applied = [top, left], applied
 
-    def integers(self, low, high):
+    def integers(self, low, high=None):   # numpy's signature: one argument is the upper bound
+        low, high = (0, low) if high is None else (low, high)
         value = self.offsets.pop(0)
         assert low <= value < high
         return value
