@@ -150,6 +150,7 @@ def embedded(x: torch.Tensor, height: int, width: int, mode: str) -> torch.Tenso
 @pytest.mark.parametrize('name, size, padded, mode', [
     ('SAFMN', (5, 7), (8, 8), 'replicate'),    # under SAFMN's 8-pixel pyramid: edge-padded to 8
     ('SAFMN', (3, 9), (8, 9), 'replicate'),    # only the short side is padded
+    ('SAFMN', (9, 3), (9, 8), 'replicate'),
     ('SAFMN', (1, 1), (8, 8), 'replicate'),
     ('HAT', (5, 7), (8, 8), 'reflect'),        # window 4: reflect, as upstream's test model
     ('HAT', (2, 7), (4, 8), 'replicate'),      # 2 rows cannot reflect 2 more: edge replication
