@@ -219,9 +219,9 @@ class ScriptedDraws:
         assert low <= value < high
         return value
 
-    def random(self, n):
-        assert n == len(self.applied)
-        return np.array([0.25 if a else 0.75 for a in self.applied])
+    def random(self, n):   # the scripted draws first; any further ones say 'skip'
+        assert n >= len(self.applied)
+        return np.array([0.25 if a else 0.75 for a in self.applied] + [0.75] * (n - len(self.applied)))
 
 
 def key(a):
