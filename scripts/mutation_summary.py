@@ -65,11 +65,11 @@ def main() -> int:
                         help='count only mutants whose names match this glob (repeatable)')
     args = parser.parse_args()
     verdicts = read(args.results)
-    if args.only:
-        verdicts = {m: v for m, v in verdicts.items() if any(fnmatch.fnmatchcase(m, g) for g in args.only)}
-    if args.merged:
+    if args.merged:   # every verdict, so that a later run restricted to other functions keeps these
         with open(args.merged, 'w', encoding='utf-8') as stream:
             stream.writelines(f'    {m}: {v}\n' for m, v in verdicts.items())
+    if args.only:
+        verdicts = {m: v for m, v in verdicts.items() if any(fnmatch.fnmatchcase(m, g) for g in args.only)}
     print(table(verdicts))
     return 0
 

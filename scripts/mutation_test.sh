@@ -93,8 +93,15 @@ case "$mode" in
   --resume) ;;
   --retest)
     # Adding tests cannot let a killed mutant survive, so only the others run again; their new
-    # verdicts are laid over the previous ones (mutmut forgets the rest when the test selection changes).
-    (cd "$WORK" && "$PYTHON" -m mutmut results --all true) > "$WORK/results-before.txt"
+    # verdicts are laid over the previous ones (mutmut forgets the rest when the test selection changes,
+    # so the verdicts of earlier runs, kept in results.txt, are the bottom layer).
+    (cd "$WORK" && "$PYTHON" -m mutmut results --all true) > "$WORK/results-now.txt"
+    if [[ -s "$WORK/results.txt" ]]; then
+      "$PYTHON" "$REPO/scripts/mutation_summary.py" "$WORK/results.txt" "$WORK/results-now.txt" \
+        --merged "$WORK/results-before.txt" > /dev/null
+    else
+      cp "$WORK/results-now.txt" "$WORK/results-before.txt"
+    fi
     sed -n 's/^ *\([^ ]*\): \(survived\|no tests\)$/\1/p' "$WORK/results-before.txt" > "$WORK/retest.txt"
     mapfile -t rerun < "$WORK/retest.txt"
     if (( ${#NAMES[@]} )); then   # only the functions MUTATION_NAMES selects
