@@ -1,12 +1,15 @@
 """Summarise ``mutmut results --all true`` per module: killed / survived / no tests per file.
 
-Used by ``scripts/mutation_test.sh``: ``mutation_summary.py RESULTS [LATER ...] [--merged OUT]``. Lines look
-like ``    basicsr_ldt.ldt.ldt_s.xǁAlternatingFreezingǁstep__mutmut_3: survived``. A later file's verdict
-replaces an earlier one's unless it is "not checked" (``--retest`` reruns only some mutants); ``--merged``
-writes the combined verdicts. "Killed" counts timeouts and segfaults too (the tests noticed the mutant);
+Used by ``scripts/mutation_test.sh``: ``mutation_summary.py RESULTS [LATER ...] [--merged OUT]
+[--only GLOB ...]``. Lines look like ``    basicsr_ldt.ldt.ldt_s.xǁAlternatingFreezingǁstep__mutmut_3: survived``.
+A later file's verdict replaces an earlier one's unless it is "not checked" (``--retest`` reruns only some
+mutants); ``--merged`` writes the combined verdicts; ``--only`` counts only the mutants whose names match
+one of the globs (a run restricted to some functions by ``MUTATION_NAMES``, whose other mutants mutmut
+lists as "not checked"). "Killed" counts timeouts and segfaults too (the tests noticed the mutant);
 "no tests" means no selected test runs that function in-process (see docs/development.md).
 """
 import argparse
+import fnmatch
 import re
 from collections import Counter, defaultdict
 from typing import Dict, List, Tuple
@@ -58,11 +61,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('results', nargs='+', help='outputs of mutmut results --all true, oldest first')
     parser.add_argument('--merged', help='write the combined verdicts here, in the same format')
+    parser.add_argument('--only', action='append', default=[], metavar='GLOB',
+                        help='count only mutants whose names match this glob (repeatable)')
     args = parser.parse_args()
     verdicts = read(args.results)
-    if args.merged:
+    if args.merged:   # every verdict, so that a later run restricted to other functions keeps these
         with open(args.merged, 'w', encoding='utf-8') as stream:
             stream.writelines(f'    {m}: {v}\n' for m, v in verdicts.items())
+    if args.only:
+        verdicts = {m: v for m, v in verdicts.items() if any(fnmatch.fnmatchcase(m, g) for g in args.only)}
     print(table(verdicts))
     return 0
 

@@ -11,7 +11,11 @@
 # so editing code or tests while it runs changes nothing in it, and mutmut's mutants/ folder never
 # lands in the repository. Environment: MUTATION_DIR (default /tmp/basicsr-ldt-mutation),
 # MUTATION_JOBS (mutants run in parallel, default 1), MUTATION_MODULES (space-separated globs of the
-# files to mutate, default below), OMP_NUM_THREADS (default 1).
+# files to mutate, default below; files under basicsr_ldt/ or archs/), MUTATION_NAMES (space-separated
+# globs of the mutants to run, to restrict a run to some functions, e.g.
+# 'basicsr_ldt.ldt.partition.x_matches__mutmut_*'; the summary then counts only those; default: every
+# mutant of MUTATION_MODULES), MUTATION_TIMEOUT_CONSTANT (seconds, default 10; see write_config),
+# OMP_NUM_THREADS (default 1).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +31,7 @@ PYTHON="$(cd "$REPO" && source scripts/python_env.sh && echo "$PY")"   # the pro
 read -r -a MODULES <<< "${MUTATION_MODULES:-basicsr_ldt/ldt/ldt_s.py basicsr_ldt/ldt/equations.py \
 basicsr_ldt/weights/checkpoint.py basicsr_ldt/weights/releases.py basicsr_ldt/weights/fetch.py basicsr_ldt/models/resumable.py \
 basicsr_ldt/pipelines/train.py basicsr_ldt/data/cameras.py basicsr_ldt/data/drealsr_dataset.py basicsr_ldt/data/sampler.py}"
+read -r -a NAMES <<< "${MUTATION_NAMES:-}"
 # The tests that run that code in-process. mutmut maps tests to functions by tracing the pytest process,
 # so a test that only drives Train_pip.py/test.py in a subprocess cannot kill a mutant (the mutated
 # code there runs outside mutmut's control and fails): those are left out or deselected.
@@ -35,6 +40,7 @@ TESTS=(
   tests/test_ldt_reference.py tests/test_ldt_s.py tests/test_ldt_statistics.py tests/test_precision.py
   tests/test_typed_options.py tests/test_checkpoint.py tests/test_fetch_weights.py tests/test_best_checkpoint.py
   tests/test_resumable_model.py tests/test_dataset.py tests/test_camera_sampler.py tests/test_drealsr_real_names.py
+  tests/test_archs.py
 )
 SUBPROCESS_TESTS=(
   tests/test_precision.py::test_bf16_ldt_run_through_every_phase_then_bf16_test
@@ -58,11 +64,13 @@ copy_tree() {  # files git knows or would add (not ignored), from the working tr
 write_config() {
   {
     echo '[mutmut]'
-    echo 'source_paths = basicsr_ldt'
+    echo 'source_paths ='
+    echo '    basicsr_ldt'
+    echo '    archs'
     echo 'only_mutate ='
     for m in "${MODULES[@]}"; do echo "    $m"; done
     echo 'also_copy ='
-    for p in archs scripts options pytest.ini Train_pip.py inference.py; do echo "    $p"; done
+    for p in scripts options pytest.ini Train_pip.py inference.py; do echo "    $p"; done
     echo 'pytest_add_cli_args_test_selection ='
     for t in "${TESTS[@]}"; do [[ -e "$WORK/$t" ]] && echo "    $t"; done
     echo 'pytest_add_cli_args ='
@@ -70,21 +78,38 @@ write_config() {
     for t in "${SUBPROCESS_TESTS[@]}"; do echo "    --deselect"; echo "    $t"; done
     echo 'process_isolation = forkserver'
     echo 'timeout_multiplier = 5'
+    # A mutant counts as 'timeout' when its tests run longer than (their recorded time + this) x 5 s
+    # of wall time; with mutmut's default of 1 s, a test of 0.1 s timed out whenever the machine was
+    # busy (other jobs, nice) and the verdict read as killed. 10 s leaves room; a real hang costs 50 s.
+    echo "timeout_constant = ${MUTATION_TIMEOUT_CONSTANT:-10}"
   } > "$WORK/setup.cfg"
 }
 
 mode="${1:-fresh}"
-rerun=()
+rerun=("${NAMES[@]}")
 case "$mode" in
   fresh)
     rm -rf "$WORK"; mkdir -p "$WORK"; copy_tree "$WORK" ;;
   --resume) ;;
   --retest)
     # Adding tests cannot let a killed mutant survive, so only the others run again; their new
-    # verdicts are laid over the previous ones (mutmut forgets the rest when the test selection changes).
-    (cd "$WORK" && "$PYTHON" -m mutmut results --all true) > "$WORK/results-before.txt"
+    # verdicts are laid over the previous ones (mutmut forgets the rest when the test selection changes,
+    # so the verdicts of earlier runs, kept in results.txt, are the bottom layer).
+    (cd "$WORK" && "$PYTHON" -m mutmut results --all true) > "$WORK/results-now.txt"
+    if [[ -s "$WORK/results.txt" ]]; then
+      "$PYTHON" "$REPO/scripts/mutation_summary.py" "$WORK/results.txt" "$WORK/results-now.txt" \
+        --merged "$WORK/results-before.txt" > /dev/null
+    else
+      cp "$WORK/results-now.txt" "$WORK/results-before.txt"
+    fi
     sed -n 's/^ *\([^ ]*\): \(survived\|no tests\)$/\1/p' "$WORK/results-before.txt" > "$WORK/retest.txt"
     mapfile -t rerun < "$WORK/retest.txt"
+    if (( ${#NAMES[@]} )); then   # only the functions MUTATION_NAMES selects
+      kept=()
+      for m in "${rerun[@]}"; do for n in "${NAMES[@]}"; do [[ "$m" == $n ]] && { kept+=("$m"); break; }; done; done
+      rerun=("${kept[@]}")
+    fi
+    if (( ${#rerun[@]} == 0 )); then echo 'no mutant survived or lacked a test: nothing to rerun'; exit 0; fi
     rm -rf "$WORK/tests"; copy_tree "$WORK" tests
     echo "rerunning ${#rerun[@]} mutants that survived or had no test" ;;
   *) echo "usage: $0 [--resume|--retest]" >&2; exit 2 ;;
@@ -99,11 +124,13 @@ else
   "$PYTHON" -m mutmut run --max-children "$JOBS" > run.log 2>&1 || true
 fi
 echo "mutmut run took $(( $(date +%s) - start )) s (its output: $WORK/run.log)"
-if (( ${#rerun[@]} )); then
+only=()
+for n in "${NAMES[@]}"; do only+=(--only "$n"); done
+if [[ "$mode" == --retest ]]; then
   "$PYTHON" -m mutmut results --all true > results-retest.txt
-  "$PYTHON" "$REPO/scripts/mutation_summary.py" results-before.txt results-retest.txt --merged results.txt
+  "$PYTHON" "$REPO/scripts/mutation_summary.py" results-before.txt results-retest.txt --merged results.txt "${only[@]}"
 else
   "$PYTHON" -m mutmut results --all true > results.txt
-  "$PYTHON" "$REPO/scripts/mutation_summary.py" results.txt
+  "$PYTHON" "$REPO/scripts/mutation_summary.py" results.txt "${only[@]}"
 fi
 echo "survivors: grep survived $WORK/results.txt; one mutant's diff: cd $WORK && $PYTHON -m mutmut show <name>"

@@ -1,5 +1,7 @@
 """Shared fixtures: a small demo dataset and a way to run the real command-line entry points."""
+import contextlib
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -69,3 +71,27 @@ def run_entry(project: Path, script: str, *args: str, check: bool = True) -> sub
         raise AssertionError(f'{script} {" ".join(args)} failed ({result.returncode}):\n'
                              f'{result.stdout[-3000:]}\n{result.stderr[-3000:]}')
     return result
+
+
+class _Messages(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def basicsr_log():
+    """The INFO messages BasicSR's logger gets inside the block, as a list (it does not propagate to
+    pytest's caplog, and it is at INFO only if BasicSR first created it with a log file)."""
+    messages, logger = _Messages(), logging.getLogger('basicsr')
+    level = logger.level
+    logger.addHandler(messages)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages.lines
+    finally:
+        logger.removeHandler(messages)
+        logger.setLevel(level)

@@ -136,6 +136,40 @@ def test_safmn_accepts_inputs_smaller_than_its_pyramid():
         assert net(torch.rand(1, 3, 5, 3)).shape == (1, 3, 20, 12)
 
 
+def embedded(x: torch.Tensor, height: int, width: int, mode: str) -> torch.Tensor:
+    """``x`` as the top-left corner of a ``height`` x ``width`` image whose extra rows/columns (below
+    and to the right) repeat the last one (``replicate``) or mirror the image about it (``reflect``)."""
+    def source(i: int, n: int) -> int:
+        return i if i < n else n - 1 if mode == 'replicate' else 2 * (n - 1) - i
+    h, w = x.shape[-2:]
+    rows = torch.tensor([source(i, h) for i in range(height)])
+    cols = torch.tensor([source(j, w) for j in range(width)])
+    return x[..., rows, :][..., cols]
+
+
+@pytest.mark.parametrize('name, size, padded, mode', [
+    ('SAFMN', (5, 7), (8, 8), 'replicate'),    # under SAFMN's 8-pixel pyramid: edge-padded to 8
+    ('SAFMN', (3, 9), (8, 9), 'replicate'),    # only the short side is padded
+    ('SAFMN', (9, 3), (9, 8), 'replicate'),
+    ('SAFMN', (1, 1), (8, 8), 'replicate'),
+    ('HAT', (5, 7), (8, 8), 'reflect'),        # window 4: reflect, as upstream's test model
+    ('HAT', (2, 7), (4, 8), 'replicate'),      # 2 rows cannot reflect 2 more: edge replication
+    ('HAT', (1, 3), (4, 4), 'replicate'),
+])
+def test_a_small_input_gives_the_crop_of_the_padded_input(name, size, padded, mode):
+    """What a user gets for an image smaller than the network's minimum (SAFMN) or not a window
+    multiple (HAT): the top-left crop of the output for the image padded at the bottom/right the way
+    the network documents, so content stays where it was (not only the size)."""
+    net = build(TINY[name]).eval()
+    net.load_state_dict(seeded_weights(net, seed=3))
+    scale = TINY[name].get('upscale', TINY[name].get('upscaling_factor'))
+    x = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        small, large = net(x), net(embedded(x, *padded, mode))
+    assert small.shape == (2, 3, size[0] * scale, size[1] * scale)
+    torch.testing.assert_close(small, large[..., :size[0] * scale, :size[1] * scale])
+
+
 @pytest.mark.parametrize('name', ['MambaIR', 'HAT'])
 def test_use_checkpoint_gives_same_outputs_and_gradients(name):
     plain = build(TINY[name])

@@ -1,13 +1,17 @@
 """val: save_best keeps the weights of the best-validating iteration in net_g_best.pth, across resumes,
 and its options fail early with one clear line."""
+import json
+import os
 import re
 
+import cv2
+import numpy as np
 import pytest
 import torch
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.models.best import best_selection
-from conftest import run_entry
+from conftest import basicsr_log, run_entry
 from test_cli import dataset, train_options, write
 
 
@@ -124,3 +128,74 @@ def test_param_key_g_chooses_the_starting_weights_of_every_copy(tmp_path, demo_d
             assert all(torch.equal(v, expected[k]) for k, v in network.state_dict().items())
         entry = checkpoints_of({'path': {'param_key_g': key}, 'checkpoints': [{'path': 'x.pth'}]})[0]
         assert entry['param_key'] == key
+
+
+def _in_process(monkeypatch, project, script, options):
+    """Run ``Train_pip.py`` / ``test.py`` the way a user does, but in this process (so that mutation
+    testing can see the code it runs); returns BasicSR's log messages."""
+    from basicsr_ldt.pipelines.evaluate import test_pipeline
+    from basicsr_ldt.pipelines.train import train_pipeline
+    monkeypatch.setattr('sys.argv', [script, '-opt', write(project / f"{options['name']}.yml", options)])
+    with basicsr_log() as lines:
+        (train_pipeline if script == 'Train_pip.py' else test_pipeline)(str(project))
+    return lines
+
+
+@pytest.mark.parametrize('best_network', [None, 'primary'], ids=['default', 'primary'])
+def test_validation_measures_the_network_that_is_saved(tmp_path, monkeypatch, demo_data, best_network):
+    """A tiny LDT run (dual training from iteration 5) validated every iteration, with images and
+    tensorboard on. The PSNR validation logs (and writes to tensorboard) for an iteration is what test.py
+    reports for the network it names: that iteration's net_g file by default (the composite, what is
+    saved), the primary branch of that iteration's training state with ``val.best_network: primary``;
+    the images it saves are that network's output; net_g_best.pth is the composite of the best
+    iteration; and the networks not validated measure differently, so the test tells them apart.
+    test.py evaluates with the options validation used (the same image set, metric defaults)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from test_ldt_model import NETWORK, ldt_options
+    opt = ldt_options(demo_data, 'ldt_val')
+    opt['datasets'] = {'train': opt['datasets']['train'], 'val_source': dataset(demo_data, 'Test', ['Olympus'])}
+    opt['val'].update(val_freq=1, save_best=True, best_metric='psnr', save_img=True)
+    if best_network:
+        opt['val']['best_network'] = best_network
+    opt['logger']['use_tb_logger'] = True
+    lines = _in_process(monkeypatch, tmp_path, 'Train_pip.py', opt)
+    logged = [float(v) for v in re.findall(r'Validation Test_Olympus\n\t # psnr: ([0-9.]+)', '\n'.join(lines))]
+    assert len(logged) == 9   # iterations 1..8, then the last weights again
+    exp = tmp_path / 'experiments' / 'ldt_val'
+    files = {}
+    for i in range(1, 9):
+        ldt = torch.load(exp / 'training_states' / f'{i}.state', weights_only=True)['extra']['ldt']
+        assert (ldt['auxiliary'] is not None) == (i >= 5)
+        files[f'composite{i}'] = exp / 'models' / f'net_g_{i}.pth'
+        for branch in ('primary', 'auxiliary'):   # the branches as test.py checkpoints
+            if ldt[branch] is not None:
+                files[f'{branch}{i}'] = exp / f'{branch}_{i}.pth'
+                torch.save({'params': ldt[branch]}, files[f'{branch}{i}'])
+    validated = [f'{best_network}{i}' if best_network and i >= 5 else f'composite{i}' for i in range(1, 9)]
+    _in_process(monkeypatch, tmp_path, 'test.py', {
+        'name': 'eval_val', 'scale': 4, 'num_gpu': 0, 'network_g': NETWORK, 'path': {},
+        'datasets': {'test_1': opt['datasets']['val_source']}, 'test': {'save_img': True},
+        'checkpoints': [{'label': label, 'path': str(path)} for label, path in files.items()]})
+    results = tmp_path / 'results' / 'eval_val'
+    table = json.loads((results / 'metrics.json').read_text())['summary']
+    measured = {label: table[label]['Mean']['psnr'] for label in files}
+    for i, label in enumerate(validated, start=1):
+        assert abs(logged[i - 1] - measured[label]) < 6e-5, (i, label, logged, measured)
+    events = EventAccumulator(str(tmp_path / 'tb_logger' / 'ldt_val'))
+    events.Reload()
+    assert [round(e.value, 4) for e in events.Scalars('metrics/Test_Olympus/psnr')] == logged
+    from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
+    stems = [os.path.splitext(os.path.basename(item['lq_path']))[0]
+             for item in DRealSRCameraDataset(opt['datasets']['val_source']).items]
+    assert len(stems) == 2
+    for stem in stems:   # val.save_img: the validated network's output
+        for i in (5, 8):
+            saved = cv2.imread(str(exp / 'visualization' / stem / f'{stem}_{i}.png'))
+            from_test = cv2.imread(str(results / 'visualization' / validated[i - 1] / 'Olympus' / f'{stem}.png'))
+            assert saved is not None and np.array_equal(saved, from_test), (stem, i)
+    best = torch.load(exp / 'training_states' / '8.state', weights_only=True)['extra']['best']
+    assert abs(best['value'] - measured[validated[best['iter'] - 1]]) < 1e-9, (best, measured)
+    best_weights = weights(exp / 'models' / 'net_g_best.pth')
+    assert all(torch.equal(v, best_weights[k]) for k, v in weights(files[f"composite{best['iter']}"]).items())
+    for other in {'composite8', 'primary8', 'auxiliary8'} - {validated[-1]}:
+        assert abs(measured[other] - measured[validated[-1]]) > 1e-3, f'{other} measures like {validated[-1]}: {measured}'

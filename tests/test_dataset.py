@@ -187,3 +187,117 @@ def test_lmdb_backend_matches_disk(demo_data, tmp_path):
         assert np.array_equal(disk[i]['gt'].numpy(), lmdb[i]['gt'].numpy())
         assert np.array_equal(disk[i]['lq'].numpy(), lmdb[i]['lq'].numpy())
         assert lmdb[i]['camera'] == 'Canon'
+
+
+# ---------------------------------------------------------------- LR/HR alignment of training patches
+def area_downsample(hr, scale):
+    """The mean of each ``scale`` x ``scale`` block (float64): what an exact x``scale`` LR of ``hr`` is."""
+    h, w = hr.shape[0] // scale, hr.shape[1] // scale
+    return hr.astype(np.float64).reshape(h, scale, w, scale, -1).mean(axis=(1, 3))
+
+
+def synthetic_pair(seed=0, lr_h=12, lr_w=16, scale=4):
+    """An HR image with content at every scale (blocks plus fine noise), and its LR as the exact area
+    downsample: any LR patch that is not the one under its HR patch differs by far more than rounding."""
+    rng = np.random.default_rng(seed)
+    coarse = np.kron(rng.random((lr_h, lr_w, 3)), np.ones((scale, scale, 1)))
+    hr = np.clip(coarse * 0.8 + rng.random(coarse.shape) * 0.2, 0, 1).astype(np.float32)
+    return hr, area_downsample(hr, scale).astype(np.float32)
+
+
+class ScriptedDraws:
+    """Stands in for the numpy generator ``random_crop_and_flip`` draws from: the crop offsets it
+    returns are fixed, and each of the three augmentation draws is 'apply' (0.25) or 'skip' (0.75), so
+    every combination is exercised on purpose, not by chance."""
+
+    def __init__(self, top, left, applied):
+        self.offsets, self.applied = [top, left], applied
+
+    def integers(self, low, high=None):   # numpy's signature: one argument is the upper bound
+        low, high = (0, low) if high is None else (low, high)
+        value = self.offsets.pop(0)
+        assert low <= value < high
+        return value
+
+    def random(self, n):   # the scripted draws first; any further ones say 'skip'
+        assert n >= len(self.applied)
+        return np.array([0.25 if a else 0.75 for a in self.applied] + [0.75] * (n - len(self.applied)))
+
+
+def key(a):
+    return np.ascontiguousarray(a).tobytes()
+
+
+def dihedral(a):
+    """The eight rotations/mirrorings of an image (the group BasicSR's flip + rotation augmentation spans)."""
+    return [np.rot90(b, k) for b in (a, a[:, ::-1]) for k in range(4)]
+
+
+@pytest.mark.parametrize('hflip,rotate', [(True, True), (True, False), (False, True), (False, False)])
+def test_every_crop_and_flip_combination_keeps_lr_under_its_hr(hflip, rotate):
+    """For each of the 2**3 augmentation draws and a crop away from the corner: the LR patch is the
+    area downsample of its HR patch (same content, not only the same shape), it is a rotation/mirror
+    of the LR crop at the drawn offset, and the options switch off exactly the flips they name."""
+    from basicsr_ldt.data.drealsr_dataset import random_crop_and_flip
+    hr, lr = synthetic_pair()
+    scale, gt_size, top, left = 4, 20, 3, 5           # LR patch 5x5 at (3, 5) of the 12x16 LR
+    crop = lr[top:top + 5, left:left + 5]
+    seen = set()
+    for applied in [(a, b, c) for a in (False, True) for b in (False, True) for c in (False, True)]:
+        gt_patch, lq_patch = random_crop_and_flip(hr, lr, gt_size, scale, ScriptedDraws(top, left, applied),
+                                                  hflip, rotate, 'P1140279_1')
+        assert gt_patch.shape == (20, 20, 3) and lq_patch.shape == (5, 5, 3)
+        np.testing.assert_allclose(area_downsample(gt_patch, scale), lq_patch, rtol=0, atol=1e-6,
+                                   err_msg=f'LR patch not under its HR patch for draws {applied}')
+        assert key(lq_patch) in {key(d) for d in dihedral(crop)}, f'not the crop at ({top}, {left})'
+        seen.add(key(lq_patch))
+    d = dihedral(crop)
+    expected = {(True, True): d, (False, False): [crop], (True, False): [crop, crop[:, ::-1]],
+                (False, True): [crop, crop[::-1], crop.transpose(1, 0, 2), crop[::-1].transpose(1, 0, 2)]}
+    assert seen == {key(e) for e in expected[hflip, rotate]}
+
+
+def write_pair(root, hr, lr):
+    """``hr``/``lr`` (RGB in [0, 1]) as one DRealSR training pair of 8-bit PNGs under ``root``."""
+    for side, image, name in (('HR', hr, 'P1140279_x4_1.png'), ('LR', lr, 'P1140279_x1_1.png')):
+        folder = root / 'Train_x4' / f'train_{side}'
+        folder.mkdir(parents=True)
+        cv2.imwrite(str(folder / name), np.round(image[..., ::-1] * 255).astype(np.uint8))
+
+
+def test_dataset_training_patches_keep_lr_under_hr_and_reach_every_position(tmp_path):
+    """Through the dataset, 200 draws of a pair whose LR is the HR's exact area downsample (stored as
+    8-bit PNGs): every LR patch is within rounding of its HR patch's downsample, and the patches come
+    from every position of the image, corners included, and from nowhere else."""
+    hr, lr = synthetic_pair(seed=1)
+    write_pair(tmp_path, hr, lr)
+    lr = np.round(lr * 255) / 255
+    dataset = DRealSRCameraDataset(options(tmp_path, gt_size=16, seed=7))
+    where = {key(d): (t, l) for t in range(12 - 4 + 1) for l in range(16 - 4 + 1)
+             for d in dihedral(lr[t:t + 4, l:l + 4].astype(np.float32))}
+    positions = set()
+    for draw in range(200):
+        item = dataset[draw]
+        gt, lq = item['gt'].numpy().transpose(1, 2, 0), item['lq'].numpy().transpose(1, 2, 0)
+        assert gt.shape == (16, 16, 3) and lq.shape == (4, 4, 3)
+        np.testing.assert_allclose(area_downsample(gt, 4), lq, rtol=0, atol=1.01 / 255, err_msg=f'draw {draw}')
+        assert key(lq) in where, f'draw {draw}: the LR patch is no 4x4 window of the LR image'
+        positions.add(where[key(lq)])
+    tops, lefts = {t for t, _ in positions}, {l for _, l in positions}
+    assert tops == set(range(9)) and lefts == set(range(13)), (sorted(tops), sorted(lefts))
+
+
+@pytest.mark.parametrize('lr_size, fits', [((3, 16), False), ((12, 3), False), ((4, 4), True)])
+def test_an_lr_image_smaller_than_the_patch_is_named(tmp_path, lr_size, fits):
+    """An LR image narrower or lower than the LR patch (gt_size / scale = 4) stops with its name and
+    both sizes; one exactly the patch's size gives that one patch."""
+    hr, lr = synthetic_pair(seed=2, lr_h=lr_size[0], lr_w=lr_size[1])
+    write_pair(tmp_path, hr, lr)
+    dataset = DRealSRCameraDataset(options(tmp_path, gt_size=16))
+    if fits:
+        assert tuple(dataset[0]['lq'].shape) == (3, 4, 4)
+        return
+    h, w = lr_size
+    with pytest.raises(InputError, match=rf"^LR image 'P1140279_1' is {w}x{h}, smaller than the LR patch 4x4 "
+                                         r'\(gt_size 16 / scale 4\)$'):
+        dataset[0]

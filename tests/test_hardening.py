@@ -31,6 +31,8 @@ def assert_one_line_failure(project, result, name, code=2):
     (lambda o: o['ldt'].update(ratio=0.5), "error: ldt: unknown LDT option 'ratio'; did you mean 'ratio_u'?"),
     (lambda o: o['ldt'].update(ratio_u=1.5), "error: ldt.ratio_u: expected a number in (0, 1), got 1.5"),
     (lambda o: o['ldt'].update(head_patterns=['tail']), "error: ldt.head_patterns ['tail'] match no parameter of SAFMN"),
+    (lambda o: o['ldt'].update(force_stable=['feat.1']),
+     "error: ldt.force_stable: pattern 'feat.1' matches no parameter of SAFMN"),
     (lambda o: o['ldt'].update(profile_iters=20), 'error: ldt: head_warmup_iters (2) + profile_iters (20) must be smaller'),
     (lambda o: o['datasets']['train'].pop('dataroot_gt'), "error: dataset 'Train_Olympus' needs option 'dataroot_gt'"),
     (lambda o: o['datasets']['val_targets'].update(cameras=['Leica']), "error: unknown camera(s) 'Leica'"),
@@ -39,7 +41,7 @@ def assert_one_line_failure(project, result, name, code=2):
     (lambda o: o['train'].update(max_bad_steps=0), 'error: train.max_bad_steps: expected an integer >= 1, got 0'),
     (lambda o: o['datasets']['train'].update(gt_size='big'),
      "error: datasets.train.gt_size: expected an integer >= 1, got 'big'"),
-], ids=['ldt_key', 'ratio_u', 'head_patterns', 'phase_lengths', 'dataroot', 'camera', 'amp_fp16_cpu', 'amp_value',
+], ids=['ldt_key', 'ratio_u', 'head_patterns', 'force_pattern', 'phase_lengths', 'dataroot', 'camera', 'amp_fp16_cpu', 'amp_value',
         'max_bad_steps', 'typed'])
 def test_bad_options_fail_in_one_line_and_write_nothing(project, demo_data, change, message):
     opt = ldt_options(demo_data, 'bad')

@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+from basicsr_ldt.common.errors import InputError
 from conftest import run_entry
 from test_cli import dataset, train_options, write
 
@@ -112,3 +113,34 @@ def test_run_prints_no_warning_and_branches_join_the_global_schedule(uninterrupt
     log = next((project / 'experiments' / 'ldt').glob('train_ldt_*.log')).read_text()
     lrs = dict(re.findall(r'iter:\s+(\d+), lr:\(([0-9.e+-]+),', log))
     assert [lrs[str(i)] for i in (1, 2, 5, 8)] == ['1.000e-03', '1.000e-03', '5.000e-04', '5.000e-04']
+
+
+def _built(tmp_path, data, **ldt):
+    """An LDTSRModel built in-process on a SAFMN with 11 blocks (feats.0 .. feats.10): what it logs."""
+    from basicsr.models import build_model
+    from conftest import basicsr_log
+    opt = ldt_options(data, 'patterns', **ldt)
+    opt['network_g'] = dict(NETWORK, n_blocks=11)
+    opt['path'].update(models=str(tmp_path / 'models'), training_states=str(tmp_path / 'states'))
+    opt.update(is_train=True, dist=False, rank=0, world_size=1)
+    with basicsr_log() as lines:
+        build_model(opt)
+    return lines
+
+
+def test_each_name_pattern_logs_the_parameters_it_selects_before_training(tmp_path, demo_data):
+    """What a pattern took is in the log before warm-up starts: the head, and each force pattern
+    (``feats.1`` is block 1, not block 10); a force pattern that selects nothing stops the run there,
+    not after warm-up and profiling."""
+    lines = _built(tmp_path, demo_data, force_stable=['feats.1'], force_unstable=['to_feat.weight'])
+    assert "ldt.head_patterns ['conv_before_upsample', 'upsample', 'upconv*', 'conv_hr', 'conv_last', " \
+           "'to_img'] select 2 parameters: to_img.0.weight, to_img.0.bias" in lines
+    # A SAFMN block holds 18 tensors: norm1, norm2, four mfr convs, aggr, two ccm convs (weight, bias).
+    first = [f'feats.1.{m}.{p}' for m in ('norm1', 'norm2', 'safm.mfr.0', 'safm.mfr.1', 'safm.mfr.2', 'safm.mfr.3')
+             for p in ('weight', 'bias')]
+    assert [line for line in lines if line.startswith('ldt.force_stable')] == [
+        f"ldt.force_stable 'feats.1' selects 18 parameters: {', '.join(first)} and 6 more"]
+    assert "ldt.force_unstable 'to_feat.weight' selects 1 parameter: to_feat.weight" in lines
+    with pytest.raises(InputError, match=r"^ldt.force_unstable: pattern 'feat.1' matches no parameter of SAFMN "
+                                         r"\(its first parameters: to_feat.weight, to_feat.bias, feats.0"):
+        _built(tmp_path, demo_data, force_unstable=['feat.1'])

@@ -1,4 +1,5 @@
-"""Partition (eq. 1-2), DPU coefficients (eq. 9-10) and the JSON file."""
+"""Partition (eq. 1-2), DPU coefficients (eq. 9-10), the JSON file, and which names a pattern selects."""
+import functools
 import json
 import os
 
@@ -165,3 +166,73 @@ def test_an_edited_partition_file_is_read_as_written(tmp_path):
 def test_a_partition_file_that_cannot_be_trained_with_is_refused_by_name(tmp_path, layers, message):
     with pytest.raises(ValueError, match=message):
         Partition.load(_write(tmp_path / 'edited.json', layers), ['a', 'b'])
+
+
+# ---------------------------------------------------------------- which names a pattern selects
+@functools.lru_cache(maxsize=None)
+def released_names(config):
+    """The parameter names (named_parameters, the layers LDT partitions) of a released configuration,
+    built on the meta device from the upstream configuration recorded in tests/data/arch_keys."""
+    import torch
+    from basicsr.utils.registry import ARCH_REGISTRY
+    with open(os.path.join(os.path.dirname(__file__), 'data', 'arch_keys', f'{config}.json')) as handle:
+        network_g = dict(json.load(handle)['network_g'])
+    with torch.device('meta'):
+        network = ARCH_REGISTRY.get(network_g.pop('type'))(**network_g)
+    return tuple(name for name, _ in network.named_parameters())
+
+
+MAMBAIR_BLOCKS = [(g, b) for g in range(6) for b in range(6)]   # released MambaIR SR: 6 groups of 6 blocks
+SR_HEAD = ['conv_before_upsample.0.weight', 'conv_before_upsample.0.bias', 'upsample.0.weight', 'upsample.0.bias',
+           'upsample.2.weight', 'upsample.2.bias', 'conv_last.weight', 'conv_last.bias']
+
+
+def under(prefix):
+    """Every name inside module ``prefix`` (the module itself, a dot, then anything)."""
+    return lambda names: [n for n in names if n.startswith(prefix + '.')]
+
+
+@pytest.mark.parametrize('config, pattern, expected', [
+    # A module-prefix pattern stops at the dot: skip_scale is not skip_scale2, layers.1 not layers.10/11.
+    ('MambaIR_SR_x4', '*.skip_scale', [f'layers.{g}.residual_group.blocks.{b}.skip_scale' for g, b in MAMBAIR_BLOCKS]),
+    ('MambaIR_SR_x4', '*.skip_scale2', [f'layers.{g}.residual_group.blocks.{b}.skip_scale2' for g, b in MAMBAIR_BLOCKS]),
+    ('HAT-L_SRx4', 'layers.1', under('layers.1')),
+    ('HAT-L_SRx4', 'layers.10', under('layers.10')),
+    ('HAT-L_SRx4', 'layers.1*', lambda names: under('layers.1')(names) + under('layers.10')(names)
+     + under('layers.11')(names)),        # a glob the user writes does take layers.10 and layers.11
+    ('SAFMN-L_x4', 'feats.1', under('feats.1')),
+    ('SAFMN-L_x4', 'feats.1.*', under('feats.1')),
+    # The name's start is a boundary too: 'norm' is the final norm, not patch_embed.norm or norm1/norm2.
+    ('HAT_SRx4', 'norm', ['norm.weight', 'norm.bias']),
+    ('HAT_SRx4', 'conv_first.weight', ['conv_first.weight']),
+    # The shipped head patterns on each network.
+    ('MambaIR_SR_x4', 'SR_HEAD_PATTERNS', SR_HEAD),
+    ('HAT-L_SRx4', 'SR_HEAD_PATTERNS', SR_HEAD),
+    ('HAT_SRx4', 'SR_HEAD_PATTERNS', SR_HEAD),
+    ('MambaIR_lightSR_x4', 'SR_HEAD_PATTERNS', ['upsample.0.weight', 'upsample.0.bias']),
+    ('SAFMN-L_x4', 'SR_HEAD_PATTERNS', ['to_img.0.weight', 'to_img.0.bias']),
+    ('SAFMN_x4', 'SR_HEAD_PATTERNS', ['to_img.0.weight', 'to_img.0.bias']),
+])
+def test_a_pattern_selects_exactly_the_names_it_names(config, pattern, expected):
+    from basicsr_ldt.ldt import SR_HEAD_PATTERNS, select
+    names = released_names(config)
+    patterns = SR_HEAD_PATTERNS if pattern == 'SR_HEAD_PATTERNS' else [pattern]
+    expected = expected(names) if callable(expected) else expected
+    order = {n: i for i, n in enumerate(names)}
+    assert set(expected) <= set(names) and expected
+    assert select(names, patterns) == sorted(expected, key=order.get)
+
+
+def test_force_stable_takes_skip_scale_and_leaves_skip_scale2_to_the_statistic():
+    """``force_stable: ['*.skip_scale']`` on the released MambaIR: every skip_scale is stable and
+    only those are forced; the skip_scale2 tensors and conv_last, which the statistic ranks highest,
+    stay unstable."""
+    names = released_names('MambaIR_SR_x4')
+    top = [n.endswith(('.skip_scale', '.skip_scale2')) or n.startswith('conv_last.') for n in names]
+    stats = [10.0 + i if t else 1.0 / (1 + i) for i, t in enumerate(top)]
+    partition = build_partition(names, stats, partition='criterion', ratio_u=sum(top) / len(names),
+                                force_stable=['*.skip_scale'])
+    groups = partition.groups
+    assert [n for n in names if groups[n] == 'unstable'] == [
+        n for n in names if n.endswith('.skip_scale2') or n.startswith('conv_last.')]
+    assert all(groups[n] == 'stable' for n in names if n.endswith('.skip_scale'))

@@ -252,14 +252,17 @@ def random_crop_and_flip(gt: np.ndarray, lq: np.ndarray, gt_size: int, scale: in
         raise InputError(f"LR image '{stem}' is {w}x{h}, smaller than the LR patch {lq_size}x{lq_size} "
                          f'(gt_size {gt_size} / scale {scale})')
     top, left = int(rng.integers(0, h - lq_size + 1)), int(rng.integers(0, w - lq_size + 1))
-    lq = lq[top:top + lq_size, left:left + lq_size]
-    gt = gt[top * scale:(top + lq_size) * scale, left * scale:(left + lq_size) * scale]
+    # Each step is written once and applied to both images, so that LR and HR cannot be cropped or
+    # flipped differently (a misaligned pair has the right shapes and trains silently wrong).
+    steps = [lambda image, f: image[top * f:(top + lq_size) * f, left * f:(left + lq_size) * f]]
     flips = rng.random(3)
     if hflip and flips[0] < 0.5:
-        gt, lq = gt[:, ::-1], lq[:, ::-1]
+        steps.append(lambda image, f: image[:, ::-1])
     if rotate and flips[1] < 0.5:
-        gt, lq = gt[::-1], lq[::-1]
+        steps.append(lambda image, f: image[::-1])
     if rotate and flips[2] < 0.5:
-        gt, lq = gt.transpose(1, 0, 2), lq.transpose(1, 0, 2)
+        steps.append(lambda image, f: image.transpose(1, 0, 2))
+    for step in steps:
+        gt, lq = step(gt, scale), step(lq, 1)
     return np.ascontiguousarray(gt), np.ascontiguousarray(lq)
 

@@ -15,6 +15,15 @@ from basicsr_ldt.common.errors import InputError
 BEST_LABEL = 'best'
 
 
+def validated_network(opt: Dict, networks: Tuple[str, ...]) -> Optional[str]:
+    """The network validation measures: ``val.best_network``, else the model type's first choice.
+
+    The one place that default lives, so that what validation measures, what selects
+    ``net_g_best.pth`` and what the log names cannot drift apart (``None``: one network only).
+    """
+    return (opt.get('val') or {}).get('best_network', networks[0] if networks else None)
+
+
 def best_selection(opt: Dict, networks: Tuple[str, ...] = ()) -> Optional[Dict[str, Any]]:
     """The validated ``val`` selection options, or ``None`` when ``save_best`` is off.
 
@@ -23,7 +32,7 @@ def best_selection(opt: Dict, networks: Tuple[str, ...] = ()) -> Optional[Dict[s
     (``best_dataset``): picking one silently could select on target-camera test images.
     """
     val = opt.get('val') or {}
-    network = val.get('best_network', networks[0] if networks else None)
+    network = validated_network(opt, networks)
     if 'best_network' in val and network not in networks:
         allowed = f"one of {', '.join(map(repr, networks))}" if networks else f"no value ({opt.get('model_type')} " \
             'has one network)'

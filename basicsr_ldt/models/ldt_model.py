@@ -24,7 +24,7 @@ from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import closest_key_hint, registered
 from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, preset, select
-from basicsr_ldt.models.best import BestCheckpointMixin
+from basicsr_ldt.models.best import BestCheckpointMixin, validated_network
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.models.resumable import ResumableMixin
@@ -123,6 +123,12 @@ class PhaseBatches:
         return {'lq': data['lq'].to(self.device), 'gt': data['gt'].to(self.device)}
 
 
+def _listing(names: List[str], shown: int = 12) -> str:
+    """``N parameters: a, b, ... and M more`` for a log line."""
+    more = f' and {len(names) - shown} more' if len(names) > shown else ''
+    return f"{len(names)} parameter{'s' if len(names) != 1 else ''}: {', '.join(names[:shown])}{more}"
+
+
 @MODEL_REGISTRY.register()
 class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
     """SR model trained with LDT; ``net_g`` checkpoints hold the composite network (eq. 12)."""
@@ -167,7 +173,7 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         self._phase: Optional[str] = None
         self.ldt = LDT(self.get_bare_model(self.net_g), self.config, self._make_optimizer, self.precision,
                        total_iters=int(train_opt['total_iter']))
-        self._check_head_patterns()
+        self._check_patterns()
         seed, parts = self.opt.get('manual_seed', 0), 2 if self.config.head_warmup_iters else 1
         train_data = self.opt['datasets']['train']
         self._phase_data = {
@@ -176,15 +182,32 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
                                     self.config.profile_order == 'file_order') if self.config.profile_iters else None}
         self.log_dict = OrderedDict()
 
-    def _check_head_patterns(self) -> None:
-        """Fail before training when the head patterns a phase needs match no parameter."""
+    def _check_patterns(self) -> None:
+        """Before training: fail when a name pattern in use selects nothing, and log what each selects.
+
+        A pattern is an exact name, a glob or a module prefix (``layers.1`` is ``layers.1.*``, not
+        ``layers.10``); the log shows at the start of a run which tensors it took, where the partition
+        file would show the result only after warm-up and profiling. Force patterns are checked one
+        by one (each must select something, as ``build_partition`` requires), head patterns together.
+        """
+        names, network = self.ldt.names, self.opt['network_g']['type']
+        logger = get_root_logger()
         by_head = (self.config.partition, self.config.deft_grouping) == ('name', 'head')
-        if not (self.config.head_warmup_iters or by_head):
+        if self.config.head_warmup_iters or by_head:
+            head = select(names, self.config.head_patterns)
+            if not head:
+                raise InputError(f'ldt.head_patterns {list(self.config.head_patterns)} match no parameter of '
+                                 f"{network} (its last parameters: {', '.join(names[-4:])})")
+            logger.info(f'ldt.head_patterns {list(self.config.head_patterns)} select {_listing(head)}')
+        if self.config.partition_file is not None:   # the file decides the groups; force patterns are unused
             return
-        names = self.ldt.names
-        if not select(names, self.config.head_patterns):
-            raise InputError(f'ldt.head_patterns {list(self.config.head_patterns)} match no parameter of '
-                             f"{self.opt['network_g']['type']} (its last parameters: {', '.join(names[-4:])})")
+        for option in ('force_stable', 'force_unstable'):
+            for pattern in getattr(self.config, option):
+                chosen = select(names, [pattern])
+                if not chosen:
+                    raise InputError(f"ldt.{option}: pattern '{pattern}' matches no parameter of {network} "
+                                     f"(its first parameters: {', '.join(names[:4])})")
+                logger.info(f"ldt.{option} '{pattern}' selects {_listing(chosen)}")
 
     # ------------------------------------------------------------------ optimizers/schedulers
     def _make_optimizer(self, params: List[torch.nn.Parameter], role: str) -> torch.optim.Optimizer:
@@ -329,7 +352,7 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
     def validation(self, dataloader, current_iter, tb_logger, save_img=False):
         # One network per validation run, not one per image: the composite unless val.best_network
         # names a branch (the official script validates one branch); net_g_best.pth is the composite.
-        which = (self.opt.get('val') or {}).get('best_network', 'composite')
+        which = validated_network(self.opt, self.validated_networks)
         self._validated = self.ldt.network(which).to(self.device).eval()
         try:
             super().validation(dataloader, current_iter, tb_logger, save_img)
