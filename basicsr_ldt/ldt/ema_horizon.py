@@ -103,7 +103,7 @@ def long_horizons(partition: Partition, remaining: Mapping[str, int]) -> Dict[st
     a test on the largest W would fire on the paper's own settings.)"""
     out = {}
     for group in GROUPS:
-        coefficients = [r.coefficient for r in partition.layers if r.group == group]
+        coefficients = partition.coefficients(group)
         if coefficients:
             fastest = horizon(min(coefficients))
             if fastest > remaining[group]:
@@ -116,7 +116,7 @@ def horizon_warnings(partition: Partition, remaining: Mapping[str, int], option:
     """One line per group whose every EMA is longer than the exchanges that remain, naming ``option``."""
     lines = []
     for group, fastest in long_horizons(partition, remaining).items():
-        w = [r.coefficient for r in partition.layers if r.group == group]
+        w = partition.coefficients(group)
         lines.append(f"the {group} layers' EMAs (W {min(w):.6g} .. {max(w):.6g}) average over {fastest:.0f} exchanges or "
                      f'more, more than the {remaining[group]} left in this run: the frozen {group} layers, and so the '
                      f'composite, stay near the start. Set {option} to the run length the coefficients were written '

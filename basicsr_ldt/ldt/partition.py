@@ -59,6 +59,10 @@ class Partition:
     def unstable(self) -> List[str]:
         return [r.name for r in self.layers if r.group == UNSTABLE]
 
+    def coefficients(self, group: str) -> List[float]:
+        """The EMA coefficients W of ``group``'s layers, in layer order."""
+        return [r.coefficient for r in self.layers if r.group == group]
+
     @property
     def groups(self) -> Dict[str, str]:
         return {r.name: r.group for r in self.layers}

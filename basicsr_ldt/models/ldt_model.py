@@ -320,8 +320,7 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         if reference is not None:
             run = self.config.run_exchanges(int(self.opt['train']['total_iter']))
             ranges = '; '.join(f'{g} W {min(w):.6g} .. {max(w):.6g} over {run[g]} exchanges'
-                               for g, w in (('stable', [r.coefficient for r in partition.layers if r.group == 'stable']),
-                                            ('unstable', [r.coefficient for r in partition.layers if r.group == 'unstable'])))
+                               for g, w in ((g, partition.coefficients(g)) for g in ('stable', 'unstable')))
             logger.info(f'LDT EMA coefficients rescaled from {reference} reference exchanges '
                         f'(ldt.ema_reference_iters {self.config.ema_reference_iters} / ema_reference_every '
                         f'{self.config.ema_reference_every}) to this run: {ranges}')
