@@ -6,6 +6,7 @@ compiler options, and the tensors each launch writes.
 autograd function (:mod:`archs.scan.triton_function`) runs them, and
 ``scripts/scan_static_report.py`` compiles them for GPUs this machine lacks from ``meta`` tensors.
 """
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
@@ -95,7 +96,8 @@ class KernelLaunch:
 
     def run(self) -> None:
         device = self.args[0].device
-        with torch.cuda.device(device) if device.type == 'cuda' else _nothing():
+        # (CPU tensors run under TRITON_INTERPRET=1, with no device to select)
+        with torch.cuda.device(device) if device.type == 'cuda' else contextlib.nullcontext():
             self.kernel[self.grid](*self.args, num_warps=self.num_warps, **self.options,
                                    **self.constexprs)
 
@@ -218,16 +220,6 @@ def grouped_view(m: torch.Tensor) -> torch.Tensor:
 
 def _float(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else _aligned(t.float().contiguous())
-
-
-class _nothing:
-    """A do-nothing context manager (CPU tensors under TRITON_INTERPRET=1)."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _or_none(flag: Optional[torch.Tensor], t: torch.Tensor) -> Optional[torch.Tensor]:
