@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """The demo's pretrained starts: check them, or re-create one.
 
-    python scripts/pretrain_demo.py --check     # the shipped files against the sha256 recorded beside each
+    python scripts/pretrain_demo.py --check     # the demo's shipped start against the sha256 recorded beside it
     python scripts/pretrain_demo.py             # re-create the demo's start: demo data if missing, then
                                                 #   Train_pip.py -opt options/demo/pretrain_demo.yml on 1 thread,
                                                 #   and say whether the result is byte-identical to the shipped file
     python scripts/pretrain_demo.py --replace   # ... and install the result (and its sha256) as the shipped file
-    python scripts/pretrain_demo.py --start mix [--replace]   # the same for the extra Mix start
+    python scripts/pretrain_demo.py --start mix [--check | --replace]   # the same for the extra Mix start
 
 Two starts (``STARTS``): ``clean``, the demo's start, ``pretrained/demo/SAFMN_demo_Clean_x4.pth``,
 trained on classic-SR pairs without any degradation (the ``Clean`` camera: HR crop, LR its x4 area
