@@ -16,12 +16,12 @@ timed with warm-up runs (Triton compiles on its first call, timed apart) and
 torch.cuda.synchronize() around every timed run; the ratio triton / mamba-ssm from the same run;
 then a small MambaIR built on each backend (output and gradients against torch's), and the GPU,
 driver, torch, triton and mamba-ssm versions first. ``--sweep`` times the Triton scan at several
-launch configurations instead.
+launch configurations instead (each checked against the float64 reference, beside mamba-ssm).
 
     python scripts/bench_scan.py                 # classic x4 shapes, batch 4, 48x48
     python scripts/bench_scan.py --side 24 --threads 1
     python scripts/bench_scan.py --device cuda   # backends against each other on a GPU
-    python scripts/bench_scan.py --device cuda --sweep 16,4,2,4,2 16,16,2,4,2 16,8,1,8,2 16,16,2,8,2
+    python scripts/bench_scan.py --device cuda --sweep 16,4,2,1,4,2,1 16,4,2,3,4,2,3
 """
 import argparse
 import importlib
@@ -86,9 +86,10 @@ def on_cuda(device: torch.device) -> bool:
 
 
 def time_fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Tuple[torch.Tensor, ...], repeats: int,
-                 warmup: int = 0) -> List[float]:
-    """Seconds for one forward and backward pass, ``repeats`` times after ``warmup`` untimed
-    runs. On CUDA the clock stops only once the device has finished (kernels run asynchronously)."""
+                 warmup: int = 0, backward: bool = True) -> List[float]:
+    """Seconds for one forward and backward pass (the forward alone, as training runs it, when not
+    ``backward``), ``repeats`` times after ``warmup`` untimed runs. On CUDA the clock stops only
+    once the device has finished (kernels run asynchronously)."""
     cuda = on_cuda(inputs[0].device)
     times = []
     for i in range(warmup + repeats):
@@ -97,7 +98,9 @@ def time_fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Tuple[torch.Tensor, ..
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        fn(*inputs).sum().backward()
+        out = fn(*inputs).sum()
+        if backward:
+            out.backward()
         if cuda:
             torch.cuda.synchronize()
         if i >= warmup:
@@ -236,36 +239,88 @@ def compare_backends(args: argparse.Namespace, device: torch.device) -> Dict[str
     return medians
 
 
-SWEEP_NAMES = ('CHUNK', 'FORWARD_BLOCK_D', 'FORWARD_WARPS', 'BACKWARD_BLOCK_D', 'BACKWARD_WARPS')
+# Largest difference from the float64 reference (relative to its largest value, over the output
+# and every gradient) that a swept configuration may have and still count: the default launch is
+# within about 1e-6 in float32; a pipelining or layout bug is off by far more.
+SWEEP_TOLERANCE = 1e-4
+
+
+def parse_sweep(configs: Sequence[str]) -> List[Dict[str, int]]:
+    """``['16,4,2,1,4,2,1', ...]`` -> one dict of launch settings per configuration, in the order
+    of :data:`archs.scan.triton_launches.LAUNCH_SETTINGS`; checked before any GPU work."""
+    from archs.scan.triton_launches import LAUNCH_SETTINGS, launch_settings
+    parsed = []
+    for config in configs:
+        fields = config.split(',')
+        if len(fields) != len(LAUNCH_SETTINGS) or not all(f.strip().isdigit() for f in fields):
+            raise ValueError(f'--sweep {config!r}: expected {len(LAUNCH_SETTINGS)} integers '
+                             f'{",".join(LAUNCH_SETTINGS)}')
+        values = dict(zip(LAUNCH_SETTINGS, map(int, fields)))
+        with launch_settings(**values):   # refuses a value < 1
+            pass
+        parsed.append(values)
+    return parsed
 
 
 def sweep_triton(args: argparse.Namespace, device: torch.device, configs: List[str]) -> None:
-    """The Triton scan's forward+backward time for each launch configuration
-    ``chunk,forward_block_d,forward_warps,backward_block_d,backward_warps`` (each compiles once,
-    at its first call), at the shape of ``args``: to pick the defaults of
-    archs/scan/triton_launches.py on a GPU."""
-    import archs.scan.triton_launches as launches
+    """The Triton scan at several launch configurations (:func:`parse_sweep`), at the shape of
+    ``args``, to pick the defaults of archs/scan/triton_launches.py on a GPU: for each, the first
+    call (its compile), the largest difference from the float64 reference (a configuration over
+    :data:`SWEEP_TOLERANCE` is marked wrong and never chosen), the forward alone and forward+
+    backward (medians; the backward as their difference), and the ratio to mamba-ssm's kernel timed
+    in the same run when it imports. Last, the fastest correct forward and backward settings for
+    each chunk length (the two kernels' settings are independent but for the chunk)."""
+    from archs.scan.triton_launches import launch_settings
+    settings = parse_sweep(configs)
     inputs = tuple(t.detach().to(device).requires_grad_()
                    for t in make_inputs(args.batch, args.d_inner, args.d_state, args.side))
-    saved = {name: getattr(launches, name) for name in SWEEP_NAMES}
-    try:
-        for config in configs:
-            for name, value in zip(SWEEP_NAMES, config.split(',')):
-                setattr(launches, name, int(value))
+    length = args.side ** 2
+    reference = float64_reference(inputs, length <= REFERENCE_GRAD_LENGTH)
+    print(f'sweep at u/delta ({args.batch}, {4 * args.d_inner}, {length}), d_state {args.d_state}; '
+          f'{args.warmup} warm-up run(s), {args.repeats} timed; settings '
+          f'{",".join(settings[0])}', flush=True)
+
+    def measure(backend: str) -> Tuple[float, float, float]:
+        ours = output_and_grads(backend_fn(backend), inputs)
+        worst = max((o.double() - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+                    for o, r in zip(ours, reference) if r is not None)
+        forward = statistics.median(time_fwd_bwd(backend_fn(backend), inputs, args.repeats, args.warmup,
+                                                 backward=False))
+        both = statistics.median(time_fwd_bwd(backend_fn(backend), inputs, args.repeats, args.warmup))
+        return worst, forward, both
+
+    anchor = None
+    if dict(available_backends(device)).get('cuda') == '':
+        worst, forward, both = measure('cuda')
+        anchor = both
+        print(f'mamba-ssm: fwd+bwd median {both * 1e3:.3f} ms (forward {forward * 1e3:.3f} ms), max rel diff '
+              f'{worst:.1e}', flush=True)
+    results = []
+    for values in settings:
+        label = ','.join(map(str, values.values()))
+        with launch_settings(**values):
             start = time.perf_counter()
             try:
                 time_fwd_bwd(backend_fn('triton'), inputs, 0, 1)
             except ScanKernelFailed as err:
-                print(f'sweep {config}: failed: {err}')
+                print(f'sweep {label}: failed: {err}', flush=True)
                 continue
             first = time.perf_counter() - start
-            times = time_fwd_bwd(backend_fn('triton'), inputs, args.repeats, args.warmup)
-            print(f'sweep chunk,fwd block_d,fwd warps,bwd block_d,bwd warps = {config}: median '
-                  f'{statistics.median(times) * 1e3:.3f} ms, best {min(times) * 1e3:.3f} ms '
-                  f'(first call {first:.1f} s)', flush=True)
-    finally:
-        for name, value in saved.items():
-            setattr(launches, name, value)
+            worst, forward, both = measure('triton')
+        ok = worst <= SWEEP_TOLERANCE
+        results.append((values, ok, forward, both - forward))
+        ratio = f', triton/mamba-ssm {both / anchor:.2f}' if anchor else ''
+        print(f'sweep {label}: fwd+bwd median {both * 1e3:.3f} ms (forward {forward * 1e3:.3f} ms, backward '
+              f'{(both - forward) * 1e3:.3f} ms), max rel diff {worst:.1e}{"" if ok else " WRONG"}{ratio} '
+              f'(first call {first:.1f} s)', flush=True)
+    for chunk in sorted({v['CHUNK'] for v, ok, *_ in results if ok}):
+        fwd = min((r for r in results if r[1] and r[0]['CHUNK'] == chunk), key=lambda r: r[2])
+        bwd = min((r for r in results if r[1] and r[0]['CHUNK'] == chunk), key=lambda r: r[3])
+        best = {k: v for k, v in fwd[0].items() if k.startswith(('CHUNK', 'FORWARD'))}
+        best.update({k: v for k, v in bwd[0].items() if k.startswith('BACKWARD')})
+        print(f'fastest correct at chunk {chunk}: forward {fwd[2] * 1e3:.3f} ms, backward {bwd[3] * 1e3:.3f} ms '
+              f'(measured in different configurations; time the combination before choosing it): '
+              + ','.join(map(str, best.values())), flush=True)
 
 
 def compare_mambair(device: torch.device, backends: Sequence[str] = ('torch', 'triton', 'cuda'),
@@ -318,9 +373,15 @@ def main() -> None:
     parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu',
                         help='cuda: the scan backends against each other on CUDA tensors')
     parser.add_argument('--warmup', type=int, default=2, help='untimed runs per backend first (cuda only)')
-    parser.add_argument('--sweep', nargs='+', metavar='CHUNK,FWD_BLOCK_D,FWD_WARPS,BWD_BLOCK_D,BWD_WARPS',
+    parser.add_argument('--sweep', nargs='+',
+                        metavar='CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES',
                         help='cuda only: time the Triton scan at these launch configurations instead')
     args = parser.parse_args()
+    if args.sweep:
+        try:
+            parse_sweep(args.sweep)
+        except ValueError as err:
+            parser.error(str(err))
     args.side_given = args.side != 48 or args.batch != 4
     if args.threads:
         torch.set_num_threads(args.threads)

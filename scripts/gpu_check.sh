@@ -19,14 +19,29 @@
 #                          is built for this GPU by scripts/build_mamba_ssm.py in the background from the start
 #                          (8 compile jobs, beside steps 1-7), then the scan benchmark runs again with mamba-ssm
 #                          beside Triton and torch (Triton / mamba-ssm from the same run)
+# With --scan-sweep (the scan issue's GPU session; budget 520 s unless GPU_CHECK_BUDGET_S is set):
+#   9. scan_sweep    90 s  bench_scan.py --sweep over the Triton launch settings in SWEEP_CONFIGS (each
+#                          against the float64 reference, beside mamba-ssm when it was built)
+#  10. bench_ldt_mambair_mamba_ssm 45 s  only when mamba-ssm was built: step 7's MambaIR run with
+#                          BASICSR_LDT_SCAN=cuda, and its FT step against step 7's (Triton) FT step
 # Prints each step's time and a report, written with the logs to $OUT/gpu_check/ (results/gpu_check/
 # when OUT is unset). Exits non-zero when a step fails or is skipped, and at once with one line on a
 # machine without CUDA.
 #   bash scripts/gpu_check.sh            # PYTHON=... to pick the interpreter
+#   bash scripts/gpu_check.sh --scan-sweep
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-BUDGET_S="${GPU_CHECK_BUDGET_S:-350}"
+SWEEP=0
+case "${1:-}" in
+  --scan-sweep) SWEEP=1 ;;
+  '') ;;
+  *) echo "gpu_check: unknown argument '$1'; expected none or --scan-sweep" >&2; exit 2 ;;
+esac
+BUDGET_S="${GPU_CHECK_BUDGET_S:-$([ "$SWEEP" -eq 1 ] && echo 520 || echo 350)}"
+# The Triton launch settings the sweep times, CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES
+# (none spills when compiled for sm_90: archs/README.md, "Latency"); the first is the default.
+SWEEP_CONFIGS="${GPU_CHECK_SWEEP_CONFIGS:-16,4,2,1,4,2,1 16,4,2,3,4,2,3 16,4,4,2,4,4,2 16,8,4,1,8,4,1 16,8,4,3,8,4,3 16,8,2,2,4,4,2 16,16,4,2,4,2,3 32,4,4,2,4,4,2}"
 KILL_S=5   # a step that ignores SIGTERM at its limit is killed this much later
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
@@ -143,8 +158,30 @@ MAMBA_BUILD="${GPU_CHECK_MAMBA_BUILD:-/tmp/mamba_ssm_build}"
 scan_mamba_ssm() {
   until [ -f "$MAMBA_BUILD/rc" ]; do sleep 2; done
   [ "$(cat "$MAMBA_BUILD/rc")" -eq 0 ] || { echo "mamba-ssm build failed (log: $DIR/mamba_ssm_build.log)"; return 1; }
-  PYTHONPATH="$("$PY" scripts/build_mamba_ssm.py --sdist "$MAMBA_SDIST" --build-dir "$MAMBA_BUILD" --print-path):${PYTHONPATH:-}" \
-    "$PY" scripts/bench_scan.py --device cuda --skip-loop --repeats 10
+  with_mamba_ssm "$PY" scripts/bench_scan.py --device cuda --skip-loop --repeats 10
+}
+# with_mamba_ssm COMMAND...: COMMAND with the built mamba-ssm on PYTHONPATH (as it is when none was built)
+with_mamba_ssm() {
+  if [ -f "$MAMBA_BUILD/rc" ] && [ "$(cat "$MAMBA_BUILD/rc")" -eq 0 ]; then
+    PYTHONPATH="$("$PY" scripts/build_mamba_ssm.py --sdist "$MAMBA_SDIST" --build-dir "$MAMBA_BUILD" --print-path):${PYTHONPATH:-}" "$@"
+  else
+    "$@"
+  fi
+}
+scan_sweep() { with_mamba_ssm "$PY" scripts/bench_scan.py --device cuda --skip-loop --repeats 10 --sweep $SWEEP_CONFIGS; }
+check_sweep() { grep -E '^(mamba-ssm|sweep|fastest)' "$1"; grep -q '^fastest correct' "$1"; }
+bench_mamba_ssm() {
+  BASICSR_LDT_SCAN=cuda with_mamba_ssm "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 \
+    --batch 4 --warm 2 --iters 4 --no-profile-memory
+}
+# The FT step on mamba-ssm (this log) against the FT step on Triton (step 7's log), both from their summary lines.
+check_bench_mamba_ssm() {
+  check_bench "$1" || return
+  local cuda triton
+  cuda=$(sed -n 's/^summary:.*: FT \([0-9.]*\) ms.*/\1/p' "$1")
+  triton=$(sed -n 's/^summary:.*: FT \([0-9.]*\) ms.*/\1/p' "$DIR/bench_ldt_mambair.log" 2>/dev/null)
+  [ -n "$triton" ] || { echo 'no Triton FT step to compare with (step bench_ldt_mambair)'; return 0; }
+  awk -v c="$cuda" -v t="$triton" 'BEGIN { printf "FT step: Triton %.1f ms (bench_ldt_mambair), mamba-ssm %.1f ms: Triton / mamba-ssm %.3f (goal <= 1.05)\n", t, c, t / c }'
 }
 
 demo_data() {
@@ -157,8 +194,8 @@ demo_data() {
   fi
 }
 
-export PY DIR MAMBA_SDIST MAMBA_BUILD
-export -f scan_backends scan_mamba_ssm demo_data   # run_step runs them under timeout, in a child bash
+export PY DIR MAMBA_SDIST MAMBA_BUILD SWEEP_CONFIGS
+export -f scan_backends scan_mamba_ssm with_mamba_ssm scan_sweep bench_mamba_ssm demo_data   # run_step runs them under timeout, in a child bash
 
 say "gpu_check $(date -u '+%Y-%m-%d %H:%M UTC') in $(pwd), budget ${BUDGET_S} s"
 BUILD_MAMBA=0
@@ -207,6 +244,10 @@ for arch in mambair:45 hat:45 safmn:25; do
 done
 
 [ "$BUILD_MAMBA" -eq 1 ] && run_step scan_mamba_ssm 90 check_scan bash -c scan_mamba_ssm
+if [ "$SWEEP" -eq 1 ]; then
+  run_step scan_sweep 90 check_sweep bash -c scan_sweep
+  [ "$BUILD_MAMBA" -eq 1 ] && run_step bench_ldt_mambair_mamba_ssm 45 check_bench_mamba_ssm bash -c bench_mamba_ssm
+fi
 
 say "result: $([ "$FAILED" -eq 0 ] && echo 'all steps passed' || echo "$FAILED step(s) failed or skipped") in ${SECONDS} s of the ${BUDGET_S} s budget (report: $REPORT)"
 [ "$FAILED" -eq 0 ]

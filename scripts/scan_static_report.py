@@ -232,6 +232,7 @@ class Row:
     moved_bytes: int            # at the training shape: each tensor the launch touches, once
     needed_bytes: int           # at the training shape: inputs, outputs and gradients, once
     fp_fusion: bool
+    async_loads: int            # cp.async copies in the PTX: loads the chunk loop pipelines (STAGES > 1)
 
 
 def collect(arches: Sequence[int], cases: Sequence[Combo], shapes: Sequence[str], log=None) -> List[Row]:
@@ -274,12 +275,13 @@ def analyse(kernel, launch, arch: int, combo: Combo, name: str, keys: int, shape
                occupancy_warps(usage['REG'], shared, launch.num_warps, limits),
                math.prod(launch.grid), narrow_offsets(kernel.asm['ttir']), moved,
                needed_bytes(MEASURED, combo)[name],
-               launch.options.get('enable_fp_fusion') is True and bool(kernel.metadata.enable_fp_fusion))
+               launch.options.get('enable_fp_fusion') is True and bool(kernel.metadata.enable_fp_fusion),
+               len(re.findall(r'^\s*cp\.async\.c[ag]\b', kernel.asm['ptx'], re.M)))
 
 
 HEADER = ('arch', 'inputs', 'kernel', 'keys/shapes', 'compile s', 'regs', 'spill B / STL+LDL',
           'smem B', 'warps/prog', 'warps/SM limit', 'programs (train)', 'MB moved / needed (train)',
-          '32-bit offsets into')
+          '32-bit offsets into', 'async loads')
 
 
 def cells(row: Row) -> Tuple[str, ...]:
@@ -288,7 +290,19 @@ def cells(row: Row) -> Tuple[str, ...]:
             f'{row.spill_bytes} / {row.spill_instructions}', str(row.shared_bytes),
             str(row.warps_per_program), str(row.occupancy_warps), str(row.programs),
             f'{row.moved_bytes / 1e6:.0f} / {row.needed_bytes / 1e6:.0f}',
-            ', '.join(row.narrow_offsets) or '-')
+            ', '.join(row.narrow_offsets) or '-', str(row.async_loads))
+
+
+def launch_values(pairs: Sequence[str]) -> Dict[str, int]:
+    """``['FORWARD_STAGES=3', ...]`` -> ``{'FORWARD_STAGES': 3}`` (names and values checked by
+    :func:`archs.scan.triton_launches.launch_settings`)."""
+    values = {}
+    for pair in pairs:
+        name, sep, value = pair.partition('=')
+        if not sep or not value.strip().isdigit():
+            raise ValueError(f'expected NAME=INTEGER, got {pair!r}')
+        values[name.strip()] = int(value)
+    return values
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -306,7 +320,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--markdown', action='store_true', help='print a Markdown table')
     parser.add_argument('--json', type=Path, help='also write the rows to this JSON file')
     parser.add_argument('--estimate', action='store_true', help='(removed: says why)')
+    parser.add_argument('--launch', nargs='+', default=[], metavar='NAME=VALUE',
+                        help='compile with these launch settings of archs/scan/triton_launches.py '
+                             f'instead of the defaults ({", ".join(triton_launches.LAUNCH_SETTINGS)}), '
+                             'e.g. to see the registers and spills of a configuration before a GPU sweep')
     args = parser.parse_args(argv)
+    try:
+        settings = launch_values(args.launch)
+        with triton_launches.launch_settings(**settings):
+            pass
+    except ValueError as err:
+        parser.error(f'--launch: {err}')
     if args.estimate:
         print(ESTIMATE_REMOVED)
     if not hasattr(triton_launches.forward_launch, '__call__') or \
@@ -328,13 +352,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print('| ' + ' | '.join(HEADER) + ' |\n|' + '---|' * len(HEADER))
             log = lambda row: print('| ' + ' | '.join(cells(row)) + ' |', flush=True)  # noqa: E731
         else:
-            widths = [max(len(h), w) for h, w in zip(HEADER, (5, 16, 8) + (6,) * 10)]
+            widths = [max(len(h), w) for h, w in zip(HEADER, (5, 16, 8) + (6,) * 11)]
             line = lambda values: '  '.join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
             print(line(HEADER))
             log = lambda row: print(line(cells(row)), flush=True)  # noqa: E731
+        if settings:
+            print('launch settings: ' + ', '.join(f'{k}={v}' for k, v in settings.items()))
         start = time.perf_counter()
         try:
-            rows = collect(args.arch, combos(args.combos, args.dtype), args.shape, log)
+            with triton_launches.launch_settings(**settings):
+                rows = collect(args.arch, combos(args.combos, args.dtype), args.shape, log)
         except RuntimeError as err:
             print(f'error: {err}', file=sys.stderr)
             return 1

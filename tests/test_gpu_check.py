@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, run_entry
+from conftest import REPO, load_script, run_entry
 from test_cli import write
 
 STEPS = ['versions', 'scan_backends', 'demo_data', 'train_mambair_ldt_bf16', 'test_bf16', 'torchrun_ddp_2',
@@ -21,6 +21,10 @@ STEPS = ['versions', 'scan_backends', 'demo_data', 'train_mambair_ldt_bf16', 'te
 FAKE_PYTHON = """#!/usr/bin/env bash
 case "$*" in *cuda.is_available*) exit 0;; *'import mamba_ssm'*) exit 1;; esac
 echo "fake-python $*"
+case "${PYTHONPATH:-}" in *--print-path*) echo "on PYTHONPATH: $PYTHONPATH";; esac   # a mamba-ssm build's path
+case "$*" in *bench_ldt.py*)   # bench_ldt's summary line: its FT step 100 ms on mamba-ssm, 104 ms on Triton
+  echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT $([ "${BASICSR_LDT_SCAN:-}" = cuda ] && echo 100.0 || echo 104.0) ms | LDT/FT time 1.500";;
+esac
 sleep "${FAKE_SLEEP:-0}"
 """
 
@@ -34,7 +38,7 @@ def test_gpu_check_without_cuda_is_one_line_and_non_zero():
                                           'False); run it on a machine with an NVIDIA GPU']
 
 
-def _run_with_fake_python(tmp_path, budget, sleep):
+def _run_with_fake_python(tmp_path, budget, sleep, *args):
     """gpu_check.sh copied into a scratch project (it cd's to its parent folder), run with the stand-in."""
     (tmp_path / 'scripts').mkdir()
     shutil.copy(REPO / 'scripts' / 'gpu_check.sh', tmp_path / 'scripts' / 'gpu_check.sh')
@@ -42,10 +46,12 @@ def _run_with_fake_python(tmp_path, budget, sleep):
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
     out = tmp_path / 'out'
-    env = dict(os.environ, PYTHON=str(fake), OUT=str(out), GPU_CHECK_BUDGET_S=str(budget), FAKE_SLEEP=str(sleep))
+    env = dict(os.environ, PYTHON=str(fake), OUT=str(out), FAKE_SLEEP=str(sleep))
+    if budget is not None:
+        env['GPU_CHECK_BUDGET_S'] = str(budget)
     start = time.monotonic()
-    result = subprocess.run(['bash', str(tmp_path / 'scripts' / 'gpu_check.sh')], env=env, capture_output=True,
-                            text=True, timeout=budget + 60)
+    result = subprocess.run(['bash', str(tmp_path / 'scripts' / 'gpu_check.sh'), *args], env=env, capture_output=True,
+                            text=True, timeout=(budget or 600) + 60)
     return result, time.monotonic() - start, out / 'gpu_check'
 
 
@@ -73,7 +79,8 @@ def test_every_step_runs_under_its_limit_and_the_limits_fit_six_minutes(tmp_path
         assert f'scripts/bench_ldt.py --device cuda --arch {arch} --amp bf16' in log[f'bench_ldt_{arch}']
     assert re.search(r'^\[FAIL\] scan_backends', report, re.M)   # the stand-in prints no timing
     assert 'test pairs: 0 of LR 48 (datasets/DRealSR_demo), 0 of LR 115' in report
-    assert re.search(r'^result: 9 step\(s\) failed or skipped in \d+ s of the 350 s budget', report, re.M)
+    assert re.search(r'^\[PASS\] bench_ldt_hat', report, re.M)   # the stand-in prints a summary line there
+    assert re.search(r'^result: 6 step\(s\) failed or skipped in \d+ s of the 350 s budget', report, re.M)
 
 
 def test_a_carried_mamba_ssm_sdist_is_built_in_the_background_and_benchmarked_last(tmp_path):
@@ -95,6 +102,48 @@ def test_a_carried_mamba_ssm_sdist_is_built_in_the_background_and_benchmarked_la
     assert 'scripts/build_mamba_ssm.py --sdist gpu_carry/mamba_ssm-2.3.2.post1.tar.gz' in built
     assert f'--build-dir {build} --jobs 8' in built and (build / 'rc').read_text().strip() == '0'
     assert 'scripts/bench_scan.py --device cuda' in (folder / 'scan_mamba_ssm.log').read_text()
+
+
+def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_one_device_call(tmp_path):
+    """--scan-sweep (the scan issue's GPU session): after the check and the mamba-ssm benchmark, the
+    Triton launch sweep with mamba-ssm on the path, then MambaIR's FT step on mamba-ssm against step
+    7's on Triton; a 520 s budget, inside one 600 s device call."""
+    (tmp_path / 'gpu_carry').mkdir()
+    (tmp_path / 'gpu_carry' / 'mamba_ssm-2.3.2.post1.tar.gz').write_bytes(b'')
+    build = tmp_path / 'mamba_build'
+    os.environ['GPU_CHECK_MAMBA_BUILD'] = str(build)
+    try:
+        result, _, folder = _run_with_fake_python(tmp_path, None, 0, '--scan-sweep')
+    finally:
+        del os.environ['GPU_CHECK_MAMBA_BUILD']
+    report = (folder / 'report.txt').read_text()
+    assert 'budget 520 s' in report.splitlines()[0]
+    steps = re.findall(r'^\[(?:PASS|FAIL|SKIP)\] (\S+) \(\d+ s, limit (\d+) s', report, re.M)
+    names = STEPS + ['scan_mamba_ssm', 'scan_sweep', 'bench_ldt_mambair_mamba_ssm']
+    assert [name for name, _ in steps] == names
+    limits = dict(steps)
+    assert (limits['scan_sweep'], limits['bench_ldt_mambair_mamba_ssm']) == ('90', '45')
+    assert sum(map(int, limits.values())) <= 575    # start-up check and kill margins inside 600 s
+    sweep = (folder / 'scan_sweep.log').read_text()
+    assert f'on PYTHONPATH: fake-python scripts/build_mamba_ssm.py --sdist gpu_carry/mamba_ssm-2.3.2.post1.tar.gz ' \
+           f'--build-dir {build} --print-path' in sweep                     # the built mamba-ssm on the path
+    configs = re.search(r'--sweep (.*)$', sweep, re.M).group(1).split()
+    assert configs[0] == '16,4,2,1,4,2,1' and len(configs) == 8
+    bench = load_script('bench_scan')
+    assert len(bench.parse_sweep(configs)) == 8       # every configuration well formed
+    mamba_bench = (folder / 'bench_ldt_mambair_mamba_ssm.log').read_text()
+    assert 'scripts/bench_ldt.py --device cuda --arch mambair' in mamba_bench and 'on PYTHONPATH' in mamba_bench
+    assert 'on PYTHONPATH' not in (folder / 'bench_ldt_mambair.log').read_text()    # step 7: Triton
+    assert re.search(r'^\[PASS\] bench_ldt_mambair_mamba_ssm', report, re.M), report
+    assert ('    FT step: Triton 104.0 ms (bench_ldt_mambair), mamba-ssm 100.0 ms: Triton / mamba-ssm 1.040 '
+            '(goal <= 1.05)') in report.splitlines()
+
+
+def test_an_unknown_argument_is_one_line():
+    result = subprocess.run(['bash', str(REPO / 'scripts' / 'gpu_check.sh'), '--sweep'], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2 and result.stdout == ''
+    assert result.stderr.splitlines() == ["gpu_check: unknown argument '--sweep'; expected none or --scan-sweep"]
 
 
 def test_the_budget_cuts_a_step_short_and_skips_the_rest(tmp_path):

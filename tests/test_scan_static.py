@@ -18,6 +18,8 @@ import pytest
 
 pytest.importorskip('triton', reason='triton is not installed (it ships with the Linux torch wheel)')
 
+import archs.scan.triton_launches as triton_launches  # noqa: E402 (imports triton)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Small per-channel tensors (dim or dim x d_state elements), the only ones with 32-bit offsets.
 PER_CHANNEL = {'A_ptr', 'D_ptr', 'bias_ptr'}
@@ -52,7 +54,20 @@ def test_one_compiled_kernel_per_direction_serves_every_shape_and_compiles_in_se
         assert row['fp_fusion'] is True, row
         assert row['programs'] == 4 * 4 * 90, row         # batch x 4 groups x 360 / BLOCK_D channel blocks
         assert row['needed_bytes'] <= row['moved_bytes'] <= 1.5 * row['needed_bytes'], row
+        stages = getattr(triton_launches, f"{row['kernel'].upper()}_STAGES")
+        assert (row['async_loads'] > 0) == (stages > 1), row   # the loop pipelined as its setting says
     assert sum(row['compile_seconds'] for row in rows.values()) < COMPILE_SECONDS
+
+
+def test_pipelined_chunk_loops_load_ahead_asynchronously_without_spilling(tmp_path):
+    """The STAGES launch settings reach the compiler: at 3 stages both kernels' chunk loops load
+    the next chunks with cp.async (the plain loop has none), and still spill nothing."""
+    rows, out = _report(tmp_path, '--shape', 'train', '--launch', 'FORWARD_STAGES=3', 'BACKWARD_STAGES=3')
+    assert 'launch settings: FORWARD_STAGES=3, BACKWARD_STAGES=3' in out
+    assert {k[2] for k in rows} == {'forward', 'backward'}
+    for row in rows.values():
+        assert row['async_loads'] >= 8, row   # u, delta, B, C (and the backward's dout, state) at least
+        assert row['spill_bytes'] == 0 and row['spill_instructions'] == 0, row
 
 
 def test_a_pointer_at_an_odd_offset_is_realigned_not_compiled_again():

@@ -425,8 +425,27 @@ def test_benchmark_compares_backends_against_the_float64_reference(interpreted, 
     diff = re.search(r'^MambaIR scan_backend triton vs torch: output (\S+), largest over (\d+) parameter '
                      r'gradients (\S+)', out, re.M)
     assert diff and int(diff.group(2)) > 10 and float(diff.group(1)) < 1e-4 and float(diff.group(3)) < 1e-3, out
-    before = {name: getattr(triton_launches, name) for name in bench.SWEEP_NAMES}
-    bench.sweep_triton(args, torch.device('cpu'), ['8,2,1,4,1'])
+    names = triton_launches.LAUNCH_SETTINGS
+    before = {name: getattr(triton_launches, name) for name in names}
+    bench.sweep_triton(args, torch.device('cpu'), ['8,2,1,1,4,1,1', '4,1,1,2,2,1,3'])
     out = capsys.readouterr().out
-    assert re.search(r'^sweep chunk,fwd block_d,fwd warps,bwd block_d,bwd warps = 8,2,1,4,1: median [\d.]+ ms', out, re.M)
-    assert {name: getattr(triton_launches, name) for name in bench.SWEEP_NAMES} == before   # defaults restored
+    for config in ('8,2,1,1,4,1,1', '4,1,1,2,2,1,3'):
+        line = re.search(rf'^sweep {config}: fwd\+bwd median [\d.]+ ms \(forward [\d.]+ ms, backward -?[\d.]+ ms\), '
+                         rf'max rel diff (\S+) \(first call', out, re.M)
+        assert line and float(line.group(1)) < 1e-5, out   # correct, not marked WRONG
+    assert re.search(r'^fastest correct at chunk 4: .*: 4,1,1,2,2,1,3$', out, re.M), out
+    assert re.search(r'^fastest correct at chunk 8: .*: 8,2,1,1,4,1,1$', out, re.M), out
+    assert {name: getattr(triton_launches, name) for name in names} == before   # defaults restored
+
+
+@pytest.mark.parametrize('config, message', [
+    ('16,4,2,4,2', r"expected 7 integers CHUNK,FORWARD_BLOCK_D,FORWARD_WARPS,FORWARD_STAGES,BACKWARD_BLOCK_D"),
+    ('16,4,2,x,4,2,1', 'expected 7 integers'),
+    ('16,4,2,0,4,2,1', r'FORWARD_STAGES: expected an integer >= 1, got 0'),
+])
+def test_a_bad_sweep_configuration_is_refused_before_any_gpu_work(config, message):
+    """The sweep's configurations are read before the GPU session spends time on the first one."""
+    bench = load_script('bench_scan')
+    assert bench.parse_sweep(['16,4,2,1,4,2,3']) == [dict(zip(triton_launches.LAUNCH_SETTINGS, (16, 4, 2, 1, 4, 2, 3)))]
+    with pytest.raises(ValueError, match=message):
+        bench.parse_sweep(['16,4,2,1,4,2,1', config])

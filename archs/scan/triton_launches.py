@@ -9,7 +9,7 @@ autograd function (:mod:`archs.scan.triton_function`) runs them, and
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 import triton
@@ -33,8 +33,38 @@ FORWARD_BLOCK_D = 4
 BACKWARD_BLOCK_D = 4
 FORWARD_WARPS = 2
 BACKWARD_WARPS = 2
+# Software-pipelining stages of each kernel's chunk loop (``tl.range(num_stages=...)``): 1 is the
+# plain loop; at 2 or more the loads of the next chunks are issued as asynchronous copies while a
+# chunk computes (more registers, so fewer programs per SM). Not yet timed on a GPU: the sweep
+# decides (``--sweep`` takes CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES).
+FORWARD_STAGES = 1
+BACKWARD_STAGES = 1
+#: The launch settings above, in the order ``bench_scan.py --sweep`` and
+#: ``scan_static_report.py --launch`` take them.
+LAUNCH_SETTINGS = ('CHUNK', 'FORWARD_BLOCK_D', 'FORWARD_WARPS', 'FORWARD_STAGES', 'BACKWARD_BLOCK_D',
+                   'BACKWARD_WARPS', 'BACKWARD_STAGES')
 # CUDA's grid limit along its second axis (the channel blocks; the batch is the first axis).
 MAX_GRID_Y = 65535
+
+
+@contextlib.contextmanager
+def launch_settings(**values: int) -> Iterator[None]:
+    """Run the block with some of :data:`LAUNCH_SETTINGS` changed (for the GPU sweep and the static
+    report; every launch reads them at the call), restoring them afterwards. An unknown name or a
+    value that is not an integer >= 1 is refused."""
+    for name, value in values.items():
+        if name not in LAUNCH_SETTINGS:
+            raise ValueError(f'unknown Triton scan launch setting {name!r}; expected one of '
+                             f'{", ".join(LAUNCH_SETTINGS)}')
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f'Triton scan launch setting {name}: expected an integer >= 1, got {value!r}')
+    module = globals()
+    saved = {name: module[name] for name in values}
+    module.update(values)
+    try:
+        yield
+    finally:
+        module.update(saved)
 
 
 class _Layout:
@@ -136,9 +166,9 @@ def _bc(m: torch.Tensor) -> torch.Tensor:
     return _aligned(m)
 
 
-def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
+def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d, stages):
     """The inputs in the kernels' argument order, the flags they are compiled for, and the
-    layout (``chunk`` None: :data:`CHUNK`, read at the call)."""
+    layout (``chunk`` None: :data:`CHUNK`, read at the call, as the kernel's own settings are)."""
     B, C = _bc(B), _bc(C)
     lay = _Layout(u, A, B, C, CHUNK if chunk is None else chunk, block_d)
     u, delta = _sequence(u), _sequence(delta)
@@ -147,7 +177,7 @@ def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d):
     inputs = (u, delta, A32, B, C, _or(D32, A32), _or(z, u), _or(bias32, A32))
     flags = dict(VAR_B=B.dim() == 4, VAR_C=C.dim() == 4, HAS_D=D is not None, HAS_Z=z is not None,
                  HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus), BLOCK_D=lay.block_d,
-                 BLOCK_N=lay.block_n, T=lay.chunk)
+                 BLOCK_N=lay.block_n, T=lay.chunk, STAGES=stages)
     return inputs, flags, lay
 
 
@@ -163,7 +193,7 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, save_sta
     with tensors on the ``meta`` device (shapes and dtypes only). So it must do nothing but
     prepare inputs, allocate outputs and describe the launch; it must never read tensor values."""
     inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk,
-                                  FORWARD_BLOCK_D if block_d is None else block_d)
+                                  FORWARD_BLOCK_D if block_d is None else block_d, FORWARD_STAGES)
     u = inputs[0]
     out = torch.empty_like(u)
     last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
@@ -186,7 +216,7 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, states: torch.Tensor, d
     added to with atomics; (b, d, n) sums over positions for a constant one), ``dA`` (b, d, n),
     ``dD`` and ``dbias`` (b, d) (or None): per-batch sums the caller adds up."""
     inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk,
-                                  BACKWARD_BLOCK_D if block_d is None else block_d)
+                                  BACKWARD_BLOCK_D if block_d is None else block_d, BACKWARD_STAGES)
     u, delta, B, C = inputs[0], inputs[1], inputs[3], inputs[4]
     dout = _sequence(dout)
     dlast = None if dlast is None else _aligned(dlast.float().contiguous())
