@@ -20,10 +20,11 @@ first (kernel selection, autotuning, allocator growth). ``--amp`` runs forward a
 autocast exactly as ``train: amp`` does (fp16 with one GradScaler per optimizer).
 Memory: on CUDA, torch.cuda.max_memory_allocated after a reset, per configuration, measured in
 this process (``--in-process`` is implied); on CPU, each configuration runs in a fresh
-subprocess (unless ``--in-process``: then the figures include what this process already holds)
-and reports the growth of the resident-set high-water mark (/proc VmHWM, reset through /proc/self/clear_refs after imports, batch creation
+subprocess and reports the growth of the resident-set high-water mark (/proc VmHWM, reset through /proc/self/clear_refs after imports, batch creation
 and backend warm-up; getrusage ru_maxrss where that is unavailable) over the RSS at that point.
-tracemalloc does not see torch's CPU allocations, so it is not used.
+tracemalloc does not see torch's CPU allocations, so it is not used. On CPU with ``--in-process``
+peak memory is not measured (one line says why; the summary shows n/a): memory the timed steps
+freed stays resident in this process, so a later configuration grows the RSS by next to nothing.
 The partition is a real variance partition (ratio_u 0.5) from a short profiling pass.
 """
 from __future__ import annotations
@@ -199,6 +200,25 @@ def worker(args: argparse.Namespace) -> dict:
     return {'peak_bytes': peak}
 
 
+def memory_unmeasured(args: argparse.Namespace) -> Optional[str]:
+    """Why this run cannot measure peak memory, or ``None`` when it can.
+
+    On CPU a peak is the growth of the RSS high-water mark. In a process that already ran the
+    timed steps, the memory they freed stays resident (the allocators keep it) and is reused, so
+    a configuration's growth reads as next to nothing, and ratios of such figures are noise or a
+    division by zero (what ``--in-process`` on CPU used to print or raise).
+    """
+    if args.in_process and not on_cuda(args.device):
+        return ('peak memory: not measured (--in-process on CPU: memory the timed steps freed stays resident in '
+                'this process and is reused, so the RSS high-water mark hardly grows; run without --in-process '
+                'for a fresh process per configuration)')
+    return None
+
+
+def ratio_text(value: Optional[float]) -> str:
+    return 'n/a' if value is None else f'{value:.3f}'
+
+
 def peak_of(args: argparse.Namespace, kind: str, **extra) -> list:
     """Peak bytes of ``--mem-reps`` fresh runs (CPU RSS varies run to run with the allocator)."""
     reps = 1 if args.in_process else args.mem_reps
@@ -265,7 +285,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--no-profile-memory', action='store_true',
                    help='skip profiling peak memory against N (--samples); the step and memory ratios stay')
     p.add_argument('--in-process', action='store_true',
-                   help='measure memory in this process (always so on CUDA; on CPU a fresh process each)')
+                   help='no subprocesses (always so on CUDA, where memory is measured in this process); on CPU '
+                        'peak memory is then not measured: by default each CPU configuration runs in a fresh process')
     p.add_argument('--worker', choices=['ft', 'dual', 'profile', 'ldt_s'], help=argparse.SUPPRESS)
     p.add_argument('--partition', help=argparse.SUPPRESS)
     p.add_argument('--profile-samples', type=int, default=10, help=argparse.SUPPRESS)
@@ -345,22 +366,27 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 summary.update(ft_ms=statistics.median(t['ft']) * 1e3, time=statistics.median(ratios))
         del algo, ft_net, ft_opt
 
-        how = ('torch.cuda.max_memory_allocated' if on_cuda(device) else
-               'RSS high-water (VmHWM, reset via clear_refs; else ru_maxrss) growth over the RSS '
-               'before the model is built, ' + ('in this process' if args.in_process else
-                                                'fresh subprocess per configuration'))
-        m_ft = peak_of(args, 'ft')
-        m_dual = peak_of(args, 'dual', partition=part_path)
-        print(f'peak memory ({how}; median [min-max] of {len(m_ft)} runs): FT {mib(m_ft)} | '
-              f'dual {mib(m_dual)}')
-        summary['memory'] = statistics.median(m_dual) / statistics.median(m_ft)
-        print(f"  memory ratio dual/FT = {summary['memory']:.3f}  (target <= 1.05)")
-        if not args.no_profile_memory:
-            profiling_memory(args)
+        unmeasured = memory_unmeasured(args)
+        if unmeasured is not None:
+            print(unmeasured)
+            summary['memory'] = None
+        else:
+            how = ('torch.cuda.max_memory_allocated' if on_cuda(device) else
+                   'RSS high-water (VmHWM, reset via clear_refs; else ru_maxrss) growth over the RSS '
+                   'before the model is built, fresh subprocess per configuration')
+            m_ft = peak_of(args, 'ft')
+            m_dual = peak_of(args, 'dual', partition=part_path)
+            print(f'peak memory ({how}; median [min-max] of {len(m_ft)} runs): FT {mib(m_ft)} | '
+                  f'dual {mib(m_dual)}')
+            summary['memory'] = statistics.median(m_dual) / statistics.median(m_ft)
+            print(f"  memory ratio dual/FT = {summary['memory']:.3f}  (target <= 1.05)")
+            if not args.no_profile_memory:
+                profiling_memory(args)
         summary.update(bench_ldt_s(args, part_path))
         print(f"summary: arch={args.arch} amp={args.amp} LR patch {args.patch} batch {args.batch}, {where}: FT "
-              f"{summary['ft_ms']:.1f} ms | LDT/FT time {summary['time']:.3f} | LDT/FT memory {summary['memory']:.3f} | "
-              f"LDT-S/FT time {summary['ldt_s_time']:.3f} | LDT-S/FT memory {summary['ldt_s_memory']:.3f}")
+              f"{summary['ft_ms']:.1f} ms | LDT/FT time {summary['time']:.3f} | LDT/FT memory "
+              f"{ratio_text(summary['memory'])} | LDT-S/FT time {summary['ldt_s_time']:.3f} | LDT-S/FT memory "
+              f"{ratio_text(summary['ldt_s_memory'])}")
 
 
 def profiling_memory(args: argparse.Namespace) -> None:
@@ -428,6 +454,9 @@ def bench_ldt_s(args: argparse.Namespace, part_path: str) -> dict:
         if clock == 'wall':
             time_ratio = statistics.median(ratios)
     del algo, ft_net, ft_opt
+    if memory_unmeasured(args) is not None:
+        print('LDT-S peak memory: not measured (as above)')
+        return {'ldt_s_time': time_ratio, 'ldt_s_memory': None}
     m_ft = peak_of(args, 'ft')
     m_s = peak_of(args, 'ldt_s', partition=part_path)
     print(f'LDT-S peak memory (as above; CPU weight buffer included on CPU): FT {mib(m_ft)} | LDT-S {mib(m_s)}')

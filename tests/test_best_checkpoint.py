@@ -40,7 +40,8 @@ def test_best_iteration_weights_are_saved_and_survive_resume(project, demo_data)
     exp = project / 'experiments' / 'full'
     log = next(exp.glob('train_full_*.log')).read_text()
     psnr = [float(v) for v in re.findall(r'Validation Test_Olympus\n\t # psnr: ([0-9.]+)', log)]
-    assert len(psnr) == 7   # iterations 1..6, then the final validation of iteration 6's weights
+    assert len(psnr) == 6   # iterations 1..6; after the loop iteration 6's weights are not validated again
+    assert 'Validation Test_Olympus: iteration 6 was validated already, with no training step since; not repeated' in log
     best = best_lines(log)
     # Every improvement and only improvements (strictly greater) are saved, and the last one is the maximum.
     running = []
@@ -160,7 +161,7 @@ def test_validation_measures_the_network_that_is_saved(tmp_path, monkeypatch, de
     opt['logger']['use_tb_logger'] = True
     lines = _in_process(monkeypatch, tmp_path, 'Train_pip.py', opt)
     logged = [float(v) for v in re.findall(r'Validation Test_Olympus\n\t # psnr: ([0-9.]+)', '\n'.join(lines))]
-    assert len(logged) == 9   # iterations 1..8, then the last weights again
+    assert len(logged) == 8   # iterations 1..8, once each (not again after the loop)
     exp = tmp_path / 'experiments' / 'ldt_val'
     files = {}
     for i in range(1, 9):

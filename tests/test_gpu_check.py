@@ -226,22 +226,11 @@ def test_bench_ldt_builds_the_three_networks_in_their_released_configuration():
 def test_bench_ldt_summary_line_holds_each_ratio_to_ft_of_the_run(monkeypatch, capsys):
     """The line gpu_check.sh and the results table read: FT ms, LDT/FT and LDT-S/FT time and memory;
     --no-profile-memory leaves out only the profiling-vs-N section."""
-    import torch
     from conftest import load_script
+    from test_cuda_branches import _Tiny
     bench = load_script('bench_ldt')
-
-    class Tiny(torch.nn.Module):
-        def __init__(self, scale):
-            super().__init__()
-            self.scale = scale
-            self.conv_first = torch.nn.Conv2d(3, 4, 3, padding=1)
-            self.conv_last = torch.nn.Conv2d(4, 3 * scale * scale, 3, padding=1)
-
-        def forward(self, x):
-            return torch.nn.functional.pixel_shuffle(self.conv_last(torch.relu(self.conv_first(x))), self.scale)
-
     peaks = {'ft': [100 * 2**20], 'dual': [103 * 2**20], 'ldt_s': [101 * 2**20]}
-    monkeypatch.setattr(bench, 'build_network', lambda arch, scale: Tiny(scale))
+    monkeypatch.setattr(bench, 'build_network', lambda arch, scale: _Tiny(scale))
     monkeypatch.setattr(bench, 'peak_of', lambda args, kind, **extra: peaks[kind])
     bench.main(['--device', 'cpu', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '2', '--warm', '1',
                 '--profile-passes', '2', '--no-profile-memory'])
@@ -255,3 +244,26 @@ def test_bench_ldt_summary_line_holds_each_ratio_to_ft_of_the_run(monkeypatch, c
     dual = re.search(r'wall time/iter .*\n  step ratio dual/FT = ([\d.]+)', out).group(1)
     ldt_s = re.search(r'LDT-S wall time/iter .*\n  step ratio LDT-S/FT = ([\d.]+)', out).group(1)
     assert (match.group(2), match.group(3)) == (dual, ldt_s)
+
+
+def test_bench_ldt_in_process_on_cpu_prints_its_times_and_says_why_memory_is_not_measured(monkeypatch, capsys):
+    """``--in-process`` on CPU divided by zero: after the timed steps the process already holds the
+    memory a configuration needs, so its RSS growth read 0 bytes. Now every time figure is printed,
+    memory is one line saying why it is not measured (no memory worker runs), and the summary says n/a."""
+    from conftest import load_script
+    from test_cuda_branches import _Tiny
+    bench = load_script('bench_ldt')
+    monkeypatch.setattr(bench, 'build_network', lambda arch, scale: _Tiny(scale))
+    monkeypatch.setattr(bench, 'run_worker', lambda *a, **k: pytest.fail('a memory worker ran in-process on CPU'))
+    bench.main(['--device', 'cpu', '--in-process', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '2',
+                '--warm', '1', '--profile-passes', '2', '--samples', '2', '3'])
+    out = capsys.readouterr().out
+    assert re.search(r'^peak memory: not measured \(--in-process on CPU: memory the timed steps freed stays resident '
+                     r'.*run without --in-process for a fresh process per configuration\)$', out, re.M), out
+    assert 'LDT-S peak memory: not measured (as above)\n' in out and 'profiling peak memory' not in out
+    for figure in (r'wall time/iter', r'process CPU time/iter', r'step ratio dual/FT = \d+\.\d+',
+                   r'LDT-S wall time/iter', r'step ratio LDT-S/FT = \d+\.\d+'):
+        assert re.search(figure, out), figure
+    assert re.fullmatch(r'summary: arch=msrresnet amp=none LR patch 6 batch 1, threads \d+: FT [\d.]+ ms \| '
+                        r'LDT/FT time [\d.]+ \| LDT/FT memory n/a \| LDT-S/FT time [\d.]+ \| LDT-S/FT memory n/a',
+                        out.strip().splitlines()[-1]), out

@@ -3,6 +3,7 @@ checkpoint test.py reads, exact resume from every phase, and the baselines as co
 import json
 import re
 import shutil
+from fnmatch import fnmatchcase
 
 import pytest
 import torch
@@ -144,3 +145,53 @@ def test_each_name_pattern_logs_the_parameters_it_selects_before_training(tmp_pa
     with pytest.raises(InputError, match=r"^ldt.force_unstable: pattern 'feat.1' matches no parameter of SAFMN "
                                          r"\(its first parameters: to_feat.weight, to_feat.bias, feats.0"):
         _built(tmp_path, demo_data, force_unstable=['feat.1'])
+
+
+def _selected(names, pattern):
+    """The documented pattern rule, written out: an exact name, an fnmatch glob, or a module prefix."""
+    return [n for n in names if n == pattern or n.startswith(pattern + '.') or fnmatchcase(n, pattern)]
+
+
+@pytest.mark.parametrize('force, error', [
+    # A module prefix of 18 tensors (block 1, not block 10) and one exact name.
+    ({'force_stable': ['feats.1'], 'force_unstable': ['to_feat.weight']}, None),
+    # A glob over blocks 1 and 10 and a prefix of the upsampler, both in one option.
+    ({'force_unstable': ['feats.1*', 'to_img']}, None),
+    # A typo: the second pattern matches nothing.
+    ({'force_stable': ['feats.0'], 'force_unstable': ['to_img', 'feat.1']},
+     r"^ldt\.force_unstable: pattern 'feat\.1' matches no parameter of SAFMN \(its first parameters: to_feat\.weight, "),
+    # One tensor forced into both groups (through a prefix and an exact name).
+    ({'force_stable': ['feats.1'], 'force_unstable': ['to_img', 'feats.1.norm1.weight']},
+     r"^layers forced both stable and unstable: ldt\.force_stable 'feats\.1' and ldt\.force_unstable "
+     r"'feats\.1\.norm1\.weight' both select \['feats\.1\.norm1\.weight'\]$"),
+])
+def test_the_check_before_training_and_the_partition_agree_on_force_patterns(tmp_path, demo_data, force, error):
+    """What the up-front check accepts and logs for each force pattern is what the partition, built
+    later by LDT on the same network, forces into that group; what it refuses, the partition refuses
+    with the same line (before, a layer forced into both groups passed the check and stopped the run
+    only after warm-up and profiling)."""
+    from basicsr.archs import build_network
+    from basicsr_ldt.models.ldt_model import ldt_config_from_options
+    from basicsr_ldt.ldt import LDT
+    ldt = dict(head_warmup_iters=0, profile_iters=0, criterion='random', **force)
+    opt = ldt_options(demo_data, 'patterns', **ldt)
+    network = build_network(dict(NETWORK, n_blocks=11))
+    names = [n for n, _ in network.named_parameters()]
+    later = LDT(network, ldt_config_from_options(opt), lambda params, role: torch.optim.Adam(params), total_iters=8)
+    if error is not None:
+        with pytest.raises(InputError, match=error) as before:
+            _built(tmp_path, demo_data, **ldt)
+        with pytest.raises(ValueError) as after:
+            later.enter(1)
+        assert str(after.value) == str(before.value)
+        return
+    lines = _built(tmp_path, demo_data, **ldt)
+    later.enter(1)
+    groups = {'force_stable': later.partition.stable, 'force_unstable': later.partition.unstable}
+    for option, patterns in force.items():
+        for pattern in patterns:
+            chosen = _selected(names, pattern)
+            assert chosen and set(chosen) <= set(groups[option]), (option, pattern)
+            shown = ', '.join(chosen[:12]) + (f' and {len(chosen) - 12} more' if len(chosen) > 12 else '')
+            plural = 's' if len(chosen) > 1 else ''
+            assert f"ldt.{option} '{pattern}' selects {len(chosen)} parameter{plural}: {shown}" in lines

@@ -56,7 +56,7 @@ def test_name_partition_and_forced_layers():
     p = build_partition(NAMES, STATS, partition='criterion', ratio_u=0.4,
                         force_stable=['c'], force_unstable=['b'])
     assert p.unstable == ['b', 'e']
-    with pytest.raises(ValueError, match="force pattern 'zz'"):
+    with pytest.raises(ValueError, match=r"^ldt\.force_stable: pattern 'zz' matches no parameter of the network"):
         build_partition(NAMES, STATS, partition='criterion', ratio_u=0.4, force_stable=['zz'])
     with pytest.raises(ValueError, match='both stable and unstable'):
         build_partition(NAMES, STATS, partition='criterion', ratio_u=0.4, force_stable=['a'],

@@ -194,6 +194,30 @@ def test_a_bad_val_key_stops_training_before_anything_is_written(project, demo_d
     assert not (project / 'experiments' / 'badval').exists()
 
 
+@pytest.mark.parametrize('model_type', ['FTSRModel', 'LDTSRModel'])
+def test_each_validation_set_runs_once_per_validation_iteration(project, demo_data, model_type):
+    """total_iter a multiple of val_freq: BasicSR's loop validates the last iteration inside the loop
+    and again after it. Each set now runs once per iteration (2 and 4), the repeat is one log line,
+    and the best-checkpoint selection sees each validation once."""
+    import re
+    from conftest import run_entry
+    from test_cli import dataset, train_options, write
+    from test_ldt_model import NETWORK
+    opt = train_options(demo_data, 'once', total_iter=4, model_type=model_type, network_g=dict(NETWORK))
+    opt['datasets']['val_source'] = dataset(demo_data, 'Test', ['Olympus'])
+    opt['val'].update(val_freq=2, save_best=True, best_dataset='Test_Olympus')
+    if model_type == 'LDTSRModel':   # profiling at 1 and 2, dual training at 3 and 4
+        opt['ldt'] = {'head_warmup_iters': 0, 'profile_iters': 2, 'ema_every': 1}
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'once.yml', opt))
+    log = next((project / 'experiments' / 'once').glob('train_once_*.log')).read_text()
+    for name in ('Test_Sony_Canon', 'Test_Olympus'):
+        assert len(re.findall(rf'Validation {name}\n\t # psnr: ', log)) == 2, log[-3000:]
+        assert log.count(f'Validation {name}: iteration 4 was validated already, with no training step since; '
+                         'not repeated') == 1
+    selections = re.findall(r'(?:New best psnr|Best psnr) on Test_Olympus.*?(?:at )?iteration (\d+)', log)
+    assert len(selections) == 2, selections
+
+
 # ----------------------------------------------------------------------------- HR crop (item 2)
 def _pair(root, stem, lr_size, hr_size):
     rng = np.random.default_rng(0)

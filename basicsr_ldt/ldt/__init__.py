@@ -12,7 +12,8 @@ from basicsr_ldt.ldt.pair import (BatchLoss, CrossFrozenPair, OptimizerFactory, 
                                   optimizer_step, trainable_parameters)
 from basicsr_ldt.ldt.precision import (AMP_DTYPES, INFERENCE_DTYPES, MixedPrecision, autocast,
                                        finite_on_all_ranks, resolve_dtype)
-from basicsr_ldt.ldt.partition import LayerRecord, Partition, build_partition, matches, select
+from basicsr_ldt.ldt.partition import (FORCE_OPTIONS, LayerRecord, Partition, build_partition, forced_layers,
+                                       head_layers, matches, select)
 from basicsr_ldt.ldt.statistics import GradientStatistics, all_reduce_statistics, random_statistic
 
 __all__ = [
@@ -20,7 +21,7 @@ __all__ = [
     'UNSTABLE', 'composite_state', 'dpu_coefficients', 'ema_exchange_', 'top_n_unstable',
     'unstable_count', 'clear_routing', 'route_bias_only_convs', 'set_trainable', 'BatchLoss',
     'CrossFrozenPair', 'OptimizerFactory', 'average_gradients', 'optimizer_step',
-    'trainable_parameters', 'LayerRecord', 'Partition', 'build_partition', 'matches', 'select',
+    'trainable_parameters', 'FORCE_OPTIONS', 'forced_layers', 'head_layers', 'LayerRecord', 'Partition', 'build_partition', 'matches', 'select',
     'GradientStatistics', 'all_reduce_statistics', 'random_statistic', 'AMP_DTYPES', 'INFERENCE_DTYPES',
     'MixedPrecision', 'autocast', 'finite_on_all_ranks', 'resolve_dtype',
 ]

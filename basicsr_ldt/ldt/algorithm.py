@@ -23,7 +23,7 @@ from basicsr_ldt.ldt.ema_horizon import horizon_warnings, scale_partition
 from basicsr_ldt.ldt.freezing import clear_routing, set_trainable
 from basicsr_ldt.ldt.ldt_s import AlternatingFreezing
 from basicsr_ldt.ldt.pair import BatchLoss, CrossFrozenPair, OptimizerFactory, optimizer_step
-from basicsr_ldt.ldt.partition import Partition, build_partition, select
+from basicsr_ldt.ldt.partition import Partition, build_partition, head_layers
 from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, finite_on_all_ranks
 from basicsr_ldt.ldt.statistics import GradientStatistics, all_reduce_statistics, random_statistic
 
@@ -212,10 +212,7 @@ class LDT:
         self.pair = None
         self.alternation = None
         if phase == 'warmup':
-            head = select(self.names, self.config.head_patterns)
-            if not head:
-                raise ValueError(f'head_patterns {list(self.config.head_patterns)} match no '
-                                 f'parameter of the network (first names: {self.names[:4]})')
+            head = head_layers(self.names, self.config.head_patterns, type(self.primary).__name__)
             set_trainable(self.primary, set(head))
             self.optimizers['warmup'] = self.optimizer_factory(
                 [p for n, p in self.primary.named_parameters() if n in set(head)], 'warmup')
@@ -265,7 +262,8 @@ class LDT:
             head_patterns=cfg.head_patterns, deft_grouping=cfg.deft_grouping, force_stable=cfg.force_stable,
             force_unstable=cfg.force_unstable, dpu=cfg.dpu, w_base_stable=cfg.w_base_stable,
             r_base_stable=cfg.r_base_stable, w_base_unstable=cfg.w_base_unstable,
-            r_base_unstable=cfg.r_base_unstable, w_fixed=cfg.w_fixed, criterion=cfg.criterion)
+            r_base_unstable=cfg.r_base_unstable, w_fixed=cfg.w_fixed, criterion=cfg.criterion,
+            network=type(self.primary).__name__)
         reference = cfg.reference_exchanges()
         if reference is None:
             return partition

@@ -32,6 +32,50 @@ def select(names: Sequence[str], patterns: Iterable[str]) -> List[str]:
     return [n for n in names if any(matches(n, p) for p in patterns)]
 
 
+def head_layers(names: Sequence[str], head_patterns: Sequence[str], network: str = 'the network') -> List[str]:
+    """The head the patterns select together, or the one-line error that stops the run.
+
+    One rule for the SR model's up-front check, the head warm-up and the partition by name.
+    """
+    head = select(names, head_patterns)
+    if not head:
+        raise ValueError(f"ldt.head_patterns {list(head_patterns)} match no parameter of {network} "
+                         f"(its last parameters: {', '.join(list(names)[-4:])})")
+    return head
+
+
+#: The options whose patterns force layers into a group, in the order they are checked.
+FORCE_OPTIONS = ('force_stable', 'force_unstable')
+
+#: What each pattern of each force option selects: ``{option: [(pattern, names), ...]}``.
+ForcedLayers = Dict[str, List[Tuple[str, List[str]]]]
+
+
+def forced_layers(names: Sequence[str], force_stable: Sequence[str] = (), force_unstable: Sequence[str] = (),
+                  network: str = 'the network') -> ForcedLayers:
+    """What each force pattern selects, or the one-line error that stops the run.
+
+    The single rule for force patterns: the SR model checks and logs it before training, and
+    ``build_partition`` applies it after profiling, so the two cannot disagree. Every pattern must
+    select a layer (a typo would otherwise be silent), and no layer may be forced into both groups.
+    """
+    names = list(names)
+    forced: ForcedLayers = {}
+    for option, patterns in zip(FORCE_OPTIONS, (force_stable, force_unstable)):
+        forced[option] = [(p, select(names, [p])) for p in patterns]
+        for pattern, hit in forced[option]:
+            if not hit:
+                raise ValueError(f"ldt.{option}: pattern '{pattern}' matches no parameter of {network} "
+                                 f"(its first parameters: {', '.join(names[:4])})")
+    stable_by = {n: p for p, hit in forced['force_stable'] for n in hit}
+    for pattern, hit in forced['force_unstable']:
+        both = [n for n in hit if n in stable_by]
+        if both:
+            raise ValueError(f"layers forced both stable and unstable: ldt.force_stable '{stable_by[both[0]]}' and "
+                             f"ldt.force_unstable '{pattern}' both select {both[:5]}")
+    return forced
+
+
 @dataclass(frozen=True)
 class LayerRecord:
     name: str
@@ -147,11 +191,12 @@ def build_partition(names: Sequence[str], statistics: Optional[Sequence[float]],
                     force_stable: Sequence[str] = (), force_unstable: Sequence[str] = (),
                     dpu: bool = True, w_base_stable: float = 0.99, r_base_stable: float = 0.01,
                     w_base_unstable: float = 0.999, r_base_unstable: float = 0.001,
-                    w_fixed: float = 0.99, criterion: str = 'var') -> Partition:
+                    w_fixed: float = 0.99, criterion: str = 'var', network: str = 'the network') -> Partition:
     """Groups (by statistic, eq. 1-2, or by head name) then overrides, then coefficients.
 
     Force patterns are applied after the ratio, so the unstable share can differ from
-    ``ratio_u``; every force pattern must match something (a typo would otherwise be silent).
+    ``ratio_u``; they are selected and checked by :func:`forced_layers` (``network`` names the
+    model in its errors).
     """
     names = list(names)
     if statistics is not None and len(statistics) != len(names):
@@ -170,17 +215,12 @@ def build_partition(names: Sequence[str], statistics: Optional[Sequence[float]],
             raise ValueError(f"deft_grouping 'non_layers' needs 'layers.*' parameters (first names: {names[:4]})")
         unstable = [n not in blocks for n in names]
     elif partition == 'name':
-        head = set(select(names, head_patterns))
-        if not head:
-            raise ValueError(f'head_patterns {list(head_patterns)} match no parameter '
-                             f'(first names: {names[:4]})')
+        head = set(head_layers(names, head_patterns, network))
         unstable = [n in head for n in names]
     else:
         raise ValueError(f"unknown partition '{partition}', expected 'criterion' or 'name'")
-    forced_s, forced_u = _forced(names, force_stable), _forced(names, force_unstable)
-    both = sorted(set(forced_s) & set(forced_u))
-    if both:
-        raise ValueError(f'layers forced both stable and unstable: {both[:5]}')
+    forced = forced_layers(names, force_stable, force_unstable, network)
+    forced_s, forced_u = ({n for _, hit in forced[o] for n in hit} for o in FORCE_OPTIONS)
     groups = [STABLE if n in forced_s else UNSTABLE if n in forced_u or u else STABLE
               for n, u in zip(names, unstable)]
     coefficients = [w_fixed] * len(names)
@@ -202,11 +242,3 @@ def build_partition(names: Sequence[str], statistics: Optional[Sequence[float]],
     return result
 
 
-def _forced(names: Sequence[str], patterns: Sequence[str]) -> List[str]:
-    chosen = []
-    for p in patterns:
-        hit = select(names, [p])
-        if not hit:
-            raise ValueError(f"force pattern '{p}' matches no parameter")
-        chosen.extend(hit)
-    return chosen

@@ -23,7 +23,7 @@ from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import closest_key_hint, registered
 from basicsr_ldt.data.sampler import ResumableSampler
-from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, preset, select
+from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, forced_layers, head_layers, preset
 from basicsr_ldt.models.best import BestCheckpointMixin, validated_network
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.partition_report import write_partition_report
@@ -187,26 +187,27 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
 
         A pattern is an exact name, a glob or a module prefix (``layers.1`` is ``layers.1.*``, not
         ``layers.10``); the log shows at the start of a run which tensors it took, where the partition
-        file would show the result only after warm-up and profiling. Force patterns are checked one
-        by one (each must select something, as ``build_partition`` requires), head patterns together.
+        file would show the result only after warm-up and profiling. Force patterns go through
+        ``forced_layers``, the rule ``build_partition`` applies later (each must select something, no
+        layer forced into both groups), so this check and the partition agree; head patterns together.
         """
         names, network = self.ldt.names, self.opt['network_g']['type']
         logger = get_root_logger()
         by_head = (self.config.partition, self.config.deft_grouping) == ('name', 'head')
         if self.config.head_warmup_iters or by_head:
-            head = select(names, self.config.head_patterns)
-            if not head:
-                raise InputError(f'ldt.head_patterns {list(self.config.head_patterns)} match no parameter of '
-                                 f"{network} (its last parameters: {', '.join(names[-4:])})")
+            try:
+                head = head_layers(names, self.config.head_patterns, network)
+            except ValueError as err:
+                raise InputError(str(err)) from None
             logger.info(f'ldt.head_patterns {list(self.config.head_patterns)} select {_listing(head)}')
         if self.config.partition_file is not None:   # the file decides the groups; force patterns are unused
             return
-        for option in ('force_stable', 'force_unstable'):
-            for pattern in getattr(self.config, option):
-                chosen = select(names, [pattern])
-                if not chosen:
-                    raise InputError(f"ldt.{option}: pattern '{pattern}' matches no parameter of {network} "
-                                     f"(its first parameters: {', '.join(names[:4])})")
+        try:
+            forced = forced_layers(names, self.config.force_stable, self.config.force_unstable, network)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+        for option, selections in forced.items():
+            for pattern, chosen in selections:
                 logger.info(f"ldt.{option} '{pattern}' selects {_listing(chosen)}")
 
     # ------------------------------------------------------------------ optimizers/schedulers

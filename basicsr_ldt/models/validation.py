@@ -7,8 +7,15 @@ sections). Here ``val:`` takes ``test:``'s inference keys (``tile_mode``, ``tile
 ``tile_overlap``, ``precision``; basicsr_ldt.inference.settings), and the whole ``val:`` section
 is checked when the model is built, before the first iteration, so a misspelt key or a bad value
 stops the run with one line instead of at the first validation hours later.
+
+BasicSR's training loop validates at every multiple of ``val_freq`` and once more after the loop,
+at the same iteration: with ``total_iter`` a multiple of ``val_freq`` the last weights were
+validated twice (minutes on full-size photographs), logged, written to tensorboard and offered to
+the best-checkpoint selection twice. A validation set is therefore run once per iteration: asked
+again for the iteration it last ran at, the model logs one line and keeps that run's results.
+A training step always moves to a new iteration, so the same iteration means the same weights.
 """
-from typing import Dict
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -52,13 +59,30 @@ class ValidationMixin:
 
     ``inference_network`` is the network validated: BasicSR's choice (``net_g_ema`` when kept,
     else ``net_g``); LDT overrides it with the composite or the branch ``val.best_network`` names.
+    ``validation`` runs each validation set once per iteration (see the module docstring).
     """
 
     def __init__(self, opt: Dict) -> None:
         self.validation_inference = validation_settings(opt)
+        #: Per validation set (its ``name``): the iteration it was last validated at and the metric
+        #: results of that run (``None`` where BasicSR computed none, e.g. on ranks other than 0).
+        self.last_validation: Dict[str, Tuple[int, Optional[Dict[str, Any]]]] = {}
         super().__init__(opt)
         if opt.get('val') is not None:
             get_root_logger().info(f'Validation inference: {self.validation_inference.describe()}')
+
+    def validation(self, dataloader, current_iter, tb_logger, save_img=False):
+        name = dataloader.dataset.opt['name']
+        last = self.last_validation.get(name)
+        if last is not None and last[0] == current_iter:
+            if last[1] is not None:
+                self.metric_results = dict(last[1])
+            get_root_logger().info(f'Validation {name}: iteration {current_iter} was validated already, with no '
+                                   'training step since; not repeated')
+            return
+        super().validation(dataloader, current_iter, tb_logger, save_img)
+        results = getattr(self, 'metric_results', None)
+        self.last_validation[name] = (current_iter, None if results is None else dict(results))
 
     def inference_network(self) -> nn.Module:
         return self.net_g_ema if hasattr(self, 'net_g_ema') else self.net_g
