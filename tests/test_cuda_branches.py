@@ -74,7 +74,7 @@ Benchmarks and gpu_check.sh:
          its option files -> tests/test_gpu_check.py::test_gpu_check_option_files_train_and_test_on_cpu
 
 Inference, resume, processes:
-  inference/tiling.py tiled_forward and inference/api.py _run under fp16 autocast
+  inference/tiling.py tiled_forward and inference/api.py upscale (through run_inference) under fp16 autocast
       -> test_fp16_inference_runs_under_fp16_autocast_and_returns_fp32
   inference/api.py load_network device 'cuda' (default when available; asked for without CUDA),
   pipelines/upscale.py --device
@@ -704,7 +704,7 @@ def test_resolve_dtype_on_cuda_checks_bf16_support(monkeypatch):
 
 def test_fp16_inference_runs_under_fp16_autocast_and_returns_fp32(monkeypatch):
     """test.py's and upscale()'s fp16 path (refused on the CPU up front; the check is bypassed)."""
-    from basicsr_ldt.inference import api
+    from basicsr_ldt.inference import api, settings
     from basicsr_ldt.inference.tiling import tiled_forward
     torch.manual_seed(0)
     net = _Tiny(2).eval()
@@ -715,7 +715,7 @@ def test_fp16_inference_runs_under_fp16_autocast_and_returns_fp32(monkeypatch):
     half = tiled_forward(net, lq, 2, tile_size=8, tile_overlap=4, dtype=torch.float16)
     assert seen[-1] == torch.float16 and half.dtype == torch.float32
     assert torch.allclose(half, full, atol=5e-3) and not torch.equal(half, full)
-    monkeypatch.setattr(api, 'check_precision', lambda device, precision: None)
+    monkeypatch.setattr(settings, 'resolve_dtype', lambda key, value, choices, device_type: choices[value])
     out = api.upscale(net, lq, precision='fp16')
     assert seen[-1] == torch.float16 and out.dtype == torch.float32
     assert torch.allclose(out, full.clamp(0, 1), atol=5e-3)

@@ -1,6 +1,7 @@
 """inference.py and the Python API on a tiny SAFMN: the formats users feed it, corrupt files,
-existing outputs, wrong checkpoints, precision and tiling."""
+existing outputs, wrong checkpoints, precision and tiling (the choice of test: and val:)."""
 import shutil
+import warnings
 
 import cv2
 import numpy as np
@@ -11,7 +12,9 @@ import yaml
 from basicsr.archs import build_network
 from basicsr_ldt import load_network, upscale
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.pipelines.upscale import main as inference_main
 from conftest import REPO, run_entry
+from test_validation_inference import sr_slice_reference
 
 TINY = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscaling_factor': 4}
 
@@ -25,6 +28,11 @@ def tiny(tmp_path_factory):
     torch.save({'params': network.state_dict()}, folder / 'net_g_latest.pth')
     (folder / 'net.yml').write_text(yaml.safe_dump({'network_g': TINY}))
     return folder
+
+
+@pytest.fixture(scope='module')
+def tiny_network(tiny):
+    return load_network(str(tiny / 'net_g_latest.pth'), opt=str(tiny / 'net.yml'), device='cpu')
 
 
 @pytest.fixture
@@ -104,7 +112,7 @@ def test_api_matches_across_input_kinds(tiny):
     assert upscale(network, image[..., :1]).shape == (48, 56, 1)
     # bf16 autocast on the CPU stays close to fp32; fp16 on the CPU is a clear error.
     assert np.abs(upscale(network, image, precision='bf16').astype(int) - out).mean() < 3
-    with pytest.raises(InputError, match="'fp16' needs a CUDA device"):
+    with pytest.raises(InputError, match='^precision: fp16 needs a CUDA device and this run is on the CPU'):
         upscale(network, image, precision='fp16')
     with pytest.raises(InputError, match='uint8 or uint16'):
         upscale(network, image.astype(np.float32))
@@ -122,3 +130,102 @@ def test_api_loads_arch_defaults_ema_weights_and_reports_wrong_keys(tmp_path):
         load_network(str(tmp_path / 'release.pth'), arch='SAFMN', device='cpu')  # x4 head, x2 weights
     with pytest.raises(InputError, match="arch 'EDSR' has no built-in defaults"):
         load_network(str(tmp_path / 'release.pth'), arch='EDSR')
+
+
+# ------------------------------------------------------------- tiling: the choice of test: and val:
+def _official_reference(network, image: np.ndarray) -> np.ndarray:
+    """What the official evaluation makes of an 8-bit RGB image: SR_slice (the test's own
+    re-implementation), then BasicSR's clamp, x 255 and round."""
+    lr = torch.from_numpy(image.transpose(2, 0, 1)).float().div(255).unsqueeze(0)
+    with torch.no_grad():
+        sr = sr_slice_reference(network, lr, 4).float().clamp(0, 1)
+    return np.round(sr[0].permute(1, 2, 0).numpy() * 255).astype(np.uint8)
+
+
+def test_api_official_tile_mode_is_the_official_cutting_pixel_for_pixel(tiny_network):
+    """231 x 205 LR: two sections per axis, each reflect-padded by one pixel, as the paper's numbers were made."""
+    image = (np.random.default_rng(2).random((231, 205, 3)) * 255).astype(np.uint8)
+    got = upscale(tiny_network, image, tile_mode='official')
+    assert np.array_equal(got, _official_reference(tiny_network, image))
+    assert not np.array_equal(got, upscale(tiny_network, image))           # whole image: another result
+    tensor = torch.from_numpy(image.transpose(2, 0, 1)).float().div(255)
+    with torch.no_grad():
+        expected = sr_slice_reference(tiny_network, tensor.unsqueeze(0), 4).float().clamp(0, 1)[0]
+    assert torch.equal(upscale(tiny_network, tensor, tile_mode='official'), expected)
+
+
+def test_api_tile_keeps_meaning_fixed_tiles(tiny_network):
+    """``upscale(net, img, tile=64)`` (the older keyword) is ``tile_size=64``: fixed 64-pixel tiles."""
+    image = (np.random.default_rng(3).random((100, 90, 3)) * 255).astype(np.uint8)
+    fixed = upscale(tiny_network, image, tile_mode='fixed', tile_size=64, tile_overlap=16)
+    assert not np.array_equal(fixed, upscale(tiny_network, image))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        assert np.array_equal(upscale(tiny_network, image, tile=64), fixed)
+        assert np.array_equal(upscale(tiny_network, image, 64), fixed)   # tile_size is still the third argument
+    assert np.array_equal(upscale(tiny_network, image, None), upscale(tiny_network, image))   # None: whole, as before
+    assert [str(w.message) for w in caught] == ['upscale(tile=...) is now upscale(tile_size=...)']
+    assert issubclass(caught[0].category, DeprecationWarning)
+
+
+@pytest.mark.parametrize('keywords, message', [
+    ({'tile_mode': 'tiles'}, "tile_mode: expected one of 'official', 'fixed', 'whole', got 'tiles'"),
+    ({'tile_mode': 'official', 'tile_size': 64},
+     "tile_size: only tile_mode 'fixed' uses it (tile_mode is 'official'); remove it or set it to 0"),
+    ({'tile_mode': 'fixed'}, "tile_size: tile_mode 'fixed' needs the tile size in LR pixels (an integer >= 1), got 0"),
+    ({'tile_size': -1}, 'tile_size: expected an integer >= 0, got -1'),
+    ({'tile_size': 8, 'tile_overlap': 8}, 'tile_overlap: expected an integer in [0, tile_size=8), got 8'),
+    ({'precision': 'half'}, "precision: expected one of 'fp32', 'bf16', 'fp16', got 'half'"),
+    ({'precision': 'fp16'}, 'precision: fp16 needs a CUDA device and this run is on the CPU; use bf16 or fp32'),
+    ({'tile': 8, 'tile_size': 16}, 'give tile_size or its older name tile, not both'),
+])
+def test_api_bad_inference_values_are_one_line_naming_the_keyword(tiny_network, keywords, message):
+    with pytest.raises(InputError) as caught:
+        upscale(tiny_network, np.zeros((8, 8, 3), np.uint8), **keywords)
+    assert str(caught.value) == message
+
+
+def test_cli_tile_mode_official_writes_the_official_cutting(tmp_path, tiny, tiny_network):
+    image = (np.random.default_rng(4).random((205, 40, 3)) * 255).astype(np.uint8)   # 2 sections, 1 padded row
+    cv2.imwrite(str(tmp_path / 'photo.png'), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+    run_inference(tmp_path, '--input', str(tmp_path / 'photo.png'), '--output', str(tmp_path / 'out'),
+                  '--checkpoint', str(tiny / 'net_g_latest.pth'), '--opt', str(tiny / 'net.yml'),
+                  '--tile-mode', 'official', check=True)
+    written = cv2.cvtColor(cv2.imread(str(tmp_path / 'out' / 'photo_x4.png')), cv2.COLOR_BGR2RGB)
+    assert np.array_equal(written, _official_reference(tiny_network, image))
+    assert not np.array_equal(written, upscale(tiny_network, image))
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--tile-mode', 'tiles'], "--tile-mode: expected one of 'official', 'fixed', 'whole', got 'tiles'"),
+    (['--tile-mode', 'official', '--tile', '200'],
+     "--tile-size: only --tile-mode 'fixed' uses it (--tile-mode is 'official'); remove it or set it to 0"),
+    (['--tile-mode', 'fixed'],
+     "--tile-size: --tile-mode 'fixed' needs the tile size in LR pixels (an integer >= 1), got 0"),
+    (['--tile-size', '-8'], '--tile-size: expected an integer >= 0, got -8'),
+    (['--tile-size', '32', '--tile-overlap', '40'],
+     '--tile-overlap: expected an integer in [0, --tile-size=32), got 40'),
+    (['--precision', 'half'], "--precision: expected one of 'fp32', 'bf16', 'fp16', got 'half'"),
+    (['--precision', 'fp16', '--device', 'cpu'],
+     '--precision: fp16 needs a CUDA device and this run is on the CPU; use bf16 or fp32'),
+    (['--tile-size', 'big'], "argument --tile-size/--tile: invalid int value: 'big' (python inference.py -h lists the "
+                             'flags)'),
+])
+def test_cli_bad_inference_flags_are_one_line_and_write_nothing(tmp_path, tiny, photos, flags, message):
+    out = tmp_path / 'out'
+    with pytest.raises(InputError) as caught:
+        inference_main(['--input', str(photos), '--output', str(out), '--checkpoint', str(tiny / 'net_g_latest.pth'),
+                        '--opt', str(tiny / 'net.yml'), *flags])
+    assert str(caught.value) == message
+    assert not out.exists()
+
+
+def test_cli_bad_flag_is_one_line_on_stderr(tmp_path, tiny, photos):
+    """As the user sees it: ``error: <the line>``, exit code 2, no output folder."""
+    result = run_inference(tmp_path, '--input', str(photos), '--output', str(tmp_path / 'out'),
+                           '--checkpoint', str(tiny / 'net_g_latest.pth'), '--opt', str(tiny / 'net.yml'),
+                           '--tile-mode', 'tiles')
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: --tile-mode: expected one of 'official', 'fixed', 'whole', got 'tiles'"]
+    assert not (tmp_path / 'out').exists()

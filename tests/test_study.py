@@ -70,8 +70,24 @@ def test_method_with_its_own_base_file(tmp_path, demo_data):
     assert study.runs[1].test_opt['network_g']['type'] == 'SAFMN'
 
 
+def test_a_method_sets_how_validation_cuts_images(tmp_path, demo_data):
+    """The val: inference keys (test:'s, docs/options.md) are options a method may override, though the
+    base file has no val: section; the run validates as they say."""
+    from basicsr_ldt.models.validation import validation_settings
+    inference = {'tile_mode': 'fixed', 'tile_size': 24, 'tile_overlap': 8, 'precision': 'bf16'}
+    path = tiny_study(tmp_path, demo_data, seeds=[0],
+                      methods={'FT': {}, 'FT tiled': {'val': {**inference, 'save_best': False}}})
+    runs = plan.load_study(path, str(tmp_path)).runs
+    assert runs[0].train_opt['val'] is None and runs[1].train_opt['val'] == {**inference, 'save_best': False}
+    settings = validation_settings(runs[1].train_opt)
+    assert (settings.tile_mode, settings.tile_size, settings.tile_overlap, settings.precision) == \
+        ('fixed', 24, 8, 'bf16')
+
+
 @pytest.mark.parametrize('changes, message', [
     ({'methods': {'FT': {'traim': {'total_iter': 3}}}}, "method 'FT': 'traim' is not an option.*did you mean 'train'"),
+    ({'methods': {'FT': {'val': {'tile_mod': 'official'}}}},
+     "method 'FT': 'val.tile_mod' is not an option of the base file.*did you mean 'tile_mode'"),
     ({'methods': {'FT': {'train': {'ema_decy': 0.9}}}}, "method 'FT': 'train.ema_decy' is not an option"),
     ({'methods': {'LDT': {'model_type': 'LDTSRModel', 'ldt': {'method': 'ldt_fast'}}}},
      "ldt.method: expected one of 'ft', "),

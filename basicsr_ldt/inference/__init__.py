@@ -1,2 +1,3 @@
 """Running a trained network on images: the Python API (``api``: ``load_network``, ``upscale``),
-tiled and bicubic forward passes (``tiling``) and side-by-side comparison grids (``compare``)."""
+the inference keys that ``test:``, ``val:``, ``upscale`` and ``inference.py`` share (``settings``),
+official, tiled and bicubic forward passes (``tiling``) and side-by-side comparison grids (``compare``)."""

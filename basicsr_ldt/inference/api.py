@@ -5,7 +5,7 @@ loads weights from any checkpoint this project or an upstream release writes, on
 an image. ``inference.py`` is a thin loop over files around these two functions, so the command
 line and a notebook produce the same pixels.
 """
-import contextlib
+import warnings
 from typing import Any, Dict, Mapping, Optional, Union
 
 import numpy as np
@@ -18,13 +18,13 @@ from basicsr.utils.registry import ARCH_REGISTRY
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import registered
-from basicsr_ldt.inference.tiling import tiled_forward
+from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, InferenceSettings, inference_settings
+from basicsr_ldt.inference.tiling import run_inference
 from basicsr_ldt.weights.checkpoint import load_weights
 from basicsr_ldt.weights.releases import ARCH_DEFAULTS
 
 #: The constructor argument that holds the upscaling factor, per architecture.
 SCALE_KEYS = ('upscale', 'upscaling_factor', 'scale')
-PRECISIONS = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 
 def network_options(arch: Optional[str] = None, opt: Union[str, Mapping, None] = None,
@@ -80,13 +80,18 @@ def load_network(checkpoint: str, arch: Optional[str] = None, opt: Union[str, Ma
     except (TypeError, ValueError) as err:
         raise InputError(f"cannot build network_g {section.get('type')}: {err}") from None
     load_weights(network, checkpoint, param_key)
+    network.requires_grad_(False)
+    return network.to(resolve_device(device)).eval()
+
+
+def resolve_device(device: Union[str, torch.device, None] = None) -> torch.device:
+    """``device``, by default CUDA when torch sees it, else the CPU; CUDA asked for without it is an error."""
     if device is None:
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
     device = torch.device(device)
     if device.type == 'cuda' and not torch.cuda.is_available():
         raise InputError("device 'cuda' was asked for, but torch sees no CUDA device")
-    network.requires_grad_(False)
-    return network.to(device).eval()
+    return device
 
 
 def network_scale(network: nn.Module) -> int:
@@ -101,55 +106,48 @@ def network_scale(network: nn.Module) -> int:
     return out.shape[-1] // 16
 
 
-def check_precision(device: torch.device, precision: str) -> None:
-    """Refuse a precision the device cannot run, before any image is read."""
-    if precision not in PRECISIONS:
-        raise InputError(f"precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == 'fp16' and device.type == 'cpu':
-        raise InputError("precision 'fp16' needs a CUDA device; on the CPU use 'bf16' or 'fp32'")
-
-
-def check_tiles(tile: Optional[int], tile_overlap: int) -> int:
-    """The tile size to use (0 = whole image), or an error naming the bad value."""
-    tile = tile or 0
-    if not isinstance(tile, int) or tile < 0:
-        raise InputError(f'tile: expected an integer >= 0 (0 or None = whole image), got {tile!r}')
-    if tile and not (isinstance(tile_overlap, int) and 0 <= tile_overlap < tile):
-        raise InputError(f'tile_overlap: expected an integer in [0, tile={tile}), got {tile_overlap!r}')
-    return tile
-
-
-@torch.no_grad()
-def _run(network: nn.Module, batch: torch.Tensor, tile: Optional[int], tile_overlap: int, precision: str) -> torch.Tensor:
-    """NCHW float in [0, 1] -> NCHW float32 in [0, 1] on the input's device."""
-    parameter = next(network.parameters())
-    tile = check_tiles(tile, tile_overlap)
-    check_precision(parameter.device, precision)
-    autocast = (contextlib.nullcontext() if precision == 'fp32'
-                else torch.autocast(device_type=parameter.device.type, dtype=PRECISIONS[precision]))
-    with autocast:
-        out = tiled_forward(network, batch.to(parameter.device, parameter.dtype), network_scale(network),
-                            tile, tile_overlap)
-    return out.float().clamp_(0, 1).to(batch.device)
-
-
-def upscale(network: nn.Module, image: Union[np.ndarray, torch.Tensor], tile: Optional[int] = None,
-            precision: str = 'fp32', tile_overlap: int = 16) -> Union[np.ndarray, torch.Tensor]:
+def upscale(network: nn.Module, image: Union[np.ndarray, torch.Tensor],
+            tile_size: Optional[int] = INFERENCE_DEFAULTS['tile_size'],
+            precision: Optional[str] = INFERENCE_DEFAULTS['precision'],
+            tile_overlap: Optional[int] = INFERENCE_DEFAULTS['tile_overlap'], *,
+            tile_mode: Optional[str] = INFERENCE_DEFAULTS['tile_mode'],
+            tile: Optional[int] = None) -> Union[np.ndarray, torch.Tensor]:
     """Super-resolve one image (or a batch of tensors) and return it in the same form.
 
     numpy: ``HxW``, ``HxWx1``, ``HxWx3`` (RGB) or ``HxWx4`` (RGBA), ``uint8`` or ``uint16``; the
     result has the same layout and dtype. Grayscale is replicated to RGB for the network and
     averaged back; alpha is resized bicubically on its own (a mask is not a photograph: the
     network would add camera-like texture to it). torch: ``NCHW`` or ``CHW`` float in [0, 1];
-    the result is float32 in [0, 1] on the input's device. ``tile`` > 0 runs LR tiles of that
-    size (memory bounded by the tile); ``precision`` ``bf16``/``fp16`` use ``torch.autocast``.
+    the result is float32 in [0, 1] on the input's device.
+
+    The image is run as ``test:`` and ``val:`` run theirs (same keys, same checks, same code:
+    :mod:`basicsr_ldt.inference.settings`): ``tile_mode`` ``'official'`` cuts it as the official
+    LDT evaluation does (what the paper's numbers were measured with), ``'fixed'`` in
+    ``tile_size`` LR tiles overlapping by ``tile_overlap``, ``'whole'`` in one pass; left at None
+    it is ``'fixed'`` when ``tile_size`` > 0, else ``'whole'``. ``precision`` ``bf16``/``fp16``
+    run under autocast. None for any of these is its default. ``tile`` is the older name of
+    ``tile_size`` (``tile=64``: fixed tiles, as before; it warns). A bad value raises
+    :class:`InputError` in ``test:``'s wording, naming the keyword.
     """
+    if tile is not None:
+        if tile_size:
+            raise InputError('give tile_size or its older name tile, not both')
+        warnings.warn('upscale(tile=...) is now upscale(tile_size=...)', DeprecationWarning, stacklevel=2)
+        tile_size = tile
+    settings = inference_settings(None, {'tile_mode': tile_mode, 'tile_size': tile_size,
+                                         'tile_overlap': tile_overlap, 'precision': precision},
+                                  next(network.parameters()).device.type)
+    return _upscale(network, image, settings)
+
+
+def _upscale(network: nn.Module, image: Union[np.ndarray, torch.Tensor],
+             settings: InferenceSettings) -> Union[np.ndarray, torch.Tensor]:
     if isinstance(image, torch.Tensor):
         if image.dim() not in (3, 4) or image.shape[-3] != 3 or not image.is_floating_point():
             raise InputError(f'expected a float tensor NCHW or CHW with 3 channels in [0, 1], got '
                              f'{image.dtype} of shape {tuple(image.shape)}')
         batch = image if image.dim() == 4 else image.unsqueeze(0)
-        out = _run(network, batch, tile, tile_overlap, precision)
+        out = _infer(network, batch, settings)
         return out if image.dim() == 4 else out[0]
     if not isinstance(image, np.ndarray):
         raise InputError(f'expected a numpy array or a torch tensor, got {type(image).__name__}')
@@ -157,18 +155,26 @@ def upscale(network: nn.Module, image: Union[np.ndarray, torch.Tensor], tile: Op
         raise InputError(f'expected a uint8 or uint16 image, got {image.dtype}')
     if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
         gray = image.reshape(image.shape[0], image.shape[1], 1)
-        out = upscale(network, np.repeat(gray, 3, axis=2), tile, precision, tile_overlap)
+        out = _upscale(network, np.repeat(gray, 3, axis=2), settings)
         mean = out.astype(np.float64).mean(axis=2, keepdims=True)
         return np.round(mean).astype(image.dtype).reshape(out.shape[:2] + image.shape[2:])
     if image.ndim != 3 or image.shape[2] not in (3, 4):
         raise InputError(f'expected an image of shape HxW, HxWx1, HxWx3 or HxWx4, got {image.shape}')
     if image.shape[2] == 4:
-        rgb = upscale(network, np.ascontiguousarray(image[..., :3]), tile, precision, tile_overlap)
+        rgb = _upscale(network, np.ascontiguousarray(image[..., :3]), settings)
         return np.concatenate([rgb, resize_bicubic(image[..., 3:], rgb.shape[:2])], axis=2)
     peak = float(np.iinfo(image.dtype).max)
     tensor = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))).float().div_(peak).unsqueeze(0)
-    out = _run(network, tensor, tile, tile_overlap, precision)[0]
+    out = _infer(network, tensor, settings)[0]
     return np.round(out.permute(1, 2, 0).numpy() * peak).astype(image.dtype)
+
+
+def _infer(network: nn.Module, batch: torch.Tensor, settings: InferenceSettings) -> torch.Tensor:
+    """NCHW float in [0, 1] -> NCHW float32 in [0, 1] on the input's device, through test's and
+    validation's :func:`run_inference`."""
+    parameter = next(network.parameters())
+    out = run_inference(network, batch.to(parameter.device, parameter.dtype), network_scale(network), settings)
+    return out.clamp_(0, 1).to(batch.device)
 
 
 def resize_bicubic(channel: np.ndarray, size) -> np.ndarray:

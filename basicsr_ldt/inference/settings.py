@@ -1,7 +1,9 @@
-"""How a network runs on whole test photographs: one set of keys for ``test:`` and ``val:``.
+"""How a network runs on whole photographs: one set of keys for ``test:``, ``val:``, ``upscale()``
+and ``inference.py``.
 
-Validation during training and ``test.py`` must measure the same thing, so both read the same
-keys through :func:`inference_settings` and run :func:`basicsr_ldt.inference.tiling.run_inference`:
+Validation during training and ``test.py`` must measure the same thing, and a user running their
+own photos gets the same choice with the same checks, so all four read the same keys through
+:func:`inference_settings` and run :func:`basicsr_ldt.inference.tiling.run_inference`:
 
 - ``tile_mode``: ``official`` (the LDT code's ``SR_slice``: ``n // 200 + 1`` sections per axis,
   10% overlap; what the paper's numbers were measured with), ``fixed`` (square tiles of
@@ -42,24 +44,38 @@ class InferenceSettings:
         return f'{cut}, {self.precision}'
 
 
-def inference_settings(section: str, given: Optional[Mapping], device_type: str) -> InferenceSettings:
-    """The inference keys of ``given`` (the ``test`` or ``val`` section; other keys are the
-    caller's) with defaults, refusing a bad value with one line naming ``<section>.<key>``."""
+def inference_settings(section: Optional[str], given: Optional[Mapping], device_type: str,
+                       flags: bool = False) -> InferenceSettings:
+    """The inference keys of ``given`` with defaults, refusing a bad value with one line naming the key.
+
+    ``given`` is the ``test`` or ``val`` section (other keys are the caller's), or the same keys as
+    :func:`basicsr_ldt.inference.api.upscale` keywords or ``inference.py`` flags: one check and one
+    wording wherever a user chooses how images are run. Each key is named as that user wrote it:
+    ``<section>.<key>`` (``val.tile_size``); with ``section`` None the bare keyword (``tile_size``),
+    with ``flags`` as well the command-line flag (``--tile-size``). A keyword or flag that is None
+    takes its default.
+    """
+    short = (lambda key: '--' + key.replace('_', '-')) if flags else (lambda key: key)
+    name = (lambda key: f'{section}.{short(key)}') if section else short
     given = {k: v for k, v in (given or {}).items() if k in INFERENCE_DEFAULTS}
-    check_options(section, given, INFERENCE_SPECS, InputError)
+    specs = INFERENCE_SPECS
+    if not section:   # a keyword or flag left at None is not given (YAML has null for that): no null to offer
+        given = {k: v for k, v in given.items() if v is not None}
+        specs = {**INFERENCE_SPECS, 'tile_mode': choice(*TILE_MODES)}
+    check_options(section or '', given, specs, InputError, name)
     values = {**INFERENCE_DEFAULTS, **given}
     mode = values['tile_mode'] or ('fixed' if values['tile_size'] else 'whole')
     if mode == 'fixed' and not values['tile_size']:
-        raise InputError(f"{section}.tile_size: tile_mode 'fixed' needs the tile size in LR pixels (an integer >= 1), "
-                         f"got {values['tile_size']!r}")
+        raise InputError(f"{name('tile_size')}: {short('tile_mode')} 'fixed' needs the tile size in LR pixels "
+                         f"(an integer >= 1), got {values['tile_size']!r}")
     if mode != 'fixed' and values['tile_size']:
-        raise InputError(f"{section}.tile_size: only tile_mode 'fixed' uses it (tile_mode is {mode!r}); remove it or "
-                         'set it to 0')
+        raise InputError(f"{name('tile_size')}: only {short('tile_mode')} 'fixed' uses it ({short('tile_mode')} is "
+                         f"{mode!r}); remove it or set it to 0")
     if mode == 'fixed' and values['tile_overlap'] >= values['tile_size']:
-        raise InputError(f"{section}.tile_overlap: expected an integer in [0, tile_size={values['tile_size']}), "
-                         f"got {values['tile_overlap']}")
+        raise InputError(f"{name('tile_overlap')}: expected an integer in [0, {short('tile_size')}="
+                         f"{values['tile_size']}), got {values['tile_overlap']}")
     try:
-        dtype = resolve_dtype(f'{section}.precision', values['precision'], INFERENCE_DTYPES, device_type)
+        dtype = resolve_dtype(name('precision'), values['precision'], INFERENCE_DTYPES, device_type)
     except ValueError as err:
         raise InputError(str(err)) from None
     return InferenceSettings(mode, values['tile_size'], values['tile_overlap'], values['precision'], dtype)

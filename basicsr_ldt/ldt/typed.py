@@ -100,16 +100,19 @@ def lookup(options: Mapping, dotted: str) -> Any:
 
 
 def check_options(section: str, options: Mapping, specs: Mapping[str, Spec],
-                  error: Type[Exception] = ValueError) -> None:
+                  error: Type[Exception] = ValueError, name: Optional[Callable[[str], str]] = None) -> None:
     """Raise ``error('<section>.<key>: expected ..., got ...')`` for the first value off its spec.
 
     Keys absent from ``options`` are not checked (defaults apply); unknown keys are the caller's
-    concern (:func:`basicsr_ldt.common.options.check_known_keys`).
+    concern (:func:`basicsr_ldt.common.options.check_known_keys`). ``name`` says how a key is
+    called where the values did not come from a YAML section (a keyword argument, a command-line
+    flag); it replaces ``<section>.<key>``.
     """
     for key, spec in specs.items():
         value = lookup(options, key)
         if value is not _MISSING and not spec.accepts(value):
-            raise error(f'{section}.{key}: expected {spec.expected}, got {describe(value)}')
+            called = name(key) if name is not None else f'{section}.{key}'
+            raise error(f'{called}: expected {spec.expected}, got {describe(value)}')
 
 
 __all__: Tuple[str, ...] = ('Spec', 'integer', 'number', 'boolean', 'string', 'strings', 'choice', 'mapping',

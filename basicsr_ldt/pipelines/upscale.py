@@ -1,9 +1,11 @@
 """``inference.py``: super-resolve your own photos (no ground truth) with a trained network.
 
-One image at a time through :func:`basicsr_ldt.inference.api.upscale` (memory is bounded by the largest
-image, or by the tile with ``--tile``). Everything that can be checked before the first image is
-read is checked first (flags, input files, existing outputs, the network and its checkpoint), so
-bad input costs nothing; an unreadable image later is one line and the run goes on.
+One image at a time through :func:`basicsr_ldt.inference.api.upscale`, cut as ``--tile-mode`` says
+with the keys, checks and code of ``test:`` and ``val:`` (memory is bounded by the largest image
+with ``whole``, by a section or a tile otherwise). Everything that can be checked before the first
+image is read is checked first (flags, input files, existing outputs, the network and its
+checkpoint), so bad input costs nothing and writes nothing; an unreadable image later is one line
+and the run goes on.
 """
 import argparse
 import os
@@ -15,15 +17,24 @@ import numpy as np
 from tqdm import tqdm
 
 from basicsr_ldt.common.errors import InputError
-from basicsr_ldt.inference.api import PRECISIONS, check_precision, check_tiles, load_network, network_scale, upscale
+from basicsr_ldt.inference.api import load_network, network_scale, resolve_device, upscale
+from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, TILE_MODES, inference_settings
+from basicsr_ldt.ldt.precision import INFERENCE_DTYPES
 from basicsr_ldt.weights.releases import releases
 
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.tif', '.tiff', '.webp')
 OUTPUT_EXTENSIONS = ('png', 'tif')
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line like every other bad input (``error: ...``, exit code 2), not usage + error."""
+
+    def error(self, message: str) -> None:
+        raise InputError(f'{message} (python inference.py -h lists the flags)')
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         description='Super-resolve images with a trained network (no ground truth needed).')
     parser.add_argument('--input', required=True, help='an image file or a folder of images')
     parser.add_argument('--output', required=True, help='folder for the results (created if missing)')
@@ -34,9 +45,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                                        'a release name as --checkpoint implies its network)')
     parser.add_argument('--scale', type=int, help='upscaling factor for --arch (default: 4) or to override --opt')
     parser.add_argument('--opt', help='a train/test option file whose network_g describes the network')
-    parser.add_argument('--tile', type=int, default=0, help='LR tile size in pixels; 0 = whole image (default)')
-    parser.add_argument('--tile-overlap', type=int, default=16, help='overlap between tiles (default: 16)')
-    parser.add_argument('--precision', choices=list(PRECISIONS), default='fp32', help='fp32 (default), bf16, fp16')
+    parser.add_argument('--tile-mode', default=INFERENCE_DEFAULTS['tile_mode'],
+                        help=f"how images are cut, as test:/val: tile_mode: {', '.join(TILE_MODES)} (official = the "
+                             'official LDT evaluation; default: fixed with --tile-size, else whole)')
+    parser.add_argument('--tile-size', '--tile', type=int, default=INFERENCE_DEFAULTS['tile_size'],
+                        help='fixed mode: LR tile size in pixels (default: 0 = not tiled)')
+    parser.add_argument('--tile-overlap', type=int, default=INFERENCE_DEFAULTS['tile_overlap'],
+                        help=f"fixed mode: overlap between tiles (default: {INFERENCE_DEFAULTS['tile_overlap']})")
+    parser.add_argument('--precision', default=INFERENCE_DEFAULTS['precision'],
+                        help=f"{', '.join(INFERENCE_DTYPES)} (default: {INFERENCE_DEFAULTS['precision']}; fp16 on "
+                             'CUDA only)')
     parser.add_argument('--device', choices=['cpu', 'cuda'], help='default: cuda when available, else cpu')
     parser.add_argument('--force', action='store_true', help='overwrite existing output files')
     parser.add_argument('--suffix', default=None, help="appended to each output's stem (default: _x<scale>)")
@@ -115,10 +133,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise InputError('give the network as --opt OPTION_FILE or --arch MambaIR|HAT|SAFMN')
     if args.opt is not None and args.arch is not None:
         raise InputError('give either --opt or --arch, not both')
-    check_tiles(args.tile, args.tile_overlap)
+    device = resolve_device(args.device)
+    inference = {key: getattr(args, key) for key in INFERENCE_DEFAULTS}
+    inference_settings(None, inference, device.type, flags=True)   # test's and val's checks, named as flags
     files = list_images(args.input)
-    network = load_network(args.checkpoint, arch=args.arch, opt=args.opt, device=args.device, scale=args.scale)
-    check_precision(next(network.parameters()).device, args.precision)
+    network = load_network(args.checkpoint, arch=args.arch, opt=args.opt, device=device, scale=args.scale)
     scale = network_scale(network)
     suffix = f'_x{scale}' if args.suffix is None else args.suffix
     outputs = output_paths(files, args.output, suffix, args.ext, args.force)
@@ -126,8 +145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     written, failed, start = 0, [], time.time()
     for source, target in zip(tqdm(files, desc='upscale', unit='img', dynamic_ncols=True), outputs):
         try:
-            result = upscale(network, read_image(source), tile=args.tile, precision=args.precision,
-                             tile_overlap=args.tile_overlap)
+            result = upscale(network, read_image(source), **inference)
             write_image(result, target)
             written += 1
         except (InputError, cv2.error) as err:

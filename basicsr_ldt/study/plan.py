@@ -20,9 +20,11 @@ from basicsr.utils.registry import ARCH_REGISTRY, MODEL_REGISTRY
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import check_known_keys, closest_key_hint, registered
 from basicsr_ldt.corgrad import CorGradConfig
+from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS
 from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
+from basicsr_ldt.models.validation import BEST_KEYS
 from basicsr_ldt.pipelines.evaluate import TEST_DEFAULTS
 from basicsr_ldt.weights.releases import fetch_hint, release_file
 
@@ -39,7 +41,7 @@ OPTIONAL_KEYS: Dict[str, Tuple[str, ...]] = {
     '': ('ldt', 'manual_seed', 'val', 'dist_params', 'find_unused_parameters', 'use_static_graph'),
     'train': ('ema_decay', 'warmup_iter', 'use_grad_clip', 'pixel_opt', 'perceptual_opt', 'prefetch_mode',
               'enlarge_ratio', 'amp', 'max_bad_steps', 'ema_reference_iters'),
-    'val': ('save_best', 'best_metric', 'best_dataset', 'best_network'),
+    'val': BEST_KEYS + tuple(INFERENCE_DEFAULTS),   # best-checkpoint selection; how validation cuts images
     'path': ('pretrain_network_g', 'param_key_g', 'strict_load_g', 'resume_state'),
     'ldt': tuple(['method'] + [f.name for f in dataclasses.fields(LDTConfig)]
                  + [f.name for f in dataclasses.fields(CorGradConfig)]),
