@@ -203,6 +203,25 @@ def narrow_offsets(ttir: str) -> List[str]:
     return sorted(a.lstrip('%') for a, w in widths.items() if min(w) < 64)
 
 
+def loop_instructions(sass: str) -> int:
+    """Instructions in the body of the longest loop of the SASS (the chunk loop: from the label a
+    backward branch jumps to, to that branch), executed by every warp once per chunk."""
+    lines = sass.splitlines()
+    labels = {line.strip().rstrip(':'): i for i, line in enumerate(lines) if re.match(r'\s*\.L_x_\d+:', line)}
+    spans = [(i - labels[m.group(1)], labels[m.group(1)], i) for i, line in enumerate(lines)
+             for m in [re.search(r'\bBRA\b.*?(\.L_x_\d+)', line)] if m and labels.get(m.group(1), i) < i]
+    if not spans:
+        return 0
+    _, first, last = max(spans)
+    return sum(1 for line in lines[first:last + 1] if re.match(r'\s+/\*[0-9a-f]+\*/\s+\S', line))
+
+
+def updates_per_chunk(launch) -> int:
+    """State updates one program makes per chunk: positions x states x channels of its tiles."""
+    c = launch.constexprs
+    return c['T'] * c['BLOCK_N'] * c['BLOCK_D']
+
+
 def occupancy_warps(registers: int, shared: int, warps: int, limits: dict) -> int:
     """Resident warps per SM allowed by registers, shared memory and the per-SM limits."""
     regs_per_warp = math.ceil(registers * 32 / REG_ALLOC_UNIT) * REG_ALLOC_UNIT
@@ -233,6 +252,7 @@ class Row:
     needed_bytes: int           # at the training shape: inputs, outputs and gradients, once
     fp_fusion: bool
     async_loads: int            # cp.async copies in the PTX: loads the chunk loop pipelines (STAGES > 1)
+    instructions_per_update: float  # warp-instructions of one chunk-loop iteration per state update
 
 
 def collect(arches: Sequence[int], cases: Sequence[Combo], shapes: Sequence[str], log=None) -> List[Row]:
@@ -276,12 +296,13 @@ def analyse(kernel, launch, arch: int, combo: Combo, name: str, keys: int, shape
                math.prod(launch.grid), narrow_offsets(kernel.asm['ttir']), moved,
                needed_bytes(MEASURED, combo)[name],
                launch.options.get('enable_fp_fusion') is True and bool(kernel.metadata.enable_fp_fusion),
-               len(re.findall(r'^\s*cp\.async\.c[ag]\b', kernel.asm['ptx'], re.M)))
+               len(re.findall(r'^\s*cp\.async\.c[ag]\b', kernel.asm['ptx'], re.M)),
+               round(loop_instructions(sass) * launch.num_warps / updates_per_chunk(launch), 3))
 
 
 HEADER = ('arch', 'inputs', 'kernel', 'keys/shapes', 'compile s', 'regs', 'spill B / STL+LDL',
           'smem B', 'warps/prog', 'warps/SM limit', 'programs (train)', 'MB moved / needed (train)',
-          '32-bit offsets into', 'async loads')
+          '32-bit offsets into', 'async loads', 'warp-instr/update')
 
 
 def cells(row: Row) -> Tuple[str, ...]:
@@ -290,7 +311,7 @@ def cells(row: Row) -> Tuple[str, ...]:
             f'{row.spill_bytes} / {row.spill_instructions}', str(row.shared_bytes),
             str(row.warps_per_program), str(row.occupancy_warps), str(row.programs),
             f'{row.moved_bytes / 1e6:.0f} / {row.needed_bytes / 1e6:.0f}',
-            ', '.join(row.narrow_offsets) or '-', str(row.async_loads))
+            ', '.join(row.narrow_offsets) or '-', str(row.async_loads), f'{row.instructions_per_update:.3f}')
 
 
 def launch_values(pairs: Sequence[str]) -> Dict[str, int]:
@@ -352,7 +373,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print('| ' + ' | '.join(HEADER) + ' |\n|' + '---|' * len(HEADER))
             log = lambda row: print('| ' + ' | '.join(cells(row)) + ' |', flush=True)  # noqa: E731
         else:
-            widths = [max(len(h), w) for h, w in zip(HEADER, (5, 16, 8) + (6,) * 11)]
+            widths = [max(len(h), w) for h, w in zip(HEADER, (5, 16, 8) + (6,) * 12)]
             line = lambda values: '  '.join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
             print(line(HEADER))
             log = lambda row: print(line(cells(row)), flush=True)  # noqa: E731

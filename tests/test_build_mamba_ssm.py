@@ -59,3 +59,26 @@ def test_carried_ninja_wheel_is_unpacked_onto_path_when_none_is_installed(tmp_pa
     assert os.environ['PATH'].split(os.pathsep)[0] == str(tmp_path / 'build' / 'bin')
     monkeypatch.setattr(build.shutil, 'which', lambda name: '/usr/bin/ninja')
     assert build.ensure_ninja(sdist, tmp_path / 'other') == '/usr/bin/ninja'   # one on PATH wins
+
+
+# mamba-ssm 2.3.2.post1's setup.py (the PyPI sdist, read 2026-11-26): CUDAExtension
+# 'selective_scan_cuda' with these sources under csrc/selective_scan/ (lines 251-260) and these nvcc
+# flags (lines 228-241; then '--threads 4' and one -gencode per architecture, lines 125-126 and 228).
+SDIST_SOURCES = ['selective_scan.cpp', 'selective_scan_fwd_fp32.cu', 'selective_scan_fwd_fp16.cu',
+                 'selective_scan_fwd_bf16.cu', 'selective_scan_bwd_fp32_real.cu', 'selective_scan_bwd_fp32_complex.cu',
+                 'selective_scan_bwd_fp16_real.cu', 'selective_scan_bwd_fp16_complex.cu',
+                 'selective_scan_bwd_bf16_real.cu', 'selective_scan_bwd_bf16_complex.cu']
+SDIST_NVCC_FLAGS = ['-O3', '-std=c++17', '-U__CUDA_NO_HALF_OPERATORS__', '-U__CUDA_NO_HALF_CONVERSIONS__',
+                    '-U__CUDA_NO_BFLOAT16_OPERATORS__', '-U__CUDA_NO_BFLOAT16_CONVERSIONS__',
+                    '-U__CUDA_NO_BFLOAT162_OPERATORS__', '-U__CUDA_NO_BFLOAT162_CONVERSIONS__',
+                    '--expt-relaxed-constexpr', '--expt-extended-lambda', '--use_fast_math', '--ptxas-options=-v',
+                    '-lineinfo']
+
+
+def test_the_build_compiles_what_the_packaged_setup_py_compiles():
+    """The extension is built from the sources mamba-ssm's own setup.py lists and with its nvcc flags,
+    less the two that only add output (ptxas's register report and line info); the architecture is
+    the GPU present instead of setup.py's list."""
+    build = load_script('build_mamba_ssm')
+    assert sorted(build.SOURCES) == sorted(SDIST_SOURCES)
+    assert build.NVCC_FLAGS == [f for f in SDIST_NVCC_FLAGS if f not in ('--ptxas-options=-v', '-lineinfo')]
