@@ -246,20 +246,13 @@ SWEEP_TOLERANCE = 1e-4
 
 
 def parse_sweep(configs: Sequence[str]) -> List[Dict[str, int]]:
-    """``['16,4,2,1,4,2,1', ...]`` -> one dict of launch settings per configuration, in the order
-    of :data:`archs.scan.triton_launches.LAUNCH_SETTINGS`; checked before any GPU work."""
-    from archs.scan.triton_launches import LAUNCH_SETTINGS, launch_settings
-    parsed = []
-    for config in configs:
-        fields = config.split(',')
-        if len(fields) != len(LAUNCH_SETTINGS) or not all(f.strip().isdigit() for f in fields):
-            raise ValueError(f'--sweep {config!r}: expected {len(LAUNCH_SETTINGS)} integers '
-                             f'{",".join(LAUNCH_SETTINGS)}')
-        values = dict(zip(LAUNCH_SETTINGS, map(int, fields)))
-        with launch_settings(**values):   # refuses a value < 1
-            pass
-        parsed.append(values)
-    return parsed
+    """``['16,4,2,1,4,2,1', ...]`` -> one dict of launch settings per configuration
+    (:func:`archs.scan.triton_launches.parse_launch_settings`); checked before any GPU work."""
+    from archs.scan.triton_launches import parse_launch_settings
+    try:
+        return [parse_launch_settings(config) for config in configs]
+    except ValueError as err:
+        raise ValueError(f'--sweep {err}') from None
 
 
 def sweep_triton(args: argparse.Namespace, device: torch.device, configs: List[str]) -> None:

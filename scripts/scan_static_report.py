@@ -3,6 +3,7 @@
     python scripts/scan_static_report.py                       # sm_90, float32, MambaIR's call
     python scripts/scan_static_report.py --arch 90 80 --dtype fp32 bf16 --combos all
     taskset -c 0 python scripts/scan_static_report.py          # the cold compile time on one core
+    python scripts/scan_static_report.py --shape train --sweep 16,4,2,1,4,2,1 16,8,2,1,8,2,1   # launch settings
 
 No GPU is needed: each launch is described by :func:`archs.scan.triton_launches.forward_launch` and
 :func:`archs.scan.triton_launches.backward_launch` (the functions the autograd function runs), called with
@@ -22,7 +23,11 @@ ptxas reserved and the STL/LDL instructions in the SASS); shared memory per prog
 warps per SM (registers, shared memory and the architecture's limits); the pointer arguments whose
 first offset is computed in 32 bits (they must only be small per-channel tensors); and, at the
 training shape, the bytes the launch moves (each tensor it reads or writes once) against the
-bytes the call needs (its inputs, outputs and gradients).
+bytes the call needs (its inputs, outputs and gradients); the ``cp.async`` copies in the PTX (the
+loads a pipelined chunk loop issues ahead); and the warp-instructions of the chunk loop's body per
+state update (read in the SASS). ``--sweep`` compiles other launch settings
+(:data:`archs.scan.triton_launches.LAUNCH_SETTINGS`, the format of ``bench_scan.py --sweep``),
+``--launch NAME=VALUE`` changes some of them.
 
 No time estimate: an earlier version of this script modelled each launch's time from such
 figures and promised 0.47 ms forward + backward at the training shape for the kernels then in
@@ -41,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -253,6 +258,7 @@ class Row:
     fp_fusion: bool
     async_loads: int            # cp.async copies in the PTX: loads the chunk loop pipelines (STAGES > 1)
     instructions_per_update: float  # warp-instructions of one chunk-loop iteration per state update
+    settings: str = ''          # the launch settings compiled with (--sweep), as bench_scan.py --sweep writes them
 
 
 def collect(arches: Sequence[int], cases: Sequence[Combo], shapes: Sequence[str], log=None) -> List[Row]:
@@ -341,6 +347,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--markdown', action='store_true', help='print a Markdown table')
     parser.add_argument('--json', type=Path, help='also write the rows to this JSON file')
     parser.add_argument('--estimate', action='store_true', help='(removed: says why)')
+    parser.add_argument('--sweep', nargs='+', default=[], metavar=','.join(triton_launches.LAUNCH_SETTINGS),
+                        help='compile each of these configurations (the format of bench_scan.py --sweep), to '
+                             'see their registers, spills and instructions before a GPU times them')
     parser.add_argument('--launch', nargs='+', default=[], metavar='NAME=VALUE',
                         help='compile with these launch settings of archs/scan/triton_launches.py '
                              f'instead of the defaults ({", ".join(triton_launches.LAUNCH_SETTINGS)}), '
@@ -352,6 +361,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             pass
     except ValueError as err:
         parser.error(f'--launch: {err}')
+    if args.sweep and args.launch:
+        parser.error('--sweep and --launch: give one (--sweep names every setting of each configuration)')
+    try:
+        configs = [triton_launches.parse_launch_settings(c) for c in args.sweep]
+    except ValueError as err:
+        parser.error(f'--sweep {err}')
     if args.estimate:
         print(ESTIMATE_REMOVED)
     if not hasattr(triton_launches.forward_launch, '__call__') or \
@@ -377,12 +392,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             line = lambda values: '  '.join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
             print(line(HEADER))
             log = lambda row: print(line(cells(row)), flush=True)  # noqa: E731
-        if settings:
-            print('launch settings: ' + ', '.join(f'{k}={v}' for k, v in settings.items()))
         start = time.perf_counter()
+        rows = []
         try:
-            with triton_launches.launch_settings(**settings):
-                rows = collect(args.arch, combos(args.combos, args.dtype), args.shape, log)
+            for config in configs or [settings]:
+                if config:
+                    print('launch settings: ' + ', '.join(f'{k}={v}' for k, v in config.items()), flush=True)
+                with triton_launches.launch_settings(**config):
+                    found = collect(args.arch, combos(args.combos, args.dtype), args.shape, log)
+                label = ','.join(str(config[name]) for name in triton_launches.LAUNCH_SETTINGS) if configs else ''
+                rows += [replace(row, settings=label) for row in found]
         except RuntimeError as err:
             print(f'error: {err}', file=sys.stderr)
             return 1

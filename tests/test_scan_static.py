@@ -11,6 +11,7 @@ float32), about 10 s on one core of the CI machine.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -30,6 +31,11 @@ COMPILE_SECONDS = 30
 
 
 def _report(tmp_path, *args):
+    rows, out = _report_rows(tmp_path, *args)
+    return {(r['arch'], r['combo'], r['kernel']): r for r in rows}, out
+
+
+def _report_rows(tmp_path, *args):
     out = tmp_path / 'rows.json'
     # The report compiles, so Triton's interpreter (set by conftest.py without a GPU) is off there.
     run = subprocess.run([sys.executable, 'scripts/scan_static_report.py', *args, '--json', str(out)],
@@ -38,7 +44,7 @@ def _report(tmp_path, *args):
     if run.returncode == 77:
         pytest.skip(run.stderr.strip())
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    return {(r['arch'], r['combo'], r['kernel']): r for r in json.loads(out.read_text())}, run.stdout
+    return json.loads(out.read_text()), run.stdout
 
 
 def test_one_compiled_kernel_per_direction_serves_every_shape_and_compiles_in_seconds(tmp_path):
@@ -71,6 +77,22 @@ def test_pipelined_chunk_loops_load_ahead_asynchronously_without_spilling(tmp_pa
     for row in rows.values():
         assert row['async_loads'] >= 8, row   # u, delta, B, C (and the backward's dout, state) at least
         assert row['spill_bytes'] == 0 and row['spill_instructions'] == 0, row
+
+
+def test_every_configuration_the_gpu_sweep_times_compiles_without_spilling(tmp_path):
+    """scripts/gpu_check.sh --scan-sweep times these launch settings on a lent GPU (minutes that
+    cannot be spent twice): each must compile for sm_90, spill nothing, and the first must be
+    today's defaults, the baseline the others are compared with."""
+    text = open(os.path.join(REPO, 'scripts', 'gpu_check.sh')).read()
+    configs = re.search(r'^SWEEP_CONFIGS="\$\{GPU_CHECK_SWEEP_CONFIGS:-([^}]*)\}"', text, re.M).group(1).split()
+    defaults = ','.join(str(getattr(triton_launches, name)) for name in triton_launches.LAUNCH_SETTINGS)
+    assert configs[0] == defaults and len(set(configs)) == len(configs) >= 4
+    rows, _ = _report_rows(tmp_path, '--shape', 'train', '--sweep', *configs)
+    assert sorted((r['settings'], r['kernel']) for r in rows) == sorted(
+        (c, k) for c in configs for k in ('forward', 'backward'))
+    for row in rows:
+        assert row['spill_bytes'] == 0 and row['spill_instructions'] == 0, row
+        assert row['keys'] == 1 and 0 < row['instructions_per_update'] < 3.0, row
 
 
 def test_a_pointer_at_an_odd_offset_is_realigned_not_compiled_again():

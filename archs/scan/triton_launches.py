@@ -26,8 +26,8 @@ COMPILE_OPTIONS = {'enable_fp_fusion': True}
 CHUNK = 16
 # Channels per program of the forward and of the backward kernel (powers of two; at most the
 # channels of one B/C group, rounded up), and their warps per program. Compiled for sm_90, wider
-# forward blocks execute fewer instructions per state update (0.47 at 16 channels and 2 warps,
-# 1.16 at 4) but give fewer programs (368 at the training shape, 92 for a 250x250 tile at batch
+# forward blocks execute fewer warp-instructions per state update in their chunk loop (0.33 at
+# 16 channels and 2 warps, 0.65 at 4; scripts/scan_static_report.py) but give fewer programs (368 at the training shape, 92 for a 250x250 tile at batch
 # 1, for 132 SMs): `scripts/bench_scan.py --device cuda --sweep` decides on a GPU.
 FORWARD_BLOCK_D = 4
 BACKWARD_BLOCK_D = 4
@@ -65,6 +65,22 @@ def launch_settings(**values: int) -> Iterator[None]:
         yield
     finally:
         module.update(saved)
+
+
+def parse_launch_settings(text: str) -> Dict[str, int]:
+    """``'16,4,2,1,4,2,1'`` -> every one of :data:`LAUNCH_SETTINGS`, in their order (the format of
+    ``bench_scan.py --sweep`` and ``scan_static_report.py --sweep``); a malformed text or a value
+    below 1 is refused with the expected format."""
+    fields = text.split(',')
+    if len(fields) != len(LAUNCH_SETTINGS) or not all(f.strip().isdigit() for f in fields):
+        raise ValueError(f'{text!r}: expected {len(LAUNCH_SETTINGS)} integers {",".join(LAUNCH_SETTINGS)}')
+    values = dict(zip(LAUNCH_SETTINGS, map(int, fields)))
+    try:
+        with launch_settings(**values):   # refuses a value < 1
+            pass
+    except ValueError as err:
+        raise ValueError(f'{text!r}: {err}') from None
+    return values
 
 
 class _Layout:
