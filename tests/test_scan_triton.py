@@ -438,6 +438,29 @@ def test_benchmark_compares_backends_against_the_float64_reference(interpreted, 
     assert {name: getattr(triton_launches, name) for name in names} == before   # defaults restored
 
 
+def test_the_sweep_marks_a_wrong_configuration_and_times_each_beside_mamba_ssm(monkeypatch, capsys):
+    """The sweep's own logic, on stand-ins (the torch scan for both kernels, fast): a configuration
+    whose output is off by 1% is marked WRONG and never reported as the fastest, and with mamba-ssm
+    importable every configuration gets its ratio to mamba-ssm's time from the same run."""
+    bench = load_script('bench_scan')
+    torch_scan = bench.backend_fn('torch')
+
+    def stand_in(name):
+        if name != 'triton':
+            return torch_scan                        # mamba-ssm's place
+        return lambda *inputs: torch_scan(*inputs) * (1.01 if triton_launches.CHUNK == 4 else 1.0)
+    monkeypatch.setattr(bench, 'backend_fn', stand_in)
+    monkeypatch.setattr(bench, 'available_backends', lambda device: [('triton', ''), ('cuda', '')])
+    args = argparse.Namespace(batch=1, d_inner=3, d_state=3, side=3, repeats=1, warmup=0)
+    bench.sweep_triton(args, torch.device('cpu'), ['8,2,1,1,4,1,1', '4,1,1,2,2,1,3'])
+    out = capsys.readouterr().out
+    assert re.search(r'^mamba-ssm: fwd\+bwd median [\d.]+ ms \(forward [\d.]+ ms\), max rel diff \S+$', out, re.M), out
+    assert re.search(r'^sweep 4,1,1,2,2,1,3: .*, max rel diff \S+ WRONG, triton/mamba-ssm [\d.]+ \(first call', out, re.M), out
+    assert re.search(r'^sweep 8,2,1,1,4,1,1: .*, max rel diff [\d.e+-]+, triton/mamba-ssm [\d.]+ \(first call', out, re.M), out
+    assert 'fastest correct at chunk 4' not in out
+    assert re.search(r'^fastest correct at chunk 8: .*: 8,2,1,1,4,1,1$', out, re.M), out
+
+
 @pytest.mark.parametrize('config, message', [
     ('16,4,2,4,2', r"expected 7 integers CHUNK,FORWARD_BLOCK_D,FORWARD_WARPS,FORWARD_STAGES,BACKWARD_BLOCK_D"),
     ('16,4,2,x,4,2,1', 'expected 7 integers'),
