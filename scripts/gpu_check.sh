@@ -19,7 +19,10 @@
 #                          is built for this GPU by scripts/build_mamba_ssm.py in the background from the start
 #                          (8 compile jobs, beside steps 1-7), then the scan benchmark runs again with mamba-ssm
 #                          beside Triton and torch (Triton / mamba-ssm from the same run)
-# With --scan-sweep (the scan issue's GPU session; budget 520 s unless GPU_CHECK_BUDGET_S is set):
+# With --scan-sweep (the scan issue's GPU session; budget 540 s unless GPU_CHECK_BUDGET_S is set):
+#   1b. scan_compile 20 s  right after step 1: scan_static_report.py's cold compile of the Triton scan for
+#                          this GPU's architecture on one core, empty cache (the figure archs/README.md
+#                          gives for this CPU), beside the mamba-ssm build
 #   9. scan_sweep    90 s  bench_scan.py --sweep over the Triton launch settings in SWEEP_CONFIGS (each
 #                          against the float64 reference, beside mamba-ssm when it was built)
 #  10. bench_ldt_mambair_mamba_ssm 45 s  only when mamba-ssm was built: step 7's MambaIR run with
@@ -38,7 +41,7 @@ case "${1:-}" in
   '') ;;
   *) echo "gpu_check: unknown argument '$1'; expected none or --scan-sweep" >&2; exit 2 ;;
 esac
-BUDGET_S="${GPU_CHECK_BUDGET_S:-$([ "$SWEEP" -eq 1 ] && echo 520 || echo 350)}"
+BUDGET_S="${GPU_CHECK_BUDGET_S:-$([ "$SWEEP" -eq 1 ] && echo 540 || echo 350)}"
 # The Triton launch settings the sweep times, CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES
 # (none spills when compiled for sm_90: archs/README.md, "Candidates for the GPU sweep"); the first is the default.
 SWEEP_CONFIGS="${GPU_CHECK_SWEEP_CONFIGS:-16,4,2,1,4,2,1 16,4,2,2,4,2,2 16,8,2,1,8,2,1 16,8,2,2,8,2,2 16,16,2,1,8,4,1 16,16,4,1,16,4,1 16,32,4,1,32,8,1 16,4,1,1,4,2,3}"
@@ -168,6 +171,12 @@ with_mamba_ssm() {
     "$@"
   fi
 }
+scan_compile() {
+  local arch
+  arch=$("$PY" -c 'import torch; major, minor = torch.cuda.get_device_capability(); print(f"{major}{minor}")') || return
+  TRITON_CACHE_DIR="$(mktemp -d)" taskset -c "$(($(nproc) - 1))" "$PY" scripts/scan_static_report.py --arch "$arch"
+}
+check_compile() { grep -E '^static figures|^sm_|^cold compile' "$1"; grep -q '^cold compile of the whole set' "$1"; }
 scan_sweep() { with_mamba_ssm "$PY" scripts/bench_scan.py --device cuda --skip-loop --repeats 10 --sweep $SWEEP_CONFIGS; }
 check_sweep() { grep -E '^(mamba-ssm|sweep|fastest)' "$1"; grep -q '^fastest correct' "$1"; }
 bench_mamba_ssm() {
@@ -195,7 +204,7 @@ demo_data() {
 }
 
 export PY DIR MAMBA_SDIST MAMBA_BUILD SWEEP_CONFIGS
-export -f scan_backends scan_mamba_ssm with_mamba_ssm scan_sweep bench_mamba_ssm demo_data   # run_step runs them under timeout, in a child bash
+export -f scan_backends scan_mamba_ssm with_mamba_ssm scan_compile scan_sweep bench_mamba_ssm demo_data   # run_step runs them under timeout, in a child bash
 
 say "gpu_check $(date -u '+%Y-%m-%d %H:%M UTC') in $(pwd), budget ${BUDGET_S} s"
 BUILD_MAMBA=0
@@ -229,6 +238,7 @@ print(f'GPU {torch.cuda.get_device_name(0)} ({props.total_memory / 2**30:.0f} Gi
       f'x{torch.cuda.device_count()}, driver {driver}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}')
 print(f'torch {torch.__version__}, triton {triton_version}, mamba-ssm {mamba}, bf16 {torch.cuda.is_bf16_supported()}')
 EOF
+[ "$SWEEP" -eq 1 ] && run_step scan_compile 20 check_compile bash -c scan_compile
 run_step scan_backends 60 check_scan bash -c scan_backends
 run_step demo_data 20 check_data bash -c demo_data
 run_step train_mambair_ldt_bf16 75 check_train "$PY" Train_pip.py -opt options/demo/train_demo_mambair_ldt_gpu.yml
