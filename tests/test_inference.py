@@ -1,5 +1,6 @@
 """inference.py and the Python API on a tiny SAFMN: the formats users feed it, corrupt files,
 existing outputs, wrong checkpoints, precision and tiling (the choice of test: and val:)."""
+import copy
 import shutil
 import warnings
 
@@ -132,6 +133,55 @@ def test_api_loads_arch_defaults_ema_weights_and_reports_wrong_keys(tmp_path):
         load_network(str(tmp_path / 'release.pth'), arch='EDSR')
 
 
+def test_api_alpha_is_resized_on_its_own_and_the_colour_is_the_rgb_result(tiny_network):
+    """RGBA in: the colour is what the RGB image alone gives, the alpha a bicubic resize (clipped,
+    rounded), 8 and 16 bits alike."""
+    rng = np.random.default_rng(5)
+    for dtype in (np.uint8, np.uint16):
+        peak = np.iinfo(dtype).max
+        rgba = (rng.random((10, 12, 4)) * peak).astype(dtype)
+        out = upscale(tiny_network, rgba)
+        assert out.shape == (40, 48, 4) and out.dtype == dtype
+        assert np.array_equal(out[..., :3], upscale(tiny_network, np.ascontiguousarray(rgba[..., :3])))
+        alpha = cv2.resize(rgba[..., 3].astype(np.float32), (48, 40), interpolation=cv2.INTER_CUBIC)
+        assert np.array_equal(out[..., 3], np.clip(np.round(alpha), 0, peak).astype(dtype))
+
+
+def test_api_grayscale_is_the_mean_of_the_replicated_rgb_result(tiny_network):
+    gray = (np.random.default_rng(6).random((10, 12)) * 255).astype(np.uint8)
+    rgb = upscale(tiny_network, np.repeat(gray[..., None], 3, axis=2))
+    expected = np.round(rgb.astype(np.float64).mean(axis=2)).astype(np.uint8)
+    assert np.array_equal(upscale(tiny_network, gray), expected)
+    assert np.array_equal(upscale(tiny_network, gray[..., None]), expected[..., None])
+
+
+def test_api_runs_a_network_kept_in_another_float_dtype(tiny_network):
+    """The image is given to the network in the network's dtype (float64 here; fp16/bf16 weights on a GPU)."""
+    image = (np.random.default_rng(7).random((10, 12, 3)) * 255).astype(np.uint8)
+    double = copy.deepcopy(tiny_network).double()
+    assert np.abs(upscale(double, image).astype(int) - upscale(tiny_network, image)).max() <= 1
+    tensor = torch.from_numpy(image.transpose(2, 0, 1)).float().div(255)
+    assert upscale(double, tensor).dtype == torch.float32
+
+
+@pytest.mark.parametrize('image, message', [
+    (torch.zeros(1, 4, 8, 8), 'expected a float tensor NCHW or CHW with 3 channels in [0, 1], got torch.float32 of '
+                              'shape (1, 4, 8, 8)'),
+    (torch.zeros(1, 3, 8, 8, dtype=torch.uint8), 'expected a float tensor NCHW or CHW with 3 channels in [0, 1], got '
+                                                 'torch.uint8 of shape (1, 3, 8, 8)'),
+    (torch.zeros(2, 1, 3, 8, 8), 'expected a float tensor NCHW or CHW with 3 channels in [0, 1], got torch.float32 '
+                                 'of shape (2, 1, 3, 8, 8)'),
+    ([[0, 0], [0, 0]], 'expected a numpy array or a torch tensor, got list'),
+    (np.zeros((8, 8, 5), np.uint8), 'expected an image of shape HxW, HxWx1, HxWx3 or HxWx4, got (8, 8, 5)'),
+    (np.zeros((8, 8, 2), np.uint8), 'expected an image of shape HxW, HxWx1, HxWx3 or HxWx4, got (8, 8, 2)'),
+    (np.zeros((1, 8, 8, 3), np.uint8), 'expected an image of shape HxW, HxWx1, HxWx3 or HxWx4, got (1, 8, 8, 3)'),
+], ids=['4-channels', 'uint8-tensor', '5-d', 'list', 'hxwx5', 'hxwx2', 'batch-of-arrays'])
+def test_api_an_image_it_cannot_take_is_one_error_saying_what_it_takes(tiny_network, image, message):
+    with pytest.raises(InputError) as caught:
+        upscale(tiny_network, image)
+    assert str(caught.value) == message
+
+
 # ------------------------------------------------------------- tiling: the choice of test: and val:
 def _official_reference(network, image: np.ndarray) -> np.ndarray:
     """What the official evaluation makes of an 8-bit RGB image: SR_slice (the test's own
@@ -166,6 +216,7 @@ def test_api_tile_keeps_meaning_fixed_tiles(tiny_network):
     assert np.array_equal(upscale(tiny_network, image, None), upscale(tiny_network, image))   # None: whole, as before
     assert [str(w.message) for w in caught] == ['upscale(tile=...) is now upscale(tile_size=...)']
     assert issubclass(caught[0].category, DeprecationWarning)
+    assert caught[0].filename == __file__   # it points at the caller's line, the one to change
 
 
 @pytest.mark.parametrize('keywords, message', [
