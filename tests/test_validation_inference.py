@@ -236,7 +236,9 @@ def test_a_validation_set_runs_once_per_iteration_in_process(tmp_path, demo_data
     not reach the best-checkpoint selection; another iteration, or another set, runs."""
     from conftest import basicsr_log
     val = {'save_best': True, 'best_dataset': 'Test_Sony_Canon'} if metrics else {'metrics': None}
-    model = _model(demo_data, 'FTSRModel', val)
+    with basicsr_log() as built:
+        model = _model(demo_data, 'FTSRModel', val)
+    assert 'Validation inference: whole images, fp32' in built   # how it validates, said once at the start
     model.opt['path']['models'] = str(tmp_path)   # where net_g_best.pth goes
     best, other = _val_loader(demo_data, ['Sony', 'Canon']), _val_loader(demo_data, ['Olympus'])
     runs = []
