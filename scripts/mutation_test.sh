@@ -55,6 +55,7 @@ SUBPROCESS_TESTS=(
   tests/test_inference.py::test_wrong_checkpoint_fails_before_any_output
   tests/test_inference.py::test_cli_tile_mode_official_writes_the_official_cutting
   tests/test_inference.py::test_cli_bad_flag_is_one_line_on_stderr
+  tests/test_inference.py::test_api_tile_warning_points_at_the_callers_line   # mutmut's trampoline is one more frame
   tests/test_validation_inference.py::test_a_bad_val_key_stops_training_before_anything_is_written
   tests/test_validation_inference.py::test_each_validation_set_runs_once_per_validation_iteration
   tests/test_ldt_model.py::test_three_phases_partition_report_and_composite_checkpoint

@@ -216,7 +216,15 @@ def test_api_tile_keeps_meaning_fixed_tiles(tiny_network):
     assert np.array_equal(upscale(tiny_network, image, None), upscale(tiny_network, image))   # None: whole, as before
     assert [str(w.message) for w in caught] == ['upscale(tile=...) is now upscale(tile_size=...)']
     assert issubclass(caught[0].category, DeprecationWarning)
-    assert caught[0].filename == __file__   # it points at the caller's line, the one to change
+
+
+def test_api_tile_warning_points_at_the_callers_line(tiny_network):
+    """The deprecation warning names the user's line that passes ``tile=`` (the one to change),
+    not a line inside the package."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        upscale(tiny_network, np.zeros((8, 8, 3), np.uint8), tile=4, tile_overlap=0)
+    assert [(w.filename, w.category) for w in caught] == [(__file__, DeprecationWarning)]
 
 
 @pytest.mark.parametrize('keywords, message', [
