@@ -279,6 +279,41 @@ def test_cli_bad_inference_flags_are_one_line_and_write_nothing(tmp_path, tiny, 
     assert not out.exists()
 
 
+def test_cli_in_process_writes_each_image_as_its_flags_say(tmp_path, tiny, tiny_network, photos, capsys, monkeypatch):
+    """``main`` as ``inference.py`` runs it: each image through ``upscale`` with the tiling flags, named
+    ``<stem>_x4.png`` (or ``--suffix``/``--ext``), on the device asked for; a corrupt file is one line
+    and exit code 1; existing outputs are refused unless ``--force``."""
+    import basicsr_ldt.pipelines.upscale as pipeline
+    devices = []
+    load = pipeline.load_network
+    monkeypatch.setattr(pipeline, 'load_network', lambda *a, **k: devices.append(k['device']) or load(*a, **k))
+    out = tmp_path / 'out'
+    args = ['--input', str(photos), '--output', str(out), '--checkpoint', str(tiny / 'net_g_latest.pth'),
+            '--opt', str(tiny / 'net.yml'), '--device', 'cpu']
+    tiles = ['--tile-mode', 'fixed', '--tile-size', '8', '--tile-overlap', '2']
+    assert inference_main(args + tiles) == 1
+    printed = capsys.readouterr().out
+    assert f"failed: '{photos / 'broken.png'}': cannot read it: not an image, or the file is corrupt" in printed
+    assert f'4 written, 1 failed, to {out} (' in printed
+    assert devices == [torch.device('cpu')]
+    assert sorted(p.name for p in out.iterdir()) == ['alpha_x4.png', 'gray16_x4.png', 'photo_x4.png', 'rgb_x4.png']
+    rgb = cv2.cvtColor(cv2.imread(str(photos / 'rgb.png')), cv2.COLOR_BGR2RGB)
+    written = cv2.cvtColor(cv2.imread(str(out / 'rgb_x4.png')), cv2.COLOR_BGR2RGB)
+    assert np.array_equal(written, upscale(tiny_network, rgb, tile_mode='fixed', tile_size=8, tile_overlap=2))
+    assert not np.array_equal(written, upscale(tiny_network, rgb))   # the flags made a difference
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(InputError, match=r"^4 output file\(s\) exist already .*pass --force to overwrite them$"):
+        inference_main(args)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (photos / 'broken.png').unlink()
+    assert inference_main(args + ['--force']) == 0
+    rewritten = cv2.cvtColor(cv2.imread(str(out / 'rgb_x4.png')), cv2.COLOR_BGR2RGB)
+    assert np.array_equal(rewritten, upscale(tiny_network, rgb))   # overwritten, now whole-image
+    assert inference_main(args + ['--suffix', '_big', '--ext', 'tif']) == 0
+    assert {'rgb_big.tif', 'gray16_big.tif'} <= {p.name for p in out.iterdir()}
+    assert '4 written, 0 failed' in capsys.readouterr().out
+
+
 def test_cli_bad_flag_is_one_line_on_stderr(tmp_path, tiny, photos):
     """As the user sees it: ``error: <the line>``, exit code 2, no output folder."""
     result = run_inference(tmp_path, '--input', str(photos), '--output', str(tmp_path / 'out'),
