@@ -15,7 +15,8 @@
 # globs of the mutants to run, to restrict a run to some functions, e.g.
 # 'basicsr_ldt.ldt.partition.x_matches__mutmut_*'; the summary then counts only those; default: every
 # mutant of MUTATION_MODULES), MUTATION_TESTS (space-separated test files or node ids, to run a restricted
-# set of mutants against the tests that reach them only; default: TESTS below), MUTATION_TIMEOUT_CONSTANT (seconds, default 10; see write_config),
+# set of mutants against the tests that reach them only; default: TESTS below),
+# MUTATION_TIMEOUT_CONSTANT (seconds, default 10; see write_config),
 # OMP_NUM_THREADS (default 1).
 set -euo pipefail
 

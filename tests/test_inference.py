@@ -1,6 +1,7 @@
 """inference.py and the Python API on a tiny SAFMN: the formats users feed it, corrupt files,
 existing outputs, wrong checkpoints, precision and tiling (the choice of test: and val:)."""
 import copy
+import re
 import shutil
 import warnings
 
@@ -294,7 +295,7 @@ def test_cli_in_process_writes_each_image_as_its_flags_say(tmp_path, tiny, tiny_
     assert inference_main(args + tiles) == 1
     printed = capsys.readouterr().out
     assert f"failed: '{photos / 'broken.png'}': cannot read it: not an image, or the file is corrupt" in printed
-    assert f'4 written, 1 failed, to {out} (' in printed
+    assert re.search(rf'^4 written, 1 failed, to {re.escape(str(out))} \(', printed, re.M), printed
     assert devices == [torch.device('cpu')]
     assert sorted(p.name for p in out.iterdir()) == ['alpha_x4.png', 'gray16_x4.png', 'photo_x4.png', 'rgb_x4.png']
     rgb = cv2.cvtColor(cv2.imread(str(photos / 'rgb.png')), cv2.COLOR_BGR2RGB)
@@ -311,7 +312,37 @@ def test_cli_in_process_writes_each_image_as_its_flags_say(tmp_path, tiny, tiny_
     assert np.array_equal(rewritten, upscale(tiny_network, rgb))   # overwritten, now whole-image
     assert inference_main(args + ['--suffix', '_big', '--ext', 'tif']) == 0
     assert {'rgb_big.tif', 'gray16_big.tif'} <= {p.name for p in out.iterdir()}
-    assert '4 written, 0 failed' in capsys.readouterr().out
+    assert re.search(r'^4 written, 0 failed', capsys.readouterr().out, re.M)
+
+
+def test_cli_network_flags_in_process(tmp_path, tiny, photos, monkeypatch):
+    """Which network ``inference.py`` builds: ``--opt`` or ``--arch`` (one of them; ``--scale``
+    overrides), or a release name alone, which implies its network; on the ``--device`` asked for."""
+    import basicsr_ldt.pipelines.upscale as pipeline
+    out = tmp_path / 'out'
+    base = ['--input', str(photos), '--output', str(out)]
+    tiny_checkpoint = ['--checkpoint', str(tiny / 'net_g_latest.pth')]
+    with pytest.raises(InputError, match=r'^give the network as --opt OPTION_FILE or --arch MambaIR\|HAT\|SAFMN$'):
+        inference_main(base + tiny_checkpoint)
+    with pytest.raises(InputError, match='^give either --opt or --arch, not both$'):
+        inference_main(base + tiny_checkpoint + ['--opt', str(tiny / 'net.yml'), '--arch', 'SAFMN'])
+    with pytest.raises(InputError, match=r'^checkpoint .*missing \(e\.g\. feats\.1\.'):   # --arch: the x4 SAFMN defaults
+        inference_main(base + tiny_checkpoint + ['--arch', 'SAFMN'])
+    with pytest.raises(InputError, match='does not fit network SAFMN'):   # --scale 2 overrides the option file's 4
+        inference_main(base + tiny_checkpoint + ['--opt', str(tiny / 'net.yml'), '--scale', '2'])
+    calls = []
+
+    def load_network(checkpoint, **chosen):
+        calls.append((checkpoint, chosen))
+        raise InputError('stop here')
+
+    monkeypatch.setattr(pipeline, 'load_network', load_network)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)   # --device cpu is honoured beside a GPU
+    for extra, arch, opt in (([], 'HAT', None), (['--opt', str(tiny / 'net.yml')], None, str(tiny / 'net.yml'))):
+        with pytest.raises(InputError, match='^stop here$'):
+            inference_main(base + ['--checkpoint', 'HAT_SRx4', '--device', 'cpu'] + extra)
+        assert calls[-1] == ('HAT_SRx4', {'arch': arch, 'opt': opt, 'device': torch.device('cpu'), 'scale': None})
+    assert not out.exists()
 
 
 def test_cli_bad_flag_is_one_line_on_stderr(tmp_path, tiny, photos):
