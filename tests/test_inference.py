@@ -324,6 +324,11 @@ def test_cli_network_flags_in_process(tmp_path, tiny, photos, monkeypatch):
     tiny_checkpoint = ['--checkpoint', str(tiny / 'net_g_latest.pth')]
     with pytest.raises(InputError, match=r'^give the network as --opt OPTION_FILE or --arch MambaIR\|HAT\|SAFMN$'):
         inference_main(base + tiny_checkpoint)
+    with pytest.raises(InputError, match='^the following arguments are required: --checkpoint '):
+        inference_main(base + ['--opt', str(tiny / 'net.yml')])
+    for flag, value in (('--ext', 'jpg'), ('--device', 'mps')):   # only the choices offered (jpg: lossy, 8 bits)
+        with pytest.raises(InputError, match=f"^argument {flag}: invalid choice: '{value}' "):
+            inference_main(base + tiny_checkpoint + ['--opt', str(tiny / 'net.yml'), flag, value])
     with pytest.raises(InputError, match='^give either --opt or --arch, not both$'):
         inference_main(base + tiny_checkpoint + ['--opt', str(tiny / 'net.yml'), '--arch', 'SAFMN'])
     with pytest.raises(InputError, match=r'^checkpoint .*missing \(e\.g\. feats\.1\.'):   # --arch: the x4 SAFMN defaults
