@@ -14,7 +14,9 @@
 # files to mutate, default below; files under basicsr_ldt/ or archs/), MUTATION_NAMES (space-separated
 # globs of the mutants to run, to restrict a run to some functions, e.g.
 # 'basicsr_ldt.ldt.partition.x_matches__mutmut_*'; the summary then counts only those; default: every
-# mutant of MUTATION_MODULES), MUTATION_TIMEOUT_CONSTANT (seconds, default 10; see write_config),
+# mutant of MUTATION_MODULES), MUTATION_TESTS (space-separated test files or node ids, to run a restricted
+# set of mutants against the tests that reach them only; default: TESTS below),
+# MUTATION_TIMEOUT_CONSTANT (seconds, default 10; see write_config),
 # OMP_NUM_THREADS (default 1).
 set -euo pipefail
 
@@ -40,14 +42,27 @@ TESTS=(
   tests/test_ldt_reference.py tests/test_ldt_s.py tests/test_ldt_statistics.py tests/test_precision.py
   tests/test_typed_options.py tests/test_checkpoint.py tests/test_fetch_weights.py tests/test_best_checkpoint.py
   tests/test_resumable_model.py tests/test_dataset.py tests/test_camera_sampler.py tests/test_drealsr_real_names.py
-  tests/test_archs.py
+  tests/test_archs.py tests/test_inference.py tests/test_validation_inference.py tests/test_ldt_model.py
+  tests/test_scan_launches.py
 )
+if [[ -n "${MUTATION_TESTS:-}" ]]; then read -r -a TESTS <<< "$MUTATION_TESTS"; fi
 SUBPROCESS_TESTS=(
   tests/test_precision.py::test_bf16_ldt_run_through_every_phase_then_bf16_test
   tests/test_fetch_weights.py::test_command_line_list_and_unreachable
   tests/test_best_checkpoint.py::test_best_iteration_weights_are_saved_and_survive_resume
   tests/test_best_checkpoint.py::test_plain_srmodel_is_refused_before_training
   tests/test_drealsr_real_names.py::test_train_pip_stops_before_training_on_an_unknown_prefix
+  tests/test_inference.py::test_folder_with_a_corrupt_file
+  tests/test_inference.py::test_wrong_checkpoint_fails_before_any_output
+  tests/test_inference.py::test_cli_tile_mode_official_writes_the_official_cutting
+  tests/test_inference.py::test_cli_bad_flag_is_one_line_on_stderr
+  tests/test_inference.py::test_api_tile_warning_points_at_the_callers_line   # mutmut's trampoline is one more frame
+  tests/test_validation_inference.py::test_a_bad_val_key_stops_training_before_anything_is_written
+  tests/test_validation_inference.py::test_each_validation_set_runs_once_per_validation_iteration
+  tests/test_ldt_model.py::test_three_phases_partition_report_and_composite_checkpoint
+  tests/test_ldt_model.py::test_resume_in_each_phase_reproduces_the_uninterrupted_run
+  tests/test_ldt_model.py::test_baselines_run_as_configurations
+  tests/test_ldt_model.py::test_run_prints_no_warning_and_branches_join_the_global_schedule
 )
 
 if ! "$PYTHON" -c 'import mutmut' 2>/dev/null; then
@@ -72,7 +87,7 @@ write_config() {
     echo 'also_copy ='
     for p in scripts options pytest.ini Train_pip.py inference.py; do echo "    $p"; done
     echo 'pytest_add_cli_args_test_selection ='
-    for t in "${TESTS[@]}"; do [[ -e "$WORK/$t" ]] && echo "    $t"; done
+    for t in "${TESTS[@]}"; do [[ -e "$WORK/${t%%::*}" ]] && echo "    $t"; done
     echo 'pytest_add_cli_args ='
     for a in -p no:cacheprovider -x -q; do echo "    $a"; done
     for t in "${SUBPROCESS_TESTS[@]}"; do echo "    --deselect"; echo "    $t"; done

@@ -733,6 +733,15 @@ def test_asking_for_cuda_without_it_is_one_clear_error(tmp_path, monkeypatch):
     assert next(load_network(str(tmp_path / 'net.pth'), opt={'network_g': network}).parameters()).device.type == 'cpu'
 
 
+def test_the_default_device_is_the_gpu_when_torch_sees_one(monkeypatch):
+    from basicsr_ldt.inference.api import resolve_device
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    assert resolve_device() == torch.device('cuda') and resolve_device('cuda:1') == torch.device('cuda:1')
+    assert resolve_device('cpu') == torch.device('cpu')   # asked for, the CPU even beside a GPU
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    assert resolve_device() == torch.device('cpu')
+
+
 def test_cuda_rng_state_is_saved_and_restored(monkeypatch):
     from basicsr_ldt.models import resumable
     states = [torch.arange(16, dtype=torch.uint8), torch.arange(16, 32, dtype=torch.uint8)]

@@ -1,5 +1,7 @@
 """inference.py and the Python API on a tiny SAFMN: the formats users feed it, corrupt files,
 existing outputs, wrong checkpoints, precision and tiling (the choice of test: and val:)."""
+import copy
+import re
 import shutil
 import warnings
 
@@ -132,6 +134,55 @@ def test_api_loads_arch_defaults_ema_weights_and_reports_wrong_keys(tmp_path):
         load_network(str(tmp_path / 'release.pth'), arch='EDSR')
 
 
+def test_api_alpha_is_resized_on_its_own_and_the_colour_is_the_rgb_result(tiny_network):
+    """RGBA in: the colour is what the RGB image alone gives, the alpha a bicubic resize (clipped,
+    rounded), 8 and 16 bits alike."""
+    rng = np.random.default_rng(5)
+    for dtype in (np.uint8, np.uint16):
+        peak = np.iinfo(dtype).max
+        rgba = (rng.random((10, 12, 4)) * peak).astype(dtype)
+        out = upscale(tiny_network, rgba)
+        assert out.shape == (40, 48, 4) and out.dtype == dtype
+        assert np.array_equal(out[..., :3], upscale(tiny_network, np.ascontiguousarray(rgba[..., :3])))
+        alpha = cv2.resize(rgba[..., 3].astype(np.float32), (48, 40), interpolation=cv2.INTER_CUBIC)
+        assert np.array_equal(out[..., 3], np.clip(np.round(alpha), 0, peak).astype(dtype))
+
+
+def test_api_grayscale_is_the_mean_of_the_replicated_rgb_result(tiny_network):
+    gray = (np.random.default_rng(6).random((10, 12)) * 255).astype(np.uint8)
+    rgb = upscale(tiny_network, np.repeat(gray[..., None], 3, axis=2))
+    expected = np.round(rgb.astype(np.float64).mean(axis=2)).astype(np.uint8)
+    assert np.array_equal(upscale(tiny_network, gray), expected)
+    assert np.array_equal(upscale(tiny_network, gray[..., None]), expected[..., None])
+
+
+def test_api_runs_a_network_kept_in_another_float_dtype(tiny_network):
+    """The image is given to the network in the network's dtype (float64 here; fp16/bf16 weights on a GPU)."""
+    image = (np.random.default_rng(7).random((10, 12, 3)) * 255).astype(np.uint8)
+    double = copy.deepcopy(tiny_network).double()
+    assert np.abs(upscale(double, image).astype(int) - upscale(tiny_network, image)).max() <= 1
+    tensor = torch.from_numpy(image.transpose(2, 0, 1)).float().div(255)
+    assert upscale(double, tensor).dtype == torch.float32
+
+
+@pytest.mark.parametrize('image, message', [
+    (torch.zeros(1, 4, 8, 8), 'expected a float tensor NCHW or CHW with 3 channels in [0, 1], got torch.float32 of '
+                              'shape (1, 4, 8, 8)'),
+    (torch.zeros(1, 3, 8, 8, dtype=torch.uint8), 'expected a float tensor NCHW or CHW with 3 channels in [0, 1], got '
+                                                 'torch.uint8 of shape (1, 3, 8, 8)'),
+    (torch.zeros(2, 1, 3, 8, 8), 'expected a float tensor NCHW or CHW with 3 channels in [0, 1], got torch.float32 '
+                                 'of shape (2, 1, 3, 8, 8)'),
+    ([[0, 0], [0, 0]], 'expected a numpy array or a torch tensor, got list'),
+    (np.zeros((8, 8, 5), np.uint8), 'expected an image of shape HxW, HxWx1, HxWx3 or HxWx4, got (8, 8, 5)'),
+    (np.zeros((8, 8, 2), np.uint8), 'expected an image of shape HxW, HxWx1, HxWx3 or HxWx4, got (8, 8, 2)'),
+    (np.zeros((1, 8, 8, 3), np.uint8), 'expected an image of shape HxW, HxWx1, HxWx3 or HxWx4, got (1, 8, 8, 3)'),
+], ids=['4-channels', 'uint8-tensor', '5-d', 'list', 'hxwx5', 'hxwx2', 'batch-of-arrays'])
+def test_api_an_image_it_cannot_take_is_one_error_saying_what_it_takes(tiny_network, image, message):
+    with pytest.raises(InputError) as caught:
+        upscale(tiny_network, image)
+    assert str(caught.value) == message
+
+
 # ------------------------------------------------------------- tiling: the choice of test: and val:
 def _official_reference(network, image: np.ndarray) -> np.ndarray:
     """What the official evaluation makes of an 8-bit RGB image: SR_slice (the test's own
@@ -166,6 +217,15 @@ def test_api_tile_keeps_meaning_fixed_tiles(tiny_network):
     assert np.array_equal(upscale(tiny_network, image, None), upscale(tiny_network, image))   # None: whole, as before
     assert [str(w.message) for w in caught] == ['upscale(tile=...) is now upscale(tile_size=...)']
     assert issubclass(caught[0].category, DeprecationWarning)
+
+
+def test_api_tile_warning_points_at_the_callers_line(tiny_network):
+    """The deprecation warning names the user's line that passes ``tile=`` (the one to change),
+    not a line inside the package."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        upscale(tiny_network, np.zeros((8, 8, 3), np.uint8), tile=4, tile_overlap=0)
+    assert [(w.filename, w.category) for w in caught] == [(__file__, DeprecationWarning)]
 
 
 @pytest.mark.parametrize('keywords, message', [
@@ -217,6 +277,76 @@ def test_cli_bad_inference_flags_are_one_line_and_write_nothing(tmp_path, tiny, 
         inference_main(['--input', str(photos), '--output', str(out), '--checkpoint', str(tiny / 'net_g_latest.pth'),
                         '--opt', str(tiny / 'net.yml'), *flags])
     assert str(caught.value) == message
+    assert not out.exists()
+
+
+def test_cli_in_process_writes_each_image_as_its_flags_say(tmp_path, tiny, tiny_network, photos, capsys, monkeypatch):
+    """``main`` as ``inference.py`` runs it: each image through ``upscale`` with the tiling flags, named
+    ``<stem>_x4.png`` (or ``--suffix``/``--ext``), on the device asked for; a corrupt file is one line
+    and exit code 1; existing outputs are refused unless ``--force``."""
+    import basicsr_ldt.pipelines.upscale as pipeline
+    devices = []
+    load = pipeline.load_network
+    monkeypatch.setattr(pipeline, 'load_network', lambda *a, **k: devices.append(k['device']) or load(*a, **k))
+    out = tmp_path / 'out'
+    args = ['--input', str(photos), '--output', str(out), '--checkpoint', str(tiny / 'net_g_latest.pth'),
+            '--opt', str(tiny / 'net.yml'), '--device', 'cpu']
+    tiles = ['--tile-mode', 'fixed', '--tile-size', '8', '--tile-overlap', '2']
+    assert inference_main(args + tiles) == 1
+    printed = capsys.readouterr().out
+    assert f"failed: '{photos / 'broken.png'}': cannot read it: not an image, or the file is corrupt" in printed
+    assert re.search(rf'^4 written, 1 failed, to {re.escape(str(out))} \(', printed, re.M), printed
+    assert devices == [torch.device('cpu')]
+    assert sorted(p.name for p in out.iterdir()) == ['alpha_x4.png', 'gray16_x4.png', 'photo_x4.png', 'rgb_x4.png']
+    rgb = cv2.cvtColor(cv2.imread(str(photos / 'rgb.png')), cv2.COLOR_BGR2RGB)
+    written = cv2.cvtColor(cv2.imread(str(out / 'rgb_x4.png')), cv2.COLOR_BGR2RGB)
+    assert np.array_equal(written, upscale(tiny_network, rgb, tile_mode='fixed', tile_size=8, tile_overlap=2))
+    assert not np.array_equal(written, upscale(tiny_network, rgb))   # the flags made a difference
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(InputError, match=r"^4 output file\(s\) exist already .*pass --force to overwrite them$"):
+        inference_main(args)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (photos / 'broken.png').unlink()
+    assert inference_main(args + ['--force']) == 0
+    rewritten = cv2.cvtColor(cv2.imread(str(out / 'rgb_x4.png')), cv2.COLOR_BGR2RGB)
+    assert np.array_equal(rewritten, upscale(tiny_network, rgb))   # overwritten, now whole-image
+    assert inference_main(args + ['--suffix', '_big', '--ext', 'tif']) == 0
+    assert {'rgb_big.tif', 'gray16_big.tif'} <= {p.name for p in out.iterdir()}
+    assert re.search(r'^4 written, 0 failed', capsys.readouterr().out, re.M)
+
+
+def test_cli_network_flags_in_process(tmp_path, tiny, photos, monkeypatch):
+    """Which network ``inference.py`` builds: ``--opt`` or ``--arch`` (one of them; ``--scale``
+    overrides), or a release name alone, which implies its network; on the ``--device`` asked for."""
+    import basicsr_ldt.pipelines.upscale as pipeline
+    out = tmp_path / 'out'
+    base = ['--input', str(photos), '--output', str(out)]
+    tiny_checkpoint = ['--checkpoint', str(tiny / 'net_g_latest.pth')]
+    with pytest.raises(InputError, match=r'^give the network as --opt OPTION_FILE or --arch MambaIR\|HAT\|SAFMN$'):
+        inference_main(base + tiny_checkpoint)
+    with pytest.raises(InputError, match='^the following arguments are required: --checkpoint '):
+        inference_main(base + ['--opt', str(tiny / 'net.yml')])
+    for flag, value in (('--ext', 'jpg'), ('--device', 'mps')):   # only the choices offered (jpg: lossy, 8 bits)
+        with pytest.raises(InputError, match=f"^argument {flag}: invalid choice: '{value}' "):
+            inference_main(base + tiny_checkpoint + ['--opt', str(tiny / 'net.yml'), flag, value])
+    with pytest.raises(InputError, match='^give either --opt or --arch, not both$'):
+        inference_main(base + tiny_checkpoint + ['--opt', str(tiny / 'net.yml'), '--arch', 'SAFMN'])
+    with pytest.raises(InputError, match=r'^checkpoint .*missing \(e\.g\. feats\.1\.'):   # --arch: the x4 SAFMN defaults
+        inference_main(base + tiny_checkpoint + ['--arch', 'SAFMN'])
+    with pytest.raises(InputError, match='does not fit network SAFMN'):   # --scale 2 overrides the option file's 4
+        inference_main(base + tiny_checkpoint + ['--opt', str(tiny / 'net.yml'), '--scale', '2'])
+    calls = []
+
+    def load_network(checkpoint, **chosen):
+        calls.append((checkpoint, chosen))
+        raise InputError('stop here')
+
+    monkeypatch.setattr(pipeline, 'load_network', load_network)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)   # --device cpu is honoured beside a GPU
+    for extra, arch, opt in (([], 'HAT', None), (['--opt', str(tiny / 'net.yml')], None, str(tiny / 'net.yml'))):
+        with pytest.raises(InputError, match='^stop here$'):
+            inference_main(base + ['--checkpoint', 'HAT_SRx4', '--device', 'cpu'] + extra)
+        assert calls[-1] == ('HAT_SRx4', {'arch': arch, 'opt': opt, 'device': torch.device('cpu'), 'scale': None})
     assert not out.exists()
 
 

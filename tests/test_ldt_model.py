@@ -147,6 +147,19 @@ def test_each_name_pattern_logs_the_parameters_it_selects_before_training(tmp_pa
         _built(tmp_path, demo_data, force_unstable=['feat.1'])
 
 
+def test_head_patterns_are_checked_before_training_exactly_when_something_uses_them(tmp_path, demo_data):
+    """The head is used by the warm-up and by a split by name (``partition: name``); with neither,
+    head patterns that select nothing do not stop the run (nothing reads them)."""
+    message = (r"^ldt\.head_patterns \['upsample'\] match no parameter of SAFMN \(its last parameters: "
+               r'feats\.10\.ccm\.ccm\.2\.weight, feats\.10\.ccm\.ccm\.2\.bias, to_img\.0\.weight, to_img\.0\.bias\)$')
+    with pytest.raises(InputError, match=message):
+        _built(tmp_path, demo_data, head_warmup_iters=0, partition='name', head_patterns=['upsample'])
+    with pytest.raises(InputError, match=message):
+        _built(tmp_path, demo_data, head_warmup_iters=1, head_patterns=['upsample'])
+    lines = _built(tmp_path, demo_data, head_warmup_iters=0, head_patterns=['upsample'])
+    assert not [line for line in lines if line.startswith('ldt.head_patterns')]
+
+
 def _selected(names, pattern):
     """The documented pattern rule, written out: an exact name, an fnmatch glob, or a module prefix."""
     return [n for n in names if n == pattern or n.startswith(pattern + '.') or fnmatchcase(n, pattern)]

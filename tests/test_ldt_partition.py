@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from basicsr_ldt.ldt import Partition, build_partition, dpu_coefficients, top_n_unstable, unstable_count
+from basicsr_ldt.ldt import (Partition, build_partition, dpu_coefficients, forced_layers, head_layers, top_n_unstable,
+                             unstable_count)
 
 NAMES = ['a', 'b', 'c', 'd', 'e']
 STATS = [0.3, 0.1, 0.5, 0.2, 0.4]   # ranking high -> low: c, e, a, d, b
@@ -46,6 +47,7 @@ def test_build_partition_groups_and_coefficients():
     assert [w['b'], w['d'], w['a']] == pytest.approx([0.99, 0.99 + 0.01 / 3, 0.99 + 0.02 / 3])
     fixed = build_partition(NAMES, STATS, partition='criterion', ratio_u=0.4, dpu=False, w_fixed=0.9)
     assert set(fixed.dpu_coefficients.values()) == {0.9}
+    assert p.criterion == 'var'   # the default criterion, recorded in the partition file, is the paper's variance
 
 
 def test_name_partition_and_forced_layers():
@@ -63,6 +65,33 @@ def test_name_partition_and_forced_layers():
                         force_unstable=['a'])
     with pytest.raises(ValueError, match='match no parameter'):
         build_partition(names, None, partition='name', ratio_u=0.5, head_patterns=['upsample'], dpu=False)
+
+
+def test_a_name_pattern_error_names_the_network_and_the_parameters_to_look_at():
+    """A head pattern that selects nothing shows the network's last parameters (where a head is), a
+    force pattern its first ones, layers forced into both groups the first five; the network is
+    named as the caller says (the model's class), else 'the network'."""
+    names = [f'body.{i}.weight' for i in range(8)] + ['conv_last.weight', 'conv_last.bias']
+    with pytest.raises(ValueError) as caught:
+        head_layers(names, ['upsample', 'conv_hr'])
+    assert str(caught.value) == ("ldt.head_patterns ['upsample', 'conv_hr'] match no parameter of the network (its "
+                                 'last parameters: body.6.weight, body.7.weight, conv_last.weight, conv_last.bias)')
+    with pytest.raises(ValueError) as caught:
+        build_partition(names, None, partition='name', head_patterns=['upsample'], dpu=False, network='SAFMN')
+    assert str(caught.value).startswith("ldt.head_patterns ['upsample'] match no parameter of SAFMN (its last")
+    with pytest.raises(ValueError) as caught:
+        forced_layers(names, force_stable=['body.0'], force_unstable=['conv_first'])
+    assert str(caught.value) == ("ldt.force_unstable: pattern 'conv_first' matches no parameter of the network (its "
+                                 'first parameters: body.0.weight, body.1.weight, body.2.weight, body.3.weight)')
+    with pytest.raises(ValueError) as caught:
+        forced_layers(names, force_stable=['body.*'], force_unstable=['conv_last', 'body.*.weight'])
+    assert str(caught.value) == ("layers forced both stable and unstable: ldt.force_stable 'body.*' and "
+                                 "ldt.force_unstable 'body.*.weight' both select ['body.0.weight', 'body.1.weight', "
+                                 "'body.2.weight', 'body.3.weight', 'body.4.weight']")
+    with pytest.raises(ValueError) as caught:
+        build_partition(names, None, partition='name', deft_grouping='non_layers', dpu=False)
+    assert str(caught.value) == ("deft_grouping 'non_layers' needs 'layers.*' parameters (first names: "
+                                 "['body.0.weight', 'body.1.weight', 'body.2.weight', 'body.3.weight'])")
 
 
 def test_invalid_ratio_and_statistics():

@@ -125,6 +125,9 @@ def test_run_inference_follows_the_mode_and_precision():
     bf16 = inference_settings('test', {'tile_mode': 'official', 'precision': 'bf16'}, 'cpu')
     low, full = run_inference(conv, lr, SCALE, bf16), run_inference(conv, lr, SCALE, official)
     assert low.dtype == torch.float32 and 0 < (low - full).abs().max() < 0.05
+    # What the log says validation and test.py run with ("Validation inference: ...").
+    assert bf16.describe() == 'official LDT sections (n // 200 + 1 per axis, 10% overlap), bf16'
+    assert fixed.describe() == '64-pixel tiles overlapping by 8, fp32'
 
 
 @pytest.mark.parametrize('section, message', [
@@ -216,6 +219,53 @@ def test_each_validation_set_runs_once_per_validation_iteration(project, demo_da
                          'not repeated') == 1
     selections = re.findall(r'(?:New best psnr|Best psnr) on Test_Olympus.*?(?:at )?iteration (\d+)', log)
     assert len(selections) == 2, selections
+
+
+def _val_loader(demo_data, cameras):
+    from basicsr.data import build_dataloader, build_dataset
+    from test_cli import dataset
+    opt = dict(dataset(demo_data, 'Test', cameras), phase='val', scale=SCALE)
+    return build_dataloader(build_dataset(opt), opt, num_gpu=0, dist=False)
+
+
+@pytest.mark.parametrize('metrics', [True, False], ids=['psnr', 'no-metrics'])
+def test_a_validation_set_runs_once_per_iteration_in_process(tmp_path, demo_data, metrics):
+    """What BasicSR's loop does when total_iter is a multiple of val_freq (each set at 4 inside the
+    loop, then each again after it): the repeat of a set at the same iteration runs no image, logs
+    one line, leaves that set's metric results as its run left them (not the other set's) and does
+    not reach the best-checkpoint selection; another iteration, or another set, runs."""
+    from conftest import basicsr_log
+    val = {'save_best': True, 'best_dataset': 'Test_Sony_Canon'} if metrics else {'metrics': None}
+    with basicsr_log() as built:
+        model = _model(demo_data, 'FTSRModel', val)
+    assert 'Validation inference: whole images, fp32' in built   # how it validates, said once at the start
+    model.opt['path']['models'] = str(tmp_path)   # where net_g_best.pth goes
+    best, other = _val_loader(demo_data, ['Sony', 'Canon']), _val_loader(demo_data, ['Olympus'])
+    runs = []
+    test = model.test
+    model.test = lambda: (runs.append(model.lq.shape), test())
+    with basicsr_log() as lines:
+        model.validation(best, 4, None)
+        first = dict(getattr(model, 'metric_results', {}))
+        model.validation(other, 4, None)
+        assert len(runs) == 6   # two images per camera
+        model.validation(best, 4, None)
+        assert len(runs) == 6
+        assert getattr(model, 'metric_results', {}) == first
+        model.validation(other, 4, None)
+        assert len(runs) == 6
+        model.validation(best, 6, None)
+        assert len(runs) == 10
+    repeats = [line for line in lines if 'validated already' in line]
+    assert repeats == [f'Validation {name}: iteration 4 was validated already, with no training step since; '
+                       'not repeated' for name in ('Test_Sony_Canon', 'Test_Olympus')]
+    if metrics:
+        assert set(first) == {'psnr'} and first['psnr'] > 0
+        selections = [line for line in lines if 'best psnr on' in line.lower()]   # at 4, then at 6 (same weights)
+        assert len(selections) == 2 and selections[0].startswith('New best psnr on Test_Sony_Canon'), selections
+        assert selections[1].startswith('Best psnr on Test_Sony_Canon stays'), selections
+    else:
+        assert first == {}
 
 
 # ----------------------------------------------------------------------------- HR crop (item 2)
