@@ -30,7 +30,7 @@ Latency. A chunk's loads do not depend on the state carried into it, so the chun
 loads of the next ``STAGES - 1`` chunks as asynchronous copies into shared memory (``cp.async``)
 while the current chunk computes, so a program does not wait a full memory latency per chunk;
 this costs registers and shared memory (compiled for sm_90 at the training shape: forward 96 -> 118
-registers at 3 stages, backward 223 -> 238). ``STAGES`` = 1 compiles the plain loop (the same SASS
+registers at 3 stages, backward 168 -> 226). ``STAGES`` = 1 compiles the plain loop (the same SASS
 as ``range``). Which is faster depends on how many programs an SM holds: a GPU timing decides
 (:mod:`archs.scan.triton_launches`). Only decays
 ``exp(delta A) <= 1`` (for delta >= 0) and their products are formed: never the exponential of
@@ -322,8 +322,9 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
         # dL/d(delta A) at each position: g a h[t-1] = g (h - b)
         dlog = g * (states - b)
         gB = g * _per_update(B, VAR_B)
-        ddt = tl.sum(dlog * A[None, :, :] + gB * u[:, None, :], axis=1)
-        du = tl.sum(gB, axis=1) * dt
+        sum_gB = tl.sum(gB, axis=1)   # sum_n g B: du's, and u times it ddelta's (one product fewer per update)
+        ddt = tl.sum(dlog * A[None, :, :], axis=1) + sum_gB * u
+        du = sum_gB * dt
         dA += tl.sum(dlog * dt[:, None, :], axis=0)
         if HAS_D:
             du += Dv[None, :] * dy
