@@ -154,6 +154,14 @@ def float64_reference(inputs: Tuple[torch.Tensor, ...], with_grads: bool) -> Lis
     return [out.detach()] + [t.grad for t in copies]
 
 
+def relative_differences(values: Sequence[torch.Tensor],
+                         reference: Sequence[Optional[torch.Tensor]]) -> List[float]:
+    """For each value beside a reference (None: skipped), its largest difference from it relative
+    to the reference's largest magnitude, computed in the reference's dtype."""
+    return [(v.to(r.dtype) - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+            for v, r in zip(values, reference) if r is not None]
+
+
 def versions(device: torch.device) -> str:
     """GPU, driver, torch, triton and mamba-ssm versions (what every figure is measured with)."""
     parts = [f'torch {torch.__version__}']
@@ -223,8 +231,7 @@ def compare_backends(args: argparse.Namespace, device: torch.device) -> Dict[str
         print(f'{LABELS[name]:10s} fwd+bwd: median {medians[name] * 1e3:.2f} ms, '
               f'best {min(times) * 1e3:.2f} ms{memory}', flush=True)
         if reference is not None:
-            worst = [(o.double() - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
-                     for o, r in zip(ours, reference) if r is not None]
+            worst = relative_differences(ours, reference)
             print(f'{"":10s} max |diff| / max |float64 reference|: output {worst[0]:.1e}' +
                   (', grads ' + ', '.join(f'{n} {e:.1e}' for n, e in zip(NAMES, worst[1:])) if len(worst) > 1 else ''))
     for name in medians:
@@ -275,8 +282,7 @@ def sweep_triton(args: argparse.Namespace, device: torch.device, configs: List[s
 
     def measure(backend: str) -> Tuple[float, float, float]:
         ours = output_and_grads(backend_fn(backend), inputs)
-        worst = max((o.double() - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
-                    for o, r in zip(ours, reference) if r is not None)
+        worst = max(relative_differences(ours, reference))
         forward = statistics.median(time_fwd_bwd(backend_fn(backend), inputs, args.repeats, args.warmup,
                                                  backward=False))
         both = statistics.median(time_fwd_bwd(backend_fn(backend), inputs, args.repeats, args.warmup))
@@ -343,8 +349,8 @@ def compare_mambair(device: torch.device, backends: Sequence[str] = ('torch', 't
     for backend, values in results.items():
         if backend == 'torch':
             continue
-        worst = max((v - r).abs().max().item() / max(r.abs().max().item(), 1e-30) for v, r in zip(values, ref))
-        out_diff = (values[0] - ref[0]).abs().max().item() / max(ref[0].abs().max().item(), 1e-30)
+        diffs = relative_differences(values, ref)
+        worst, out_diff = max(diffs), diffs[0]
         print(f'MambaIR scan_backend {LABELS[backend]} vs torch: output {out_diff:.1e}, '
               f'largest over {len(values) - 1} parameter gradients {worst:.1e} (relative to the largest torch value)')
 

@@ -321,14 +321,15 @@ def cells(row: Row) -> Tuple[str, ...]:
 
 
 def launch_values(pairs: Sequence[str]) -> Dict[str, int]:
-    """``['FORWARD_STAGES=3', ...]`` -> ``{'FORWARD_STAGES': 3}`` (names and values checked by
-    :func:`archs.scan.triton_launches.launch_settings`)."""
+    """``['FORWARD_STAGES=3', ...]`` -> ``{'FORWARD_STAGES': 3}``, names and values checked
+    (:func:`archs.scan.triton_launches.check_launch_settings`)."""
     values = {}
     for pair in pairs:
         name, sep, value = pair.partition('=')
         if not sep or not value.strip().isdigit():
             raise ValueError(f'expected NAME=INTEGER, got {pair!r}')
         values[name.strip()] = int(value)
+    triton_launches.check_launch_settings(values)
     return values
 
 
@@ -357,8 +358,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = launch_values(args.launch)
-        with triton_launches.launch_settings(**settings):
-            pass
     except ValueError as err:
         parser.error(f'--launch: {err}')
     if args.sweep and args.launch:

@@ -27,8 +27,9 @@ CHUNK = 16
 # Channels per program of the forward and of the backward kernel (powers of two; at most the
 # channels of one B/C group, rounded up), and their warps per program. Compiled for sm_90, wider
 # forward blocks execute fewer warp-instructions per state update in their chunk loop (0.33 at
-# 16 channels and 2 warps, 0.65 at 4; scripts/scan_static_report.py) but give fewer programs (368 at the training shape, 92 for a 250x250 tile at batch
-# 1, for 132 SMs): `scripts/bench_scan.py --device cuda --sweep` decides on a GPU.
+# 16 channels and 2 warps, 0.65 at 4; scripts/scan_static_report.py) but give fewer programs
+# (368 at the training shape, 92 for a 250x250 tile at batch 1, for 132 SMs):
+# `scripts/bench_scan.py --device cuda --sweep` decides on a GPU.
 FORWARD_BLOCK_D = 4
 BACKWARD_BLOCK_D = 4
 FORWARD_WARPS = 2
@@ -40,24 +41,29 @@ BACKWARD_WARPS = 2
 FORWARD_STAGES = 1
 BACKWARD_STAGES = 1
 #: The launch settings above, in the order ``bench_scan.py --sweep`` and
-#: ``scan_static_report.py --launch`` take them.
+#: ``scan_static_report.py --sweep`` take them.
 LAUNCH_SETTINGS = ('CHUNK', 'FORWARD_BLOCK_D', 'FORWARD_WARPS', 'FORWARD_STAGES', 'BACKWARD_BLOCK_D',
                    'BACKWARD_WARPS', 'BACKWARD_STAGES')
 # CUDA's grid limit along its second axis (the channel blocks; the batch is the first axis).
 MAX_GRID_Y = 65535
 
 
-@contextlib.contextmanager
-def launch_settings(**values: int) -> Iterator[None]:
-    """Run the block with some of :data:`LAUNCH_SETTINGS` changed (for the GPU sweep and the static
-    report; every launch reads them at the call), restoring them afterwards. An unknown name or a
-    value that is not an integer >= 1 is refused."""
+def check_launch_settings(values: Dict[str, int]) -> None:
+    """Refuse a name that is not one of :data:`LAUNCH_SETTINGS` or a value that is not an integer >= 1."""
     for name, value in values.items():
         if name not in LAUNCH_SETTINGS:
             raise ValueError(f'unknown Triton scan launch setting {name!r}; expected one of '
                              f'{", ".join(LAUNCH_SETTINGS)}')
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f'Triton scan launch setting {name}: expected an integer >= 1, got {value!r}')
+
+
+@contextlib.contextmanager
+def launch_settings(**values: int) -> Iterator[None]:
+    """Run the block with some of :data:`LAUNCH_SETTINGS` changed (for the GPU sweep and the static
+    report; every launch reads them at the call), restoring them afterwards. An unknown name or a
+    value that is not an integer >= 1 is refused (:func:`check_launch_settings`)."""
+    check_launch_settings(values)
     module = globals()
     saved = {name: module[name] for name in values}
     module.update(values)
@@ -76,8 +82,7 @@ def parse_launch_settings(text: str) -> Dict[str, int]:
         raise ValueError(f'{text!r}: expected {len(LAUNCH_SETTINGS)} integers {",".join(LAUNCH_SETTINGS)}')
     values = dict(zip(LAUNCH_SETTINGS, map(int, fields)))
     try:
-        with launch_settings(**values):   # refuses a value < 1
-            pass
+        check_launch_settings(values)   # refuses a value < 1
     except ValueError as err:
         raise ValueError(f'{text!r}: {err}') from None
     return values
