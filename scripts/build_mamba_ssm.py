@@ -30,10 +30,14 @@ from pathlib import Path
 from typing import List
 
 REPO = Path(__file__).resolve().parents[1]
+# Where CUDA toolkits are installed (cuda, cuda-13.0, ...), when CUDA_HOME does not say.
+TOOLKIT_ROOT = Path('/usr/local')
 SOURCES = ['selective_scan.cpp'] + [f'selective_scan_fwd_{t}.cu' for t in ('fp32', 'fp16', 'bf16')] + \
     [f'selective_scan_bwd_{t}_{k}.cu' for t in ('fp32', 'fp16', 'bf16') for k in ('real', 'complex')]
-# mamba-ssm's own nvcc flags (its setup.py), less the architecture list and -v/-lineinfo.
-NVCC_FLAGS = ['-O3', '-std=c++17', '-U__CUDA_NO_HALF_OPERATORS__', '-U__CUDA_NO_HALF_CONVERSIONS__',
+# mamba-ssm's own nvcc flags (its setup.py), less the architecture list and -v/-lineinfo, and
+# less its '-std=c++17': the C++ standard is the one the installed torch's headers need
+# (:func:`cxx_standard`).
+NVCC_FLAGS = ['-O3', '-U__CUDA_NO_HALF_OPERATORS__', '-U__CUDA_NO_HALF_CONVERSIONS__',
               '-U__CUDA_NO_BFLOAT16_OPERATORS__', '-U__CUDA_NO_BFLOAT16_CONVERSIONS__',
               '-U__CUDA_NO_BFLOAT162_OPERATORS__', '-U__CUDA_NO_BFLOAT162_CONVERSIONS__',
               '--expt-relaxed-constexpr', '--expt-extended-lambda', '--use_fast_math']
@@ -81,6 +85,57 @@ def ensure_ninja(sdist: Path, build_dir: Path) -> str:
     return str(bin_dir / 'ninja')
 
 
+def cxx_standard() -> str:
+    """``-std=c++20`` when the installed torch's headers refuse anything older, else mamba-ssm's own
+    ``-std=c++17``. mamba-ssm 2.3.2.post1's setup.py passes -std=c++17 to both compilers; torch
+    2.14's ``ATen/ATen.h`` stops with "C++20 or later compatible compiler is required to use ATen"
+    below C++20 (``__cplusplus < 202002L``; seen building here against torch 2.14.1: the C++ file
+    failed), and a flag given after torch's own -std=c++20 wins."""
+    from torch.utils.cpp_extension import include_paths
+    for folder in include_paths():
+        header = Path(folder) / 'ATen' / 'ATen.h'
+        if header.is_file():
+            return '-std=c++20' if '202002L' in header.read_text(errors='replace') else '-std=c++17'
+    return '-std=c++17'
+
+
+def cuda_home() -> str:
+    """The CUDA toolkit that torch's extension builder compiles with, exported as ``CUDA_HOME``
+    before ``torch.utils.cpp_extension`` is imported (it reads the variable at import). torch
+    guesses the toolkit from the folder above ``nvcc`` on PATH; where that ``nvcc`` is a wrapper
+    script (``/usr/local/bin/nvcc`` running ``/usr/local/cuda-13.0/bin/nvcc``, seen on this
+    project's CPU machines) the guess is ``/usr/local`` and the C++ compile stops on a missing
+    ``cuda_runtime.h``. So: ``CUDA_HOME`` or ``CUDA_PATH`` if set, else the first of the real
+    ``nvcc``'s toolkit, ``/usr/local/cuda`` and ``/usr/local/cuda-*`` (newest first) that holds both
+    ``bin/nvcc`` and ``include/cuda_runtime.h``."""
+    for name in ('CUDA_HOME', 'CUDA_PATH'):
+        if os.environ.get(name):
+            os.environ['CUDA_HOME'] = os.environ[name]
+            return os.environ[name]
+    candidates = []
+    nvcc = shutil.which('nvcc')
+    if nvcc:
+        candidates.append(Path(os.path.realpath(nvcc)).parent.parent)
+        with open(nvcc, 'rb') as f:   # a wrapper script names the real one
+            head = f.read(4096)
+        if head.startswith(b'#!'):
+            candidates += [Path(word).parent.parent for word in head.decode(errors='replace').split()
+                           if word.endswith('/bin/nvcc')]
+    candidates.append(TOOLKIT_ROOT / 'cuda')
+    candidates += sorted(TOOLKIT_ROOT.glob('cuda-*'), key=lambda p: _version_key(p.name), reverse=True)
+    for home in candidates:
+        if (home / 'bin' / 'nvcc').is_file() and (home / 'include' / 'cuda_runtime.h').is_file():
+            os.environ['CUDA_HOME'] = str(home)
+            return str(home)
+    sys.exit(f'build_mamba_ssm.py: no CUDA toolkit (bin/nvcc and include/cuda_runtime.h) found in '
+             f'{", ".join(map(str, candidates)) or "(no nvcc on PATH)"}; set CUDA_HOME to the toolkit folder')
+
+
+def _version_key(name: str) -> List[int]:
+    """``cuda-13.0`` -> [13, 0], for sorting toolkit folders newest first."""
+    return [int(part) for part in name.split('-')[-1].split('.') if part.isdigit()]
+
+
 def arch_of_gpu(requested: str) -> str:
     if requested:
         return requested
@@ -99,7 +154,7 @@ def nvcc_one(tree: Path, name: str, arch: str) -> None:
     out = Path(os.environ.get('TMPDIR', '/tmp')) / (Path(name).stem + '.o')
     import torch
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    cmd = ['nvcc', '-c', str(tree / 'csrc' / 'selective_scan' / name), '-o', str(out), *NVCC_FLAGS,
+    cmd = ['nvcc', '-c', str(tree / 'csrc' / 'selective_scan' / name), '-o', str(out), *NVCC_FLAGS, cxx_standard(),
            '-gencode', f'arch=compute_{arch},code=sm_{arch}', '-Xcompiler', '-fPIC',
            f'-D_GLIBCXX_USE_CXX11_ABI={abi}', '-DTORCH_EXTENSION_NAME=selective_scan_cuda',
            *[f'-I{p}' for p in includes]]
@@ -121,8 +176,9 @@ def build(tree: Path, build_dir: Path, arch: str, jobs: int) -> Path:
     ext_dir.mkdir(parents=True, exist_ok=True)
     csrc = tree / 'csrc' / 'selective_scan'
     start = time.perf_counter()
+    standard = cxx_standard()
     load(name='selective_scan_cuda', sources=[str(csrc / s) for s in SOURCES],
-         extra_cflags=['-O3', '-std=c++17'], extra_cuda_cflags=NVCC_FLAGS,
+         extra_cflags=['-O3', standard], extra_cuda_cflags=[*NVCC_FLAGS, standard],
          extra_include_paths=[str(csrc)], build_directory=str(ext_dir), verbose=False)
     print(f'built selective_scan_cuda for sm_{arch} against torch {torch.__version__} in '
           f'{time.perf_counter() - start:.0f} s with MAX_JOBS={jobs}: {ext_dir}', flush=True)
@@ -144,6 +200,8 @@ def main() -> int:
                         help='print the PYTHONPATH entries of an existing build and exit')
     args = parser.parse_args()
     tree = extract(args.sdist, args.build_dir.resolve())
+    if not args.print_path:
+        print(f'CUDA toolkit: {cuda_home()}', flush=True)
     if args.nvcc_one:
         nvcc_one(tree, args.nvcc_one, args.arch or '90')
         return 0

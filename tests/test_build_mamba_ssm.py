@@ -1,8 +1,10 @@
 """scripts/build_mamba_ssm.py's CPU-side steps (the GPU machine has no network and may lack
 ninja): the sdist is unpacked once with a light ``mamba_ssm/__init__.py`` (its version kept, its
 model imports gone), a carried ninja wheel's binary is unpacked and put on PATH when none is
-there, and a missing sdist or ninja stops with one line naming what to download. The compile
-itself needs nvcc and a GPU: run by the GPU step (archs/README.md)."""
+there, a missing sdist or ninja stops with one line naming what to download, the CUDA toolkit is
+found behind an nvcc wrapper, and the C++ standard is the one torch's headers need. The whole build
+runs on a CPU machine with nvcc (``--arch 90``); loading the extension and timing it needs a GPU
+(scripts/gpu_check.sh)."""
 import io
 import os
 import stat
@@ -77,8 +79,68 @@ SDIST_NVCC_FLAGS = ['-O3', '-std=c++17', '-U__CUDA_NO_HALF_OPERATORS__', '-U__CU
 
 def test_the_build_compiles_what_the_packaged_setup_py_compiles():
     """The extension is built from the sources mamba-ssm's own setup.py lists and with its nvcc flags,
-    less the two that only add output (ptxas's register report and line info); the architecture is
-    the GPU present instead of setup.py's list."""
+    less the two that only add output (ptxas's register report and line info) and its C++ standard
+    (the one torch's headers need: below); the architecture is the GPU present instead of setup.py's list."""
     build = load_script('build_mamba_ssm')
     assert sorted(build.SOURCES) == sorted(SDIST_SOURCES)
-    assert build.NVCC_FLAGS == [f for f in SDIST_NVCC_FLAGS if f not in ('--ptxas-options=-v', '-lineinfo')]
+    assert build.NVCC_FLAGS == [f for f in SDIST_NVCC_FLAGS if f not in ('--ptxas-options=-v', '-lineinfo', '-std=c++17')]
+
+
+@pytest.mark.parametrize('guard, expected', [
+    # torch 2.14.1's include/ATen/ATen.h, lines 4-6
+    ('#if !defined(_MSC_VER) && __cplusplus < 202002L\n#error C++20 or later compatible compiler is required '
+     'to use ATen.\n#endif\n', '-std=c++20'),
+    ('#pragma once\n#include <ATen/Context.h>\n', '-std=c++17'),   # a torch whose headers take C++17
+])
+def test_cxx_standard_is_the_one_torchs_headers_need(tmp_path, monkeypatch, guard, expected):
+    """mamba-ssm's setup.py compiles with -std=c++17; against torch 2.14.1 its C++ file then stops on
+    ATen's C++20 guard (seen here), so the standard follows the installed torch's ATen.h."""
+    import torch.utils.cpp_extension
+    build = load_script('build_mamba_ssm')
+    (tmp_path / 'ATen').mkdir()
+    (tmp_path / 'ATen' / 'ATen.h').write_text(guard)
+    monkeypatch.setattr(torch.utils.cpp_extension, 'include_paths', lambda *a, **k: [str(tmp_path)])
+    assert build.cxx_standard() == expected
+
+
+def _toolkit(folder):
+    """A stand-in CUDA toolkit: bin/nvcc and include/cuda_runtime.h."""
+    (folder / 'bin').mkdir(parents=True)
+    (folder / 'include').mkdir()
+    (folder / 'bin' / 'nvcc').write_text('#!/bin/sh\n')
+    (folder / 'include' / 'cuda_runtime.h').write_text('// header\n')
+    return folder
+
+
+def test_cuda_toolkit_is_found_behind_an_nvcc_wrapper_script(tmp_path, monkeypatch):
+    """torch guesses CUDA_HOME as the folder above nvcc on PATH; on this project's CPU machines that
+    nvcc is /usr/local/bin/nvcc, a script running /usr/local/cuda-13.0/bin/nvcc, and the guess
+    (/usr/local) has no cuda_runtime.h: the build failed there. The script exports the real one."""
+    build = load_script('build_mamba_ssm')
+    toolkit = _toolkit(tmp_path / 'cuda-13.0')
+    wrapper = tmp_path / 'wrapper' / 'bin' / 'nvcc'
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f'#!/bin/sh\nexec {toolkit}/bin/nvcc "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.delenv('CUDA_HOME', raising=False)
+    monkeypatch.delenv('CUDA_PATH', raising=False)
+    monkeypatch.setattr(build, 'TOOLKIT_ROOT', tmp_path / 'none')
+    monkeypatch.setattr(build.shutil, 'which', lambda name: str(wrapper))
+    assert build.cuda_home() == str(toolkit)
+    assert os.environ['CUDA_HOME'] == str(toolkit)
+    monkeypatch.setenv('CUDA_HOME', '/opt/given')   # a given CUDA_HOME is kept as it is
+    assert build.cuda_home() == '/opt/given'
+
+
+def test_cuda_toolkit_newest_installed_folder_or_one_line_naming_cuda_home(tmp_path, monkeypatch):
+    build = load_script('build_mamba_ssm')
+    monkeypatch.delenv('CUDA_HOME', raising=False)
+    monkeypatch.delenv('CUDA_PATH', raising=False)
+    monkeypatch.setattr(build.shutil, 'which', lambda name: None)
+    monkeypatch.setattr(build, 'TOOLKIT_ROOT', tmp_path)
+    with pytest.raises(SystemExit, match='no CUDA toolkit .* set CUDA_HOME'):
+        build.cuda_home()
+    _toolkit(tmp_path / 'cuda-12.8')
+    _toolkit(tmp_path / 'cuda-13.0')
+    (tmp_path / 'cuda-13.1').mkdir()   # no compiler in it: passed over
+    assert build.cuda_home() == str(tmp_path / 'cuda-13.0')
