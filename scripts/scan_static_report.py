@@ -4,6 +4,7 @@
     python scripts/scan_static_report.py --arch 90 80 --dtype fp32 bf16 --combos all
     taskset -c 0 python scripts/scan_static_report.py          # the cold compile time on one core
     python scripts/scan_static_report.py --shape train --sweep 16,4,2,1,4,2,1 16,8,2,1,8,2,1   # launch settings
+    python scripts/scan_static_report.py --shape train --mamba-ssm build/mamba_ssm  # beside mamba-ssm
 
 No GPU is needed: each launch is described by :func:`archs.scan.triton_launches.forward_launch` and
 :func:`archs.scan.triton_launches.backward_launch` (the functions the autograd function runs), called with
@@ -24,8 +25,11 @@ warps per SM (registers, shared memory and the architecture's limits); the point
 first offset is computed in 32 bits (they must only be small per-channel tensors); and, at the
 training shape, the bytes the launch moves (each tensor it reads or writes once) against the
 bytes the call needs (its inputs, outputs and gradients); the ``cp.async`` copies in the PTX (the
-loads a pipelined chunk loop issues ahead); and the warp-instructions of the chunk loop's body per
-state update (read in the SASS). ``--sweep`` compiles other launch settings
+loads a pipelined chunk loop issues ahead); and the warp-instructions one warp issues per pass of
+the chunk loop, per state update (the loop found in the control-flow graph of the SASS).
+``--mamba-ssm BUILD_DIR`` reads mamba-ssm's kernels from a build of ``scripts/build_mamba_ssm.py``
+(``--arch 90`` builds one without a GPU) and prints the same figures for the instance MambaIR's
+training call runs, and the Triton / mamba-ssm ratio of instructions per update. ``--sweep`` compiles other launch settings
 (:data:`archs.scan.triton_launches.LAUNCH_SETTINGS`, the format of ``bench_scan.py --sweep``),
 ``--launch NAME=VALUE`` changes some of them.
 
@@ -208,17 +212,140 @@ def narrow_offsets(ttir: str) -> List[str]:
     return sorted(a.lstrip('%') for a, w in widths.items() if min(w) < 64)
 
 
-def loop_instructions(sass: str) -> int:
-    """Instructions in the body of the longest loop of the SASS (the chunk loop: from the label a
-    backward branch jumps to, to that branch), executed by every warp once per chunk."""
-    lines = sass.splitlines()
-    labels = {line.strip().rstrip(':'): i for i, line in enumerate(lines) if re.match(r'\s*\.L_x_\d+:', line)}
-    spans = [(i - labels[m.group(1)], labels[m.group(1)], i) for i, line in enumerate(lines)
-             for m in [re.search(r'\bBRA\b.*?(\.L_x_\d+)', line)] if m and labels.get(m.group(1), i) < i]
-    if not spans:
-        return 0
-    _, first, last = max(spans)
-    return sum(1 for line in lines[first:last + 1] if re.match(r'\s+/\*[0-9a-f]+\*/\s+\S', line))
+_SASS_INSTRUCTION = re.compile(r'^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;')
+_SASS_LABEL = re.compile(r'^\s*(\.L_x_\d+):')
+_BRANCH_TARGET = re.compile(r'\bBRA(?:\.[\w.]+)?\s+(0x[0-9a-f]+)')
+_ENDS_BLOCK = re.compile(r'\b(BRA|EXIT|RET|BRX|JMX)\b')
+_PREDICATED = re.compile(r'@!?U?P[0-6]\b')   # @PT (always true) is not a condition
+
+
+def sass_instructions(sass: str) -> List[Tuple[int, str]]:
+    """(address, instruction) of one function's SASS, from ``nvdisasm -c`` (labels) or ``cuobjdump
+    -sass`` (addresses); a branch to a label is rewritten as a branch to the label's address."""
+    found, pending, where = [], [], {}
+    for line in sass.splitlines():
+        label = _SASS_LABEL.match(line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        match = _SASS_INSTRUCTION.match(line)
+        if match:
+            address = int(match.group(1), 16)
+            where.update((name, address) for name in pending)
+            pending = []
+            found.append((address, match.group(2)))
+    return [(a, re.sub(r'`?\(?(\.L_x_\d+)\)?', lambda m: hex(where.get(m.group(1), -1)), text))
+            for a, text in found]
+
+
+@dataclass
+class Block:
+    """A basic block of SASS: its instructions and the blocks control can pass to."""
+    instructions: List[str]
+    successors: List[int]
+
+
+def basic_blocks(instructions: List[Tuple[int, str]]) -> Dict[int, Block]:
+    """The function's basic blocks by start address: a block starts at the first instruction, at every
+    branch target and after every branch or exit; a predicated branch or exit also falls through."""
+    targets = {a: int(m.group(1), 16) for a, text in instructions for m in [_BRANCH_TARGET.search(text)] if m}
+    addresses = [a for a, _ in instructions]
+    starts = {addresses[0]} | (set(targets.values()) & set(addresses))
+    starts |= {addresses[i + 1] for i, (_, text) in enumerate(instructions[:-1]) if _ENDS_BLOCK.search(text)}
+    blocks: Dict[int, Block] = {}
+    current: Optional[int] = None
+    for i, (address, text) in enumerate(instructions):
+        if address in starts:
+            current = address
+            blocks[current] = Block([], [])
+        blocks[current].instructions.append(text)
+        following = addresses[i + 1] if i + 1 < len(addresses) else None
+        if following is not None and following not in starts:
+            continue
+        conditional = bool(_PREDICATED.match(text))
+        if re.search(r'\bBRA\b', text):
+            blocks[current].successors += [targets[address]] if address in targets else []
+            blocks[current].successors += [following] if conditional and following is not None else []
+        elif re.search(r'\b(EXIT|RET|BRX|JMX)\b', text):
+            blocks[current].successors += [following] if conditional and following is not None else []
+        elif following is not None:
+            blocks[current].successors.append(following)
+    return blocks
+
+
+@dataclass
+class Loop:
+    """A natural loop: its blocks, and those every iteration runs (they dominate each back edge)."""
+    body: set
+    always: set
+
+
+def natural_loops(blocks: Dict[int, Block]) -> Dict[int, Loop]:
+    """The loops of a control-flow graph by header: for each back edge (a block to one that
+    dominates it), the blocks that reach it without passing the header. Dominators by the iterative
+    data-flow method over reverse postorder; blocks unreachable from the entry are left out."""
+    entry = min(blocks)
+    postorder, seen, stack = [], {entry}, [(entry, iter(blocks[entry].successors))]
+    while stack:
+        node, successors = stack[-1]
+        following = next((s for s in successors if s in blocks and s not in seen), None)
+        if following is None:
+            postorder.append(node)
+            stack.pop()
+        else:
+            seen.add(following)
+            stack.append((following, iter(blocks[following].successors)))
+    order = postorder[::-1]
+    predecessors: Dict[int, List[int]] = {n: [] for n in order}
+    for n in order:
+        for s in blocks[n].successors:
+            if s in predecessors:
+                predecessors[s].append(n)
+    dominators = {n: set(order) for n in order}
+    dominators[entry] = {entry}
+    changed = True
+    while changed:
+        changed = False
+        for n in order[1:]:
+            new = set.intersection(*(dominators[p] for p in predecessors[n])) | {n}
+            if new != dominators[n]:
+                dominators[n], changed = new, True
+    loops: Dict[int, Loop] = {}
+    for latch in order:
+        for header in blocks[latch].successors:
+            if header not in dominators[latch]:
+                continue
+            loop = loops.setdefault(header, Loop({header}, set(order)))
+            loop.always &= dominators[latch]
+            work = [latch]
+            while work:
+                node = work.pop()
+                if node not in loop.body:
+                    loop.body.add(node)
+                    work.extend(predecessors[node])
+    for loop in loops.values():
+        loop.always &= loop.body
+    return loops
+
+
+def chunk_loop_instructions(sass: str, inner_repeats: int = 1) -> Tuple[int, int]:
+    """Instructions one warp issues per pass of the chunk loop (the largest loop of the SASS):
+    (counting every block of the loop, counting only the blocks every pass runs). The loop nested
+    in it that computes exponentials (mamba-ssm's loop over states) counts ``inner_repeats`` times.
+    Triton's chunk loop has no inner loop; its two figures differ by the blocks behind ``if``."""
+    blocks = basic_blocks(sass_instructions(sass))
+    loops = natural_loops(blocks)
+    if not loops:
+        return 0, 0
+    size = lambda chosen: sum(len(blocks[b].instructions) for b in chosen)  # noqa: E731
+    chunk = max(loops.values(), key=lambda loop: size(loop.body))
+    exponentials = lambda loop: sum('MUFU.EX2' in t for b in loop.body for t in blocks[b].instructions)  # noqa: E731
+    inner = [loop for loop in loops.values() if loop is not chunk and loop.body < chunk.body and exponentials(loop)]
+    if inner_repeats == 1 or not inner:
+        return size(chunk.body), size(chunk.always)
+    state = max(inner, key=exponentials)
+    return (size(chunk.body - state.body) + inner_repeats * size(state.body),
+            size(chunk.always - state.body) + inner_repeats * size(state.always))
 
 
 def updates_per_chunk(launch) -> int:
@@ -234,6 +361,95 @@ def occupancy_warps(registers: int, shared: int, warps: int, limits: dict) -> in
     blocks = min(limits['max_blocks'], limits['max_warps'] // warps, warps_by_regs // warps,
                  limits['smem'] // (shared + SMEM_RESERVED_PER_BLOCK))
     return blocks * warps
+
+
+# mamba-ssm 2.3.2.post1's kernel for a sequence length, (threads per block, positions per thread),
+# the same for its forward and backward: selective_scan_fwd_cuda and selective_scan_bwd_cuda at the
+# end of csrc/selective_scan/selective_scan_{fwd,bwd}_kernel.cuh (the branch without USE_ROCM):
+# (longest length, threads, positions); longer sequences get 128 threads x 16 positions.
+MAMBA_SSM_TILES = ((128, 32, 4), (256, 32, 8), (512, 32, 16), (1024, 64, 16))
+MAMBA_SSM_LONG = (128, 16)
+# input_t of its kernels' templates, as the C++ compiler mangles it (weight_t is float: real A)
+MANGLED_INPUT = {'fp32': 'f', 'bf16': 'N3c108BFloat16E', 'fp16': 'N3c104HalfE'}
+
+
+def mamba_ssm_kernel(kernel: str, length: int, dtype: str) -> Tuple[str, str, int, int]:
+    """(object file, mangled traits of the template instance, threads per block, positions per
+    thread) of the mamba-ssm kernel MambaIR's call runs: B and C varying, no z, softplus on; even
+    length when L is a multiple of a block's positions. Template parameters (kernel traits in the
+    same files): forward <kNThreads, kNItems, kNRows = 1, kIsEvenLen, kIsVariableB, kIsVariableC,
+    kHasZ, input_t, weight_t>, backward <kNThreads, kNItems, kIsEvenLen, kIsVariableB,
+    kIsVariableC, kDeltaSoftplus, kHasZ, input_t, weight_t>."""
+    threads, items = next(((t, i) for longest, t, i in MAMBA_SSM_TILES if length <= longest), MAMBA_SSM_LONG)
+    even, t = int(length % (threads * items) == 0), MANGLED_INPUT[dtype]
+    if kernel == 'forward':
+        return (f'selective_scan_fwd_{dtype}.cuda.o',
+                f'Selective_Scan_fwd_kernel_traitsILi{threads}ELi{items}ELi1ELb{even}ELb1ELb1ELb0E{t}fEE', threads, items)
+    return (f'selective_scan_bwd_{dtype}_real.cuda.o',
+            f'Selective_Scan_bwd_kernel_traitsILi{threads}ELi{items}ELb{even}ELb1ELb1ELb1ELb0E{t}fEE', threads, items)
+
+
+@dataclass
+class MambaSsmRow:
+    """Static figures of one mamba-ssm kernel built by scripts/build_mamba_ssm.py, at one shape."""
+    arch: int
+    dtype: str
+    kernel: str
+    function: str
+    threads: int
+    positions_per_thread: int
+    registers: int
+    stack_bytes: int
+    occupancy_warps: int         # by registers and the per-SM limits (its shared memory is sized at launch)
+    programs: int                # thread blocks: batch x channels
+    instructions_per_update: float         # every block of its chunk loop, the state loop 16 times
+    instructions_per_update_always: float  # only the blocks every pass runs
+
+
+def mamba_ssm_rows(build: Path, arch: int, dtypes: Sequence[str], shape: str = MEASURED) -> List[MambaSsmRow]:
+    """mamba-ssm's forward and backward at ``shape`` read from the objects of a build (any folder
+    holding them, e.g. ``build/mamba_ssm``), in the terms of the Triton rows: warp-
+    instructions of the chunk loop per state update. Its chunk loop holds a loop over the states
+    (one state, ``positions per thread`` updates per thread, per pass), counted ``DSTATE`` times;
+    blocks behind a condition (the block scan's raking warp, one thread's writes) are counted in the
+    first figure as if every warp ran them and left out of the second."""
+    batch, dim, length = SHAPES[shape]
+    rows = []
+    for dtype in dtypes:
+        for kernel in ('forward', 'backward'):
+            name, traits, threads, items = mamba_ssm_kernel(kernel, length, dtype)
+            found = sorted(build.rglob(name))
+            if not found:
+                raise RuntimeError(f'--mamba-ssm {build}: no {name} in it (build mamba-ssm with scripts/'
+                                   f'build_mamba_ssm.py --arch {arch} --build-dir {build})')
+            sass = _tool('cuobjdump', '-sass', str(found[0]))
+            built_for = sorted(set(re.findall(r'arch = sm_(\d+)', sass)))
+            if str(arch) not in built_for:
+                raise RuntimeError(f'--mamba-ssm {found[0]}: built for sm_{", sm_".join(built_for)}, not sm_{arch}')
+            functions = dict(re.findall(r'Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)', sass, re.S))
+            function = next((f for f in functions if traits in f), None)
+            if function is None:
+                raise RuntimeError(f'{found[0]}: no kernel instance {traits} (a mamba-ssm other than 2.3.2.post1?)')
+            usage = re.search(rf'Function {re.escape(function)}:\s*\n\s*(REG:.*)',
+                              _tool('cuobjdump', '--dump-resource-usage', str(found[0])))
+            resources = {k: int(v) for k, v in re.findall(r'(\w+):(\d+)', usage.group(1))}
+            every, always = chunk_loop_instructions(functions[function], DSTATE)
+            updates = 32 * items * DSTATE   # one warp, one pass of the chunk loop
+            rows.append(MambaSsmRow(arch, dtype, kernel, function, threads, items, resources['REG'],
+                                    resources.get('STACK', 0),
+                                    occupancy_warps(resources['REG'], 0, threads // 32, ARCHS[arch]),
+                                    batch * dim, round(every / updates, 3), round(always / updates, 3)))
+    return rows
+
+
+MAMBA_SSM_HEADER = ('arch', 'inputs', 'kernel', 'threads x positions', 'regs', 'stack B', 'warps/SM limit',
+                    'programs (train)', 'warp-instr/update (all blocks / every pass)')
+
+
+def mamba_ssm_cells(row: MambaSsmRow) -> Tuple[str, ...]:
+    return (f'sm_{row.arch}', row.dtype, f'mamba-ssm {row.kernel}', f'{row.threads} x {row.positions_per_thread}',
+            str(row.registers), str(row.stack_bytes), str(row.occupancy_warps), str(row.programs),
+            f'{row.instructions_per_update:.3f} / {row.instructions_per_update_always:.3f}')
 
 
 @dataclass
@@ -303,7 +519,7 @@ def analyse(kernel, launch, arch: int, combo: Combo, name: str, keys: int, shape
                needed_bytes(MEASURED, combo)[name],
                launch.options.get('enable_fp_fusion') is True and bool(kernel.metadata.enable_fp_fusion),
                len(re.findall(r'^\s*cp\.async\.c[ag]\b', kernel.asm['ptx'], re.M)),
-               round(loop_instructions(sass) * launch.num_warps / updates_per_chunk(launch), 3))
+               round(chunk_loop_instructions(sass)[0] * launch.num_warps / updates_per_chunk(launch), 3))
 
 
 HEADER = ('arch', 'inputs', 'kernel', 'keys/shapes', 'compile s', 'regs', 'spill B / STL+LDL',
@@ -333,6 +549,33 @@ def launch_values(pairs: Sequence[str]) -> Dict[str, int]:
     return values
 
 
+def print_mamba_ssm(rows: List[Row], build: Path, arches: Sequence[int], dtypes: Sequence[str],
+                    markdown: bool) -> None:
+    """mamba-ssm's kernels at the training shape, then the Triton kernels' warp-instructions per update
+    (forward + backward, MambaIR's inputs) over mamba-ssm's, for each launch setting compiled."""
+    print(f"mamba-ssm's kernels at the training shape {SHAPES[MEASURED]} from {build} (cuobjdump; "
+          f'instructions per update: every block of the chunk loop / only the blocks every pass runs)')
+    widths = [max(len(h), 6) for h in MAMBA_SSM_HEADER[:2]] + [18] + [len(h) for h in MAMBA_SSM_HEADER[3:]]
+    line = (lambda cells: '| ' + ' | '.join(cells) + ' |') if markdown else \
+        (lambda cells: '  '.join(v.ljust(w) for v, w in zip(cells, widths)).rstrip())  # noqa: E731
+    print(line(MAMBA_SSM_HEADER) + ('\n|' + '---|' * len(MAMBA_SSM_HEADER) if markdown else ''))
+    for arch in arches:
+        theirs = mamba_ssm_rows(build, arch, dtypes)
+        for row in theirs:
+            print(line(mamba_ssm_cells(row)))
+        for dtype in dtypes:
+            every = sum(r.instructions_per_update for r in theirs if r.dtype == dtype)
+            always = sum(r.instructions_per_update_always for r in theirs if r.dtype == dtype)
+            label = combos('mambair', [dtype])[0].label
+            for settings in dict.fromkeys(r.settings for r in rows):
+                ours = sum(r.instructions_per_update for r in rows
+                           if r.arch == arch and r.combo == label and r.settings == settings)
+                if ours:
+                    print(f'sm_{arch} {dtype}: Triton{" " + settings if settings else ""} / mamba-ssm warp-instructions '
+                          f'per update, forward + backward: {ours:.3f} / {every:.3f} = {ours / every:.2f} '
+                          f'(every block), {ours:.3f} / {always:.3f} = {ours / always:.2f} (blocks every pass runs)')
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--arch', type=int, nargs='+', choices=sorted(ARCHS), default=[90])
@@ -355,7 +598,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help='compile with these launch settings of archs/scan/triton_launches.py '
                              f'instead of the defaults ({", ".join(triton_launches.LAUNCH_SETTINGS)}), '
                              'e.g. to see the registers and spills of a configuration before a GPU sweep')
+    parser.add_argument('--mamba-ssm', type=Path, metavar='BUILD_DIR',
+                        help="also read mamba-ssm's kernels from a build of scripts/build_mamba_ssm.py (no GPU "
+                             'needed: build with --arch 90) and print their figures in the same terms, at the '
+                             'training shape')
     args = parser.parse_args(argv)
+    if args.mamba_ssm and not args.mamba_ssm.is_dir():
+        parser.error(f'--mamba-ssm {args.mamba_ssm}: no such folder (a --build-dir of scripts/build_mamba_ssm.py)')
     try:
         settings = launch_values(args.launch)
     except ValueError as err:
@@ -407,6 +656,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         total = time.perf_counter() - start
     print(f'cold compile of the whole set: {sum(r.compile_seconds for r in rows):.1f} s '
           f'({len(rows)} kernels; {total:.1f} s with binding and analysis)')
+    if args.mamba_ssm:
+        try:
+            print_mamba_ssm(rows, args.mamba_ssm, args.arch, args.dtype, args.markdown)
+        except (RuntimeError, subprocess.CalledProcessError) as err:
+            print(f'error: {err}', file=sys.stderr)
+            return 1
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return 0

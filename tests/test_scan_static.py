@@ -103,3 +103,133 @@ def test_a_pointer_at_an_odd_offset_is_realigned_not_compiled_again():
     base = torch.zeros(9)
     assert _aligned(base[1:]).data_ptr() % 16 == 0
     assert _aligned(base[4:]).data_ptr() == base[4:].data_ptr()  # 16 bytes in: left as it is
+
+
+@pytest.fixture
+def report():
+    """scripts/scan_static_report.py as a module; it turns Triton's interpreter off when imported
+    (it compiles), so the variable is put back for the tests that interpret kernels."""
+    from conftest import load_script
+    saved = os.environ.get('TRITON_INTERPRET')
+    try:
+        yield load_script('scan_static_report')
+    finally:
+        if saved is None:
+            os.environ.pop('TRITON_INTERPRET', None)
+        else:
+            os.environ['TRITON_INTERPRET'] = saved
+
+
+# A chunk loop holding a loop over states (with exponentials) that holds a block only some passes
+# run, as nvdisasm -c prints SASS (labels); the states loop: 0x20-0x50, the chunk loop: 0x10-0x70.
+NESTED_NVDISASM = '''
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;
+.L_x_1:
+        /*0020*/                   MUFU.EX2 R3, R2 ;
+        /*0030*/               @P2 BRA `(.L_x_3) ;
+        /*0040*/                   SHFL.UP PT, R6, R3, 0x1, RZ ;
+.L_x_3:
+        /*0050*/               @P1 BRA `(.L_x_1) ;
+        /*0060*/                   STG.E desc[UR4][R8.64], R3 ;
+        /*0070*/               @P0 BRA `(.L_x_0) ;
+        /*0080*/                   EXIT ;
+        /*0090*/                   BRA `(.L_x_4) ;
+.L_x_4:
+'''
+
+
+def _as_cuobjdump(sass):
+    """The same SASS as cuobjdump -sass prints it: branch targets as addresses, no labels."""
+    labels, address = {}, None
+    for line in reversed(sass.splitlines()):
+        found = re.search(r'/\*([0-9a-f]{4})\*/', line)
+        if found:
+            address = int(found.group(1), 16)
+        elif line.strip().endswith(':') and address is not None:
+            labels[line.strip()[:-1]] = address
+    text = '\n'.join(line for line in sass.splitlines() if not line.strip().endswith(':'))
+    return re.sub(r'`\((\.L_x_\d+)\)', lambda m: hex(labels.get(m.group(1), 0x90)), text)
+
+
+@pytest.mark.parametrize('form', ['nvdisasm', 'cuobjdump'])
+def test_chunk_loop_instructions_count_an_inner_loop_per_state_and_split_off_conditional_blocks(report, form):
+    """The figure compared with mamba-ssm: instructions a warp issues per pass of the chunk loop. An
+    inner loop with exponentials (mamba-ssm loops over the states inside its chunk loop) counts once
+    per state; a block behind a branch (mamba-ssm's block scan runs its raking part on one warp) is in
+    the first figure and not the second. Without the inner repeats both loops count once."""
+    sass = NESTED_NVDISASM if form == 'nvdisasm' else _as_cuobjdump(NESTED_NVDISASM)
+    assert report.chunk_loop_instructions(sass, inner_repeats=16) == (3 + 16 * 4, 3 + 16 * 3)
+    assert report.chunk_loop_instructions(sass) == (7, 6)
+    straight = '\n'.join(line for line in sass.splitlines() if 'BRA' not in line)
+    assert report.chunk_loop_instructions(straight) == (0, 0)   # no loop
+
+
+@pytest.mark.parametrize('length, tile, even', [(100, (32, 4), 0), (256, (32, 8), 1), (300, (32, 16), 0),
+                                                 (1024, (64, 16), 1), (2304, (128, 16), 0), (4096, (128, 16), 1),
+                                                 (62500, (128, 16), 0)])
+def test_mamba_ssm_kernel_is_the_template_instance_mambairs_call_runs(report, length, tile, even):
+    """mamba-ssm 2.3.2.post1 picks (threads, positions per thread) by length in selective_scan_fwd_cuda /
+    selective_scan_bwd_cuda (<= 128: 32 x 4, <= 256: 32 x 8, <= 512: 32 x 16, <= 1024: 64 x 16, else
+    128 x 16) and an even-length variant when L fills whole blocks of positions."""
+    name, traits, threads, items = report.mamba_ssm_kernel('forward', length, 'fp32')
+    assert (name, (threads, items)) == ('selective_scan_fwd_fp32.cuda.o', tile)
+    assert traits == f'Selective_Scan_fwd_kernel_traitsILi{tile[0]}ELi{tile[1]}ELi1ELb{even}ELb1ELb1ELb0EffEE'
+    name, traits, _, _ = report.mamba_ssm_kernel('backward', length, 'bf16')
+    assert name == 'selective_scan_bwd_bf16_real.cuda.o'
+    assert traits == (f'Selective_Scan_bwd_kernel_traitsILi{tile[0]}ELi{tile[1]}ELb{even}ELb1ELb1ELb1ELb0E'
+                      'N3c108BFloat16EfEE')
+
+
+# Function names read with cuobjdump from mamba-ssm 2.3.2.post1 built here for sm_90
+# (scripts/build_mamba_ssm.py --arch 90): the instances for L = 2304, B and C varying, no z.
+BUILT_FORWARD = ('_Z25selective_scan_fwd_kernelI32Selective_Scan_fwd_kernel_traitsILi128ELi16ELi1ELb0ELb1ELb1ELb0EffEE'
+                 'v13SSMParamsBase')
+BUILT_BACKWARD = ('_Z25selective_scan_bwd_kernelI32Selective_Scan_bwd_kernel_traitsILi128ELi16ELb0ELb1ELb1ELb1ELb0EffEE'
+                  'v12SSMParamsBwd')
+
+
+def test_mamba_ssm_rows_read_the_built_objects_in_the_terms_of_the_triton_rows(report, tmp_path, monkeypatch):
+    """The objects of a build are found under the folder given, the instance MambaIR's training call
+    runs is picked among the others, and its chunk loop is counted per state update (one warp, one
+    pass: 32 lanes x 16 positions x 16 states); a build for another GPU, a missing object or instance
+    stops with one line."""
+    ext = tmp_path / 'ext-sm90-torch2.14.1'
+    ext.mkdir()
+    for name in ('selective_scan_fwd_fp32.cuda.o', 'selective_scan_bwd_fp32_real.cuda.o'):
+        (ext / name).write_bytes(b'')
+    other = BUILT_FORWARD.replace('ELb1ELb1ELb0EffEE', 'ELb0ELb0ELb0EffEE')
+    arch = {'value': 90}
+
+    def tool(name, *args):
+        function = BUILT_FORWARD if 'fwd' in args[-1] else BUILT_BACKWARD
+        if args[0] == '-sass':
+            return (f'arch = sm_{arch["value"]}\n\t\tFunction : {other}\n        /*0000*/                   EXIT ;\n'
+                    f'\t\tFunction : {function}\n{_as_cuobjdump(NESTED_NVDISASM)}\n')
+        return (f' Function {other}:\n  REG:40 STACK:0 SHARED:0 LOCAL:0\n'
+                f' Function {function}:\n  REG:168 STACK:208 SHARED:1024 LOCAL:0 CONSTANT[0]:808\n')
+    monkeypatch.setattr(report, '_tool', tool)
+    forward, backward = report.mamba_ssm_rows(tmp_path, 90, ['fp32'])
+    assert (forward.function, backward.function) == (BUILT_FORWARD, BUILT_BACKWARD)
+    assert (forward.threads, forward.positions_per_thread, forward.registers, forward.stack_bytes) == (128, 16, 168, 208)
+    assert forward.occupancy_warps == 12            # 168 registers: 3 blocks of 4 warps per SM
+    assert forward.programs == 4 * 1440             # a block per (batch element, channel)
+    assert forward.instructions_per_update == round((3 + 16 * 4) / (32 * 16 * 16), 3)
+    assert forward.instructions_per_update_always == round((3 + 16 * 3) / (32 * 16 * 16), 3)
+    arch['value'] = 80
+    with pytest.raises(RuntimeError, match='built for sm_80, not sm_90'):
+        report.mamba_ssm_rows(tmp_path, 90, ['fp32'])
+    with pytest.raises(RuntimeError, match='no selective_scan_fwd_bf16.cuda.o in it .*build_mamba_ssm.py --arch 90'):
+        report.mamba_ssm_rows(tmp_path, 90, ['bf16'])
+    arch['value'] = 90
+    monkeypatch.setitem(report.SHAPES, 'short', (1, 8, 100))   # L = 100: the 32 x 4 instance, not built here
+    with pytest.raises(RuntimeError, match='no kernel instance Selective_Scan_fwd_kernel_traitsILi32ELi4E'):
+        report.mamba_ssm_rows(tmp_path, 90, ['fp32'], shape='short')
+
+
+def test_mamba_ssm_folder_that_is_not_there_is_refused_before_compiling(report, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        report.main(['--mamba-ssm', str(tmp_path / 'absent')])
+    assert stop.value.code == 2
+    assert f'--mamba-ssm {tmp_path / "absent"}: no such folder' in capsys.readouterr().err
