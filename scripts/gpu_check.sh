@@ -14,11 +14,12 @@
 #   6. torchrun      45 s  a 2-process torchrun run (NCCL with a GPU per rank; Gloo when they share one)
 #   7. bench_*   45/45/25 s  bench_ldt.py in bf16 for classic MambaIR, HAT and SAFMN x4 (LR 48, batch 4):
 #                          FT step, LDT dual step, LDT-S step, peak memory, ratios to FT of the run
-#   8. scan_mamba_ssm 90 s  only when mamba-ssm's sdist was carried (GPU_CHECK_MAMBA_SDIST, default
+#   8. scan_mamba_ssm 110 s only when mamba-ssm's sdist was carried (GPU_CHECK_MAMBA_SDIST, default
 #                          gpu_carry/mamba_ssm-*.tar.gz) and mamba_ssm does not import: its selective_scan_cuda
 #                          is built for this GPU by scripts/build_mamba_ssm.py in the background from the start
 #                          (8 compile jobs, beside steps 1-7), then the scan benchmark runs again with mamba-ssm
-#                          beside Triton and torch (Triton / mamba-ssm from the same run)
+#                          beside Triton and torch (Triton / mamba-ssm from the same run), and
+#                          scan_static_report.py --mamba-ssm prints both kernels' instructions per update
 # With --scan-sweep (the scan issue's GPU session; budget 540 s unless GPU_CHECK_BUDGET_S is set):
 #   1b. scan_compile 20 s  right after step 1: scan_static_report.py's cold compile of the Triton scan for
 #                          this GPU's architecture on one core, empty cache (the figure archs/README.md
@@ -152,7 +153,7 @@ check_bench() { grep -E 'bench_ldt:|step ratio|memory ratio|time/iter|^summary:'
 # Scan backends (step 2): the torch scan, the Triton scan and mamba-ssm where it imports, at MambaIR's
 # training shape and a 250x250 validation tile, each against a float64 reference.
 scan_backends() { "$PY" scripts/bench_scan.py --device cuda --skip-loop --repeats 10; }
-check_scan() { grep -E '^device:|not run|first fwd\+bwd|fwd\+bwd: median|max \|diff\||triton / mamba-ssm|MambaIR scan_backend' "$1"; grep -q 'fwd+bwd: median' "$1"; }
+check_scan() { grep -E '^device:|not run|first fwd\+bwd|fwd\+bwd: median|max \|diff\||triton / mamba-ssm|MambaIR scan_backend|mamba-ssm (forward|backward)|warp-instructions per update|static report' "$1"; grep -q 'fwd+bwd: median' "$1"; }
 
 # mamba-ssm built in the background (step 8): MAMBA_BUILD holds the build; MAMBA_BUILD/rc its exit
 # status once it ends (the step runs in a child shell, which cannot wait for this shell's job).
@@ -161,8 +162,12 @@ MAMBA_BUILD="${GPU_CHECK_MAMBA_BUILD:-/tmp/mamba_ssm_build}"
 scan_mamba_ssm() {
   until [ -f "$MAMBA_BUILD/rc" ]; do sleep 2; done
   [ "$(cat "$MAMBA_BUILD/rc")" -eq 0 ] || { echo "mamba-ssm build failed (log: $DIR/mamba_ssm_build.log)"; return 1; }
-  with_mamba_ssm "$PY" scripts/bench_scan.py --device cuda --skip-loop --repeats 10
+  with_mamba_ssm "$PY" scripts/bench_scan.py --device cuda --skip-loop --repeats 10 || return
+  # the static count beside the timing: warp-instructions per update of both kernels, read from their SASS
+  "$PY" scripts/scan_static_report.py --arch "$(gpu_arch)" --shape train --mamba-ssm "$MAMBA_BUILD" \
+    || echo "the static report of the mamba-ssm build failed (the timing above stands)"
 }
+gpu_arch() { "$PY" -c 'import torch; major, minor = torch.cuda.get_device_capability(); print(f"{major}{minor}")'; }
 # with_mamba_ssm COMMAND...: COMMAND with the built mamba-ssm on PYTHONPATH (as it is when none was built)
 with_mamba_ssm() {
   if [ -f "$MAMBA_BUILD/rc" ] && [ "$(cat "$MAMBA_BUILD/rc")" -eq 0 ]; then
@@ -173,7 +178,7 @@ with_mamba_ssm() {
 }
 scan_compile() {
   local arch
-  arch=$("$PY" -c 'import torch; major, minor = torch.cuda.get_device_capability(); print(f"{major}{minor}")') || return
+  arch=$(gpu_arch) || return
   TRITON_CACHE_DIR="$(mktemp -d)" taskset -c "$(($(nproc) - 1))" "$PY" scripts/scan_static_report.py --arch "$arch"
 }
 check_compile() { grep -E '^static figures|^sm_|^cold compile' "$1"; grep -q '^cold compile of the whole set' "$1"; }
@@ -204,7 +209,7 @@ demo_data() {
 }
 
 export PY DIR MAMBA_SDIST MAMBA_BUILD SWEEP_CONFIGS
-export -f scan_backends scan_mamba_ssm with_mamba_ssm scan_compile scan_sweep bench_mamba_ssm demo_data   # run_step runs them under timeout, in a child bash
+export -f scan_backends scan_mamba_ssm with_mamba_ssm gpu_arch scan_compile scan_sweep bench_mamba_ssm demo_data   # run_step runs them under timeout, in a child bash
 
 say "gpu_check $(date -u '+%Y-%m-%d %H:%M UTC') in $(pwd), budget ${BUDGET_S} s"
 BUILD_MAMBA=0
@@ -253,7 +258,7 @@ for arch in mambair:45 hat:45 safmn:25; do
     --amp bf16 --patch 48 --batch 4 --warm 2 --iters 4 --no-profile-memory
 done
 
-[ "$BUILD_MAMBA" -eq 1 ] && run_step scan_mamba_ssm 90 check_scan bash -c scan_mamba_ssm
+[ "$BUILD_MAMBA" -eq 1 ] && run_step scan_mamba_ssm 110 check_scan bash -c scan_mamba_ssm
 if [ "$SWEEP" -eq 1 ]; then
   run_step scan_sweep 90 check_sweep bash -c scan_sweep
   [ "$BUILD_MAMBA" -eq 1 ] && run_step bench_ldt_mambair_mamba_ssm 45 check_bench_mamba_ssm bash -c bench_mamba_ssm

@@ -97,11 +97,14 @@ def test_a_carried_mamba_ssm_sdist_is_built_in_the_background_and_benchmarked_la
     report = (folder / 'report.txt').read_text()
     assert 'mamba-ssm: building selective_scan_cuda from gpu_carry/mamba_ssm-2.3.2.post1.tar.gz' in report
     steps = re.findall(r'^\[(?:PASS|FAIL|SKIP)\] (\S+) \(\d+ s, limit (\d+) s', report, re.M)
-    assert [name for name, _ in steps] == STEPS + ['scan_mamba_ssm'] and steps[-1][1] == '90'
+    assert [name for name, _ in steps] == STEPS + ['scan_mamba_ssm'] and steps[-1][1] == '110'
     built = (folder / 'mamba_ssm_build.log').read_text()
     assert 'scripts/build_mamba_ssm.py --sdist gpu_carry/mamba_ssm-2.3.2.post1.tar.gz' in built
     assert f'--build-dir {build} --jobs 8' in built and (build / 'rc').read_text().strip() == '0'
-    assert 'scripts/bench_scan.py --device cuda' in (folder / 'scan_mamba_ssm.log').read_text()
+    scan_log = (folder / 'scan_mamba_ssm.log').read_text()
+    assert 'scripts/bench_scan.py --device cuda' in scan_log
+    # then both kernels' instructions per update, read from the build just made, for this GPU
+    assert f'fake-python scripts/scan_static_report.py --arch 90 --shape train --mamba-ssm {build}\n' in scan_log
 
 
 def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_one_device_call(tmp_path):
