@@ -16,7 +16,9 @@ timed with warm-up runs (Triton compiles on its first call, timed apart) and
 torch.cuda.synchronize() around every timed run; the ratio triton / mamba-ssm from the same run;
 then a small MambaIR built on each backend (output and gradients against torch's), and the GPU,
 driver, torch, triton and mamba-ssm versions first. ``--sweep`` times the Triton scan at several
-launch configurations instead (each checked against the float64 reference, beside mamba-ssm).
+launch configurations instead (each checked against the float64 reference, beside mamba-ssm), at
+the training shape forward and backward, then the forward alone at a 250x250 tile of batch 1
+(``--sweep-tile``), the call validation and test.py make.
 
     python scripts/bench_scan.py                 # classic x4 shapes, batch 4, 48x48
     python scripts/bench_scan.py --side 24 --threads 1
@@ -263,55 +265,18 @@ def parse_sweep(configs: Sequence[str]) -> List[Dict[str, int]]:
 
 
 def sweep_triton(args: argparse.Namespace, device: torch.device, configs: List[str]) -> None:
-    """The Triton scan at several launch configurations (:func:`parse_sweep`), at the shape of
-    ``args``, to pick the defaults of archs/scan/triton_launches.py on a GPU: for each, the first
-    call (its compile), the largest difference from the float64 reference (a configuration over
-    :data:`SWEEP_TOLERANCE` is marked wrong and never chosen), the forward alone and forward+
+    """The Triton scan at several launch configurations (:func:`parse_sweep`), to pick the defaults
+    of archs/scan/triton_launches.py on a GPU. At the shape of ``args`` (training): for each, the
+    first call (its compile), the largest difference from the float64 reference (a configuration
+    over :data:`SWEEP_TOLERANCE` is marked wrong and never chosen), the forward alone and forward+
     backward (medians; the backward as their difference), and the ratio to mamba-ssm's kernel timed
-    in the same run when it imports. Last, the fastest correct forward and backward settings for
-    each chunk length (the two kernels' settings are independent but for the chunk)."""
-    from archs.scan.triton_launches import launch_settings
+    in the same run when it imports; then the fastest correct forward and backward settings for
+    each chunk length (the two kernels' settings are independent but for the chunk). Then, unless
+    ``args.sweep_tile`` is 0, the forward alone at a validation tile (batch 1, that side), as
+    validation and test.py run it: a batch of one gives the forward a quarter of the training
+    call's programs, so its best settings may differ."""
     settings = parse_sweep(configs)
-    inputs = tuple(t.detach().to(device).requires_grad_()
-                   for t in make_inputs(args.batch, args.d_inner, args.d_state, args.side))
-    length = args.side ** 2
-    reference = float64_reference(inputs, length <= REFERENCE_GRAD_LENGTH)
-    print(f'sweep at u/delta ({args.batch}, {4 * args.d_inner}, {length}), d_state {args.d_state}; '
-          f'{args.warmup} warm-up run(s), {args.repeats} timed; settings '
-          f'{",".join(settings[0])}', flush=True)
-
-    def measure(backend: str) -> Tuple[float, float, float]:
-        ours = output_and_grads(backend_fn(backend), inputs)
-        worst = max(relative_differences(ours, reference))
-        forward = statistics.median(time_fwd_bwd(backend_fn(backend), inputs, args.repeats, args.warmup,
-                                                 backward=False))
-        both = statistics.median(time_fwd_bwd(backend_fn(backend), inputs, args.repeats, args.warmup))
-        return worst, forward, both
-
-    anchor = None
-    if dict(available_backends(device)).get('cuda') == '':
-        worst, forward, both = measure('cuda')
-        anchor = both
-        print(f'mamba-ssm: fwd+bwd median {both * 1e3:.3f} ms (forward {forward * 1e3:.3f} ms), max rel diff '
-              f'{worst:.1e}', flush=True)
-    results = []
-    for values in settings:
-        label = ','.join(map(str, values.values()))
-        with launch_settings(**values):
-            start = time.perf_counter()
-            try:
-                time_fwd_bwd(backend_fn('triton'), inputs, 0, 1)
-            except ScanKernelFailed as err:
-                print(f'sweep {label}: failed: {err}', flush=True)
-                continue
-            first = time.perf_counter() - start
-            worst, forward, both = measure('triton')
-        ok = worst <= SWEEP_TOLERANCE
-        results.append((values, ok, forward, both - forward))
-        ratio = f', triton/mamba-ssm {both / anchor:.2f}' if anchor else ''
-        print(f'sweep {label}: fwd+bwd median {both * 1e3:.3f} ms (forward {forward * 1e3:.3f} ms, backward '
-              f'{(both - forward) * 1e3:.3f} ms), max rel diff {worst:.1e}{"" if ok else " WRONG"}{ratio} '
-              f'(first call {first:.1f} s)', flush=True)
+    results = _sweep_at(args, device, settings, args.batch, args.side, backward=True, prefix='sweep')
     for chunk in sorted({v['CHUNK'] for v, ok, *_ in results if ok}):
         fwd = min((r for r in results if r[1] and r[0]['CHUNK'] == chunk), key=lambda r: r[2])
         bwd = min((r for r in results if r[1] and r[0]['CHUNK'] == chunk), key=lambda r: r[3])
@@ -320,6 +285,69 @@ def sweep_triton(args: argparse.Namespace, device: torch.device, configs: List[s
         print(f'fastest correct at chunk {chunk}: forward {fwd[2] * 1e3:.3f} ms, backward {bwd[3] * 1e3:.3f} ms '
               f'(measured in different configurations; time the combination before choosing it): '
               + ','.join(map(str, best.values())), flush=True)
+    if args.sweep_tile:
+        tile = _sweep_at(args, device, settings, 1, args.sweep_tile, backward=False, prefix='sweep tile')
+        correct = [r for r in tile if r[1]]
+        if correct:
+            fastest = min(correct, key=lambda r: r[2])
+            print(f'fastest correct forward at the tile: {fastest[2] * 1e3:.3f} ms: '
+                  + ','.join(map(str, fastest[0].values())), flush=True)
+
+
+def _sweep_at(args: argparse.Namespace, device: torch.device, settings: List[Dict[str, int]], batch: int,
+              side: int, backward: bool, prefix: str) -> List[Tuple[Dict[str, int], bool, float, float]]:
+    """Each configuration at one shape: (settings, within the tolerance, forward median, backward
+    median (0 without ``backward``: the forward alone, no gradients, the output checked)), printed
+    one line each after mamba-ssm's line when it imports."""
+    from archs.scan.triton_launches import launch_settings
+    inputs = tuple(t.detach().to(device).requires_grad_(backward)
+                   for t in make_inputs(batch, args.d_inner, args.d_state, side))
+    length = side ** 2
+    reference = float64_reference(inputs, backward and length <= REFERENCE_GRAD_LENGTH)
+    print(f'{prefix} at u/delta ({batch}, {4 * args.d_inner}, {length}), d_state {args.d_state}, '
+          f'{"forward and backward" if backward else "forward alone"}; {args.warmup} warm-up run(s), '
+          f'{args.repeats} timed; settings {",".join(settings[0])}', flush=True)
+
+    def measure(backend: str) -> Tuple[float, float, float]:
+        if backward:
+            ours = output_and_grads(backend_fn(backend), inputs)
+        else:
+            with torch.no_grad():
+                ours = [backend_fn(backend)(*inputs)]
+        worst = max(relative_differences(ours, reference))
+        forward = statistics.median(time_fwd_bwd(backend_fn(backend), inputs, args.repeats, args.warmup,
+                                                 backward=False))
+        both = statistics.median(time_fwd_bwd(backend_fn(backend), inputs, args.repeats, args.warmup)) \
+            if backward else forward
+        return worst, forward, both
+
+    anchor = None
+    if dict(available_backends(device)).get('cuda') == '':
+        worst, forward, both = measure('cuda')
+        anchor = both
+        print(f'{prefix} mamba-ssm: ' + (f'fwd+bwd median {both * 1e3:.3f} ms (forward {forward * 1e3:.3f} ms)'
+                                        if backward else f'forward median {forward * 1e3:.3f} ms')
+              + f', max rel diff {worst:.1e}', flush=True)
+    results = []
+    for values in settings:
+        label = ','.join(map(str, values.values()))
+        with launch_settings(**values):
+            start = time.perf_counter()
+            try:
+                time_fwd_bwd(backend_fn('triton'), inputs, 0, 1, backward=backward)
+            except ScanKernelFailed as err:
+                print(f'{prefix} {label}: failed: {err}', flush=True)
+                continue
+            first = time.perf_counter() - start
+            worst, forward, both = measure('triton')
+        ok = worst <= SWEEP_TOLERANCE
+        results.append((values, ok, forward, both - forward))
+        ratio = f', triton/mamba-ssm {both / anchor:.2f}' if anchor else ''
+        timing = (f'fwd+bwd median {both * 1e3:.3f} ms (forward {forward * 1e3:.3f} ms, backward '
+                  f'{(both - forward) * 1e3:.3f} ms)' if backward else f'forward median {forward * 1e3:.3f} ms')
+        print(f'{prefix} {label}: {timing}, max rel diff {worst:.1e}{"" if ok else " WRONG"}{ratio} '
+              f'(first call {first:.1f} s)', flush=True)
+    return results
 
 
 def compare_mambair(device: torch.device, backends: Sequence[str] = ('torch', 'triton', 'cuda'),
@@ -372,6 +400,9 @@ def main() -> None:
     parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu',
                         help='cuda: the scan backends against each other on CUDA tensors')
     parser.add_argument('--warmup', type=int, default=2, help='untimed runs per backend first (cuda only)')
+    parser.add_argument('--sweep-tile', type=int, default=250, metavar='SIDE',
+                        help='with --sweep: then time the forward alone at a validation tile of this side, '
+                             'batch 1 (0: skip)')
     parser.add_argument('--sweep', nargs='+',
                         metavar='CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES',
                         help='cuda only: time the Triton scan at these launch configurations instead')

@@ -24,8 +24,9 @@
 #   1b. scan_compile 20 s  right after step 1: scan_static_report.py's cold compile of the Triton scan for
 #                          this GPU's architecture on one core, empty cache (the figure archs/README.md
 #                          gives for this CPU), beside the mamba-ssm build
-#   9. scan_sweep    90 s  bench_scan.py --sweep over the Triton launch settings in SWEEP_CONFIGS (each
-#                          against the float64 reference, beside mamba-ssm when it was built)
+#   9. scan_sweep   110 s  bench_scan.py --sweep over the Triton launch settings in SWEEP_CONFIGS (each
+#                          against the float64 reference, beside mamba-ssm when it was built), at the
+#                          training shape, then the forward alone at a 250x250 tile of batch 1
 #  10. bench_ldt_mambair_mamba_ssm 45 s  only when mamba-ssm was built: step 7's MambaIR run with
 #                          BASICSR_LDT_SCAN=cuda, and its FT step against step 7's (Triton) FT step
 # Prints each step's time and a report, written with the logs to $OUT/gpu_check/ (results/gpu_check/
@@ -260,7 +261,7 @@ done
 
 [ "$BUILD_MAMBA" -eq 1 ] && run_step scan_mamba_ssm 110 check_scan bash -c scan_mamba_ssm
 if [ "$SWEEP" -eq 1 ]; then
-  run_step scan_sweep 90 check_sweep bash -c scan_sweep
+  run_step scan_sweep 110 check_sweep bash -c scan_sweep
   [ "$BUILD_MAMBA" -eq 1 ] && run_step bench_ldt_mambair_mamba_ssm 45 check_bench_mamba_ssm bash -c bench_mamba_ssm
 fi
 

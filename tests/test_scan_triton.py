@@ -406,7 +406,8 @@ def test_benchmark_compares_backends_against_the_float64_reference(interpreted, 
     without_packages('mamba_ssm')
     scan_module._triton_module = interpreted
     bench = load_script('bench_scan')
-    args = argparse.Namespace(batch=1, d_inner=3, d_state=3, side=3, repeats=1, warmup=1, skip_loop=False)
+    args = argparse.Namespace(batch=1, d_inner=3, d_state=3, side=3, repeats=1, warmup=1, skip_loop=False,
+                              sweep_tile=4)
     medians = bench.compare_backends(args, torch.device('cpu'))
     out = capsys.readouterr().out
     assert set(medians) == {'torch', 'triton'}
@@ -435,6 +436,11 @@ def test_benchmark_compares_backends_against_the_float64_reference(interpreted, 
         assert line and float(line.group(1)) < 1e-5, out   # correct, not marked WRONG
     assert re.search(r'^fastest correct at chunk 4: .*: 4,1,1,2,2,1,3$', out, re.M), out
     assert re.search(r'^fastest correct at chunk 8: .*: 8,2,1,1,4,1,1$', out, re.M), out
+    assert 'sweep tile at u/delta (1, 12, 16), d_state 3, forward alone' in out   # then the tile, batch 1
+    for config in ('8,2,1,1,4,1,1', '4,1,1,2,2,1,3'):
+        line = re.search(rf'^sweep tile {config}: forward median [\d.]+ ms, max rel diff (\S+) \(first call', out, re.M)
+        assert line and float(line.group(1)) < 1e-5, out
+    assert re.search(r'^fastest correct forward at the tile: [\d.]+ ms: (8,2,1,1,4,1,1|4,1,1,2,2,1,3)$', out, re.M), out
     assert {name: getattr(triton_launches, name) for name in names} == before   # defaults restored
 
 
@@ -451,14 +457,20 @@ def test_the_sweep_marks_a_wrong_configuration_and_times_each_beside_mamba_ssm(m
         return lambda *inputs: torch_scan(*inputs) * (1.01 if triton_launches.CHUNK == 4 else 1.0)
     monkeypatch.setattr(bench, 'backend_fn', stand_in)
     monkeypatch.setattr(bench, 'available_backends', lambda device: [('triton', ''), ('cuda', '')])
-    args = argparse.Namespace(batch=1, d_inner=3, d_state=3, side=3, repeats=1, warmup=0)
+    args = argparse.Namespace(batch=1, d_inner=3, d_state=3, side=3, repeats=1, warmup=0, sweep_tile=4)
     bench.sweep_triton(args, torch.device('cpu'), ['8,2,1,1,4,1,1', '4,1,1,2,2,1,3'])
     out = capsys.readouterr().out
-    assert re.search(r'^mamba-ssm: fwd\+bwd median [\d.]+ ms \(forward [\d.]+ ms\), max rel diff \S+$', out, re.M), out
+    # at the validation tile too: the forward alone beside mamba-ssm's, the wrong configuration never fastest
+    assert re.search(r'^sweep tile mamba-ssm: forward median [\d.]+ ms, max rel diff \S+$', out, re.M), out
+    assert re.search(r'^sweep tile 4,1,1,2,2,1,3: forward median .* WRONG, triton/mamba-ssm [\d.]+ \(first', out, re.M), out
+    assert re.search(r'^fastest correct forward at the tile: [\d.]+ ms: 8,2,1,1,4,1,1$', out, re.M), out
+    assert re.search(r'^sweep mamba-ssm: fwd\+bwd median [\d.]+ ms \(forward [\d.]+ ms\), max rel diff \S+$', out, re.M), out
     assert re.search(r'^sweep 4,1,1,2,2,1,3: .*, max rel diff \S+ WRONG, triton/mamba-ssm [\d.]+ \(first call', out, re.M), out
     assert re.search(r'^sweep 8,2,1,1,4,1,1: .*, max rel diff [\d.e+-]+, triton/mamba-ssm [\d.]+ \(first call', out, re.M), out
     assert 'fastest correct at chunk 4' not in out
     assert re.search(r'^fastest correct at chunk 8: .*: 8,2,1,1,4,1,1$', out, re.M), out
+    bench.sweep_triton(argparse.Namespace(**dict(vars(args), sweep_tile=0)), torch.device('cpu'), ['8,2,1,1,4,1,1'])
+    assert 'sweep tile' not in capsys.readouterr().out   # --sweep-tile 0: the training shape only
 
 
 @pytest.mark.parametrize('config, message', [
