@@ -3,7 +3,8 @@
 # A lent GPU session has 15 minutes of device time in all, machine start included, so the whole run
 # has a budget (GPU_CHECK_BUDGET_S, default 350 s) and every step a hard limit, clamped to what is
 # left of the budget (a step that would start with under 5 s left is skipped and reported). Steps,
-# with their limits sized for one H100 (16 cores) and a cold Triton cache:
+# with their limits sized for one H100 (16 cores) and a cold Triton cache (first, when basicsr does not
+# import, the wheels carried in gpu_carry/wheels/ are installed offline and put on every step's PYTHONPATH):
 #   1. versions      10 s  GPU, driver, CUDA, torch, triton, mamba-ssm
 #   2. scan_backends 60 s  the selective-scan backends side by side on CUDA (the scan issue's benchmark)
 #   3. demo_data     20 s  the demo cameras (LR 48) and a second set of larger images (LR 115) if absent
@@ -213,6 +214,29 @@ export PY DIR MAMBA_SDIST MAMBA_BUILD SWEEP_CONFIGS
 export -f scan_backends scan_mamba_ssm with_mamba_ssm gpu_arch scan_compile scan_sweep bench_mamba_ssm demo_data   # run_step runs them under timeout, in a child bash
 
 say "gpu_check $(date -u '+%Y-%m-%d %H:%M UTC') in $(pwd), budget ${BUDGET_S} s"
+# Packages the GPU image lacks: its python3 has torch, triton, einops, timm, OpenCV, scikit-image,
+# tensorboard (device tool, KINDS.md) but not basicsr. Wheels carried in gpu_carry/wheels/ are installed,
+# without the network, into a folder put on PYTHONPATH for every step (each wheel apart: one that does
+# not fit this Python does not stop the others).
+WHEELS_DIR="${GPU_CHECK_WHEELS:-gpu_carry/wheels}"
+SITE="${GPU_CHECK_SITE:-/tmp/gpu_check_site}"
+if ! "$PY" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("basicsr") else 1)' >/dev/null 2>&1; then
+  if ls "$WHEELS_DIR"/*.whl > /dev/null 2>&1; then
+    installed=""
+    for wheel in "$WHEELS_DIR"/*.whl; do
+      if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$wheel" \
+          >> "$DIR/wheels.log" 2>&1; then
+        installed="$installed $(basename "$wheel")"
+      else
+        say "packages: $(basename "$wheel") did not install (log: $DIR/wheels.log)"
+      fi
+    done
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    say "packages: basicsr absent; installed into $SITE:${installed:- none}"
+  else
+    say "packages: basicsr is not installed and no wheels are carried in $WHEELS_DIR: the training, test and benchmark steps will fail (docs/architectures-and-gpu.md, GPU check)"
+  fi
+fi
 BUILD_MAMBA=0
 if [ -n "$MAMBA_SDIST" ] && ! "$PY" -c 'import mamba_ssm' >/dev/null 2>&1; then
   BUILD_MAMBA=1

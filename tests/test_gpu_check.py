@@ -20,7 +20,10 @@ STEPS = ['versions', 'scan_backends', 'demo_data', 'train_mambair_ldt_bf16', 'te
 #: A stand-in for python: says CUDA is there, logs its arguments, then sleeps FAKE_SLEEP seconds.
 FAKE_PYTHON = """#!/usr/bin/env bash
 case "$*" in *cuda.is_available*) exit 0;; *'import mamba_ssm'*) exit 1;; *get_device_capability*) echo 90; exit 0;; esac
+case "$*" in *find_spec*basicsr*) [ "${FAKE_NO_BASICSR:-0}" = 1 ] && exit 1; exit 0;; esac   # basicsr installed?
+case "$*" in *'-m pip install'*) case "$*" in *not-for-this-python*) exit 1;; esac; echo "pip $*"; exit 0;; esac
 echo "fake-python $*"
+case "${PYTHONPATH:-}" in *carried_site*) echo "carried site on PYTHONPATH";; esac
 case "${PYTHONPATH:-}" in *--print-path*) echo "on PYTHONPATH: $PYTHONPATH";; esac   # a mamba-ssm build's path
 case "$*" in *bench_ldt.py*)   # bench_ldt's summary line: its FT step 100 ms on mamba-ssm, 104 ms on Triton
   echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT $([ "${BASICSR_LDT_SCAN:-}" = cuda ] && echo 100.0 || echo 104.0) ms | LDT/FT time 1.500";;
@@ -81,6 +84,28 @@ def test_every_step_runs_under_its_limit_and_the_limits_fit_six_minutes(tmp_path
     assert 'test pairs: 0 of LR 48 (datasets/DRealSR_demo), 0 of LR 115' in report
     assert re.search(r'^\[PASS\] bench_ldt_hat', report, re.M)   # the stand-in prints a summary line there
     assert re.search(r'^result: 6 step\(s\) failed or skipped in \d+ s of the 350 s budget', report, re.M)
+
+
+def test_basicsr_missing_on_the_gpu_image_is_installed_from_carried_wheels_for_every_step(tmp_path, monkeypatch):
+    """The device's python3 has torch and most of requirements.txt but not basicsr (device tool, KINDS.md);
+    the wheels carried in gpu_carry/wheels/ are installed offline, one by one, into a folder that every
+    step then has on PYTHONPATH; a wheel that does not fit is named and the others still install."""
+    wheels = tmp_path / 'gpu_carry' / 'wheels'
+    wheels.mkdir(parents=True)
+    for name in ('basicsr-1.4.2-py3-none-any.whl', 'lmdb-0-not-for-this-python.whl'):
+        (wheels / name).write_bytes(b'')
+    monkeypatch.setenv('FAKE_NO_BASICSR', '1')
+    monkeypatch.setenv('GPU_CHECK_SITE', str(tmp_path / 'carried_site'))
+    result, _, folder = _run_with_fake_python(tmp_path, budget=350, sleep=0)
+    report = (folder / 'report.txt').read_text()
+    assert 'packages: lmdb-0-not-for-this-python.whl did not install' in report
+    assert f'packages: basicsr absent; installed into {tmp_path / "carried_site"}: basicsr-1.4.2-py3-none-any.whl' in report
+    for step in STEPS[1:]:   # every step after the versions runs with the carried packages importable
+        assert 'carried site on PYTHONPATH' in (folder / f'{step}.log').read_text(), step
+    (tmp_path / 'bare').mkdir()   # no gpu_carry/wheels/ there: said once, before the steps that need it
+    result, _, folder = _run_with_fake_python(tmp_path / 'bare', budget=350, sleep=0)
+    assert 'packages: basicsr is not installed and no wheels are carried in gpu_carry/wheels' in \
+        (folder / 'report.txt').read_text()
 
 
 def test_a_carried_mamba_ssm_sdist_is_built_in_the_background_and_benchmarked_last(tmp_path):
