@@ -341,7 +341,7 @@ def chunk_loop_instructions(sass: str, inner_repeats: int = 1) -> Tuple[int, int
     chunk = max(loops.values(), key=lambda loop: size(loop.body))
     exponentials = lambda loop: sum('MUFU.EX2' in t for b in loop.body for t in blocks[b].instructions)  # noqa: E731
     inner = [loop for loop in loops.values() if loop is not chunk and loop.body < chunk.body and exponentials(loop)]
-    if inner_repeats == 1 or not inner:
+    if not inner:
         return size(chunk.body), size(chunk.always)
     state = max(inner, key=exponentials)
     return (size(chunk.body - state.body) + inner_repeats * size(state.body),

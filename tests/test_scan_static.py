@@ -131,7 +131,7 @@ NESTED_NVDISASM = '''
         /*0030*/               @P2 BRA `(.L_x_3) ;
         /*0040*/                   SHFL.UP PT, R6, R3, 0x1, RZ ;
 .L_x_3:
-        /*0050*/               @P1 BRA `(.L_x_1) ;
+        /*0050*/              @!P1 BRA `(.L_x_1) ;
         /*0060*/                   STG.E desc[UR4][R8.64], R3 ;
         /*0070*/               @P0 BRA `(.L_x_0) ;
         /*0080*/                   EXIT ;
@@ -164,6 +164,9 @@ def test_chunk_loop_instructions_count_an_inner_loop_per_state_and_split_off_con
     assert report.chunk_loop_instructions(sass) == (7, 6)
     straight = '\n'.join(line for line in sass.splitlines() if 'BRA' not in line)
     assert report.chunk_loop_instructions(straight) == (0, 0)   # no loop
+    # an inner loop without exponentials (an atomic's retry loop) is not a loop over states: counted once
+    retry = sass.replace('MUFU.EX2 R3, R2', 'ATOMG.E.CAS.STRONG.GPU PT, R3, [R4], R2, R3')
+    assert report.chunk_loop_instructions(retry, inner_repeats=16) == (7, 6)
 
 
 @pytest.mark.parametrize('length, tile, even', [(100, (32, 4), 0), (256, (32, 8), 1), (300, (32, 16), 0),
