@@ -369,6 +369,15 @@ def occupancy_warps(registers: int, shared: int, warps: int, limits: dict) -> in
 # (longest length, threads, positions); longer sequences get 128 threads x 16 positions.
 MAMBA_SSM_TILES = ((128, 32, 4), (256, 32, 8), (512, 32, 16), (1024, 64, 16))
 MAMBA_SSM_LONG = (128, 16)
+# Its chunk: the host code cuts the sequence into n_chunks = (seqlen + 2048 - 1) / 2048 (csrc/selective_scan/
+# selective_scan.cpp, line 307 of 2.3.2.post1) and each pass of a block's chunk loop works on threads x positions
+# slots whether or not they are in the sequence (the loads are guarded, the arithmetic is not).
+MAMBA_SSM_CHUNK = 2048
+
+
+def slots_per_position(length: int, pass_slots: int, passes: int) -> float:
+    """Slots the chunk loops work on per position of the sequence: 1 when the passes tile it exactly."""
+    return passes * pass_slots / length
 # input_t of its kernels' templates, as the C++ compiler mangles it (weight_t is float: real A)
 MANGLED_INPUT = {'fp32': 'f', 'bf16': 'N3c108BFloat16E', 'fp16': 'N3c104HalfE'}
 
@@ -404,6 +413,7 @@ class MambaSsmRow:
     programs: int                # thread blocks: batch x channels
     instructions_per_update: float         # every block of its chunk loop, the state loop 16 times
     instructions_per_update_always: float  # only the blocks every pass runs
+    slots_per_position: float    # the passes' slots over the sequence's positions (the last chunk padded)
 
 
 def mamba_ssm_rows(build: Path, arch: int, dtypes: Sequence[str], shape: str = MEASURED) -> List[MambaSsmRow]:
@@ -438,7 +448,8 @@ def mamba_ssm_rows(build: Path, arch: int, dtypes: Sequence[str], shape: str = M
             rows.append(MambaSsmRow(arch, dtype, kernel, function, threads, items, resources['REG'],
                                     resources.get('STACK', 0),
                                     occupancy_warps(resources['REG'], 0, threads // 32, ARCHS[arch]),
-                                    batch * dim, round(every / updates, 3), round(always / updates, 3)))
+                                    batch * dim, round(every / updates, 3), round(always / updates, 3),
+                                    slots_per_position(length, threads * items, -(-length // MAMBA_SSM_CHUNK))))
     return rows
 
 
@@ -563,17 +574,25 @@ def print_mamba_ssm(rows: List[Row], build: Path, arches: Sequence[int], dtypes:
         theirs = mamba_ssm_rows(build, arch, dtypes)
         for row in theirs:
             print(line(mamba_ssm_cells(row)))
+        length = SHAPES[MEASURED][2]
         for dtype in dtypes:
             every = sum(r.instructions_per_update for r in theirs if r.dtype == dtype)
             always = sum(r.instructions_per_update_always for r in theirs if r.dtype == dtype)
+            padded = next(r.slots_per_position for r in theirs if r.dtype == dtype)
             label = combos('mambair', [dtype])[0].label
             for settings in dict.fromkeys(r.settings for r in rows):
                 ours = sum(r.instructions_per_update for r in rows
                            if r.arch == arch and r.combo == label and r.settings == settings)
-                if ours:
-                    print(f'sm_{arch} {dtype}: Triton{" " + settings if settings else ""} / mamba-ssm warp-instructions '
-                          f'per update, forward + backward: {ours:.3f} / {every:.3f} = {ours / every:.2f} '
-                          f'(every block), {ours:.3f} / {always:.3f} = {ours / always:.2f} (blocks every pass runs)')
+                if not ours:
+                    continue
+                chunk = int(settings.split(',')[0]) if settings else triton_launches.CHUNK
+                ours_padded = slots_per_position(length, chunk, -(-length // chunk))
+                print(f'sm_{arch} {dtype}: Triton{" " + settings if settings else ""} / mamba-ssm warp-instructions, '
+                      f'forward + backward, per update of a pass: {ours:.3f} / {every:.3f} = {ours / every:.2f} '
+                      f'(every block), {ours:.3f} / {always:.3f} = {ours / always:.2f} (blocks every pass runs); '
+                      f'per position of the sequence (L = {length}: slots per position, Triton {ours_padded:.2f}, '
+                      f'mamba-ssm {padded:.2f}): {ours / (every * padded / ours_padded):.2f} and '
+                      f'{ours / (always * padded / ours_padded):.2f}')
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

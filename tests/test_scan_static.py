@@ -220,6 +220,10 @@ def test_mamba_ssm_rows_read_the_built_objects_in_the_terms_of_the_triton_rows(r
     assert forward.programs == 4 * 1440             # a block per (batch element, channel)
     assert forward.instructions_per_update == round((3 + 16 * 4) / (32 * 16 * 16), 3)
     assert forward.instructions_per_update_always == round((3 + 16 * 3) / (32 * 16 * 16), 3)
+    # L = 2304 is two of mamba-ssm's 2048-position chunks, each a full pass: 4096 slots of work (the
+    # Triton kernels' 16-position chunks tile it exactly)
+    assert forward.slots_per_position == backward.slots_per_position == pytest.approx(4096 / 2304)
+    assert report.slots_per_position(2304, 16, 144) == 1.0
     arch['value'] = 80
     with pytest.raises(RuntimeError, match='built for sm_80, not sm_90'):
         report.mamba_ssm_rows(tmp_path, 90, ['fp32'])
