@@ -240,3 +240,21 @@ def test_mamba_ssm_folder_that_is_not_there_is_refused_before_compiling(report, 
         report.main(['--mamba-ssm', str(tmp_path / 'absent')])
     assert stop.value.code == 2
     assert f'--mamba-ssm {tmp_path / "absent"}: no such folder' in capsys.readouterr().err
+
+
+def test_the_ratio_line_puts_both_kernels_per_update_of_a_pass_and_per_position(report, tmp_path, monkeypatch, capsys):
+    """The line the GPU report quotes: Triton's forward + backward over mamba-ssm's, counting every block
+    and only the every-pass blocks, then per position of the sequence (mamba-ssm's two full 2048-position
+    passes for L = 2304 against Triton's exact tiling): the figures archs/README.md gives."""
+    def ours(kernel, value):
+        return report.Row(90, 'fp32 bias+D', kernel, 1, ['train'], 0.8, 96, 0, 0, 1024, 2, 20, 1440, [], 0, 0,
+                          True, 0, value)
+    theirs = [report.MambaSsmRow(90, 'fp32', kernel, 'f', 128, 16, 168, 0, 12, 5760, every, always, 4096 / 2304)
+              for kernel, every, always in (('forward', 1.188, 1.090), ('backward', 2.351, 2.125))]
+    monkeypatch.setattr(report, 'mamba_ssm_rows', lambda build, arch, dtypes: theirs)
+    report.print_mamba_ssm([ours('forward', 0.645), ours('backward', 1.926)], tmp_path, [90], ['fp32'], False)
+    out = capsys.readouterr().out
+    assert ('sm_90 fp32: Triton / mamba-ssm warp-instructions, forward + backward, per update of a pass: '
+            '2.571 / 3.539 = 0.73 (every block), 2.571 / 3.215 = 0.80 (blocks every pass runs); per position of '
+            'the sequence (L = 2304: slots per position, Triton 1.00, mamba-ssm 1.78): 0.41 and 0.45') in out
+    assert re.search(r'^sm_90 +fp32 +mamba-ssm backward +128 x 16 +168 +0 +12 +5760 +2\.351 / 2\.125$', out, re.M), out
