@@ -184,8 +184,12 @@ def resources(cubin: bytes) -> Tuple[Dict[str, int], str]:
         sass = _tool('nvdisasm', '-c', f.name)
     finally:
         os.remove(f.name)
-    line = re.search(r'REG:.*', usage)
-    return {k: int(v) for k, v in re.findall(r'(\w+):(\d+)', line.group(0))}, sass
+    return resource_numbers(re.search(r'REG:.*', usage).group(0)), sass
+
+
+def resource_numbers(line: str) -> Dict[str, int]:
+    """A cuobjdump resource-usage line (``REG:168 STACK:0 SHARED:1024 ...``) as numbers by name."""
+    return {k: int(v) for k, v in re.findall(r'(\w+):(\d+)', line)}
 
 
 _SSA = r'%[\w#.]+'
@@ -262,13 +266,10 @@ def basic_blocks(instructions: List[Tuple[int, str]]) -> Dict[int, Block]:
         following = addresses[i + 1] if i + 1 < len(addresses) else None
         if following is not None and following not in starts:
             continue
-        conditional = bool(_PREDICATED.match(text))
-        if re.search(r'\bBRA\b', text):
-            blocks[current].successors += [targets[address]] if address in targets else []
-            blocks[current].successors += [following] if conditional and following is not None else []
-        elif re.search(r'\b(EXIT|RET|BRX|JMX)\b', text):
-            blocks[current].successors += [following] if conditional and following is not None else []
-        elif following is not None:
+        ends = _ENDS_BLOCK.search(text)
+        if ends and ends.group(1) == 'BRA' and address in targets:
+            blocks[current].successors.append(targets[address])
+        if following is not None and (not ends or _PREDICATED.match(text)):   # falls through
             blocks[current].successors.append(following)
     return blocks
 
@@ -442,7 +443,7 @@ def mamba_ssm_rows(build: Path, arch: int, dtypes: Sequence[str], shape: str = M
                 raise RuntimeError(f'{found[0]}: no kernel instance {traits} (a mamba-ssm other than 2.3.2.post1?)')
             usage = re.search(rf'Function {re.escape(function)}:\s*\n\s*(REG:.*)',
                               _tool('cuobjdump', '--dump-resource-usage', str(found[0])))
-            resources = {k: int(v) for k, v in re.findall(r'(\w+):(\d+)', usage.group(1))}
+            resources = resource_numbers(usage.group(1))
             every, always = chunk_loop_instructions(functions[function], DSTATE)
             updates = 32 * items * DSTATE   # one warp, one pass of the chunk loop
             rows.append(MambaSsmRow(arch, dtype, kernel, function, threads, items, resources['REG'],
@@ -585,7 +586,7 @@ def print_mamba_ssm(rows: List[Row], build: Path, arches: Sequence[int], dtypes:
                            if r.arch == arch and r.combo == label and r.settings == settings)
                 if not ours:
                     continue
-                chunk = int(settings.split(',')[0]) if settings else triton_launches.CHUNK
+                chunk = triton_launches.parse_launch_settings(settings)['CHUNK'] if settings else triton_launches.CHUNK
                 ours_padded = slots_per_position(length, chunk, -(-length // chunk))
                 print(f'sm_{arch} {dtype}: Triton{" " + settings if settings else ""} / mamba-ssm warp-instructions, '
                       f'forward + backward, per update of a pass: {ours:.3f} / {every:.3f} = {ours / every:.2f} '
