@@ -15,6 +15,14 @@ package's own ``mamba_ssm/__init__.py`` imports its models (and through them pac
 project does not install), so the extracted copy gets an ``__init__`` that only sets the
 version: ``mamba_ssm.ops.selective_scan_interface`` then imports with torch, triton and einops.
 
+``--carry-to DIR`` copies the built library (about 58 MB for one architecture) to
+``DIR/ext-sm<arch>-torch<version>/``; on the GPU machine ``--prebuilt DIR`` uses it when it imports
+there and compiles only when it does not. A build against the GPU machine's torch (2.11.0+cu130,
+the same wheel as PyPI's ``torch==2.11.0``) can so be made on this CPU machine and carried:
+
+    python scripts/build_mamba_ssm.py --sdist gpu_carry/mamba_ssm-2.3.2.post1.tar.gz --arch 90 \
+        --carry-to gpu_carry/mamba_ssm_ext       # with that torch, e.g. in a Python 3.12 venv
+
 ``--nvcc-one FILE`` compiles one of the ``.cu`` files with nvcc and the same flags, no GPU needed
 (a check of the command and its time on a CPU machine). The whole build needs no GPU either with
 ``--arch``: on this project's 2-core CPU machine (nvcc 13.0, torch 2.14.1) ``--arch 90 --jobs 2``
@@ -37,6 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 TOOLKIT_ROOT = Path('/usr/local')
 SOURCES = ['selective_scan.cpp'] + [f'selective_scan_fwd_{t}.cu' for t in ('fp32', 'fp16', 'bf16')] + \
     [f'selective_scan_bwd_{t}_{k}.cu' for t in ('fp32', 'fp16', 'bf16') for k in ('real', 'complex')]
+# The extension's shared library, as torch.utils.cpp_extension.load names it.
+LIBRARY = 'selective_scan_cuda.so'
 # mamba-ssm's own nvcc flags (its setup.py), less the architecture list and -v/-lineinfo, and
 # less its '-std=c++17': the C++ standard is the one the installed torch's headers need
 # (:func:`cxx_standard`).
@@ -192,6 +202,35 @@ def search_path(tree: Path, ext_dir: Path) -> List[str]:
     return [str(ext_dir), str(tree)]
 
 
+def import_check(paths: List[str]) -> subprocess.CompletedProcess:
+    """``selective_scan_fn`` and the extension imported in a fresh process with ``paths`` first on
+    PYTHONPATH (stdout: the extension's file)."""
+    return subprocess.run([sys.executable, '-c', 'from mamba_ssm.ops.selective_scan_interface import '
+                           'selective_scan_fn; import selective_scan_cuda; print(selective_scan_cuda.__file__)'],
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(paths + [os.environ.get('PYTHONPATH', '')])),
+                          capture_output=True, text=True)
+
+
+def use_prebuilt(carried: Path, tree: Path, ext_dir: Path) -> bool:
+    """Whether the extension carried in ``carried`` (built on another machine against this torch, for
+    this architecture) imports here, installed into ``ext_dir``; a GPU machine's image may lack a
+    library the building machine had, so one that does not import is removed and built from the sdist."""
+    library = carried / LIBRARY
+    if not library.is_file():
+        print(f'--prebuilt: no {library} (none carried for this GPU and torch); building from the sdist', flush=True)
+        return False
+    ext_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(library, ext_dir / LIBRARY)
+    check = import_check(search_path(tree, ext_dir))
+    if check.returncode == 0:
+        print(f'--prebuilt: {library} imports here; not compiling', flush=True)
+        return True
+    print(check.stderr[-2000:], file=sys.stderr)
+    print(f'--prebuilt: {library} does not import here (above); building from the sdist', flush=True)
+    (ext_dir / LIBRARY).unlink()
+    return False
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--sdist', type=Path, required=True, help='mamba_ssm-2.3.2.post1.tar.gz')
@@ -201,34 +240,42 @@ def main() -> int:
     parser.add_argument('--arch', default='', help='compute capability as digits (default: the GPU present)')
     parser.add_argument('--jobs', type=int, default=os.cpu_count() or 1, help='parallel compiles (MAX_JOBS)')
     parser.add_argument('--nvcc-one', metavar='FILE', help='only compile this .cu file with nvcc (no GPU)')
+    parser.add_argument('--prebuilt', type=Path, metavar='DIR',
+                        help=f'use DIR/ext-sm<arch>-torch<version>/{LIBRARY} (written by --carry-to on another '
+                             'machine) when it imports here, instead of compiling')
+    parser.add_argument('--carry-to', type=Path, metavar='DIR',
+                        help=f'after the build, copy {LIBRARY} (about 58 MB for one architecture) to '
+                             'DIR/ext-sm<arch>-torch<version>/, for --prebuilt on a GPU machine with the same torch')
     parser.add_argument('--print-path', action='store_true',
                         help='print the PYTHONPATH entries of an existing build and exit')
     args = parser.parse_args()
     tree = extract(args.sdist, args.build_dir.resolve())
-    if not args.print_path:
-        print(f'CUDA toolkit: {cuda_home()}', flush=True)
     if args.nvcc_one:
+        print(f'CUDA toolkit: {cuda_home()}', flush=True)
         nvcc_one(tree, args.nvcc_one, args.arch or '90')
         return 0
     arch = arch_of_gpu(args.arch)
     import torch
     ext_dir = args.build_dir.resolve() / f'ext-sm{arch}-torch{torch.__version__.replace("+", "-")}'
-    if not args.print_path:
-        print(f'ninja: {ensure_ninja(args.sdist, args.build_dir.resolve())}', flush=True)
-        ext_dir = build(tree, args.build_dir.resolve(), arch, args.jobs)
     paths = search_path(tree, ext_dir)
     if args.print_path:
         print(os.pathsep.join(paths))
         return 0
-    check = subprocess.run([sys.executable, '-c', 'from mamba_ssm.ops.selective_scan_interface import '
-                            'selective_scan_fn; import selective_scan_cuda; print(selective_scan_cuda.__file__)'],
-                           env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                               paths + [os.environ.get('PYTHONPATH', '')])), capture_output=True, text=True)
+    if not (args.prebuilt and use_prebuilt(args.prebuilt / ext_dir.name, tree, ext_dir)):
+        print(f'CUDA toolkit: {cuda_home()}', flush=True)
+        print(f'ninja: {ensure_ninja(args.sdist, args.build_dir.resolve())}', flush=True)
+        build(tree, args.build_dir.resolve(), arch, args.jobs)
+    check = import_check(paths)
     if check.returncode != 0:
         print(check.stderr[-3000:], file=sys.stderr)
         sys.exit('build_mamba_ssm.py: the built extension does not import (above)')
     print(f'mamba_ssm.ops.selective_scan_interface.selective_scan_fn imports ({check.stdout.strip()}); '
           f'PYTHONPATH={os.pathsep.join(paths)}')
+    if args.carry_to:
+        target = args.carry_to / ext_dir.name
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ext_dir / LIBRARY, target / LIBRARY)
+        print(f'carried to {target / LIBRARY} ({(target / LIBRARY).stat().st_size / 2**20:.1f} MiB)')
     return 0
 
 

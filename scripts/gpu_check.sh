@@ -17,8 +17,10 @@
 #                          FT step, LDT dual step, LDT-S step, peak memory, ratios to FT of the run
 #   8. scan_mamba_ssm 110 s only when mamba-ssm's sdist was carried (GPU_CHECK_MAMBA_SDIST, default
 #                          gpu_carry/mamba_ssm-*.tar.gz) and mamba_ssm does not import: its selective_scan_cuda
-#                          is built for this GPU by scripts/build_mamba_ssm.py in the background from the start
-#                          (8 compile jobs, beside steps 1-7), then the scan benchmark runs again with mamba-ssm
+#                          is taken from GPU_CHECK_MAMBA_PREBUILT (default gpu_carry/mamba_ssm_ext, written by
+#                          build_mamba_ssm.py --carry-to against this torch) when it imports, else built for
+#                          this GPU by scripts/build_mamba_ssm.py in the background from the start (8 compile
+#                          jobs, beside steps 1-7), then the scan benchmark runs again with mamba-ssm
 #                          beside Triton and torch (Triton / mamba-ssm from the same run), and
 #                          scan_static_report.py --mamba-ssm prints both kernels' instructions per update
 # With --scan-sweep (the scan issue's GPU session; budget 540 s unless GPU_CHECK_BUDGET_S is set):
@@ -161,6 +163,7 @@ check_scan() { grep -E '^device:|not run|first fwd\+bwd|fwd\+bwd: median|max \|d
 # status once it ends (the step runs in a child shell, which cannot wait for this shell's job).
 MAMBA_SDIST="${GPU_CHECK_MAMBA_SDIST:-$(ls gpu_carry/mamba_ssm-*.tar.gz 2>/dev/null | head -n 1)}"
 MAMBA_BUILD="${GPU_CHECK_MAMBA_BUILD:-/tmp/mamba_ssm_build}"
+MAMBA_PREBUILT="${GPU_CHECK_MAMBA_PREBUILT:-gpu_carry/mamba_ssm_ext}"
 scan_mamba_ssm() {
   until [ -f "$MAMBA_BUILD/rc" ]; do sleep 2; done
   [ "$(cat "$MAMBA_BUILD/rc")" -eq 0 ] || { echo "mamba-ssm build failed (log: $DIR/mamba_ssm_build.log)"; return 1; }
@@ -243,9 +246,11 @@ BUILD_MAMBA=0
 if [ -n "$MAMBA_SDIST" ] && ! "$PY" -c 'import mamba_ssm' >/dev/null 2>&1; then
   BUILD_MAMBA=1
   mkdir -p "$MAMBA_BUILD" && rm -f "$MAMBA_BUILD/rc"
-  say "mamba-ssm: building selective_scan_cuda from $MAMBA_SDIST in the background (log: $DIR/mamba_ssm_build.log)"
+  prebuilt=()
+  [ -d "$MAMBA_PREBUILT" ] && prebuilt=(--prebuilt "$MAMBA_PREBUILT")
+  say "mamba-ssm: selective_scan_cuda ${prebuilt:+from $MAMBA_PREBUILT if it imports, else }built from $MAMBA_SDIST in the background (log: $DIR/mamba_ssm_build.log)"
   ( timeout -k "$KILL_S" $((BUDGET_S - KILL_S)) "$PY" scripts/build_mamba_ssm.py --sdist "$MAMBA_SDIST" \
-      --build-dir "$MAMBA_BUILD" --jobs 8 > "$DIR/mamba_ssm_build.log" 2>&1; echo $? > "$MAMBA_BUILD/rc" ) &
+      --build-dir "$MAMBA_BUILD" --jobs 8 "${prebuilt[@]}" > "$DIR/mamba_ssm_build.log" 2>&1; echo $? > "$MAMBA_BUILD/rc" ) &
   MAMBA_PID=$!
   trap 'kill -- -$MAMBA_PID 2>/dev/null; pkill -P $MAMBA_PID 2>/dev/null' EXIT   # no compile outlives the check
 elif [ -z "$MAMBA_SDIST" ]; then

@@ -417,9 +417,30 @@ class MambaSsmRow:
     slots_per_position: float    # the passes' slots over the sequence's positions (the last chunk padded)
 
 
+def mamba_ssm_function(build: Path, arch: int, name: str, traits: str) -> Tuple[str, str, Dict[str, int]]:
+    """(mangled name, SASS, resource usage) of the kernel instance ``traits`` in the object ``name``
+    of a build, or in its shared library where only that is there: a build carried to the GPU
+    machine (scripts/build_mamba_ssm.py --prebuilt) is one ``selective_scan_cuda*.so``."""
+    found = sorted(build.rglob(name)) or sorted(build.rglob('selective_scan_cuda*.so'))
+    if not found:
+        raise RuntimeError(f'--mamba-ssm {build}: no {name} in it (build mamba-ssm with scripts/'
+                           f'build_mamba_ssm.py --arch {arch} --build-dir {build})')
+    usage = _tool('cuobjdump', '--dump-resource-usage', str(found[0]))
+    function = next((f for f in re.findall(r'Function (\S+):', usage) if traits in f), None)
+    if function is None:
+        raise RuntimeError(f'{found[0]}: no kernel instance {traits} (a mamba-ssm other than 2.3.2.post1?)')
+    sass = _tool('cuobjdump', '-sass', '-fun', function, str(found[0]))
+    built_for = sorted(set(re.findall(r'arch = sm_(\d+)', sass)))
+    if str(arch) not in built_for:
+        raise RuntimeError(f'--mamba-ssm {found[0]}: built for sm_{", sm_".join(built_for)}, not sm_{arch}')
+    body = re.search(rf'Function : {re.escape(function)}\n(.*?)(?=\n\s*Function : |\Z)', sass, re.S).group(1)
+    line = re.search(rf'Function {re.escape(function)}:\s*\n\s*(REG:.*)', usage).group(1)
+    return function, body, resource_numbers(line)
+
+
 def mamba_ssm_rows(build: Path, arch: int, dtypes: Sequence[str], shape: str = MEASURED) -> List[MambaSsmRow]:
-    """mamba-ssm's forward and backward at ``shape`` read from the objects of a build (any folder
-    holding them, e.g. ``build/mamba_ssm``), in the terms of the Triton rows: warp-
+    """mamba-ssm's forward and backward at ``shape`` read from a build (any folder holding its
+    objects or its shared library, e.g. ``build/mamba_ssm``; :func:`mamba_ssm_function`), in the terms of the Triton rows: warp-
     instructions of the chunk loop per state update. Its chunk loop holds a loop over the states
     (one state, ``positions per thread`` updates per thread, per pass), counted ``DSTATE`` times;
     blocks behind a condition (the block scan's raking warp, one thread's writes) are counted in the
@@ -429,22 +450,8 @@ def mamba_ssm_rows(build: Path, arch: int, dtypes: Sequence[str], shape: str = M
     for dtype in dtypes:
         for kernel in ('forward', 'backward'):
             name, traits, threads, items = mamba_ssm_kernel(kernel, length, dtype)
-            found = sorted(build.rglob(name))
-            if not found:
-                raise RuntimeError(f'--mamba-ssm {build}: no {name} in it (build mamba-ssm with scripts/'
-                                   f'build_mamba_ssm.py --arch {arch} --build-dir {build})')
-            sass = _tool('cuobjdump', '-sass', str(found[0]))
-            built_for = sorted(set(re.findall(r'arch = sm_(\d+)', sass)))
-            if str(arch) not in built_for:
-                raise RuntimeError(f'--mamba-ssm {found[0]}: built for sm_{", sm_".join(built_for)}, not sm_{arch}')
-            functions = dict(re.findall(r'Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)', sass, re.S))
-            function = next((f for f in functions if traits in f), None)
-            if function is None:
-                raise RuntimeError(f'{found[0]}: no kernel instance {traits} (a mamba-ssm other than 2.3.2.post1?)')
-            usage = re.search(rf'Function {re.escape(function)}:\s*\n\s*(REG:.*)',
-                              _tool('cuobjdump', '--dump-resource-usage', str(found[0])))
-            resources = resource_numbers(usage.group(1))
-            every, always = chunk_loop_instructions(functions[function], DSTATE)
+            function, sass, resources = mamba_ssm_function(build, arch, name, traits)
+            every, always = chunk_loop_instructions(sass, DSTATE)
             updates = 32 * items * DSTATE   # one warp, one pass of the chunk loop
             rows.append(MambaSsmRow(arch, dtype, kernel, function, threads, items, resources['REG'],
                                     resources.get('STACK', 0),

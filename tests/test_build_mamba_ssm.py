@@ -7,7 +7,10 @@ runs on a CPU machine with nvcc (``--arch 90``); loading the extension and timin
 (scripts/gpu_check.sh)."""
 import io
 import os
+import re
 import stat
+import subprocess
+import sys
 import tarfile
 import zipfile
 
@@ -20,6 +23,7 @@ def _sdist(folder):
     """A stand-in for mamba_ssm-2.3.2.post1.tar.gz with the files the script touches."""
     path = folder / 'mamba_ssm-9.9.tar.gz'
     files = {'mamba_ssm-9.9/mamba_ssm/__init__.py': '__version__ = "9.9"\n\nfrom mamba_ssm.models import Heavy\n',
+             'mamba_ssm-9.9/mamba_ssm/ops/selective_scan_interface.py': 'selective_scan_fn = None\n',
              'mamba_ssm-9.9/csrc/selective_scan/selective_scan.cpp': '// source\n'}
     with tarfile.open(path, 'w:gz') as tar:
         for name, text in files.items():
@@ -144,3 +148,98 @@ def test_cuda_toolkit_newest_installed_folder_or_one_line_naming_cuda_home(tmp_p
     _toolkit(tmp_path / 'cuda-13.0')
     (tmp_path / 'cuda-13.1').mkdir()   # no compiler in it: passed over
     assert build.cuda_home() == str(tmp_path / 'cuda-13.0')
+
+
+def _main(build, tmp_path, monkeypatch, *args):
+    """main() on the stand-in sdist for sm_90, the compile replaced by one that writes a library and
+    counts its calls."""
+    calls = []
+
+    def compile_(tree, build_dir, arch, jobs):
+        ext_dir = build_dir / f'ext-sm{arch}-torch{build_torch_version()}'
+        ext_dir.mkdir(parents=True, exist_ok=True)
+        (ext_dir / build.LIBRARY).write_bytes(b'built here')
+        calls.append(arch)
+        return ext_dir
+    monkeypatch.setattr(build, 'build', compile_)
+    monkeypatch.setattr(build, 'cuda_home', lambda: '/usr/local/cuda')
+    monkeypatch.setattr(build, 'ensure_ninja', lambda sdist, build_dir: 'ninja')
+    monkeypatch.setattr(sys, 'argv', ['build_mamba_ssm.py', '--sdist', str(_sdist(tmp_path)), '--build-dir',
+                                      str(tmp_path / 'build'), '--arch', '90', *args])
+    assert build.main() == 0
+    return calls, tmp_path / 'build' / f'ext-sm90-torch{build_torch_version()}' / build.LIBRARY
+
+
+def build_torch_version():
+    import torch
+    return torch.__version__.replace('+', '-')
+
+
+def _carried(build, tmp_path):
+    """A library carried for sm_90 and this torch, as --carry-to on another machine writes it."""
+    carried = tmp_path / 'carried' / f'ext-sm90-torch{build_torch_version()}'
+    carried.mkdir(parents=True)
+    (carried / build.LIBRARY).write_bytes(b'built elsewhere')
+    return carried
+
+
+def _import_checks(build, monkeypatch, *results):
+    """import_check answering ``results`` in turn (exit status 0: the extension imports)."""
+    answers = iter(results)
+    monkeypatch.setattr(build, 'import_check', lambda paths: subprocess.CompletedProcess(
+        [], next(answers), stdout='selective_scan_cuda.so\n', stderr='ImportError: libfoo.so.1: not found\n'))
+
+
+def test_a_carried_extension_that_imports_is_used_without_compiling(tmp_path, monkeypatch, capsys):
+    """The GPU machine's lease is short: an extension built elsewhere against the same torch for the
+    same GPU (--carry-to there) is installed into the build folder and used when it imports."""
+    build = load_script('build_mamba_ssm')
+    carried = _carried(build, tmp_path)
+    _import_checks(build, monkeypatch, 0, 0)
+    calls, library = _main(build, tmp_path, monkeypatch, '--prebuilt', str(tmp_path / 'carried'))
+    assert calls == [] and library.read_bytes() == b'built elsewhere'
+    out = capsys.readouterr().out
+    assert f'--prebuilt: {carried / build.LIBRARY} imports here; not compiling' in out
+    assert 'CUDA toolkit' not in out        # nothing compiled: no toolkit needed
+
+
+def test_a_carried_extension_that_does_not_import_is_removed_and_built(tmp_path, monkeypatch, capsys):
+    """A binary from another machine may miss a system library on the GPU machine's image: the error
+    is shown, the copy removed, and the extension compiled from the sdist."""
+    build = load_script('build_mamba_ssm')
+    carried = _carried(build, tmp_path)
+    _import_checks(build, monkeypatch, 1, 0)
+    calls, library = _main(build, tmp_path, monkeypatch, '--prebuilt', str(tmp_path / 'carried'))
+    assert calls == ['90'] and library.read_bytes() == b'built here'
+    captured = capsys.readouterr()
+    assert 'libfoo.so.1: not found' in captured.err
+    assert f'--prebuilt: {carried / build.LIBRARY} does not import here (above); building from the sdist' in captured.out
+
+
+def test_no_carried_extension_for_this_torch_is_built(tmp_path, monkeypatch, capsys):
+    build = load_script('build_mamba_ssm')
+    (tmp_path / 'carried' / 'ext-sm90-torch0.0.1').mkdir(parents=True)      # another torch's
+    _import_checks(build, monkeypatch, 0)
+    calls, library = _main(build, tmp_path, monkeypatch, '--prebuilt', str(tmp_path / 'carried'))
+    assert calls == ['90'] and library.read_bytes() == b'built here'
+    assert '(none carried for this GPU and torch); building from the sdist' in capsys.readouterr().out
+
+
+def test_a_garbage_library_fails_the_real_import_check_and_is_removed(tmp_path, capsys):
+    build = load_script('build_mamba_ssm')
+    tree = build.extract(_sdist(tmp_path), tmp_path / 'build')
+    (tmp_path / 'carried').mkdir()
+    (tmp_path / 'carried' / build.LIBRARY).write_bytes(b'not an ELF file ' * 16)
+    ext_dir = tmp_path / 'build' / 'ext-sm90-torch-x'
+    assert not build.use_prebuilt(tmp_path / 'carried', tree, ext_dir)
+    assert not (ext_dir / build.LIBRARY).exists()
+    assert re.search(r'ImportError: .*selective_scan_cuda\.so: invalid ELF header', capsys.readouterr().err)
+
+
+def test_carry_to_copies_the_built_library_under_its_architecture_and_torch(tmp_path, monkeypatch, capsys):
+    build = load_script('build_mamba_ssm')
+    _import_checks(build, monkeypatch, 0)
+    calls, library = _main(build, tmp_path, monkeypatch, '--carry-to', str(tmp_path / 'gpu_carry' / 'mamba_ssm_ext'))
+    copy = tmp_path / 'gpu_carry' / 'mamba_ssm_ext' / f'ext-sm90-torch{build_torch_version()}' / build.LIBRARY
+    assert calls == ['90'] and copy.read_bytes() == library.read_bytes() == b'built here'
+    assert f'carried to {copy}' in capsys.readouterr().out

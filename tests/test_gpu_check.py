@@ -108,11 +108,15 @@ def test_basicsr_missing_on_the_gpu_image_is_installed_from_carried_wheels_for_e
         (folder / 'report.txt').read_text()
 
 
-def test_a_carried_mamba_ssm_sdist_is_built_in_the_background_and_benchmarked_last(tmp_path):
+@pytest.mark.parametrize('prebuilt', [False, True])
+def test_a_carried_mamba_ssm_sdist_is_built_in_the_background_and_benchmarked_last(tmp_path, prebuilt):
     """With mamba-ssm's sdist in gpu_carry/ and no mamba_ssm importable, its build starts before the
-    first step, beside the others, and a last step benchmarks the scan again with it on the path."""
+    first step, beside the others, and a last step benchmarks the scan again with it on the path.
+    With an extension carried in gpu_carry/mamba_ssm_ext/, the build is asked to try that first."""
     (tmp_path / 'gpu_carry').mkdir()
     (tmp_path / 'gpu_carry' / 'mamba_ssm-2.3.2.post1.tar.gz').write_bytes(b'')
+    if prebuilt:
+        (tmp_path / 'gpu_carry' / 'mamba_ssm_ext' / 'ext-sm90-torch2.11.0-cu130').mkdir(parents=True)
     build = tmp_path / 'mamba_build'
     os.environ['GPU_CHECK_MAMBA_BUILD'] = str(build)
     try:
@@ -120,12 +124,15 @@ def test_a_carried_mamba_ssm_sdist_is_built_in_the_background_and_benchmarked_la
     finally:
         del os.environ['GPU_CHECK_MAMBA_BUILD']
     report = (folder / 'report.txt').read_text()
-    assert 'mamba-ssm: building selective_scan_cuda from gpu_carry/mamba_ssm-2.3.2.post1.tar.gz' in report
+    tried = 'from gpu_carry/mamba_ssm_ext if it imports, else ' if prebuilt else ''
+    assert (f'mamba-ssm: selective_scan_cuda {tried}built from gpu_carry/mamba_ssm-2.3.2.post1.tar.gz in the '
+            'background') in report
     steps = re.findall(r'^\[(?:PASS|FAIL|SKIP)\] (\S+) \(\d+ s, limit (\d+) s', report, re.M)
     assert [name for name, _ in steps] == STEPS + ['scan_mamba_ssm'] and steps[-1][1] == '110'
     built = (folder / 'mamba_ssm_build.log').read_text()
     assert 'scripts/build_mamba_ssm.py --sdist gpu_carry/mamba_ssm-2.3.2.post1.tar.gz' in built
-    assert f'--build-dir {build} --jobs 8' in built and (build / 'rc').read_text().strip() == '0'
+    options = ' --prebuilt gpu_carry/mamba_ssm_ext' if prebuilt else ''
+    assert f'--build-dir {build} --jobs 8{options}\n' in built and (build / 'rc').read_text().strip() == '0'
     scan_log = (folder / 'scan_mamba_ssm.log').read_text()
     assert 'scripts/bench_scan.py --device cuda' in scan_log
     # then both kernels' instructions per update, read from the build just made, for this GPU

@@ -194,8 +194,8 @@ BUILT_BACKWARD = ('_Z25selective_scan_bwd_kernelI32Selective_Scan_bwd_kernel_tra
 
 
 def test_mamba_ssm_rows_read_the_built_objects_in_the_terms_of_the_triton_rows(report, tmp_path, monkeypatch):
-    """The objects of a build are found under the folder given, the instance MambaIR's training call
-    runs is picked among the others, and its chunk loop is counted per state update (one warp, one
+    """The objects of a build (or its shared library alone) are found under the folder given, the
+    instance MambaIR's training call runs is picked among the others, and its chunk loop is counted per state update (one warp, one
     pass: 32 lanes x 16 positions x 16 states); a build for another GPU, a missing object or instance
     stops with one line."""
     ext = tmp_path / 'ext-sm90-torch2.14.1'
@@ -206,12 +206,14 @@ def test_mamba_ssm_rows_read_the_built_objects_in_the_terms_of_the_triton_rows(r
     arch = {'value': 90}
 
     def tool(name, *args):
-        function = BUILT_FORWARD if 'fwd' in args[-1] else BUILT_BACKWARD
-        if args[0] == '-sass':
-            return (f'arch = sm_{arch["value"]}\n\t\tFunction : {other}\n        /*0000*/                   EXIT ;\n'
-                    f'\t\tFunction : {function}\n{_as_cuobjdump(NESTED_NVDISASM)}\n')
-        return (f' Function {other}:\n  REG:40 STACK:0 SHARED:0 LOCAL:0\n'
-                f' Function {function}:\n  REG:168 STACK:208 SHARED:1024 LOCAL:0 CONSTANT[0]:808\n')
+        if args[0] == '-sass':      # cuobjdump -sass -fun NAME FILE: that function's code alone
+            assert args[1] == '-fun'
+            return f'arch = sm_{arch["value"]}\n\t\tFunction : {args[2]}\n{_as_cuobjdump(NESTED_NVDISASM)}\n'
+        functions = [BUILT_FORWARD] if 'fwd' in args[-1] else [BUILT_BACKWARD]
+        if args[-1].endswith('.so'):      # the library holds every instance
+            functions = [BUILT_FORWARD, BUILT_BACKWARD]
+        return f' Function {other}:\n  REG:40 STACK:0 SHARED:0 LOCAL:0\n' + ''.join(
+            f' Function {f}:\n  REG:168 STACK:208 SHARED:1024 LOCAL:0 CONSTANT[0]:808\n' for f in functions)
     monkeypatch.setattr(report, '_tool', tool)
     forward, backward = report.mamba_ssm_rows(tmp_path, 90, ['fp32'])
     assert (forward.function, backward.function) == (BUILT_FORWARD, BUILT_BACKWARD)
@@ -230,6 +232,11 @@ def test_mamba_ssm_rows_read_the_built_objects_in_the_terms_of_the_triton_rows(r
     with pytest.raises(RuntimeError, match='no selective_scan_fwd_bf16.cuda.o in it .*build_mamba_ssm.py --arch 90'):
         report.mamba_ssm_rows(tmp_path, 90, ['bf16'])
     arch['value'] = 90
+    # a build carried to the GPU machine is its shared library alone: the same rows from it
+    carried = tmp_path / 'carried' / 'ext-sm90-torch2.11.0-cu130'
+    carried.mkdir(parents=True)
+    (carried / 'selective_scan_cuda.so').write_bytes(b'')
+    assert report.mamba_ssm_rows(tmp_path / 'carried', 90, ['fp32']) == [forward, backward]
     monkeypatch.setitem(report.SHAPES, 'short', (1, 8, 100))   # L = 100: the 32 x 4 instance, not built here
     with pytest.raises(RuntimeError, match='no kernel instance Selective_Scan_fwd_kernel_traitsILi32ELi4E'):
         report.mamba_ssm_rows(tmp_path, 90, ['fp32'], shape='short')
