@@ -319,6 +319,54 @@ def test_forced_triton_stops_with_one_line_naming_the_option(fake_gpu, monkeypat
         selective_scan(**args)
 
 
+def test_an_interpreted_failure_names_the_numpy_fix_where_triton_and_numpy_conflict(fake_gpu, monkeypatch):
+    """On the CPU interpreter (kernel tests), Triton < 3.7 with numpy >= 2.4 fails at every call:
+    the one line then says how to fix the environment; a GPU's failure never gets that hint."""
+    calls = fake_gpu(_raise(RuntimeError('only 0-dimensional arrays can be converted to Python scalars')))
+    monkeypatch.setattr(scan_module, 'interpreter_numpy_conflict', lambda: 'THE FIX')
+    args, _ = make_inputs('const', 4, '')
+    with pytest.raises(ScanKernelFailed) as caught:            # a (faked) GPU: no hint
+        selective_scan(**args, backend='triton')
+    assert 'THE FIX' not in str(caught.value)
+    monkeypatch.setattr(scan_module, '_on_gpu', lambda device: False)
+    monkeypatch.setattr(scan_module, '_triton_module', types.SimpleNamespace(
+        selective_scan_triton=scan_module._triton_module.selective_scan_triton, interpreting=lambda: True))
+    with pytest.raises(ScanKernelFailed) as caught:
+        selective_scan(**args, backend='triton')
+    assert ('(RuntimeError: only 0-dimensional arrays can be converted to Python scalars; THE FIX). Use auto'
+            in str(caught.value)) and len(calls) == 2
+
+
+@pytest.mark.parametrize('triton_version, numpy_version, conflict', [
+    ('3.6.0', '2.5.2', True),     # seen here: the GPU image's Triton (torch 2.11's pin) with numpy 2.5.2
+    ('3.6.0', '2.4.0', True),     # the numpy of triton-lang/triton issue 9171
+    ('3.5.1', '2.4.6', True),
+    ('3.6.0', '2.3.5', False),    # seen here: the kernel tests pass
+    ('3.7.0', '2.5.2', False),    # 3.7.0's interpreter squeezes the array first (read in its wheel)
+    ('3.10.0', '2.4.0', False),   # versions compared as numbers
+    ('3.8.0', '1.26.4', False),
+])
+def test_triton_interpreter_and_numpy_conflict_by_version(triton_version, numpy_version, conflict):
+    line = scan_module.interpreter_numpy_conflict(triton_version, numpy_version)
+    assert (line is not None) == conflict
+    if conflict:
+        assert line == (f"Triton {triton_version}'s CPU interpreter fails with numpy {numpy_version} (triton-lang/"
+                        "triton issue 9171, fixed in Triton 3.7): pip install 'numpy<2.4' (scripts/install.sh does)")
+
+
+def test_triton_interpreter_and_numpy_conflict_reads_the_installed_versions(monkeypatch):
+    installed = {'triton': '3.6.0', 'numpy': '2.5.2'}
+
+    def version(name):
+        if name not in installed:
+            raise scan_module.metadata.PackageNotFoundError(name)
+        return installed[name]
+    monkeypatch.setattr(scan_module.metadata, 'version', version)
+    assert scan_module.interpreter_numpy_conflict().startswith("Triton 3.6.0's CPU interpreter fails with numpy 2.5.2")
+    del installed['triton']                      # no triton (not Linux x86-64): no interpreter to fail
+    assert scan_module.interpreter_numpy_conflict() is None
+
+
 def test_mamba_ssm_kernel_gets_mamba_s_argument_order(fake_gpu, monkeypatch):
     calls = []
     monkeypatch.setattr(scan_module, '_cuda_fn', lambda *args: calls.append(args) or 'from mamba-ssm')

@@ -26,7 +26,9 @@ required and tests can set ``TRITON_INTERPRET`` before triton is first imported.
 """
 import logging
 import os
+import re
 import subprocess
+from importlib import metadata
 from typing import Callable, Dict, Optional, Sequence, Set, Tuple, Union
 
 import torch
@@ -151,6 +153,34 @@ def _triton_failures() -> Tuple[type, ...]:
     return (TritonError, RuntimeError, OSError, ImportError, subprocess.SubprocessError)
 
 
+# Triton's CPU interpreter before 3.7 turns a scalar kernel argument into a loop bound with int()
+# of a one-element array, which numpy 2.4 made an error (triton-lang/triton issue 9171, fixed for
+# 3.7.0 by pull request 9172). Seen here with Triton 3.6.0, the pin of torch 2.11, and numpy 2.5.2:
+# every interpreted call of the kernels stops with "only 0-dimensional arrays can be converted".
+INTERPRETER_FIXED_IN = (3, 7)
+NUMPY_STRICT_FROM = (2, 4)
+
+
+def _major_minor(version: str) -> Tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r'\d+', version)[:2])
+
+
+def interpreter_numpy_conflict(triton_version: Optional[str] = None,
+                               numpy_version: Optional[str] = None) -> Optional[str]:
+    """One line saying how to fix it when this Triton's CPU interpreter (``TRITON_INTERPRET=1``,
+    the kernel tests) cannot run with this numpy; None when it can or either is not installed.
+    Versions default to the installed ones."""
+    try:
+        triton_version = triton_version or metadata.version('triton')
+        numpy_version = numpy_version or metadata.version('numpy')
+    except metadata.PackageNotFoundError:
+        return None
+    if _major_minor(triton_version) < INTERPRETER_FIXED_IN and _major_minor(numpy_version) >= NUMPY_STRICT_FROM:
+        return (f"Triton {triton_version}'s CPU interpreter fails with numpy {numpy_version} (triton-lang/triton "
+                f"issue 9171, fixed in Triton 3.7): pip install 'numpy<2.4' (scripts/install.sh does)")
+    return None
+
+
 def _one_line(err: BaseException) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     text = lines[0] if lines else ''
@@ -184,6 +214,9 @@ def checked_kernel(backend: Optional[str], device: torch.device, backward: bool,
         if isinstance(err, torch.cuda.OutOfMemoryError):
             raise
         cause = _one_line(err)
+        conflict = None if _on_gpu(device) else interpreter_numpy_conflict()   # it ran interpreted
+        if conflict:
+            cause = f'{cause}; {conflict}'
         name = resolve_backend(backend)
         if name != 'auto':
             raise ScanKernelFailed(
