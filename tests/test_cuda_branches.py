@@ -1,4 +1,4 @@
-"""Every CUDA-only branch of the Python code, run on the CPU: the same lines, selected by a float16
+r"""Every CUDA-only branch of the Python code, run on the CPU: the same lines, selected by a float16
 ``MixedPrecision``, a faked GPU condition (one small function per module: ``_on_gpu``, ``on_cuda``,
 ``_copy_event``) or an in-process flag instead of a GPU. "CUDA-only" = code that only a run with
 CUDA tensors, ``train: amp: fp16`` / ``test: precision: fp16`` (refused on the CPU up front) or
