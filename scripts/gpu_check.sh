@@ -184,8 +184,10 @@ with_mamba_ssm() {
 scan_compile() {
   local arch
   arch=$(gpu_arch) || return
-  local pin=()   # one core, as the figure for this CPU was measured; unpinned (and said) without taskset
-  if command -v taskset > /dev/null; then pin=(taskset -c "$(($(nproc) - 1))"); else echo 'no taskset: not pinned to one core'; fi
+  local pin=() core=$(($(nproc) - 1))   # one core, as the figure for this CPU was measured; unpinned (and
+  # said) without a taskset that can pin here (a sandboxed kernel may refuse the affinity call)
+  if command -v taskset > /dev/null && taskset -c "$core" true 2> /dev/null; then pin=(taskset -c "$core")
+  else echo 'no taskset that can pin here: not pinned to one core'; fi
   TRITON_CACHE_DIR="$(mktemp -d)" "${pin[@]}" "$PY" scripts/scan_static_report.py --arch "$arch"
 }
 check_compile() { grep -E '^static figures|^sm_|^cold compile|^no taskset' "$1"; grep -q '^cold compile of the whole set' "$1"; }

@@ -176,6 +176,31 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
             '(goal <= 1.05)') in report.splitlines()
 
 
+@pytest.mark.parametrize('taskset', ['pins', 'refused', 'absent'])
+def test_the_cold_compile_is_pinned_to_one_core_where_taskset_can_pin(tmp_path, monkeypatch, taskset):
+    """The compile figure is for one core (as archs/README.md gives it for this CPU); where taskset is
+    missing or the kernel refuses the affinity call (a sandbox), the step runs unpinned and says so."""
+    tools = tmp_path / 'tools'     # every command on PATH but taskset
+    tools.mkdir()
+    for folder in reversed(os.environ['PATH'].split(os.pathsep)):
+        for entry in (os.scandir(folder) if os.path.isdir(folder) else []):
+            if entry.name != 'taskset':
+                (tools / entry.name).unlink(missing_ok=True)
+                (tools / entry.name).symlink_to(entry.path)
+    if taskset != 'absent':
+        fake = tools / 'taskset'   # logs its call, then runs the command, or fails as a refused affinity call
+        fake.write_text('#!/bin/bash\n' + ('echo "sched_setaffinity: Invalid argument" >&2; exit 1\n'
+                                            if taskset == 'refused' else 'echo "pinned: $*"; shift 2; exec "$@"\n'))
+        fake.chmod(0o755)
+    monkeypatch.setenv('PATH', str(tools))
+    result, _, folder = _run_with_fake_python(tmp_path, None, 0, '--scan-sweep')
+    compile_log = (folder / 'scan_compile.log').read_text()
+    assert 'fake-python scripts/scan_static_report.py --arch 90' in compile_log
+    pinned = f'pinned: -c {os.cpu_count() - 1} '
+    assert (pinned in compile_log) == (taskset == 'pins')
+    assert ('no taskset that can pin here: not pinned to one core' in compile_log) == (taskset != 'pins')
+
+
 def test_an_unknown_argument_is_one_line():
     result = subprocess.run(['bash', str(REPO / 'scripts' / 'gpu_check.sh'), '--sweep'], capture_output=True, text=True,
                             timeout=60)
