@@ -165,9 +165,9 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     assert f'on PYTHONPATH: fake-python scripts/build_mamba_ssm.py --sdist gpu_carry/mamba_ssm-2.3.2.post1.tar.gz ' \
            f'--build-dir {build} --print-path' in sweep                     # the built mamba-ssm on the path
     configs = re.search(r'--sweep (.*)$', sweep, re.M).group(1).split()
-    assert configs[0] == '16,4,2,1,4,2,1' and len(configs) == 9
+    assert configs[0] == '16,4,2,1,4,2,1' and len(configs) == 11
     bench = load_script('bench_scan')
-    assert len(bench.parse_sweep(configs)) == 9       # every configuration well formed
+    assert len(bench.parse_sweep(configs)) == 11      # every configuration well formed
     mamba_bench = (folder / 'bench_ldt_mambair_mamba_ssm.log').read_text()
     assert 'scripts/bench_ldt.py --device cuda --arch mambair' in mamba_bench and 'on PYTHONPATH' in mamba_bench
     assert 'on PYTHONPATH' not in (folder / 'bench_ldt_mambair.log').read_text()    # step 7: Triton
