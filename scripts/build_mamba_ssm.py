@@ -178,6 +178,13 @@ def nvcc_one(tree: Path, name: str, arch: str) -> None:
     out.unlink()
 
 
+def ext_name(arch: str) -> str:
+    """The folder of a build for ``arch`` against the installed torch (a build for another torch
+    does not load), under ``--build-dir`` and, carried, under ``--prebuilt``."""
+    import torch
+    return f'ext-sm{arch}-torch{torch.__version__.replace("+", "-")}'
+
+
 def build(tree: Path, build_dir: Path, arch: str, jobs: int) -> Path:
     """The extension compiled and loaded (``import selective_scan_cuda`` works in this process);
     returns the folder of its shared library."""
@@ -185,7 +192,7 @@ def build(tree: Path, build_dir: Path, arch: str, jobs: int) -> Path:
     from torch.utils.cpp_extension import load
     os.environ['TORCH_CUDA_ARCH_LIST'] = f'{arch[:-1]}.{arch[-1]}'  # this architecture only
     os.environ['MAX_JOBS'] = str(jobs)
-    ext_dir = build_dir / f'ext-sm{arch}-torch{torch.__version__.replace("+", "-")}'
+    ext_dir = build_dir / ext_name(arch)
     ext_dir.mkdir(parents=True, exist_ok=True)
     csrc = tree / 'csrc' / 'selective_scan'
     start = time.perf_counter()
@@ -255,8 +262,7 @@ def main() -> int:
         nvcc_one(tree, args.nvcc_one, args.arch or '90')
         return 0
     arch = arch_of_gpu(args.arch)
-    import torch
-    ext_dir = args.build_dir.resolve() / f'ext-sm{arch}-torch{torch.__version__.replace("+", "-")}'
+    ext_dir = args.build_dir.resolve() / ext_name(arch)
     paths = search_path(tree, ext_dir)
     if args.print_path:
         print(os.pathsep.join(paths))
