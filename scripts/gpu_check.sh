@@ -49,9 +49,11 @@ esac
 BUDGET_S="${GPU_CHECK_BUDGET_S:-$([ "$SWEEP" -eq 1 ] && echo 540 || echo 350)}"
 # The Triton launch settings the sweep times, CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES
 # (none spills when compiled for sm_90: archs/README.md, "Candidates for the GPU sweep"); the first is the default.
-# The last two halve the chunk: with the GPU machine's Triton 3.6 they keep the backward at 12 warps per SM,
-# where most 16-position backwards take over 200 registers (8 warps per SM).
-SWEEP_CONFIGS="${GPU_CHECK_SWEEP_CONFIGS:-16,4,2,1,4,2,1 16,4,2,2,4,2,2 16,8,2,1,8,2,1 16,8,2,2,8,2,2 16,16,2,1,8,4,1 16,16,4,1,16,4,1 16,32,4,1,32,8,1 16,4,1,1,4,2,3 16,4,2,3,4,2,1 8,8,2,1,8,2,1 8,16,4,1,16,4,1}"
+# 10-11 halve the chunk: with the GPU machine's Triton 3.6 they keep the backward at 12 warps per SM, where
+# most 16-position backwards take over 200 registers (8 warps per SM). 9 and 12 are for the batch-1 tile: a
+# forward pipelined three chunks deep, and one of 4 warps (a chunk's positions across lanes: 2.5x the
+# instructions per update, twice the warps per SM when batch x channels gives few programs).
+SWEEP_CONFIGS="${GPU_CHECK_SWEEP_CONFIGS:-16,4,2,1,4,2,1 16,4,2,2,4,2,2 16,8,2,1,8,2,1 16,8,2,2,8,2,2 16,16,2,1,8,4,1 16,16,4,1,16,4,1 16,32,4,1,32,8,1 16,4,1,1,4,2,3 16,4,2,3,4,2,1 8,8,2,1,8,2,1 8,16,4,1,16,4,1 16,4,4,1,4,2,1}"
 KILL_S=5   # a step that ignores SIGTERM at its limit is killed this much later
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
@@ -186,8 +188,9 @@ with_mamba_ssm() {
 scan_compile() {
   local arch
   arch=$(gpu_arch) || return
-  local pin=() core=$(($(nproc) - 1))   # one core, as the figure for this CPU was measured; unpinned (and
-  # said) without a taskset that can pin here (a sandboxed kernel may refuse the affinity call)
+  # One core, as the figure for this CPU was measured (the last one; nproc would obey OMP_NUM_THREADS);
+  # unpinned, and said, without a taskset that can pin here (a sandboxed kernel may refuse the call).
+  local pin=() core=$(($(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) - 1))
   if command -v taskset > /dev/null && taskset -c "$core" true 2> /dev/null; then pin=(taskset -c "$core")
   else echo 'no taskset that can pin here: not pinned to one core'; fi
   TRITON_CACHE_DIR="$(mktemp -d)" "${pin[@]}" "$PY" scripts/scan_static_report.py --arch "$arch"
