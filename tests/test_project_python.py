@@ -100,19 +100,21 @@ def test_venv_is_git_ignored():
 FAKE_PIP_PYTHON = """#!/usr/bin/env bash
 case "$*" in
   scripts/project_python.py) exit 0;;                          # not externally managed
-  *interpreter_numpy_conflict*) [ "$FAKE_CONFLICT" = 1 ] || exit 0
-    echo "Triton 3.6.0's CPU interpreter fails with numpy 2.5.2 (...)"; exit 1;;
+  *interpreter_numpy_conflict*) [ "$FAKE_CONFLICT" = broken ] && { echo 'ImportError: no torch' >&2; exit 1; }
+    [ "$FAKE_CONFLICT" = yes ] || exit 0
+    echo "Triton 3.6.0's CPU interpreter fails with numpy 2.5.2 (...)"; exit 3;;
   *'-m pip install'*) echo "$*" >> "$PIP_LOG";;
   *) echo 'basicsr-ldt ready';;
 esac
 """
 
 
-@pytest.mark.parametrize('conflict', [False, True])
+@pytest.mark.parametrize('conflict', ['no', 'yes', 'broken'])
 def test_install_keeps_numpy_below_2_4_only_where_tritons_interpreter_needs_it(tmp_path, conflict):
     """Triton < 3.7 (torch <= 2.11 pins it) cannot run the kernel tests on numpy >= 2.4
     (archs/scan/dispatch.py, interpreter_numpy_conflict): install.sh then installs numpy<2.4, and
-    leaves numpy alone everywhere else (CI's torch brings a Triton with the fix)."""
+    leaves numpy alone everywhere else (CI's torch brings a Triton with the fix); a check that cannot
+    run at all stops the install instead of changing numpy."""
     (tmp_path / 'scripts').mkdir()
     for name in ('install.sh', 'python_env.sh'):
         shutil.copy(REPO / 'scripts' / name, tmp_path / 'scripts' / name)
@@ -122,9 +124,10 @@ def test_install_keeps_numpy_below_2_4_only_where_tritons_interpreter_needs_it(t
     fake.chmod(0o755)
     log = tmp_path / 'pip.log'
     result = subprocess.run(['bash', str(tmp_path / 'scripts' / 'install.sh')], capture_output=True, text=True,
-                            env=clean_env(PYTHON=str(fake), PIP_LOG=str(log), FAKE_CONFLICT=str(int(conflict))))
-    assert result.returncode == 0, result.stderr
+                            env=clean_env(PYTHON=str(fake), PIP_LOG=str(log), FAKE_CONFLICT=conflict))
     installs = log.read_text().splitlines()
     assert installs[1] == '-m pip install --quiet --no-build-isolation -r requirements.txt'
-    assert installs[2:] == (['-m pip install --quiet numpy<2.4'] if conflict else [])
-    assert ("CPU interpreter fails with numpy" in result.stdout) == conflict
+    assert installs[2:] == (['-m pip install --quiet numpy<2.4'] if conflict == 'yes' else [])
+    assert ("CPU interpreter fails with numpy" in result.stdout) == (conflict == 'yes')
+    assert result.returncode == (1 if conflict == 'broken' else 0), result.stderr
+    assert ('basicsr-ldt ready' in result.stdout) == (conflict != 'broken')
