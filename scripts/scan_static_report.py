@@ -440,8 +440,8 @@ def mamba_ssm_function(build: Path, arch: int, name: str, traits: str) -> Tuple[
 
 def mamba_ssm_rows(build: Path, arch: int, dtypes: Sequence[str], shape: str = MEASURED) -> List[MambaSsmRow]:
     """mamba-ssm's forward and backward at ``shape`` read from a build (any folder holding its
-    objects or its shared library, e.g. ``build/mamba_ssm``; :func:`mamba_ssm_function`), in the terms of the Triton rows: warp-
-    instructions of the chunk loop per state update. Its chunk loop holds a loop over the states
+    objects or its shared library, e.g. ``build/mamba_ssm``; :func:`mamba_ssm_function`), in the
+    terms of the Triton rows: warp-instructions of the chunk loop per state update. Its chunk loop holds a loop over the states
     (one state, ``positions per thread`` updates per thread, per pass), counted ``DSTATE`` times;
     blocks behind a condition (the block scan's raking warp, one thread's writes) are counted in the
     first figure as if every warp ran them and left out of the second."""
