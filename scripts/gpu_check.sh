@@ -212,6 +212,31 @@ check_bench_mamba_ssm() {
   awk -v c="$cuda" -v t="$triton" 'BEGIN { printf "FT step: Triton %.1f ms (bench_ldt_mambair), mamba-ssm %.1f ms: Triton / mamba-ssm %.3f (goal <= 1.05)\n", t, c, t / c }'
 }
 
+# The issues' goals, each a ratio from this run's logs beside its bound (#38: the scan and the FT step
+# against mamba-ssm; #39: LDT/FT and LDT-S/FT for the three networks, the check's own time); "not
+# measured" where a step did not run or printed no figure.
+goal() {   # goal NAME VALUE BOUND
+  if [ -z "$2" ]; then echo "  $1: not measured"
+  else awk -v n="$1" -v v="$2" -v b="$3" 'BEGIN { printf "  %s: %s (goal <= %s) %s\n", n, v, b, (v + 0 <= b + 0) ? "met" : "MISSED" }'; fi
+}
+summary_ratio() { grep -h '^summary:' "$1" 2>/dev/null | tail -n 1 | sed -n "s/.*| $2 \([0-9.]*\).*/\1/p"; }
+goals() {
+  local before arch
+  before=$(cat "$REPORT")   # the steps' lines, read before these lines join them
+  echo 'goals (ratios from this run):'
+  goal 'scan fwd+bwd Triton / mamba-ssm, training shape' \
+    "$(sed -n 's/^triton \/ mamba-ssm fwd+bwd: \([0-9.]*\).*/\1/p' "$DIR/scan_mamba_ssm.log" 2>/dev/null | head -n 1)" 1.0
+  goal 'FT step Triton / mamba-ssm' "$(echo "$before" | sed -n 's/.*: Triton \/ mamba-ssm \([0-9.]*\) (goal.*/\1/p' | head -n 1)" 1.05
+  for arch in mambair hat safmn; do
+    goal "$arch LDT/FT time" "$(summary_ratio "$DIR/bench_ldt_$arch.log" 'LDT\/FT time')" 1.7
+    goal "$arch LDT/FT memory" "$(summary_ratio "$DIR/bench_ldt_$arch.log" 'LDT\/FT memory')" 1.05
+    goal "$arch LDT-S/FT time" "$(summary_ratio "$DIR/bench_ldt_$arch.log" 'LDT-S\/FT time')" 1.05
+  done
+  # the check without --scan-sweep: its steps' times from this report (machine start not included)
+  goal 'seconds of the steps gpu_check runs without --scan-sweep' "$(echo "$before" | sed -n 's/^\[[A-Z]*\] \([a-z0-9_]*\) (\([0-9]*\) s.*/\1 \2/p' \
+    | awk '$1 != "scan_compile" && $1 != "scan_sweep" && $1 != "bench_ldt_mambair_mamba_ssm" { s += $2 } END { print s + 0 }')" 360
+}
+
 demo_data() {
   if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Mix_023_x4.png ]; then   # the current demo build
     "$PY" scripts/make_demo_data.py --force --cameras Olympus Pan Sony DSC IMG Canon Mix || return
@@ -303,5 +328,6 @@ if [ "$SWEEP" -eq 1 ]; then
   [ "$BUILD_MAMBA" -eq 1 ] && run_step bench_ldt_mambair_mamba_ssm 45 check_bench_mamba_ssm bash -c bench_mamba_ssm
 fi
 
+goals | tee -a "$REPORT"
 say "result: $([ "$FAILED" -eq 0 ] && echo 'all steps passed' || echo "$FAILED step(s) failed or skipped") in ${SECONDS} s of the ${BUDGET_S} s budget (report: $REPORT)"
 [ "$FAILED" -eq 0 ]

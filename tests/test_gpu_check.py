@@ -26,7 +26,10 @@ echo "fake-python $*"
 case "${PYTHONPATH:-}" in *carried_site*) echo "carried site on PYTHONPATH";; esac
 case "${PYTHONPATH:-}" in *--print-path*) echo "on PYTHONPATH: $PYTHONPATH";; esac   # a mamba-ssm build's path
 case "$*" in *bench_ldt.py*)   # bench_ldt's summary line: its FT step 100 ms on mamba-ssm, 104 ms on Triton
-  echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT $([ "${BASICSR_LDT_SCAN:-}" = cuda ] && echo 100.0 || echo 104.0) ms | LDT/FT time 1.500";;
+  echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT $([ "${BASICSR_LDT_SCAN:-}" = cuda ] && echo 100.0 || echo 104.0) ms | LDT/FT time 1.500 | LDT/FT memory 1.100 | LDT-S/FT time 1.020 | LDT-S/FT memory n/a";;
+esac
+case "$*:${PYTHONPATH:-}" in *bench_scan.py*--print-path*)   # the scan benchmark with mamba-ssm on the path
+  echo "triton / mamba-ssm fwd+bwd: 0.95 (medians, this run; goal <= 1.0)"; echo "triton / mamba-ssm fwd+bwd: 1.30 (tile)";;
 esac
 sleep "${FAKE_SLEEP:-0}"
 """
@@ -174,6 +177,17 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     assert re.search(r'^\[PASS\] bench_ldt_mambair_mamba_ssm', report, re.M), report
     assert ('    FT step: Triton 104.0 ms (bench_ldt_mambair), mamba-ssm 100.0 ms: Triton / mamba-ssm 1.040 '
             '(goal <= 1.05)') in report.splitlines()
+    # the issues' goals from this run's logs, last: the training shape's scan ratio (not the tile's), the
+    # FT step's, each network's LDT/FT and LDT-S/FT (memory n/a: not measured), the check's own seconds
+    goals = report[report.index('goals (ratios from this run):'):].splitlines()[1:13]
+    assert goals == [
+        '  scan fwd+bwd Triton / mamba-ssm, training shape: 0.95 (goal <= 1.0) met',
+        '  FT step Triton / mamba-ssm: 1.040 (goal <= 1.05) met',
+        *[line for arch in ('mambair', 'hat', 'safmn') for line in (
+            f'  {arch} LDT/FT time: 1.500 (goal <= 1.7) met', f'  {arch} LDT/FT memory: 1.100 (goal <= 1.05) MISSED',
+            f'  {arch} LDT-S/FT time: 1.020 (goal <= 1.05) met')],
+        '  seconds of the steps gpu_check runs without --scan-sweep: 0 (goal <= 360) met']
+    assert report.splitlines()[-1].startswith('result: ')
 
 
 @pytest.mark.parametrize('taskset', ['pins', 'refused', 'absent'])
