@@ -38,7 +38,7 @@ import sysconfig
 import tarfile
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 # Where CUDA toolkits are installed (cuda, cuda-13.0, ...), when CUDA_HOME does not say.
@@ -185,14 +185,13 @@ def ext_name(arch: str) -> str:
     return f'ext-sm{arch}-torch{torch.__version__.replace("+", "-")}'
 
 
-def build(tree: Path, build_dir: Path, arch: str, jobs: int) -> Path:
-    """The extension compiled and loaded (``import selective_scan_cuda`` works in this process);
-    returns the folder of its shared library."""
+def build(tree: Path, ext_dir: Path, arch: str, jobs: int) -> None:
+    """The extension compiled into ``ext_dir`` and loaded (``import selective_scan_cuda`` works in
+    this process)."""
     import torch
     from torch.utils.cpp_extension import load
     os.environ['TORCH_CUDA_ARCH_LIST'] = f'{arch[:-1]}.{arch[-1]}'  # this architecture only
     os.environ['MAX_JOBS'] = str(jobs)
-    ext_dir = build_dir / ext_name(arch)
     ext_dir.mkdir(parents=True, exist_ok=True)
     csrc = tree / 'csrc' / 'selective_scan'
     start = time.perf_counter()
@@ -202,7 +201,6 @@ def build(tree: Path, build_dir: Path, arch: str, jobs: int) -> Path:
          extra_include_paths=[str(csrc)], build_directory=str(ext_dir), verbose=False)
     print(f'built selective_scan_cuda for sm_{arch} against torch {torch.__version__} in '
           f'{time.perf_counter() - start:.0f} s with MAX_JOBS={jobs}: {ext_dir}', flush=True)
-    return ext_dir
 
 
 def search_path(tree: Path, ext_dir: Path) -> List[str]:
@@ -218,24 +216,25 @@ def import_check(paths: List[str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
-def use_prebuilt(carried: Path, tree: Path, ext_dir: Path) -> bool:
-    """Whether the extension carried in ``carried`` (built on another machine against this torch, for
-    this architecture) imports here, installed into ``ext_dir``; a GPU machine's image may lack a
-    library the building machine had, so one that does not import is removed and built from the sdist."""
+def use_prebuilt(carried: Path, tree: Path, ext_dir: Path) -> Optional[subprocess.CompletedProcess]:
+    """The passing :func:`import_check` of the extension carried in ``carried`` (built on another
+    machine against this torch, for this architecture), installed into ``ext_dir``; None when none is
+    carried or it does not import: a GPU machine's image may lack a library the building machine
+    had, so one that does not import is removed and built from the sdist."""
     library = carried / LIBRARY
     if not library.is_file():
         print(f'--prebuilt: no {library} (none carried for this GPU and torch); building from the sdist', flush=True)
-        return False
+        return None
     ext_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(library, ext_dir / LIBRARY)
     check = import_check(search_path(tree, ext_dir))
     if check.returncode == 0:
         print(f'--prebuilt: {library} imports here; not compiling', flush=True)
-        return True
+        return check
     print(check.stderr[-2000:], file=sys.stderr)
     print(f'--prebuilt: {library} does not import here (above); building from the sdist', flush=True)
     (ext_dir / LIBRARY).unlink()
-    return False
+    return None
 
 
 def main() -> int:
@@ -267,11 +266,12 @@ def main() -> int:
     if args.print_path:
         print(os.pathsep.join(paths))
         return 0
-    if not (args.prebuilt and use_prebuilt(args.prebuilt / ext_dir.name, tree, ext_dir)):
+    check = use_prebuilt(args.prebuilt / ext_dir.name, tree, ext_dir) if args.prebuilt else None
+    if check is None:
         print(f'CUDA toolkit: {cuda_home()}', flush=True)
         print(f'ninja: {ensure_ninja(args.sdist, args.build_dir.resolve())}', flush=True)
-        build(tree, args.build_dir.resolve(), arch, args.jobs)
-    check = import_check(paths)
+        build(tree, ext_dir, arch, args.jobs)
+        check = import_check(paths)
     if check.returncode != 0:
         print(check.stderr[-3000:], file=sys.stderr)
         sys.exit('build_mamba_ssm.py: the built extension does not import (above)')

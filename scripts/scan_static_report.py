@@ -29,9 +29,9 @@ loads a pipelined chunk loop issues ahead); and the warp-instructions one warp i
 the chunk loop, per state update (the loop found in the control-flow graph of the SASS).
 ``--mamba-ssm BUILD_DIR`` reads mamba-ssm's kernels from a build of ``scripts/build_mamba_ssm.py``
 (``--arch 90`` builds one without a GPU) and prints the same figures for the instance MambaIR's
-training call runs, and the Triton / mamba-ssm ratio of instructions per update. ``--sweep`` compiles other launch settings
-(:data:`archs.scan.triton_launches.LAUNCH_SETTINGS`, the format of ``bench_scan.py --sweep``),
-``--launch NAME=VALUE`` changes some of them.
+training call runs, and the Triton / mamba-ssm ratio of instructions per update. ``--sweep``
+compiles other launch settings (:data:`archs.scan.triton_launches.LAUNCH_SETTINGS`, the format of
+``bench_scan.py --sweep``), ``--launch NAME=VALUE`` changes some of them.
 
 No time estimate: an earlier version of this script modelled each launch's time from such
 figures and promised 0.47 ms forward + backward at the training shape for the kernels then in
@@ -374,13 +374,13 @@ MAMBA_SSM_LONG = (128, 16)
 # selective_scan.cpp, line 307 of 2.3.2.post1) and each pass of a block's chunk loop works on threads x positions
 # slots whether or not they are in the sequence (the loads are guarded, the arithmetic is not).
 MAMBA_SSM_CHUNK = 2048
+# input_t of its kernels' templates, as the C++ compiler mangles it (weight_t is float: real A)
+MANGLED_INPUT = {'fp32': 'f', 'bf16': 'N3c108BFloat16E', 'fp16': 'N3c104HalfE'}
 
 
 def slots_per_position(length: int, pass_slots: int, passes: int) -> float:
     """Slots the chunk loops work on per position of the sequence: 1 when the passes tile it exactly."""
     return passes * pass_slots / length
-# input_t of its kernels' templates, as the C++ compiler mangles it (weight_t is float: real A)
-MANGLED_INPUT = {'fp32': 'f', 'bf16': 'N3c108BFloat16E', 'fp16': 'N3c104HalfE'}
 
 
 def mamba_ssm_kernel(kernel: str, length: int, dtype: str) -> Tuple[str, str, int, int]:
@@ -441,10 +441,10 @@ def mamba_ssm_function(build: Path, arch: int, name: str, traits: str) -> Tuple[
 def mamba_ssm_rows(build: Path, arch: int, dtypes: Sequence[str], shape: str = MEASURED) -> List[MambaSsmRow]:
     """mamba-ssm's forward and backward at ``shape`` read from a build (any folder holding its
     objects or its shared library, e.g. ``build/mamba_ssm``; :func:`mamba_ssm_function`), in the
-    terms of the Triton rows: warp-instructions of the chunk loop per state update. Its chunk loop holds a loop over the states
-    (one state, ``positions per thread`` updates per thread, per pass), counted ``DSTATE`` times;
-    blocks behind a condition (the block scan's raking warp, one thread's writes) are counted in the
-    first figure as if every warp ran them and left out of the second."""
+    terms of the Triton rows: warp-instructions of the chunk loop per state update. Its chunk loop
+    holds a loop over the states (one state, ``positions per thread`` updates per thread, per pass),
+    counted ``DSTATE`` times; blocks behind a condition (the block scan's raking warp, one thread's
+    writes) are counted in the first figure as if every warp ran them and left out of the second."""
     batch, dim, length = SHAPES[shape]
     rows = []
     for dtype in dtypes:
