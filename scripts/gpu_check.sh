@@ -11,9 +11,9 @@
 #   4. train         75 s  small MambaIR, LDT in bf16 through every phase (head warm-up, profiling,
 #                          dual training with DPU), two validations (iterations 60 and 100) of both
 #                          sets with the official cutting in bf16, composite saved at 60 and 100
-#   5. test_bf16     25 s  test.py in bf16 on that composite, 32-pixel tiles, both sets
+#   5. test_bf16     35 s  test.py in bf16 on that composite, 32-pixel tiles, both sets
 #   6. torchrun      45 s  a 2-process torchrun run (NCCL with a GPU per rank; Gloo when they share one)
-#   7. bench_*   45/45/25 s  bench_ldt.py in bf16 for classic MambaIR, HAT and SAFMN x4 (LR 48, batch 4):
+#   7. bench_*   40/40/25 s  bench_ldt.py in bf16 for classic MambaIR, HAT and SAFMN x4 (LR 48, batch 4):
 #                          FT step, LDT dual step, LDT-S step, peak memory, ratios to FT of the run
 #   8. scan_mamba_ssm 110 s only when mamba-ssm's sdist was carried (GPU_CHECK_MAMBA_SDIST, default
 #                          gpu_carry/mamba_ssm-*.tar.gz) and mamba_ssm does not import: its selective_scan_cuda
@@ -24,7 +24,7 @@
 #                          beside Triton and torch (Triton / mamba-ssm from the same run), and
 #                          scan_static_report.py --mamba-ssm prints both kernels' instructions per update
 # With --scan-sweep (the scan issue's GPU session; budget 540 s unless GPU_CHECK_BUDGET_S is set):
-#   1b. scan_compile 20 s  right after step 1: scan_static_report.py's cold compile of the Triton scan for
+#   1b. scan_compile 30 s  right after step 1: scan_static_report.py's cold compile of the Triton scan for
 #                          this GPU's architecture on one core, empty cache (the figure archs/README.md
 #                          gives for this CPU), beside the mamba-ssm build
 #   9. scan_sweep   110 s  bench_scan.py --sweep over the Triton launch settings in SWEEP_CONFIGS (each
@@ -48,12 +48,12 @@ case "${1:-}" in
 esac
 BUDGET_S="${GPU_CHECK_BUDGET_S:-$([ "$SWEEP" -eq 1 ] && echo 540 || echo 350)}"
 # The Triton launch settings the sweep times, CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES
-# (none spills when compiled for sm_90: archs/README.md, "Candidates for the GPU sweep"); the first is the default.
-# 10-11 halve the chunk: with the GPU machine's Triton 3.6 they keep the backward at 12 warps per SM, where
-# most 16-position backwards take over 200 registers (8 warps per SM). 9 and 12 are for the batch-1 tile: a
-# forward pipelined three chunks deep, and one of 4 warps (a chunk's positions across lanes: 2.5x the
-# instructions per update, twice the warps per SM when batch x channels gives few programs).
-SWEEP_CONFIGS="${GPU_CHECK_SWEEP_CONFIGS:-16,4,2,1,4,2,1 16,4,2,2,4,2,2 16,8,2,1,8,2,1 16,8,2,2,8,2,2 16,16,2,1,8,4,1 16,16,4,1,16,4,1 16,32,4,1,32,8,1 16,4,1,1,4,2,3 16,4,2,3,4,2,1 8,8,2,1,8,2,1 8,16,4,1,16,4,1 16,4,4,1,4,2,1}"
+# (none spills when compiled for sm_90 with Triton 3.6 or 3.8); the first is the default. The first H100
+# sweeps (archs/README.md, "Measured on an H100") found eight-position chunks fastest forward+backward at the
+# training shape and sixteen-position forwards with one warp fastest at the batch-1 tile: 2-9 vary the
+# default's blocks, warps and pipelining one at a time; 9-12 are the sixteen-position ones that came
+# closest (the last, the former default, as a baseline).
+SWEEP_CONFIGS="${GPU_CHECK_SWEEP_CONFIGS:-8,4,1,1,8,2,1 8,8,2,1,8,2,1 8,4,1,1,8,2,2 8,4,1,2,8,2,1 8,4,1,1,16,4,1 8,2,1,1,8,2,1 8,8,1,1,8,2,1 8,4,1,1,4,1,1 16,4,1,1,4,2,1 16,4,1,1,4,2,3 16,8,2,2,8,2,2 16,4,2,1,4,2,1}"
 KILL_S=5   # a step that ignores SIGTERM at its limit is killed this much later
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
@@ -307,17 +307,17 @@ print(f'GPU {torch.cuda.get_device_name(0)} ({props.total_memory / 2**30:.0f} Gi
       f'x{torch.cuda.device_count()}, driver {driver}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}')
 print(f'torch {torch.__version__}, triton {triton_version}, mamba-ssm {mamba}, bf16 {torch.cuda.is_bf16_supported()}')
 EOF
-[ "$SWEEP" -eq 1 ] && run_step scan_compile 20 check_compile bash -c scan_compile
+[ "$SWEEP" -eq 1 ] && run_step scan_compile 30 check_compile bash -c scan_compile
 run_step scan_backends 60 check_scan bash -c scan_backends
 run_step demo_data 20 check_data bash -c demo_data
 run_step train_mambair_ldt_bf16 75 check_train "$PY" Train_pip.py -opt options/demo/train_demo_mambair_ldt_gpu.yml
-run_step test_bf16 25 check_test "$PY" test.py -opt options/demo/test_demo_mambair_gpu.yml
+run_step test_bf16 35 check_test "$PY" test.py -opt options/demo/test_demo_mambair_gpu.yml
 run_step torchrun_ddp_2 45 check_ddp \
   "$PY" -m torch.distributed.run --nproc_per_node=2 --master_port="${GPU_CHECK_PORT:-29511}" Train_pip.py \
   -opt options/demo/train_demo_mambair_ldt_gpu.yml --launcher pytorch --force_yml name=gpu_check_ddp \
   datasets:train:batch_size_per_gpu=2 train:total_iter=40 ldt:head_warmup_iters=10 ldt:profile_iters=10 \
   logger:save_checkpoint_freq=20 logger:print_freq=20 val:val_freq=40
-for arch in mambair:45 hat:45 safmn:25; do
+for arch in mambair:40 hat:40 safmn:25; do
   run_step "bench_ldt_${arch%%:*}" "${arch##*:}" check_bench "$PY" scripts/bench_ldt.py --device cuda --arch "${arch%%:*}" \
     --amp bf16 --patch 48 --batch 4 --warm 2 --iters 4 --no-profile-memory
 done

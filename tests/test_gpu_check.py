@@ -72,7 +72,7 @@ def test_every_step_runs_under_its_limit_and_the_limits_fit_six_minutes(tmp_path
     assert [name for _, name, _, _ in steps] == STEPS
     limits = {name: int(limit) for _, name, _, limit in steps}
     assert limits == {'versions': 10, 'scan_backends': 60, 'demo_data': 20, 'train_mambair_ldt_bf16': 75,
-                      'test_bf16': 25, 'torchrun_ddp_2': 45, 'bench_ldt_mambair': 45, 'bench_ldt_hat': 45,
+                      'test_bf16': 35, 'torchrun_ddp_2': 45, 'bench_ldt_mambair': 40, 'bench_ldt_hat': 40,
                       'bench_ldt_safmn': 25}
     assert sum(limits.values()) <= 350
     log = {name: (folder / f'{name}.log').read_text() for name in STEPS}
@@ -161,14 +161,14 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     names = STEPS[:1] + ['scan_compile'] + STEPS[1:] + ['scan_mamba_ssm', 'scan_sweep', 'bench_ldt_mambair_mamba_ssm']
     assert [name for name, _ in steps] == names
     limits = dict(steps)
-    assert (limits['scan_compile'], limits['scan_sweep'], limits['bench_ldt_mambair_mamba_ssm']) == ('20', '110', '45')
+    assert (limits['scan_compile'], limits['scan_sweep'], limits['bench_ldt_mambair_mamba_ssm']) == ('30', '110', '45')
     compile_log = (folder / 'scan_compile.log').read_text()
     assert 'fake-python scripts/scan_static_report.py --arch 90\n' in compile_log   # this GPU's architecture
     sweep = (folder / 'scan_sweep.log').read_text()
     assert f'on PYTHONPATH: fake-python scripts/build_mamba_ssm.py --sdist gpu_carry/mamba_ssm-2.3.2.post1.tar.gz ' \
            f'--build-dir {build} --print-path' in sweep                     # the built mamba-ssm on the path
     configs = re.search(r'--sweep (.*)$', sweep, re.M).group(1).split()
-    assert configs[0] == '16,4,2,1,4,2,1' and len(configs) == 12
+    assert configs[0] == '8,4,1,1,8,2,1' and len(configs) == 12
     bench = load_script('bench_scan')
     assert len(bench.parse_sweep(configs)) == 12      # every configuration well formed
     mamba_bench = (folder / 'bench_ldt_mambair_mamba_ssm.log').read_text()
@@ -186,7 +186,10 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
         *[line for arch in ('mambair', 'hat', 'safmn') for line in (
             f'  {arch} LDT/FT time: 1.500 (goal <= 1.7) met', f'  {arch} LDT/FT memory: 1.100 (goal <= 1.05) MISSED',
             f'  {arch} LDT-S/FT time: 1.020 (goal <= 1.05) met')],
-        '  seconds of the steps gpu_check runs without --scan-sweep: 0 (goal <= 360) met']
+        goals[11]]
+    # the stand-in steps take a second or two on a loaded machine: the seconds are this run's own
+    assert re.fullmatch(r'  seconds of the steps gpu_check runs without --scan-sweep: [0-5] \(goal <= 360\) met',
+                        goals[11]), goals[11]
     assert report.splitlines()[-1].startswith('result: ')
 
 

@@ -58,9 +58,13 @@ def test_one_compiled_kernel_per_direction_serves_every_shape_and_compiles_in_se
         assert 0 < row['registers'] <= 255, row
         assert set(row['narrow_offsets']) <= PER_CHANNEL, row
         assert row['fp_fusion'] is True, row
-        assert row['programs'] == 4 * 4 * 90, row         # batch x 4 groups x 360 / BLOCK_D channel blocks
-        assert row['needed_bytes'] <= row['moved_bytes'] <= 1.5 * row['needed_bytes'], row
-        # the chunk loop's warp-instructions per state update (0.65 and 1.93 with Triton 3.8): the
+        block_d = getattr(triton_launches, f"{row['kernel'].upper()}_BLOCK_D")
+        assert row['programs'] == 4 * 1440 // block_d, row   # batch x channels / BLOCK_D channel blocks
+        # beyond what the call needs, only the float32 chunk-entry states (and the last state): one
+        # (batch, channels, d_state) state per CHUNK positions, written forward, read backward
+        states = 4 * 1440 * 16 * (-(-2304 // triton_launches.CHUNK) + 1) * 4
+        assert row['needed_bytes'] <= row['moved_bytes'] <= row['needed_bytes'] + states, row
+        # the chunk loop's warp-instructions per state update (0.47 and 1.59 with Triton 3.8): the
         # bound catches a loop unrolled again or a layout that shuffles every update across lanes
         assert 0 < row['instructions_per_update'] < {'forward': 1.0, 'backward': 3.0}[row['kernel']], row
         stages = getattr(triton_launches, f"{row['kernel'].upper()}_STAGES")

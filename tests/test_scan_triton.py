@@ -444,6 +444,41 @@ def test_benchmark_compares_backends_against_the_float64_reference(interpreted, 
     assert {name: getattr(triton_launches, name) for name in names} == before   # defaults restored
 
 
+def test_benchmark_times_torch_once_at_a_tile_and_checks_mambair_before_the_tile(monkeypatch, capsys):
+    """On a GPU, the torch scan at the 250x250 tile took seconds a call: timed at full repeats it ran the
+    GPU check's scan step past its limit before the network check (the first run of the cuda
+    backend inside MambaIR) was reached. Now, on stand-ins: past REFERENCE_GRAD_LENGTH torch is timed
+    once without warm-up (said), the other backends at --repeats; and --device cuda runs the training
+    shape, then the MambaIR check, then the tile."""
+    bench = load_script('bench_scan')
+    torch_scan = bench.backend_fn('torch')
+    monkeypatch.setattr(bench, 'backend_fn', lambda name: torch_scan)
+    monkeypatch.setattr(bench, 'available_backends', lambda device: [('triton', ''), ('cuda', '')])
+    calls = []
+    timed = bench.time_fwd_bwd
+    monkeypatch.setattr(bench, 'time_fwd_bwd', lambda fn, inputs, repeats, warmup=0, backward=True:
+                        calls.append((repeats, warmup)) or timed(fn, inputs, repeats, warmup, backward))
+    monkeypatch.setattr(bench, 'REFERENCE_GRAD_LENGTH', 8)   # side 3: L 9 counts as a tile
+    args = argparse.Namespace(batch=1, d_inner=3, d_state=3, side=3, repeats=3, warmup=2, skip_loop=True)
+    bench.compare_backends(args, torch.device('cpu'))
+    out = capsys.readouterr().out
+    assert calls == [(1, 0), (3, 2), (3, 2)], calls   # torch, triton, mamba-ssm
+    assert re.search(r'^torch +fwd\+bwd: median [\d.]+ ms, best [\d.]+ ms \(one timed run\)$', out, re.M), out
+    assert re.search(r'^triton +fwd\+bwd: median [\d.]+ ms, best [\d.]+ ms$', out, re.M), out
+    calls.clear()
+    monkeypatch.setattr(bench, 'REFERENCE_GRAD_LENGTH', 9)   # at the training shape: every backend at --repeats
+    bench.compare_backends(args, torch.device('cpu'))
+    assert calls == [(3, 2)] * 3 and '(one timed run)' not in capsys.readouterr().out
+    order = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(bench, 'versions', lambda device: 'versions')
+    monkeypatch.setattr(bench, 'compare_backends', lambda a, device: order.append((a.batch, a.side)))
+    monkeypatch.setattr(bench, 'compare_mambair', lambda device: order.append('mambair'))
+    monkeypatch.setattr(sys, 'argv', ['bench_scan.py', '--device', 'cuda'])
+    bench.main()
+    assert order == [(4, 48), 'mambair', (1, 250)]
+
+
 def test_the_sweep_marks_a_wrong_configuration_and_times_each_beside_mamba_ssm(monkeypatch, capsys):
     """The sweep's own logic, on stand-ins (the torch scan for both kernels, fast): a configuration
     whose output is off by 1% is marked WRONG and never reported as the fastest, and with mamba-ssm

@@ -23,21 +23,22 @@ COMPILE_OPTIONS = {'enable_fp_fusion': True}
 
 # Positions per chunk (the kernels' T, a power of two): the programs walk the sequence in a
 # runtime loop over chunks of this many positions, so L never changes the compiled code.
-CHUNK = 16
+CHUNK = 8
 # Channels per program of the forward and of the backward kernel (powers of two; at most the
-# channels of one B/C group, rounded up), and their warps per program. Compiled for sm_90, wider
-# forward blocks execute fewer warp-instructions per state update in their chunk loop (0.33 at
-# 16 channels and 2 warps, 0.65 at 4; scripts/scan_static_report.py) but give fewer programs
-# (368 at the training shape, 92 for a 250x250 tile at batch 1, for 132 SMs):
-# `scripts/bench_scan.py --device cuda --sweep` decides on a GPU.
+# channels of one B/C group, rounded up), their warps per program, and the software-pipelining
+# stages of each chunk loop (``tl.range(num_stages=...)``; 1 is the plain loop). Chosen by
+# ``scripts/bench_scan.py --device cuda --sweep`` on an H100 (driver 580.159.04, torch 2.11.0+cu130,
+# triton 3.6.0), beside mamba-ssm 2.3.2.post1 in the same run, float32 forward+backward at MambaIR's
+# training shape (batch 4, 1440 channels, L 2304): 1.738 ms against mamba-ssm's 2.646 ms (0.66);
+# 8,8,2,1,8,2,1 was 1.668 ms (0.63) but its forward at a 250x250 tile of batch 1 (validation,
+# test.py) took 7.93 ms against these settings' 6.02 ms (mamba-ssm 3.59 ms); the former defaults
+# 16,4,2,1,4,2,1 took 2.657 ms (1.00). Sixteen-position backwards take over 200 registers with
+# Triton 3.6 (8 warps per SM); eight-position ones 162 (12 warps per SM). archs/README.md has the
+# whole sweep (``--sweep`` takes CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES).
 FORWARD_BLOCK_D = 4
-BACKWARD_BLOCK_D = 4
-FORWARD_WARPS = 2
+BACKWARD_BLOCK_D = 8
+FORWARD_WARPS = 1
 BACKWARD_WARPS = 2
-# Software-pipelining stages of each kernel's chunk loop (``tl.range(num_stages=...)``): 1 is the
-# plain loop; at 2 or more the loads of the next chunks are issued as asynchronous copies while a
-# chunk computes (more registers, so fewer programs per SM). Not yet timed on a GPU: the sweep
-# decides (``--sweep`` takes CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES).
 FORWARD_STAGES = 1
 BACKWARD_STAGES = 1
 #: The launch settings above, in the order ``bench_scan.py --sweep`` and
