@@ -26,7 +26,7 @@ Training and profiling precision (fp16 = torch's GradScaler, which runs on the C
   ldt/precision.py resolve_dtype: fp16 accepted on 'cuda', bf16-support check on 'cuda'
       -> test_resolve_dtype_on_cuda_checks_bf16_support
   models/guarded_step.py fp16: setup_precision's log line, optimize_parameters (GradScaler skip on
-  overflow, skip before backward on a NaN loss, bad-step count), scaler state in the training
+  overflow, step skipped on a NaN loss, bad-step count), scaler state in the training
   state and on resume -> test_fp16_ft_model_skips_overflow_and_nan_and_resumes_its_scaler
   models/ldt_model.py fp16: the scalers inside the 'ldt' training state, resumed
       -> test_fp16_ldt_model_has_one_scaler_per_optimizer_and_resumes_them, test_fp16_ldt_s_steps_and_resumes
@@ -665,7 +665,7 @@ def test_fp16_ft_model_skips_overflow_and_nan_and_resumes_its_scaler(fp16_models
     model.precision.scaler('net_g').update(1024.0)
     _step(model, 3)
     assert not _same_weights(_weights(model.net_g), before)
-    # a NaN loss: skipped before backward, counted, scaler untouched
+    # a NaN loss: step skipped (its gradients dropped), counted, scaler untouched
     scaler_state = model.precision.state_dict()
     before = _weights(model.net_g)
     _step(model, 4, nan=True)

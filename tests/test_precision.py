@@ -124,6 +124,34 @@ def test_bf16_autocast_steps_keep_fp32_weights_and_gradients_out_of_the_optimize
     assert all(p.dtype == torch.float32 for p in net.parameters())
 
 
+def test_a_training_step_reads_the_loss_once_after_its_backward():
+    """A GPU step is bound by its launches: every host read of a device value stops the CPU until the
+    GPU has caught up. The step reads its loss once, with the backward already queued (the finite
+    check and the report share it), and a NaN loss still changes no weight. Counted on the CPU: the
+    reads are aten._local_scalar_dense (SGD: Adam reads its own step counters)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+    for nan in (False, True):
+        net = _net()
+        before = copy.deepcopy(net.state_dict())
+        with Ops() as ops:
+            loss = optimizer_step(net, torch.optim.SGD(net.parameters(), lr=0.1), _loss(1, {net} if nan else None),
+                                  MixedPrecision(torch.bfloat16, 'cpu'))
+        reads = [i for i, name in enumerate(ops.names) if name.startswith('_local_scalar_dense')]
+        backward = [i for i, name in enumerate(ops.names) if name.startswith('convolution_backward')]
+        assert len(reads) == 1 and backward and max(backward) < reads[0], ops.names
+        assert math.isfinite(loss) != nan
+        assert _same(net.state_dict(), before) == nan      # a NaN loss: gradients dropped, no step
+
+
 @pytest.mark.parametrize('value, device, message', [
     ('fp16', 'cpu', 'train.amp: fp16 needs a CUDA device and this run is on the CPU; use bf16 or none'),
     ('half', 'cpu', "train.amp: expected one of 'none', 'bf16', 'fp16', got 'half'"),

@@ -9,6 +9,7 @@ and the EMA exchange is one fused foreach op under ``no_grad``.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -18,7 +19,7 @@ from torch import nn
 from basicsr_ldt.ldt.equations import composite_state, ema_exchange_
 from basicsr_ldt.ldt.freezing import set_trainable
 from basicsr_ldt.ldt.partition import Partition
-from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, finite_on_all_ranks, reported_loss
+from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, reported_loss
 
 BatchLoss = Callable[[nn.Module], torch.Tensor]
 # (trainable parameters, role) -> optimizer; role is 'warmup', 'finetune', 'primary' or
@@ -34,9 +35,9 @@ def optimizer_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_l
                    precision: Optional[MixedPrecision] = None, key: str = 'train', synchronise: bool = True) -> float:
     """One forward/backward/step of one network; its graph and gradients are gone on return.
 
-    Returns the loss. A non-finite loss (on any rank) skips ``backward`` and the step and is
-    returned as it is (NaN on ranks whose own loss was finite), so ``math.isfinite`` of the
-    result tells the caller whether the network changed. ``synchronise=False`` leaves gradient
+    Returns the loss. A non-finite loss (on any rank) skips the step (its gradients are dropped)
+    and is returned as it is (NaN on ranks whose own loss was finite), so ``math.isfinite`` of
+    the result tells the caller whether the network changed. ``synchronise=False`` leaves gradient
     averaging to a DDP wrapper.
     """
     precision = precision or MixedPrecision()
@@ -44,16 +45,19 @@ def optimizer_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_l
     running = RunningStatistics(network)
     with precision.autocast():
         loss = batch_loss(network)
-    finite = finite_on_all_ranks(loss)
-    if finite:
-        precision.backward(loss, key)
+    # Backward first, then one host sync reads the loss for the check and the report: checking
+    # before backward stopped the CPU until a GPU had run the forward, and reading the loss after
+    # the step was a second sync. A non-finite loss costs one backward whose gradients are dropped.
+    precision.backward(loss, key)
+    value = reported_loss(loss)
+    if math.isfinite(value):
         if synchronise:
             average_gradients(optimizer)
         precision.step(optimizer, key)
     else:
         running.restore()
     optimizer.zero_grad(set_to_none=True)
-    return reported_loss(loss, finite)
+    return value
 
 
 def average_gradients(optimizer: torch.optim.Optimizer) -> None:

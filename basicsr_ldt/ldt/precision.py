@@ -13,11 +13,14 @@ no optimizer: its scaler unscales and checks the gradients through a stand-in wh
 overflowed is left out, and the scale backs off and grows exactly as in training, with one host
 sync per sample. bf16 has fp32's exponent range and needs no scaler.
 
-A non-finite loss skips its step before ``backward``: no optimizer step, no statistics, and the
+A non-finite loss skips its step: no optimizer step (a training step runs ``backward`` first
+and drops its gradients, so the loss is read once, with the step's one host sync, for the check
+and the report; a profiling sample is checked before ``backward``), no statistics, and the
 caller skips the EMA/DPU exchange; batch-norm running statistics the forward pass already
 updated are put back (:class:`RunningStatistics`), so a corrupted batch leaves no trace. The
-decision is taken on all ranks together (one tiny all-reduce), because a rank that skipped
-``backward`` while another ran it would deadlock the gradient all-reduce.
+decision is taken on all ranks together (one tiny all-reduce), so that every rank skips the
+same steps and runs the same collectives (a rank that skipped a ``backward`` another rank ran
+would deadlock the gradient all-reduce).
 """
 from __future__ import annotations
 
@@ -168,8 +171,14 @@ def finite_on_all_ranks(loss: torch.Tensor) -> bool:
     return bool(finite)
 
 
-def reported_loss(loss: torch.Tensor, finite_everywhere: bool) -> float:
-    """The value to report for a step: the loss, or NaN when another rank's loss was not finite
-    (so every rank reports the step as skipped)."""
+def reported_loss(loss: torch.Tensor) -> float:
+    """The step's loss as a float, NaN when another rank's loss was not finite (so every rank
+    skips the same steps): the one host sync of a training step, where the loss is both checked
+    and reported."""
     value = float(loss.detach())
-    return value if finite_everywhere or not math.isfinite(value) else math.nan
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        flag = torch.tensor([float(math.isfinite(value))], device=loss.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if not flag.item() and math.isfinite(value):
+            return math.nan
+    return value
