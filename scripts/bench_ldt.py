@@ -4,6 +4,7 @@
     python scripts/bench_ldt.py [--arch msrresnet] [--device cpu|cuda] [--amp none|bf16|fp16] [--iters 5]
     python scripts/bench_ldt.py --device cuda --arch mambair --amp bf16     # classic MambaIR x4, LR 48
     python scripts/bench_ldt.py --device cuda --arch hat --amp bf16 --no-profile-memory   # also safmn
+    python scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --compare-scan triton cuda
 
 The last line is the summary the results table takes, every figure a ratio to FT from this run:
 ``summary: arch=... FT <ms> ms | LDT/FT time <r> | LDT/FT memory <r> | LDT-S/FT time <r> | LDT-S/FT memory <r>``
@@ -26,6 +27,12 @@ tracemalloc does not see torch's CPU allocations, so it is not used. On CPU with
 peak memory is not measured (one line says why; the summary shows n/a): memory the timed steps
 freed stays resident in this process, so a later configuration grows the RSS by next to nothing.
 The partition is a real variance partition (ratio_u 0.5) from a short profiling pass.
+
+``--compare-scan A B`` (MambaIR only) times instead FT steps of two copies of the network (same
+seed) whose selective scans run on backends A and B, alternating which goes first on every batch,
+and prints ``FT step scan A / B: <median of the per-iteration ratios>``: a ratio close to 1 (the
+goal Triton / mamba-ssm <= 1.05) is below the drift between two separate runs, which a per-batch
+pairing cancels.
 """
 from __future__ import annotations
 
@@ -46,6 +53,7 @@ import basicsr_ldt  # noqa: E402,F401  (torchvision shim before basicsr)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from archs.scan.dispatch import BACKENDS as SCAN_BACKENDS  # noqa: E402
 from basicsr_ldt.ldt import (AMP_DTYPES, LDT, GradientStatistics, LDTConfig, MixedPrecision,  # noqa: E402
                              optimizer_step, preset, resolve_dtype)
 
@@ -62,7 +70,7 @@ CLASSIC = {'hat': 'HAT', 'safmn': 'SAFMN'}
 ARCHS = ('msrresnet', 'edsr', 'rrdbnet') + tuple(MAMBAIR) + tuple(CLASSIC)
 
 
-def build_network(arch: str, scale: int) -> nn.Module:
+def build_network(arch: str, scale: int, scan_backend: Optional[str] = None) -> nn.Module:
     if arch == 'msrresnet':
         from basicsr.archs.srresnet_arch import MSRResNet
         return MSRResNet(upscale=scale)
@@ -74,7 +82,7 @@ def build_network(arch: str, scale: int) -> nn.Module:
         return RRDBNet(3, 3, scale=scale, num_block=6)
     if arch in MAMBAIR:
         from archs.mambair_arch import MambaIR
-        return MambaIR(**{**MAMBAIR[arch], 'upscale': scale})
+        return MambaIR(**{**MAMBAIR[arch], 'upscale': scale}, scan_backend=scan_backend)
     if arch in CLASSIC:
         from basicsr.archs import build_network as build
         from basicsr_ldt.inference.api import network_options
@@ -287,6 +295,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--in-process', action='store_true',
                    help='no subprocesses (always so on CUDA, where memory is measured in this process); on CPU '
                         'peak memory is then not measured: by default each CPU configuration runs in a fresh process')
+    p.add_argument('--compare-scan', nargs=2, metavar=('A', 'B'), choices=SCAN_BACKENDS,
+                   help='MambaIR only: FT steps with scan backend A against B, alternating per batch '
+                        f'({", ".join(SCAN_BACKENDS)})')
     p.add_argument('--worker', choices=['ft', 'dual', 'profile', 'ldt_s'], help=argparse.SUPPRESS)
     p.add_argument('--partition', help=argparse.SUPPRESS)
     p.add_argument('--profile-samples', type=int, default=10, help=argparse.SUPPRESS)
@@ -297,6 +308,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         precision(args)
     except ValueError as err:
         p.error(str(err))
+    if args.compare_scan and args.arch not in MAMBAIR:
+        p.error(f'--compare-scan: the selective scan is MambaIR\'s; expected --arch {" or ".join(MAMBAIR)}, '
+                f'got {args.arch}')
     if args.warm is None:
         args.warm = 3 if on_cuda(args.device) else 1
     args.in_process = args.in_process or on_cuda(args.device)
@@ -313,6 +327,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     where = torch.cuda.get_device_name(device) if on_cuda(device) else f'threads {torch.get_num_threads()}'
     print(f'bench_ldt: arch={args.arch} device={device} amp={args.amp} LR patch {args.patch} batch {args.batch} '
           f'x{args.scale}, torch {torch.__version__}, {where}')
+    if args.compare_scan:
+        compare_scan(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         part_path = os.path.join(tmp, 'partition.json')
         algo = profile_partition(args, part_path)
@@ -387,6 +404,34 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               f"{summary['ft_ms']:.1f} ms | LDT/FT time {summary['time']:.3f} | LDT/FT memory "
               f"{ratio_text(summary['memory'])} | LDT-S/FT time {summary['ldt_s_time']:.3f} | LDT-S/FT memory "
               f"{ratio_text(summary['ldt_s_memory'])}")
+
+
+def compare_scan(args: argparse.Namespace) -> float:
+    """FT steps of MambaIR with its scan on ``args.compare_scan`` = (A, B): two copies from one
+    seed, stepped on the same batches, A first on even batches and B first on odd ones; returns
+    and prints the median of the per-batch ratios A / B."""
+    first, second = args.compare_scan
+    steps = {}
+    for backend in (first, second):
+        torch.manual_seed(0)
+        net = build_network(args.arch, args.scale, scan_backend=backend).to(args.device)
+        steps[backend] = (net, adam(list(net.parameters()), 'finetune'))
+    amp = precision(args)
+    times = {first: [], second: []}
+    for i, (lq, gt) in enumerate(batches(args, args.warm + args.iters, args.patch, args.batch, args.device)):
+        for backend in ((first, second) if i % 2 == 0 else (second, first)):
+            net, opt = steps[backend]
+            sync(args.device); start = time.perf_counter()
+            optimizer_step(net, opt, l1(lq, gt), amp, 'finetune')
+            sync(args.device)
+            if i >= args.warm:
+                times[backend].append(time.perf_counter() - start)
+    ratios = [a / b for a, b in zip(times[first], times[second])]
+    ratio = statistics.median(ratios)
+    print(f'FT step scan {first} / {second}: {ratio:.3f} (median of {len(ratios)} per-batch ratios '
+          f'{[round(r, 2) for r in ratios]}, order alternating) | {first} {statistics.median(times[first]) * 1e3:.1f} ms, '
+          f'{second} {statistics.median(times[second]) * 1e3:.1f} ms (medians)')
+    return ratio
 
 
 def profiling_memory(args: argparse.Namespace) -> None:

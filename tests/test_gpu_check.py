@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh on a machine without CUDA; its budget, limits, report and commands with a
 stand-in interpreter; and the option files it trains and tests with (run on the CPU, shortened, so
 a typo in them is not first found on a lent GPU)."""
+import copy
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import subprocess
 import time
 
 import pytest
+import torch
 import yaml
 
 from conftest import REPO, load_script, run_entry
@@ -25,8 +27,10 @@ case "$*" in *'-m pip install'*) case "$*" in *not-for-this-python*) exit 1;; es
 echo "fake-python $*"
 case "${PYTHONPATH:-}" in *carried_site*) echo "carried site on PYTHONPATH";; esac
 case "${PYTHONPATH:-}" in *--print-path*) echo "on PYTHONPATH: $PYTHONPATH";; esac   # a mamba-ssm build's path
-case "$*" in *bench_ldt.py*)   # bench_ldt's summary line: its FT step 100 ms on mamba-ssm, 104 ms on Triton
-  echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT $([ "${BASICSR_LDT_SCAN:-}" = cuda ] && echo 100.0 || echo 104.0) ms | LDT/FT time 1.500 | LDT/FT memory 1.100 | LDT-S/FT time 1.020 | LDT-S/FT memory n/a";;
+case "$*" in *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 ms on Triton, 100 ms on mamba-ssm
+  echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
+  *bench_ldt.py*)   # bench_ldt's summary line
+  echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.500 | LDT/FT memory 1.100 | LDT-S/FT time 1.020 | LDT-S/FT memory n/a";;
 esac
 case "$*:${PYTHONPATH:-}" in *bench_scan.py*--print-path*)   # the scan benchmark with mamba-ssm on the path
   echo "triton / mamba-ssm fwd+bwd: 0.95 (medians, this run; goal <= 1.0)"; echo "triton / mamba-ssm fwd+bwd: 1.30 (tile)";;
@@ -172,10 +176,11 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     bench = load_script('bench_scan')
     assert len(bench.parse_sweep(configs)) == 12      # every configuration well formed
     mamba_bench = (folder / 'bench_ldt_mambair_mamba_ssm.log').read_text()
-    assert 'scripts/bench_ldt.py --device cuda --arch mambair' in mamba_bench and 'on PYTHONPATH' in mamba_bench
+    assert ('scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 10 '
+            '--compare-scan triton cuda') in mamba_bench and 'on PYTHONPATH' in mamba_bench
     assert 'on PYTHONPATH' not in (folder / 'bench_ldt_mambair.log').read_text()    # step 7: Triton
     assert re.search(r'^\[PASS\] bench_ldt_mambair_mamba_ssm', report, re.M), report
-    assert ('    FT step: Triton 104.0 ms (bench_ldt_mambair), mamba-ssm 100.0 ms: Triton / mamba-ssm 1.040 '
+    assert ('    FT step: Triton 104.0 ms, mamba-ssm 100.0 ms (medians), paired per batch: Triton / mamba-ssm 1.040 '
             '(goal <= 1.05)') in report.splitlines()
     # the issues' goals from this run's logs, last: the training shape's scan ratio (not the tile's), the
     # FT step's, each network's LDT/FT and LDT-S/FT (memory n/a: not measured), the check's own seconds
@@ -292,6 +297,37 @@ def test_gpu_check_option_files_train_and_test_on_cpu(project, demo_data, demo_m
     assert 'Inference: 32-pixel tiles overlapping by 8, bf16' in log
     summary = json.loads((project / 'results' / test['name'] / 'metrics.json').read_text())['summary']
     assert math.isfinite(summary['LDT-bf16']['Mean']['psnr']) and summary['LDT-bf16']['Sony']['images'] == 4
+
+
+def test_bench_ldt_compares_two_scan_backends_batch_by_batch(monkeypatch, capsys):
+    """The GPU check's FT step Triton / mamba-ssm: two separate benchmark runs drifted by 9% on the
+    H100, more than the goal's 5%, so --compare-scan steps two copies of MambaIR (same seed, one scan
+    backend each) on the same batches, alternating which goes first, and reports the median of the
+    per-batch ratios. Here with two CPU backends; a network without a scan is refused in one line."""
+    bench = load_script('bench_ldt')
+    backend_of, stepped = {}, []
+    build, step = bench.build_network, bench.optimizer_step
+
+    def built(arch, scale, scan_backend=None):
+        net = build(arch, scale, scan_backend=scan_backend)
+        backend_of[id(net)] = (scan_backend, copy.deepcopy(net.state_dict()))
+        return net
+    monkeypatch.setattr(bench, 'build_network', built)
+    monkeypatch.setattr(bench, 'optimizer_step', lambda net, *a, **k: stepped.append(backend_of[id(net)][0]) or
+                        step(net, *a, **k))
+    bench.main(['--arch', 'mambair_small', '--device', 'cpu', '--patch', '4', '--batch', '1', '--iters', '3',
+                '--warm', '1', '--compare-scan', 'torch', 'auto'])
+    out = capsys.readouterr().out
+    assert stepped == ['torch', 'auto', 'auto', 'torch'] * 2          # 1 warm-up + 3 timed batches
+    (first, a), (second, b) = backend_of.values()
+    assert (first, second) == ('torch', 'auto') and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    line = re.search(r'^FT step scan torch / auto: (\d+\.\d+) \(median of 3 per-batch ratios \[.*\], order '
+                     r'alternating\) \| torch [\d.]+ ms, auto [\d.]+ ms \(medians\)$', out, re.M)
+    assert line and 0.2 < float(line.group(1)) < 5, out
+    with pytest.raises(SystemExit):
+        bench.main(['--arch', 'msrresnet', '--compare-scan', 'torch', 'auto'])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(   # prog: the script's name, or pytest's here
+        "error: --compare-scan: the selective scan is MambaIR's; expected --arch mambair or mambair_small, got msrresnet")
 
 
 def test_bench_ldt_builds_the_three_networks_in_their_released_configuration():
