@@ -26,6 +26,7 @@ case "$*" in *find_spec*basicsr*) [ "${FAKE_NO_BASICSR:-0}" = 1 ] && exit 1; exi
 case "$*" in *'-m pip install'*) case "$*" in *not-for-this-python*) exit 1;; esac; echo "pip $*"; exit 0;; esac
 echo "fake-python $*"
 case "${PYTHONPATH:-}" in *carried_site*) echo "carried site on PYTHONPATH";; esac
+case "$*" in *scan_static_report.py*) echo "TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-}";; esac
 case "${PYTHONPATH:-}" in *--print-path*) echo "on PYTHONPATH: $PYTHONPATH";; esac   # a mamba-ssm build's path
 case "$*" in *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 ms on Triton, 100 ms on mamba-ssm
   echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
@@ -198,30 +199,15 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     assert report.splitlines()[-1].startswith('result: ')
 
 
-@pytest.mark.parametrize('taskset', ['pins', 'refused', 'absent'])
-def test_the_cold_compile_is_pinned_to_one_core_where_taskset_can_pin(tmp_path, monkeypatch, taskset):
-    """The compile figure is for one core (as archs/README.md gives it for this CPU); where taskset is
-    missing or the kernel refuses the affinity call (a sandbox), the step runs unpinned and says so."""
-    tools = tmp_path / 'tools'     # every command on PATH but taskset
-    tools.mkdir()
-    for folder in reversed(os.environ['PATH'].split(os.pathsep)):
-        for entry in (os.scandir(folder) if os.path.isdir(folder) else []):
-            if entry.name != 'taskset':
-                (tools / entry.name).unlink(missing_ok=True)
-                (tools / entry.name).symlink_to(entry.path)
-    if taskset != 'absent':
-        fake = tools / 'taskset'   # logs its call, then runs the command, or fails as a refused affinity call
-        fake.write_text('#!/bin/bash\n' + ('echo "sched_setaffinity: Invalid argument" >&2; exit 1\n'
-                                            if taskset == 'refused' else 'echo "pinned: $*"; shift 2; exec "$@"\n'))
-        fake.chmod(0o755)
-    monkeypatch.setenv('PATH', str(tools))
-    monkeypatch.setenv('OMP_NUM_THREADS', '1')    # as the test runner sets it: not the cores to pin to
+def test_the_cold_compile_runs_on_an_empty_triton_cache_of_its_own(tmp_path, monkeypatch):
+    """The compile figure is a cold one: the step gives the static report a fresh, empty Triton cache
+    (never the user's ~/.triton, which would make it a cache load)."""
+    monkeypatch.setenv('TRITON_CACHE_DIR', str(tmp_path / 'users_cache'))
     result, _, folder = _run_with_fake_python(tmp_path, None, 0, '--scan-sweep')
     compile_log = (folder / 'scan_compile.log').read_text()
     assert 'fake-python scripts/scan_static_report.py --arch 90' in compile_log
-    pinned = f'pinned: -c {len(os.sched_getaffinity(0)) - 1} '
-    assert (pinned in compile_log) == (taskset == 'pins')
-    assert ('no taskset that can pin here: not pinned to one core' in compile_log) == (taskset != 'pins')
+    cache = re.search(r'^TRITON_CACHE_DIR=(.*)$', compile_log, re.M).group(1)
+    assert cache != str(tmp_path / 'users_cache') and os.path.isdir(cache) and not os.listdir(cache)
 
 
 def test_an_unknown_argument_is_one_line():
