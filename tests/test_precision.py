@@ -230,3 +230,20 @@ def test_weights_holding_nan_are_never_saved(tmp_path):
         model.net_g[3].weight[0, 0, 0, 0] = math.inf
     with pytest.raises(FloatingPointError, match='1 weight tensors hold NaN/inf at iteration 6: not saving them'):
         model.check_savable(6)
+
+
+def test_running_statistics_look_up_a_networks_batch_norms_once_and_follow_its_mode():
+    """A skipped step puts batch norm's running statistics back. The norm layers are found once per
+    network (a walk over every module cost about a millisecond a step); whether they are in training
+    mode is read at every step."""
+    from basicsr_ldt.ldt.precision import RunningStatistics
+    net = _net()
+    assert len(RunningStatistics(net).buffers) == 3            # running mean, variance, batches tracked
+    net.eval()
+    assert RunningStatistics(net).buffers == []                # eval: the forward changes no statistics
+    net.train()
+    snapshot = RunningStatistics(net)
+    net(torch.randn(2, 2, 6, 6))
+    assert not torch.equal(net[1].running_mean, snapshot.saved[0])
+    snapshot.restore()
+    assert torch.equal(net[1].running_mean, snapshot.saved[0]) and net[1].num_batches_tracked.item() == 0

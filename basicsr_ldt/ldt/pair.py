@@ -111,8 +111,8 @@ class CrossFrozenPair:
         """Eq. 4-7 for one branch: forward, loss, gradients of its trainable layers, update
         (skipped, and the loss returned non-finite, when the loss is not finite)."""
         network = self.primary if branch == 'primary' else self.auxiliary
-        if branch == 'auxiliary':
-            self.auxiliary.train(self.primary.training)
+        if branch == 'auxiliary' and self.auxiliary.training != self.primary.training:
+            self.auxiliary.train(self.primary.training)   # a walk over every module: only on a change
         return optimizer_step(network, self.optimizers[branch], batch_loss, precision, branch)
 
     def exchange(self) -> None:
