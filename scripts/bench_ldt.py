@@ -28,6 +28,8 @@ peak memory is not measured (one line says why; the summary shows n/a): memory t
 freed stays resident in this process, so a later configuration grows the RSS by next to nothing.
 The partition is a real variance partition (ratio_u 0.5) from a short profiling pass.
 
+``--count-ops`` counts instead the aten operators of one FT, primary and auxiliary step, and the
+dual/FT ratio they predict for a step bound by its kernel launches (on a GPU at a small batch).
 ``--compare-scan A B`` (MambaIR only) times instead FT steps of two copies of the network (same
 seed) whose selective scans run on backends A and B, alternating which goes first on every batch,
 and prints ``FT step scan A / B: <median of the per-iteration ratios>``: a ratio close to 1 (the
@@ -45,13 +47,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import basicsr_ldt  # noqa: E402,F401  (torchvision shim before basicsr)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from archs.scan.dispatch import BACKENDS as SCAN_BACKENDS  # noqa: E402
 from basicsr_ldt.ldt import (AMP_DTYPES, LDT, GradientStatistics, LDTConfig, MixedPrecision,  # noqa: E402
@@ -101,8 +104,13 @@ def l1(lq: torch.Tensor, gt: torch.Tensor):
     return lambda net: (net(lq) - gt).abs().mean()
 
 
+# Adam's implementation: torch's default for the device (one kernel per tensor list on CUDA, a loop
+# over tensors on the CPU); --count-ops sets True, so that the CPU counts the optimizer as CUDA runs it.
+ADAM_FOREACH: Optional[bool] = None
+
+
 def adam(params, role):
-    return torch.optim.Adam(params, lr=1e-4)
+    return torch.optim.Adam(params, lr=1e-4, foreach=ADAM_FOREACH)
 
 
 def rss_bytes() -> int:
@@ -298,6 +306,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--compare-scan', nargs=2, metavar=('A', 'B'), choices=SCAN_BACKENDS,
                    help='MambaIR only: FT steps with scan backend A against B, alternating per batch '
                         f'({", ".join(SCAN_BACKENDS)})')
+    p.add_argument('--count-ops', action='store_true',
+                   help='count the aten operators of one FT, primary and auxiliary step instead of timing')
     p.add_argument('--worker', choices=['ft', 'dual', 'profile', 'ldt_s'], help=argparse.SUPPRESS)
     p.add_argument('--partition', help=argparse.SUPPRESS)
     p.add_argument('--profile-samples', type=int, default=10, help=argparse.SUPPRESS)
@@ -323,6 +333,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(json.dumps(worker(args)))
         return
 
+    global ADAM_FOREACH
+    ADAM_FOREACH = True if args.count_ops else None
     device = args.device
     where = torch.cuda.get_device_name(device) if on_cuda(device) else f'threads {torch.get_num_threads()}'
     print(f'bench_ldt: arch={args.arch} device={device} amp={args.amp} LR patch {args.patch} batch {args.batch} '
@@ -359,6 +371,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             if keep:
                 wall[key].append(time.perf_counter() - w0); cpu[key].append(time.process_time() - c0)
 
+        if args.count_ops:
+            lq, gt = data[0]
+            count_ops({'FT': lambda: optimizer_step(ft_net, ft_opt, l1(lq, gt), ft_amp, 'finetune'),
+                       'primary': lambda: algo.pair.step('primary', l1(lq, gt), algo.precision),
+                       'auxiliary': lambda: algo.pair.step('auxiliary', l1(lq, gt), algo.precision)})
+            return
         for i, (lq, gt) in enumerate(data):
             keep = i >= args.warm
             timed('ft', lambda: optimizer_step(ft_net, ft_opt, l1(lq, gt), ft_amp, 'finetune'), keep)
@@ -404,6 +422,48 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               f"{summary['ft_ms']:.1f} ms | LDT/FT time {summary['time']:.3f} | LDT/FT memory "
               f"{ratio_text(summary['memory'])} | LDT-S/FT time {summary['ldt_s_time']:.3f} | LDT-S/FT memory "
               f"{ratio_text(summary['ldt_s_memory'])}")
+
+
+# Aten operators that launch no GPU kernel, besides views (their schema says so): tensors made
+# without computing, a host read of a scalar, the profiler's markers.
+NO_KERNEL = frozenset({'detach', 'alias', 'lift_fresh', 'empty', 'empty_like', 'empty_strided', 'new_empty',
+                       'new_empty_strided', '_local_scalar_dense', '_record_function_enter_new',
+                       '_record_function_exit'})
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten operators run inside it: all of them, and those that launch a kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.all = self.kernels = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.all += 1
+        self.kernels += not func.is_view and func.overloadpacket.__name__ not in NO_KERNEL
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(steps: Dict[str, Callable[[], object]]) -> Dict[str, Tuple[int, int]]:
+    """Aten operators of one step of each kind (after one uncounted step, which creates the
+    optimizer's state), and the dual/FT ratio they predict where every operator costs the same, as
+    on a GPU whose step is bound by its launches: a branch runs the whole forward and input-gradient
+    backward, and freezing removes only weight gradients and optimizer updates."""
+    counts = {}
+    for name, step in steps.items():
+        step()
+        with OpCounter() as counter:
+            step()
+        counts[name] = (counter.kernels, counter.all)
+    ft = counts['FT']
+    print('aten ops per step (kernel-launching / all; Triton kernels are not aten ops: the scan adds 2 '
+          'per call on CUDA): ' + ' | '.join(
+              f'{name} {k} / {a}' + ('' if name == 'FT' else f' ({k / ft[0]:.3f} / {a / ft[1]:.3f} of FT)')
+              for name, (k, a) in counts.items()))
+    dual = [counts['primary'][i] + counts['auxiliary'][i] for i in (0, 1)]
+    print(f'  dual/FT if every op cost the same (a launch-bound step): {dual[0] / ft[0]:.3f} by kernel-launching '
+          f'ops, {dual[1] / ft[1]:.3f} by all ops')
+    return counts
 
 
 def compare_scan(args: argparse.Namespace) -> float:

@@ -73,6 +73,11 @@ Benchmarks and gpu_check.sh:
          no CUDA -> tests/test_gpu_check.py::test_gpu_check_without_cuda_is_one_line_and_non_zero;
          its option files -> tests/test_gpu_check.py::test_gpu_check_option_files_train_and_test_on_cpu
 
+Freezing (ldt/freezing.py):
+  _on_gpu -> a conv with frozen weight and trainable bias takes the fused convolution on CUDA
+  (cuDNN skips the weight gradient there; the split conv + bias add is for the CPU's oneDNN)
+      -> test_bias_only_convs_split_on_the_cpu_and_stay_fused_on_cuda
+
 Inference, resume, processes:
   inference/tiling.py tiled_forward and inference/api.py upscale (through run_inference) under fp16 autocast
       -> test_fp16_inference_runs_under_fp16_autocast_and_returns_fp32
@@ -863,3 +868,39 @@ def test_gpu_check_reads_the_mean_psnr_of_test_py_table(tmp_path, psnr, ok):
     assert (run.returncode == 0) == ok
     if not ok:
         assert run.stderr.strip() == f'mean PSNR {psnr} is not a plausible SR output'
+
+
+def test_bias_only_convs_split_on_the_cpu_and_stay_fused_on_cuda(monkeypatch):
+    """A conv whose weight is frozen and whose bias trains: on the CPU its bias is added apart (oneDNN's
+    fused backward would compute the weight gradient anyway); with CUDA inputs the fused convolution
+    runs (cuDNN computes only the gradients asked for; the split only added operators). Both give the
+    same output and bias gradient and no weight gradient."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from basicsr_ldt.ldt import freezing
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls.append((func.__name__, args))
+            return func(*args, **(kwargs or {}))
+    results = {}
+    for gpu in (False, True):
+        monkeypatch.setattr(freezing, '_on_gpu', lambda tensor: gpu)
+        torch.manual_seed(0)
+        conv = nn.Conv2d(3, 4, 3, padding=1)
+        freezing.set_trainable(conv, {'bias'})
+        x = torch.randn(2, 3, 6, 6)
+        with Ops() as ops:
+            out = conv(x)
+        convs = [args for name, args in ops.calls if name.startswith('convolution')]
+        adds = [name for name, _ in ops.calls if name.startswith('add')]
+        assert len(convs) == 1 and (convs[0][2] is None) != gpu and bool(adds) != gpu, ops.calls
+        out.square().sum().backward()
+        assert conv.weight.grad is None
+        results[gpu] = (out.detach(), conv.bias.grad)
+    assert torch.allclose(results[True][0], results[False][0], atol=1e-6)
+    assert torch.allclose(results[True][1], results[False][1], rtol=1e-5)

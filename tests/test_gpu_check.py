@@ -316,6 +316,27 @@ def test_bench_ldt_compares_two_scan_backends_batch_by_batch(monkeypatch, capsys
         "error: --compare-scan: the selective scan is MambaIR's; expected --arch mambair or mambair_small, got msrresnet")
 
 
+def test_bench_ldt_counts_the_operators_of_each_step_and_the_ratio_they_predict(capsys):
+    """On an H100 at batch 4 the three networks' steps cost 19-22 us per aten operator: launch-bound,
+    so a branch, which runs the whole forward and input-gradient backward, costs its share of FT's
+    operators whatever it freezes. --count-ops prints those counts and the dual/FT they predict."""
+    bench = load_script('bench_ldt')
+    bench.main(['--arch', 'msrresnet', '--device', 'cpu', '--patch', '6', '--batch', '1', '--count-ops',
+                '--profile-passes', '2'])
+    out = capsys.readouterr().out
+    line = re.search(r'^aten ops per step \(kernel-launching / all; .*\): FT (\d+) / (\d+) \| primary (\d+) / (\d+) '
+                     r'\(([\d.]+) / ([\d.]+) of FT\) \| auxiliary (\d+) / (\d+) \(([\d.]+) / ([\d.]+) of FT\)$', out, re.M)
+    assert line, out
+    ft_k, ft_a, p_k, p_a, _, _, a_k, a_a, _, _ = (float(v) for v in line.groups())
+    assert 0 < p_k < p_a and 0 < a_k < a_a and 0 < ft_k < ft_a     # views and allocations: not kernels
+    ratio = re.search(r'^  dual/FT if every op cost the same \(a launch-bound step\): ([\d.]+) by kernel-launching '
+                      r'ops, ([\d.]+) by all ops$', out, re.M)
+    assert ratio and abs(float(ratio.group(1)) - (p_k + a_k) / ft_k) < 1e-3 and \
+        abs(float(ratio.group(2)) - (p_a + a_a) / ft_a) < 1e-3
+    assert 'time/iter' not in out     # counted, not timed
+    assert bench.ADAM_FOREACH is True     # the optimizer counted as CUDA runs it
+
+
 def test_bench_ldt_builds_the_three_networks_in_their_released_configuration():
     from conftest import load_script
     bench = load_script('bench_ldt')

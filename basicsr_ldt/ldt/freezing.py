@@ -8,6 +8,10 @@ of one conv often land in different groups. For those convs we compute
 ``conv(x, W, None) + b``: the conv's backward then only needs the input gradient and the bias
 gradient is a cheap reduction. Numerically this differs from the fused kernel only by float
 rounding order; it is installed per module instance and removed as soon as the pattern ends.
+On CUDA the fused convolution already skips the weight gradient (PyTorch's ``convolution_backward``
+asks cuDNN for the input and weight gradients its output mask names and sums the bias gradient
+apart, aten/src/ATen/native/Convolution.cpp), and the split would only add operators to a step
+that its launches bound: CUDA inputs take the fused convolution.
 """
 from __future__ import annotations
 
@@ -21,11 +25,15 @@ from torch.nn.modules.conv import _ConvNd
 _ATTR = '_conv_forward'
 
 
+def _on_gpu(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda
+
+
 def _bias_apart_forward(self: _ConvNd, input: torch.Tensor, weight: torch.Tensor,
                         bias: torch.Tensor | None) -> torch.Tensor:
+    if bias is None or _on_gpu(input):
+        return type(self)._conv_forward(self, input, weight, bias)
     out = type(self)._conv_forward(self, input, weight, None)
-    if bias is None:
-        return out
     # in place is safe: convolution backward does not read its output
     return out.add_(bias.view(1, -1, *([1] * (out.dim() - 2))))
 
