@@ -370,9 +370,19 @@ class HAT(nn.Module):
     def no_weight_decay_keywords(self):
         return {'relative_position_bias_table'}
 
+    def attention_mask(self, x_size: Tuple[int, int], device: torch.device) -> torch.Tensor:
+        """calculate_mask on ``device``, kept for the last size: built on the CPU, it cost a dozen
+        operators and a host-to-GPU copy (which waits for the GPU) at every forward of a training
+        run, where the size never changes. One size only: a mask of a 200x200 tile is 51 MB."""
+        key = (tuple(x_size), device)
+        cached = self.__dict__.get('_attention_mask')
+        if cached is None or cached[0] != key:
+            cached = self.__dict__['_attention_mask'] = (key, self.calculate_mask(x_size).to(device))
+        return cached[1]
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x_size = (x.shape[2], x.shape[3])
-        params = {'attn_mask': self.calculate_mask(x_size).to(x.device),
+        params = {'attn_mask': self.attention_mask(x_size, x.device),
                   'rpi_sa': self.relative_position_index_SA, 'rpi_oca': self.relative_position_index_OCA}
         x = self.patch_embed(x)
         if self.ape:

@@ -6,6 +6,7 @@ each file's ``source``) outside this repository:
 * arch_outputs/<name>.pt: input and upstream output of a tiny configuration whose weights come
   from :func:`seeded_weights` (HAT outputs include upstream HATModel's reflect pad + crop).
 """
+import copy
 import glob
 import json
 import math
@@ -230,3 +231,24 @@ def test_option_files_build_the_released_x4_network(arch, kind):
     small = yaml.safe_load('\n'.join(line[2:] for line in small_block.splitlines()[1:]))
     with torch.no_grad():
         assert build(small['network_g']).eval()(torch.rand(1, 3, 11, 9)).shape == (1, 3, 44, 36)
+
+
+def test_hat_builds_its_attention_mask_once_per_size_and_device(monkeypatch):
+    """HAT's shifted-window mask was built on the CPU and copied to the network's device at every
+    forward (a dozen operators and a copy that waits for the GPU, in every training step at one
+    size). It is kept for the last size and device; a new size builds it again; outputs unchanged."""
+    net = build(TINY['HAT']).eval()
+    built = []
+    calculate = net.calculate_mask
+    monkeypatch.setattr(net, 'calculate_mask', lambda size: built.append(tuple(size)) or calculate(size))
+    x, y = torch.rand(1, 3, 8, 8), torch.rand(1, 3, 12, 8)
+    with torch.no_grad():
+        first, again = net(x), net(x)
+        other, back = net(y), net(x)
+    assert built == [(8, 8), (12, 8), (8, 8)]
+    assert torch.equal(first, again) and torch.equal(first, back)
+    assert torch.equal(net.attention_mask((12, 8), torch.device('cpu')), calculate((12, 8)))
+    assert '_attention_mask' not in str(net.state_dict().keys())      # not part of the checkpoint
+    twin = copy.deepcopy(net)                                          # LDT's auxiliary is a deep copy
+    with torch.no_grad():
+        assert torch.equal(twin(x), first)
