@@ -125,6 +125,17 @@ def test_sixteen_states_at_the_default_chunk(interpreted):
     _check_against_reference(args, softplus, out, last)
 
 
+def test_the_backward_walks_the_chunks_its_forward_saved_states_at(interpreted):
+    """Launch settings are read at each call, and triton_launches.launch_settings changes them for a
+    block (archs/README.md suggests CHUNK=16 where memory matters): a forward inside the block and
+    its backward after it must still agree on the chunk length the states were saved at."""
+    args, softplus = make_inputs('grouped', 3 * 4 + 3, 'D+bias+softplus', batch=1, dim=8, dstate=4, groups=2)
+    with triton_launches.launch_settings(CHUNK=4):
+        out, last = interpreted.selective_scan_triton(**args, delta_softplus=softplus)
+    assert triton_launches.CHUNK != 4
+    _check_against_reference(args, softplus, out, last)      # the backward runs here, outside the block
+
+
 @pytest.mark.parametrize('block_d', [1, 2, 8])
 def test_channel_blocks(interpreted, block_d):
     """One channel a program, two, and a block wider than a group (rounded down to the group)."""

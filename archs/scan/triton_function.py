@@ -24,11 +24,13 @@ class SelectiveScanTriton(torch.autograd.Function):
         # An output that no loss uses gets None in backward, not zeros: without the last
         # state's gradient (MambaIR never uses the last state) the backward skips that load.
         ctx.set_materialize_grads(False)
-        outputs = forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus, backward, chunk,
-                                 block_d).run()
+        launch = forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus, backward, chunk, block_d)
+        outputs = launch.run()
         if backward:
             ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, outputs['states'])
-            ctx.softplus, ctx.chunk, ctx.block_d = bool(softplus), chunk, block_d
+            # the chunk the states were saved at, not the setting at the backward's call (the
+            # launch settings may change between the two: triton_launches.launch_settings)
+            ctx.softplus, ctx.chunk, ctx.block_d = bool(softplus), launch.layout.chunk, block_d
         return outputs['out'], outputs['last']
 
     @staticmethod
