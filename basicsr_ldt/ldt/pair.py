@@ -19,7 +19,7 @@ from torch import nn
 from basicsr_ldt.ldt.equations import composite_state, ema_exchange_
 from basicsr_ldt.ldt.freezing import set_trainable
 from basicsr_ldt.ldt.partition import Partition
-from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, reported_loss
+from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, reported_loss, several_ranks
 
 BatchLoss = Callable[[nn.Module], torch.Tensor]
 # (trainable parameters, role) -> optimizer; role is 'warmup', 'finetune', 'primary' or
@@ -66,7 +66,7 @@ def average_gradients(optimizer: torch.optim.Optimizer) -> None:
     The branches are plain modules (no DDP wrapper: a DDP module cannot be deep-copied into an
     auxiliary branch), so gradient synchronisation is done here.
     """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not several_ranks():
         return
     grads = [p.grad for group in optimizer.param_groups for p in group['params'] if p.grad is not None]
     if not grads:

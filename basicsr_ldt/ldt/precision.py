@@ -176,14 +176,22 @@ class RunningStatistics:
             buffer.copy_(saved)
 
 
+def several_ranks() -> bool:
+    """Whether a process group of more than one rank is running."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _on_every_rank(flag: torch.Tensor) -> bool:
+    """Whether ``flag`` (one element) is true on every rank: one all-reduce (MIN), then a host read."""
+    flag = flag.to(torch.float32).reshape(1)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 def finite_on_all_ranks(loss: torch.Tensor) -> bool:
     """Whether ``loss`` is finite on this rank and on every other rank of a running group."""
     finite = torch.isfinite(loss.detach()).all()
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        flag = finite.to(torch.float32).reshape(1)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
-    return bool(finite)
+    return _on_every_rank(finite) if several_ranks() else bool(finite)
 
 
 def reported_loss(loss: torch.Tensor) -> float:
@@ -191,9 +199,7 @@ def reported_loss(loss: torch.Tensor) -> float:
     skips the same steps): the one host sync of a training step, where the loss is both checked
     and reported."""
     value = float(loss.detach())
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        flag = torch.tensor([float(math.isfinite(value))], device=loss.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        if not flag.item() and math.isfinite(value):
-            return math.nan
+    finite = math.isfinite(value)
+    if several_ranks() and not _on_every_rank(torch.tensor(finite, device=loss.device)) and finite:
+        return math.nan
     return value

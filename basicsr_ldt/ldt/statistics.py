@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from basicsr_ldt.ldt.config import CRITERIA
+from basicsr_ldt.ldt.precision import several_ranks
 
 _SUM_KEYS = ('count', 'sum', 'sumsq', 'abs_sum')
 
@@ -215,7 +216,7 @@ def _merge_moments(n_a: int, mean_a: torch.Tensor, m2_a: torch.Tensor, n_b: int,
 
 def all_reduce_statistics(stats: GradientStatistics) -> GradientStatistics:
     """Make every rank hold the statistics of all ranks' samples (no-op without a process group)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not several_ranks():
         return stats
     flags = torch.tensor([float(stats.shift_set)], dtype=torch.float64, device=stats.count.device)
     dist.all_reduce(flags, op=dist.ReduceOp.MIN)
