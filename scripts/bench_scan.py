@@ -431,8 +431,7 @@ def main() -> None:
             return
         # MambaIR x4 training, the backends inside a small MambaIR, then a 250x250 validation tile
         # (the slowest part last, so that a step limit cuts the least).
-        compare_backends(argparse.Namespace(**dict(vars(args), batch=args.batch if args.side_given else 4,
-                                                   side=args.side if args.side_given else 48)), device)
+        compare_backends(args, device)
         compare_mambair(device)
         if not args.side_given:
             compare_backends(argparse.Namespace(**dict(vars(args), batch=1, side=250)), device)

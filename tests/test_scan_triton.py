@@ -488,6 +488,10 @@ def test_benchmark_times_torch_once_at_a_tile_and_checks_mambair_before_the_tile
     monkeypatch.setattr(sys, 'argv', ['bench_scan.py', '--device', 'cuda'])
     bench.main()
     assert order == [(4, 48), 'mambair', (1, 250)]
+    order.clear()                                 # a shape of one's own: that shape alone, no tile
+    monkeypatch.setattr(sys, 'argv', ['bench_scan.py', '--device', 'cuda', '--side', '24', '--batch', '2'])
+    bench.main()
+    assert order == [(2, 24), 'mambair']
 
 
 def test_the_sweep_marks_a_wrong_configuration_and_times_each_beside_mamba_ssm(monkeypatch, capsys):
