@@ -121,11 +121,14 @@ class SS2D(nn.Module):
         x_dbl = torch.einsum('bkdl,kcd->bkcl', xs, self.x_proj_weight)
         dts, Bs, Cs = torch.split(x_dbl, [self.dt_rank, self.d_state, self.d_state], dim=2)
         dts = torch.einsum('bkrl,kdr->bkdl', dts, self.dt_projs_weight)
+        # A float32 scan of the activations as autocast left them (upstream casts xs, dts, Bs and
+        # Cs to float32 first: the same output, but the Triton kernels read bf16 as it is, so
+        # under bf16 autocast the copies, their casts' backward and their memory are saved).
         y = selective_scan(
-            xs.float().reshape(b, k * d, length), dts.float().reshape(b, k * d, length),
-            -torch.exp(self.A_logs.float()), Bs.float(), Cs.float(), self.Ds.float(),
+            xs.reshape(b, k * d, length), dts.reshape(b, k * d, length),
+            -torch.exp(self.A_logs.float()), Bs, Cs, self.Ds.float(),
             delta_bias=self.dt_projs_bias.float().reshape(-1), delta_softplus=True,
-            backend=self.scan_backend).view(b, k, d, length)
+            backend=self.scan_backend, out_dtype=torch.float32).view(b, k, d, length)
         back = y[:, 2:4].flip(-1)  # the two reversed scans, back in forward order
 
         def from_cols(t: torch.Tensor) -> torch.Tensor:

@@ -48,8 +48,10 @@ def _report_rows(tmp_path, *args):
 
 
 def test_one_compiled_kernel_per_direction_serves_every_shape_and_compiles_in_seconds(tmp_path):
-    rows, out = _report(tmp_path, '--arch', '90', '--dtype', 'fp32', '--combos', 'mambair', '--estimate')
-    assert set(rows) == {(90, 'fp32 bias+D', k) for k in ('forward', 'backward')}
+    # MambaIR's two calls: float32 training, and bf16 autocast (bf16 activations, a float32 output)
+    rows, out = _report(tmp_path, '--arch', '90', '--dtype', 'fp32', 'bf16', '--combos', 'mambair', '--estimate')
+    assert set(rows) == {(90, combo, k) for combo in ('fp32 bias+D', 'bf16 bias+D -> fp32')
+                         for k in ('forward', 'backward')}
     assert 'not timings' in out and 'no time estimate' in out and 'measured 5.28 ms' in out
     for row in rows.values():
         assert set(row['shapes']) == SHAPES, row

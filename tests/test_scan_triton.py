@@ -266,6 +266,86 @@ def test_half_precision_gradients_keep_each_input_dtype(interpreted):
     _check_against_reference(half, softplus, out, last, rtol=3e-2, atol=3e-2)
 
 
+def _bf16_ulp(t: torch.Tensor) -> torch.Tensor:
+    """The spacing of bfloat16 numbers at each value of ``t`` (8 significant bits)."""
+    exponent = torch.floor(torch.log2(t.double().abs().clamp(min=2.0 ** -126)))
+    return torch.pow(2.0, exponent - 7)
+
+
+@pytest.mark.parametrize('options', ['D+bias+softplus', 'D+z+bias+softplus'])
+def test_bf16_inputs_with_a_float32_output_equal_float32_copies_of_them(interpreted, options):
+    """MambaIR's call under bf16 autocast: u, delta, B, C (and z) in bf16, ``out_dtype`` float32.
+    The kernels read bf16 as it is, so the output, the last state and the float32 parameters'
+    gradients are bit-equal to the call on float32 copies (upstream's ``.float()``), and B's and
+    C's gradients too (both cast by torch). du, ddelta and dz are rounded to bf16 by the kernel's
+    store instead of by the copy's backward: round-to-nearest-even on a GPU (torch's rounding),
+    truncation in Triton's CPU interpreter, so here they agree within one bf16 step."""
+    args, softplus = make_inputs('grouped', 2 * T + 3, options, dim=4, groups=2)
+    half = ('u', 'delta', 'B', 'C', 'z')
+    leaves = {k: v.detach().to(torch.bfloat16 if k in half else torch.float32).requires_grad_()
+              for k, v in args.items()}
+    w = torch.randn(2, 4, 2 * T + 3, generator=torch.Generator().manual_seed(3))
+
+    def run(direct: bool):
+        inputs = leaves if direct else {k: v.float() for k, v in leaves.items()}   # upstream's copies
+        out, last = interpreted.selective_scan_triton(**inputs, delta_softplus=softplus, chunk=T,
+                                                      out_dtype=torch.float32 if direct else None)
+        return out, last, torch.autograd.grad((out * w).sum(), list(leaves.values()))
+
+    (out, last, grads), (ref_out, ref_last, ref_grads) = run(True), run(False)
+    assert out.dtype == torch.float32 and torch.equal(out, ref_out) and torch.equal(last, ref_last)
+    for (name, leaf), g, r in zip(leaves.items(), grads, ref_grads):
+        assert g.dtype == leaf.dtype, name
+        if name in ('u', 'delta', 'z'):
+            assert ((g.double() - r.double()).abs() <= _bf16_ulp(r)).all(), f'gradient of {name}'
+        else:
+            assert torch.equal(g, r), f'gradient of {name}'
+
+
+def test_the_dispatch_gives_other_kernels_float32_copies_for_a_float32_output():
+    """``out_dtype`` through :func:`selective_scan` on the torch kernel: bf16 inputs give exactly
+    the float32 copies' output and gradients; without it, mamba's semantics (u's dtype); a dtype
+    that is not floating point is refused."""
+    args, softplus = make_inputs('grouped', 13, 'D+bias+softplus', dim=4, groups=2)
+    half = {k: v.detach().to(torch.bfloat16 if k in ('u', 'delta', 'B', 'C') else torch.float32)
+            .requires_grad_() for k, v in args.items()}
+    out = selective_scan(**half, delta_softplus=softplus, backend='torch', out_dtype=torch.float32)
+    copies = {k: v.float() for k, v in half.items()}
+    ref = selective_scan(**copies, delta_softplus=softplus, backend='torch')
+    assert out.dtype == torch.float32 and torch.equal(out, ref)
+    for g, r in zip(torch.autograd.grad(out.sum(), list(half.values())),
+                    torch.autograd.grad(ref.sum(), list(half.values()))):
+        assert torch.equal(g, r)
+    assert selective_scan(**half, delta_softplus=softplus, backend='torch').dtype == torch.bfloat16
+    with pytest.raises(ValueError, match='out_dtype must be a floating-point dtype'):
+        selective_scan(**half, backend='torch', out_dtype=torch.int32)
+
+
+def test_mambair_under_bf16_autocast_hands_the_triton_scan_its_bf16_activations(interpreted, monkeypatch):
+    """No float32 copies of xs, dts, Bs, Cs (four casts forward and two backward per block, and
+    the copies the scan would keep for its backward): the Triton function receives them in bf16
+    and returns a float32 output, and the network's output equals the torch kernel's on float32
+    copies."""
+    seen = []
+    real = interpreted.SelectiveScanTriton.apply
+    monkeypatch.setattr(interpreted.SelectiveScanTriton, 'apply',
+                        lambda *a: seen.append([None if t is None else t.dtype for t in a[:5]]) or real(*a))
+
+    def build(backend):
+        torch.manual_seed(0)
+        return archs.MambaIR(upscale=2, img_size=8, embed_dim=30, depths=[1], d_state=3, mlp_ratio=1,
+                             upsampler='pixelshuffle', scan_backend=backend)
+
+    x = torch.rand(1, 3, 5, 3, generator=torch.Generator().manual_seed(1))
+    outs = []
+    for backend in ('triton', 'torch'):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            outs.append(build(backend)(x))
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert seen and all(s == [bf16, bf16, f32, bf16, bf16] for s in seen)   # u, delta, A, B, C (each call)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
 def test_backward_keeps_one_state_per_chunk_and_inference_none(interpreted, monkeypatch):
     """What forward saves: the inputs and the (b, d, ceil(L/T), n) chunk-entry states; nothing
     of the states' full b*d*n*L size. Under no_grad the forward writes no chunk state (its

@@ -233,13 +233,13 @@ def checked_kernel(backend: Optional[str], device: torch.device, backward: bool,
 
 
 def _triton_trial(args: Sequence[Optional[torch.Tensor]], softplus: bool, return_last_state: bool,
-                  backward: bool) -> None:
+                  out_dtype: Optional[torch.dtype], backward: bool) -> None:
     """One Triton scan of detached copies of a call's inputs (and its backward): compiles and
     launches exactly what the call will, leaving no gradient on the caller's tensors."""
     with torch.set_grad_enabled(backward):
         copies = [None if t is None else t.detach().requires_grad_(backward and t.requires_grad)
                   for t in args]
-        out, last = _triton_module.selective_scan_triton(*copies, softplus)
+        out, last = _triton_module.selective_scan_triton(*copies, softplus, out_dtype=out_dtype)
         if backward:
             leaves = [t for t in copies if t is not None and t.requires_grad]
             outputs = (out, last) if return_last_state else (out,)
@@ -269,23 +269,26 @@ def _log_kernel_once(backend: Optional[str], kernel: str, device: torch.device) 
 
 
 def _check_shapes(u, delta, A, B, C, D, z, delta_bias) -> None:
+    # (on every call of every backend: plain comparisons of sizes, nothing built per call)
     if u.dim() != 3 or delta.shape != u.shape:
         raise ValueError(f'u and delta must both be (batch, dim, length); got u {tuple(u.shape)}, '
                          f'delta {tuple(delta.shape)}')
     batch, dim, length = u.shape
-    if A.is_complex() or A.dim() != 2 or A.shape[0] != dim:
+    if A.dim() != 2 or A.shape[0] != dim or A.is_complex():
         raise ValueError(f'A must be a real (dim={dim}, dstate) tensor; got {tuple(A.shape)} {A.dtype}')
     dstate = A.shape[1]
     for name, m in (('B', B), ('C', C)):
-        ok = {2: lambda: tuple(m.shape) == (dim, dstate),
-              3: lambda: tuple(m.shape) == (batch, dstate, length),
-              4: lambda: (m.shape[0], m.shape[2], m.shape[3]) == (batch, dstate, length)
-              and m.shape[1] > 0 and dim % m.shape[1] == 0}.get(m.dim(), lambda: False)()
+        shape = m.shape
+        if len(shape) == 4:
+            ok = (shape[0] == batch and shape[2] == dstate and shape[3] == length and shape[1] > 0
+                  and dim % shape[1] == 0)
+        else:
+            ok = shape == {2: (dim, dstate), 3: (batch, dstate, length)}.get(len(shape))
         if not ok or m.is_complex():
             raise ValueError(f'{name} must be real ({dim}, {dstate}), ({batch}, {dstate}, {length}) or '
-                             f'({batch}, G, {dstate}, {length}) with G dividing {dim}; got {tuple(m.shape)}')
+                             f'({batch}, G, {dstate}, {length}) with G dividing {dim}; got {tuple(shape)}')
     for name, v in (('D', D), ('delta_bias', delta_bias)):
-        if v is not None and tuple(v.shape) != (dim,):
+        if v is not None and v.shape != (dim,):
             raise ValueError(f'{name} must have shape ({dim},); got {tuple(v.shape)}')
     if z is not None and z.shape != u.shape:
         raise ValueError(f'z must have the shape of u {tuple(u.shape)}; got {tuple(z.shape)}')
@@ -294,29 +297,44 @@ def _check_shapes(u, delta, A, B, C, D, z, delta_bias) -> None:
 def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                    C: torch.Tensor, D: Optional[torch.Tensor] = None, z: Optional[torch.Tensor] = None,
                    delta_bias: Optional[torch.Tensor] = None, delta_softplus: bool = False,
-                   return_last_state: bool = False, backend: Optional[str] = None
+                   return_last_state: bool = False, backend: Optional[str] = None,
+                   out_dtype: Optional[torch.dtype] = None
                    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """``y = C h + D u`` (times ``silu(z)``) with ``h[l] = exp(delta[l] A) h[l-1] + delta[l] B[l] u[l]``.
 
     Argument meaning, shapes and return value are those of mamba's ``selective_scan_ref``
     (real A only); ``backend`` is 'auto' | 'torch' | 'triton' | 'cuda' (see the module
-    docstring).
+    docstring). ``out_dtype`` (not in mamba): the output is what float32 copies of every input
+    give, in this dtype (None: mamba's semantics, u's dtype). MambaIR passes its bfloat16
+    activations with ``torch.float32``: the Triton kernels read them as they are, the torch and
+    mamba-ssm kernels get the float32 copies (mamba-ssm's output has its input's dtype).
     """
     _check_shapes(u, delta, A, B, C, D, z, delta_bias)
+    if out_dtype is not None and not out_dtype.is_floating_point:
+        raise ValueError(f'out_dtype must be a floating-point dtype or None; got {out_dtype}')
     args = (u, delta, A, B, C, D, z, delta_bias)
     backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
     kernel = checked_kernel(backend, u.device, backward,
-                            lambda bwd: _triton_trial(args, bool(delta_softplus), return_last_state, bwd))
+                            lambda bwd: _triton_trial(args, bool(delta_softplus), return_last_state,
+                                                      out_dtype, bwd))
     _log_kernel_once(backend, kernel, u.device)
-    if kernel == 'cuda':
-        return _cuda_fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
     if kernel == 'triton':
         out, last = _triton_module.selective_scan_triton(u, delta, A, B, C, D, z, delta_bias,
-                                                         bool(delta_softplus))
+                                                         bool(delta_softplus), out_dtype=out_dtype)
         return (out, last) if return_last_state else out
-    if B.dim() == 3:
-        B = B.unsqueeze(1)
-    if C.dim() == 3:
-        C = C.unsqueeze(1)
-    out, last = SelectiveScanTorch.apply(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus))
-    return (out, last) if return_last_state else out
+    if out_dtype is not None:
+        u, delta, A, B, C, D, z, delta_bias = (None if t is None else t.float() for t in args)
+    if kernel == 'cuda':
+        result = _cuda_fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+    else:
+        if B.dim() == 3:
+            B = B.unsqueeze(1)
+        if C.dim() == 3:
+            C = C.unsqueeze(1)
+        result = SelectiveScanTorch.apply(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus))
+        result = result if return_last_state else result[0]
+    if out_dtype is None:
+        return result
+    if return_last_state:
+        return result[0].to(out_dtype), result[1]
+    return result.to(out_dtype)

@@ -18,26 +18,29 @@ class SelectiveScanTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus: bool, chunk: Optional[int],
-                block_d: Optional[int], backward: bool):  # type: ignore[override]
+                block_d: Optional[int], backward: bool,
+                out_dtype: Optional[torch.dtype] = None):  # type: ignore[override]
         if u.shape[-1] == 0:
             raise ValueError('the selective scan needs a sequence length of at least 1')
         # An output that no loss uses gets None in backward, not zeros: without the last
         # state's gradient (MambaIR never uses the last state) the backward skips that load.
         ctx.set_materialize_grads(False)
-        launch = forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus, backward, chunk, block_d)
+        launch = forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus, backward, chunk, block_d,
+                                out_dtype)
         outputs = launch.run()
         if backward:
             ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, outputs['states'])
             # the chunk the states were saved at, not the setting at the backward's call (the
             # launch settings may change between the two: triton_launches.launch_settings)
             ctx.softplus, ctx.chunk, ctx.block_d = bool(softplus), launch.layout.chunk, block_d
+            ctx.out_dtype = outputs['out'].dtype
         return outputs['out'], outputs['last']
 
     @staticmethod
     def backward(ctx, dout, dlast):  # type: ignore[override]
         u, delta, A, B, C, D, z, delta_bias, states = ctx.saved_tensors
         if dout is None:  # only the last state is used
-            dout = torch.zeros_like(u)
+            dout = torch.zeros_like(u, dtype=ctx.out_dtype)
         grads = backward_launch(u, delta, A, B, C, D, z, delta_bias, states, dout, dlast,
                                 ctx.softplus, ctx.chunk, ctx.block_d).run()
         dB = _input_grad(grads['dB'], B)
@@ -45,7 +48,7 @@ class SelectiveScanTriton(torch.autograd.Function):
         dD = None if D is None else grads['dD'].sum(0).to(D.dtype)
         dbias = None if delta_bias is None else grads['dbias'].sum(0).to(delta_bias.dtype)
         return (grads['du'], grads['ddelta'], grads['dA'].sum(0).to(A.dtype), dB, dC, dD,
-                grads['dz'], dbias, None, None, None, None)
+                grads['dz'], dbias, None, None, None, None, None)
 
 
 def _input_grad(grad: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -60,18 +63,21 @@ def selective_scan_triton(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
                           C: torch.Tensor, D: Optional[torch.Tensor] = None,
                           z: Optional[torch.Tensor] = None, delta_bias: Optional[torch.Tensor] = None,
                           delta_softplus: bool = False, chunk: Optional[int] = None,
-                          block_d: Optional[int] = None
+                          block_d: Optional[int] = None, out_dtype: Optional[torch.dtype] = None
                           ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(output in u's dtype, last state in float32); shapes as :func:`archs.scan.dispatch.selective_scan`
-    (which checks them). ``chunk``: positions per iteration of the kernels' loop (a power of two,
-    a constexpr); ``block_d``: channels per program (None: the defaults of
+    """(output in ``out_dtype``, default u's; last state in float32); shapes as
+    :func:`archs.scan.dispatch.selective_scan` (which checks them). The kernels read every input in
+    its own dtype and compute in float32, so half-precision inputs with ``out_dtype=torch.float32``
+    give exactly what float32 copies of them would, without the copies; each input's gradient
+    comes back in its dtype. ``chunk``: positions per iteration of the kernels' loop (a power of
+    two, a constexpr); ``block_d``: channels per program (None: the defaults of
     :mod:`archs.scan.triton_launches`, read at each call)."""
     # (inside the function's forward grad mode is always off: decide here whether a backward
     # can follow, so that inference writes no chunk states)
     backward = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (u, delta, A, B, C, D, z, delta_bias))
     return SelectiveScanTriton.apply(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus),
-                                     chunk, block_d, backward)
+                                     chunk, block_d, backward, out_dtype)
 
 
 def interpreting() -> bool:

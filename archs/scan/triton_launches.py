@@ -7,12 +7,12 @@ autograd function (:mod:`archs.scan.triton_function`) runs them, and
 ``scripts/scan_static_report.py`` compiles them for GPUs this machine lacks from ``meta`` tensors.
 """
 import contextlib
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
-import triton
 
 from archs.scan.triton_kernels import _scan_backward_kernel, _scan_forward_kernel
 from basicsr_ldt.common.errors import InputError
@@ -89,31 +89,37 @@ def parse_launch_settings(text: str) -> Dict[str, int]:
     return values
 
 
-class _Layout:
-    """Shapes, grouping and launch grid shared by the two kernels."""
+def _power_of_2_at_least(n: int) -> int:
+    """The smallest power of two >= n (n >= 1), in plain Python: ``triton.next_power_of_2`` is a
+    JIT-wrapped function since Triton 3.6 and costs microseconds a call on the launch path."""
+    return 1 << (n - 1).bit_length()
 
-    def __init__(self, u: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                 chunk: int, block_d: int):
-        self.batch, self.dim, self.length = u.shape
-        self.dstate = A.shape[1]
+
+class _Layout:
+    """Shapes, grouping and launch grid shared by the two kernels: a function of integers only
+    (:func:`_layout` keeps them, so a call with the shapes of an earlier one builds none)."""
+
+    def __init__(self, batch: int, dim: int, length: int, dstate: int, b_groups: Optional[int],
+                 c_groups: Optional[int], chunk: int, block_d: int):
+        self.batch, self.dim, self.length, self.dstate = batch, dim, length, dstate
         groups = 1
-        for m in (B, C):  # the finest grouping: every program's channels share one B and C slice
-            if m.dim() == 4:
-                groups = groups * m.shape[1] // math.gcd(groups, m.shape[1])
-        self.group_size = self.dim // groups
-        self.b_chans = self.dim // B.shape[1] if B.dim() == 4 else self.group_size
-        self.c_chans = self.dim // C.shape[1] if C.dim() == 4 else self.group_size
+        for g in (b_groups, c_groups):  # the finest grouping: every program's channels share one B and C slice
+            if g is not None:
+                groups = groups * g // math.gcd(groups, g)
+        self.group_size = dim // groups
+        self.b_chans = dim // b_groups if b_groups is not None else self.group_size
+        self.c_chans = dim // c_groups if c_groups is not None else self.group_size
         if chunk < 1 or chunk & (chunk - 1):
             raise ValueError(f'the Triton scan needs a power-of-two chunk length, got {chunk}')
         self.chunk = chunk
-        self.n_chunks = -(-self.length // chunk)
-        self.block_d = max(1, min(triton.next_power_of_2(max(1, int(block_d))),
-                                  triton.next_power_of_2(self.group_size)))
-        self.block_n = triton.next_power_of_2(self.dstate)
+        self.n_chunks = -(-length // chunk)
+        self.block_d = max(1, min(_power_of_2_at_least(max(1, int(block_d))),
+                                  _power_of_2_at_least(self.group_size)))
+        self.block_n = _power_of_2_at_least(dstate)
         self.blocks_per_group = -(-self.group_size // self.block_d)
-        self.grid = (self.batch, groups * self.blocks_per_group)
+        self.grid = (batch, groups * self.blocks_per_group)
         if self.grid[1] > MAX_GRID_Y:
-            raise InputError(f'the Triton selective scan cannot take u of shape {tuple(u.shape)} '
+            raise InputError(f'the Triton selective scan cannot take u of shape {(batch, dim, length)} '
                              f'(batch, dim, L): {self.grid[1]} channel blocks pass CUDA\'s grid '
                              f'limit of {MAX_GRID_Y}. Use scan_backend: torch.')
 
@@ -122,6 +128,19 @@ class _Layout:
         ``do_not_specialize``: they depend on the input's shape)."""
         return (self.dim, self.length, self.n_chunks, self.group_size, self.blocks_per_group,
                 self.b_chans, self.c_chans, *_bc_strides(B), *_bc_strides(C), int(flag), self.dstate)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_layout(*key) -> _Layout:
+    return _Layout(*key)
+
+
+def _layout(u: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk: int,
+            block_d: int) -> _Layout:
+    """The layout of these inputs (B, C as :func:`grouped_view` gives them), built once per shape."""
+    batch, dim, length = u.shape
+    return _cached_layout(batch, dim, length, A.shape[1], B.shape[1] if B.dim() == 4 else None,
+                          C.shape[1] if C.dim() == 4 else None, chunk, block_d)
 
 
 def _bc_strides(m: torch.Tensor) -> Tuple[int, int, int]:
@@ -192,7 +211,7 @@ def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d, stag
     """The inputs in the kernels' argument order, the flags they are compiled for, and the
     layout (``chunk`` None: :data:`CHUNK`, read at the call, as the kernel's own settings are)."""
     B, C = _bc(B), _bc(C)
-    lay = _Layout(u, A, B, C, CHUNK if chunk is None else chunk, block_d)
+    lay = _layout(u, A, B, C, CHUNK if chunk is None else chunk, block_d)
     u, delta = _sequence(u), _sequence(delta)
     z = None if z is None else _sequence(z)
     A32, D32, bias32 = _float(A), _float(D), _float(delta_bias)
@@ -204,9 +223,11 @@ def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d, stag
 
 
 def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, save_states: bool = True,
-                   chunk: Optional[int] = None, block_d: Optional[int] = None) -> ScanLaunch:
+                   chunk: Optional[int] = None, block_d: Optional[int] = None,
+                   out_dtype: Optional[torch.dtype] = None) -> ScanLaunch:
     """The forward's launch for these inputs (shapes and dtypes as
-    :func:`archs.scan.triton_function.selective_scan_triton`). Outputs: ``out`` (u's dtype),
+    :func:`archs.scan.triton_function.selective_scan_triton`). Outputs: ``out`` (``out_dtype``,
+    None: u's; the kernel rounds its float32 result once, to that dtype, as it stores it),
     ``last`` (float32 last state) and, when ``save_states``, ``states`` (the float32 state
     entering each chunk, (b, d, chunks, n), kept for the backward; else None).
 
@@ -217,7 +238,7 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, save_sta
     inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk,
                                   FORWARD_BLOCK_D if block_d is None else block_d, FORWARD_STAGES)
     u = inputs[0]
-    out = torch.empty_like(u)
+    out = torch.empty_like(u, dtype=out_dtype)
     last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
     states = (u.new_empty(lay.batch, lay.dim, lay.n_chunks, lay.dstate, dtype=torch.float32)
               if save_states else None)
