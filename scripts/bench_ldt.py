@@ -30,6 +30,11 @@ The partition is a real variance partition (ratio_u 0.5) from a short profiling 
 
 ``--count-ops`` counts instead the aten operators of one FT, primary and auxiliary step, and the
 dual/FT ratio they predict for a step bound by its kernel launches (on a GPU at a small batch).
+On a CPU it counts what the same step dispatches on a GPU: convolutions whose weight is frozen
+and bias trains stay fused (``basicsr_ldt.ldt.freezing`` splits them on CPUs only), and MambaIR's
+scan runs the Triton backend's host code, each of its two kernel launches replaced by
+zero-filling what the launch writes, uncounted (a Triton kernel is not an aten operator; the
+CPU's torch scan would add hundreds of operators per call that a GPU never runs).
 ``--compare-scan A B`` (MambaIR only) times instead FT steps of two copies of the network (same
 seed) whose selective scans run on backends A and B, alternating which goes first on every batch,
 and prints ``FT step scan A / B: <median of the per-iteration ratios>``: a ratio close to 1 (the
@@ -39,6 +44,7 @@ pairing cancels.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -342,7 +348,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.compare_scan:
         compare_scan(args)
         return
-    with tempfile.TemporaryDirectory() as tmp:
+    as_on_gpu = args.count_ops and not on_cuda(device)
+    if as_on_gpu:
+        print('counted as a GPU dispatches the step: fused convolutions with a frozen weight'
+              + (", the Triton scan's host code with its kernel launches replaced by uncounted zero-fills"
+                 if args.arch in MAMBAIR else ''))
+    with tempfile.TemporaryDirectory() as tmp, \
+            (dispatched_as_on_a_gpu() if as_on_gpu else contextlib.nullcontext()):
         part_path = os.path.join(tmp, 'partition.json')
         algo = profile_partition(args, part_path)
         if args.ldt_s_only:
@@ -425,23 +437,63 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 # Aten operators that launch no GPU kernel, besides views (their schema says so): tensors made
-# without computing, a host read of a scalar, the profiler's markers.
+# without computing, a host read of a scalar, the profiler's markers, and ``_unsafe_view`` (a view
+# that autograd does not track as one: what ``reshape`` returns after copying).
 NO_KERNEL = frozenset({'detach', 'alias', 'lift_fresh', 'empty', 'empty_like', 'empty_strided', 'new_empty',
                        'new_empty_strided', '_local_scalar_dense', '_record_function_enter_new',
-                       '_record_function_exit'})
+                       '_record_function_exit', '_unsafe_view'})
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the aten operators run inside it: all of them, and those that launch a kernel."""
+    """Counts the aten operators run inside it: all of them, and those that launch a kernel
+    (none while :attr:`paused`)."""
+    paused = False
 
     def __init__(self) -> None:
         super().__init__()
         self.all = self.kernels = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.all += 1
-        self.kernels += not func.is_view and func.overloadpacket.__name__ not in NO_KERNEL
+        if not OpCounter.paused:
+            self.all += 1
+            self.kernels += not func.is_view and func.overloadpacket.__name__ not in NO_KERNEL
         return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def dispatched_as_on_a_gpu():
+    """CPU steps that dispatch the aten operators a GPU step does: frozen-weight convolutions stay
+    fused, and MambaIR's scans run the Triton backend's host code (``scan_backend`` triton), each
+    kernel launch replaced by zero-filling the tensors it writes while :class:`OpCounter` is paused."""
+    import archs.scan.dispatch as dispatch
+    import archs.scan.triton_launches as launches
+    from basicsr_ldt.ldt import freezing
+
+    def zero_fill(launch):
+        OpCounter.paused = True
+        try:
+            for t in launch.outputs.values():
+                if t is not None:
+                    t.zero_()
+        finally:
+            OpCounter.paused = False
+        return launch.outputs
+
+    saved = (dispatch._on_gpu, launches.ScanLaunch.run, freezing._on_gpu, os.environ.get(dispatch.BACKEND_ENV))
+    dispatch._on_gpu = freezing._on_gpu = lambda where: True
+    launches.ScanLaunch.run = zero_fill
+    os.environ[dispatch.BACKEND_ENV] = 'triton'
+    for stage in ('forward', 'backward'):   # no first-call trial: there is no kernel to check
+        dispatch._triton_checked.add(('cpu', stage))
+    try:
+        yield
+    finally:
+        dispatch._on_gpu, launches.ScanLaunch.run, freezing._on_gpu = saved[:3]
+        if saved[3] is None:
+            os.environ.pop(dispatch.BACKEND_ENV)
+        else:
+            os.environ[dispatch.BACKEND_ENV] = saved[3]
+        dispatch._triton_checked.difference_update({('cpu', 'forward'), ('cpu', 'backward')})
 
 
 def count_ops(steps: Dict[str, Callable[[], object]]) -> Dict[str, Tuple[int, int]]:

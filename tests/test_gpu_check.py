@@ -344,6 +344,43 @@ def test_bench_ldt_counts_the_operators_of_each_step_and_the_ratio_they_predict(
     assert (counter.kernels, counter.all) == (2, 8), (counter.kernels, counter.all)   # the sum and the add
 
 
+def test_bench_ldt_counts_on_a_cpu_what_a_gpu_step_dispatches(monkeypatch, capsys):
+    """--count-ops on a CPU: MambaIR's scan runs the Triton backend's host code with its launches
+    replaced by uncounted zero-fills (a few allocations and sums per call, where the CPU's torch
+    scan runs hundreds of operators), a conv whose weight is frozen and bias trains stays one
+    fused convolution, and everything is as before once the count is done."""
+    from basicsr_ldt.ldt import freezing
+    from test_selective_scan import make_inputs
+    import archs.scan.dispatch as dispatch
+    bench = load_script('bench_ldt')
+    monkeypatch.delenv(dispatch.BACKEND_ENV, raising=False)
+    args, _ = make_inputs('grouped', 20, 'D+bias+softplus', dim=8, groups=4)
+
+    def count(fn):
+        with bench.OpCounter() as counter:
+            fn()
+        return counter.kernels
+
+    def scan():
+        out = dispatch.selective_scan(**args, delta_softplus=True)
+        torch.autograd.grad(out.sum(), list(args.values()))
+    conv = torch.nn.Conv2d(3, 3, 3)
+    freezing.set_trainable(conv, {'bias'})
+    x = torch.ones(1, 3, 5, 5)
+    on_cpu = (count(scan), count(lambda: conv(x)))
+    with bench.dispatched_as_on_a_gpu():
+        as_on_gpu = (count(scan), count(lambda: conv(x)))
+        assert torch.equal(dispatch.selective_scan(**args, delta_softplus=True), torch.zeros(2, 8, 20))
+    assert on_cpu[0] > 100 and as_on_gpu[0] < 25, (on_cpu, as_on_gpu)
+    assert (on_cpu[1], as_on_gpu[1]) == (2, 1)     # convolution + add_ of the bias, or the fused one
+    assert (count(scan), count(lambda: conv(x))) == on_cpu and dispatch.BACKEND_ENV not in os.environ
+    bench.main(['--arch', 'mambair_small', '--device', 'cpu', '--patch', '6', '--batch', '1', '--count-ops',
+                '--profile-passes', '2'])
+    out = capsys.readouterr().out
+    assert "the Triton scan's host code with its kernel launches replaced by uncounted zero-fills" in out
+    assert re.search(r'^  dual/FT if every op cost the same', out, re.M), out
+
+
 def test_bench_ldt_builds_the_three_networks_in_their_released_configuration():
     from conftest import load_script
     bench = load_script('bench_ldt')
