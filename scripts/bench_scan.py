@@ -388,6 +388,51 @@ def compare_mambair(device: torch.device, backends: Sequence[str] = ('torch', 't
               f'largest over {len(values) - 1} parameter gradients {worst:.1e} (relative to the largest torch value)')
 
 
+def compare_bf16_call(args: argparse.Namespace, device: torch.device) -> Optional[float]:
+    """MambaIR's call under bf16 autocast, at the training shape: u, delta, B, C in bf16 and a float32
+    output. On the Triton scan the kernels read the bf16 tensors as they are; upstream (and the
+    torch and mamba-ssm kernels, through the dispatch) casts them to float32 copies first. Prints
+    whether the Triton call equals the call on float32 copies (output and the float32 gradients
+    bit for bit; u's and delta's bf16 gradients rounded once, by the kernel's store, where the
+    copies' backward rounds with torch's cast: round-to-nearest-even on a GPU, so no element may
+    differ there), and the forward+backward times, casts included, with mamba-ssm's in the same
+    run. Returns Triton / mamba-ssm (None without mamba-ssm)."""
+    half = {0, 1, 3, 4}   # u, delta, B, C
+    inputs = tuple(t.detach().to(device, torch.bfloat16 if i in half else torch.float32).requires_grad_()
+                   for i, t in enumerate(make_inputs(args.batch, args.d_inner, args.d_state, args.side)))
+
+    def direct(u, dl, A, B, C, D, db):
+        return selective_scan(u, dl, A, B, C, D, None, db, True, backend='triton', out_dtype=torch.float32)
+
+    def copies(backend: str) -> Callable[..., torch.Tensor]:
+        return lambda u, dl, A, B, C, D, db: selective_scan(u.float(), dl.float(), A, B.float(), C.float(), D,
+                                                            None, db, True, backend=backend)
+    try:
+        ours, theirs = output_and_grads(direct, inputs), output_and_grads(copies('triton'), inputs)
+    except ScanKernelFailed as err:
+        print(f'bf16 call: not run: {err}')
+        return None
+    rounded = sum(int((a != b).sum()) for a, b in zip(ours[1:3], theirs[1:3]))
+    exact = [torch.equal(a, b) for i, (a, b) in enumerate(zip(ours, theirs)) if i not in (1, 2)]
+    print(f'MambaIR bf16 call (bf16 u, delta, B, C; float32 output), Triton against float32 copies: output and '
+          f'float32 gradients {"identical" if all(exact) else "DIFFERENT"}; u and delta gradients: {rounded} of '
+          f'{ours[1].numel() + ours[2].numel()} elements rounded differently (0 expected on a GPU)', flush=True)
+    rows = [('triton', direct)] + [(name, copies(name)) for name, missing in available_backends(device)
+                                   if name == 'cuda' and not missing]
+    medians = {}
+    for name, fn in rows:
+        times = time_fwd_bwd(fn, inputs, args.repeats, args.warmup)
+        medians[name] = statistics.median(times)
+        how = 'reads bf16' if name == 'triton' else 'float32 copies'
+        print(f'{LABELS[name]:10s} bf16 call fwd+bwd ({how}, casts included): median {medians[name] * 1e3:.2f} ms, '
+              f'best {min(times) * 1e3:.2f} ms', flush=True)
+    if 'cuda' not in medians:
+        return None
+    ratio = medians['triton'] / medians['cuda']
+    print(f'triton / mamba-ssm bf16 call fwd+bwd: {ratio:.2f} (medians, this run)')
+    return ratio
+
+
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -433,6 +478,7 @@ def main() -> None:
         # (the slowest part last, so that a step limit cuts the least).
         compare_backends(args, device)
         compare_mambair(device)
+        compare_bf16_call(args, device)
         if not args.side_given:
             compare_backends(argparse.Namespace(**dict(vars(args), batch=1, side=250)), device)
         return

@@ -6,7 +6,8 @@
 # with their limits sized for one H100 (16 cores) and a cold Triton cache (first, when basicsr does not
 # import, the wheels carried in gpu_carry/wheels/ are installed offline and put on every step's PYTHONPATH):
 #   1. versions      10 s  GPU, driver, CUDA, torch, triton, mamba-ssm
-#   2. scan_backends 60 s  the selective-scan backends side by side on CUDA (the scan issue's benchmark)
+#   2. scan_backends 60 s  the selective-scan backends side by side on CUDA (the scan issue's benchmark;
+#                          MambaIR's bf16-autocast call, bf16 read as it is, against float32 copies)
 #   3. demo_data     20 s  the demo cameras (LR 48) and a second set of larger images (LR 115) if absent
 #   4. train         75 s  small MambaIR, LDT in bf16 through every phase (head warm-up, profiling,
 #                          dual training with DPU), two validations (iterations 60 and 100) of both
@@ -161,7 +162,7 @@ check_bench() { grep -E 'bench_ldt:|step ratio|memory ratio|time/iter|^summary:'
 # Scan backends (step 2): the torch scan, the Triton scan and mamba-ssm where it imports, at MambaIR's
 # training shape and a 250x250 validation tile, each against a float64 reference.
 scan_backends() { "$PY" scripts/bench_scan.py --device cuda --skip-loop --repeats 10; }
-check_scan() { grep -E '^device:|not run|first fwd\+bwd|fwd\+bwd: median|max \|diff\||triton / mamba-ssm|MambaIR scan_backend|mamba-ssm (forward|backward)|warp-instructions per update|static report' "$1"; grep -q 'fwd+bwd: median' "$1"; }
+check_scan() { grep -E '^device:|not run|first fwd\+bwd|fwd\+bwd: median|max \|diff\||triton / mamba-ssm|MambaIR scan_backend|MambaIR bf16 call|bf16 call fwd\+bwd|mamba-ssm (forward|backward)|warp-instructions per update|static report' "$1"; grep -q 'fwd+bwd: median' "$1"; }
 
 # mamba-ssm built in the background (step 8): MAMBA_BUILD holds the build; MAMBA_BUILD/rc its exit
 # status once it ends (the step runs in a child shell, which cannot wait for this shell's job).

@@ -535,6 +535,24 @@ def test_benchmark_compares_backends_against_the_float64_reference(interpreted, 
     assert {name: getattr(triton_launches, name) for name in names} == before   # defaults restored
 
 
+def test_benchmark_checks_mambairs_bf16_call_against_float32_copies(interpreted, monkeypatch, capsys):
+    """bench_scan's bf16 line: the Triton call on bf16 activations with a float32 output against the
+    same call on float32 copies (identical output and float32 gradients; u's and delta's bf16
+    gradients counted where their rounding differs: none on a GPU, some under the interpreter,
+    which truncates), then the timed calls (mamba-ssm's on float32 copies, when it is there)."""
+    bench = load_script('bench_scan')
+    monkeypatch.setattr(bench, 'available_backends', lambda device: [('triton', ''), ('cuda', 'no mamba-ssm')])
+    args = argparse.Namespace(batch=1, d_inner=2, d_state=3, side=4, repeats=1, warmup=0)
+    assert bench.compare_bf16_call(args, torch.device('cpu')) is None
+    out = capsys.readouterr().out
+    line = re.search(r'^MambaIR bf16 call \(bf16 u, delta, B, C; float32 output\), Triton against float32 copies: '
+                     r'output and float32 gradients identical; u and delta gradients: (\d+) of 256 elements rounded '
+                     r'differently \(0 expected on a GPU\)$', out, re.M)
+    assert line and int(line.group(1)) < 256, out
+    assert re.search(r'^triton +bf16 call fwd\+bwd \(reads bf16, casts included\): median [\d.]+ ms', out, re.M), out
+    assert 'mamba-ssm bf16 call' not in out
+
+
 def test_benchmark_times_torch_once_at_a_tile_and_checks_mambair_before_the_tile(monkeypatch, capsys):
     """On a GPU, the torch scan at the 250x250 tile took seconds a call: timed at full repeats it ran the
     GPU check's scan step past its limit before the network check (the first run of the cuda
@@ -565,13 +583,14 @@ def test_benchmark_times_torch_once_at_a_tile_and_checks_mambair_before_the_tile
     monkeypatch.setattr(bench, 'versions', lambda device: 'versions')
     monkeypatch.setattr(bench, 'compare_backends', lambda a, device: order.append((a.batch, a.side)))
     monkeypatch.setattr(bench, 'compare_mambair', lambda device: order.append('mambair'))
+    monkeypatch.setattr(bench, 'compare_bf16_call', lambda a, device: order.append(('bf16', a.batch, a.side)))
     monkeypatch.setattr(sys, 'argv', ['bench_scan.py', '--device', 'cuda'])
     bench.main()
-    assert order == [(4, 48), 'mambair', (1, 250)]
+    assert order == [(4, 48), 'mambair', ('bf16', 4, 48), (1, 250)]
     order.clear()                                 # a shape of one's own: that shape alone, no tile
     monkeypatch.setattr(sys, 'argv', ['bench_scan.py', '--device', 'cuda', '--side', '24', '--batch', '2'])
     bench.main()
-    assert order == [(2, 24), 'mambair']
+    assert order == [(2, 24), 'mambair', ('bf16', 2, 24)]
 
 
 def test_the_sweep_marks_a_wrong_configuration_and_times_each_beside_mamba_ssm(monkeypatch, capsys):
