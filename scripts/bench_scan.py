@@ -25,6 +25,15 @@ test.py make.
     python scripts/bench_scan.py --side 24 --threads 1
     python scripts/bench_scan.py --device cuda   # backends against each other on a GPU
     python scripts/bench_scan.py --device cuda --sweep 16,4,2,1,4,2,1 16,4,2,3,4,2,3
+    python scripts/bench_scan.py --launch-overhead   # host time of describing the Triton launches
+
+``--launch-overhead`` needs no GPU: it times, on the host, what the Triton backend does per call
+before Triton's own launcher (preparing the inputs, allocating the outputs, building the launch:
+``triton_launches.forward_launch`` / ``backward_launch``) for MambaIR's bf16 call, on CPU tensors
+of its channels and a short sequence (``--side`` 4: the work does not depend on the length, but a
+large CPU allocation would be timed too; meta tensors cost several times more per operation). A
+step of classic MambaIR makes 36 such calls, and on a GPU at batch 4 the step waits for its host
+(docs/results.md).
 """
 import argparse
 import importlib
@@ -433,6 +442,44 @@ def compare_bf16_call(args: argparse.Namespace, device: torch.device) -> Optiona
     return ratio
 
 
+def launch_overhead(args: argparse.Namespace, calls: int = 2000) -> Dict[str, float]:
+    """Microseconds per call of describing the forward and the backward launch (inputs prepared,
+    outputs allocated, launch built; no kernel runs) for MambaIR's bf16 call at these shapes, on
+    CPU tensors, the median of five rounds of ``calls``."""
+    from archs.scan import triton_launches
+
+    def tensor(*size, dtype=torch.bfloat16):
+        return torch.empty(*size, dtype=dtype)
+    k, length = 4, args.side ** 2
+    dim = k * args.d_inner
+    u, delta = tensor(args.batch, dim, length), tensor(args.batch, dim, length)
+    projection = tensor(args.batch, k, 2 * args.d_state + 12, length)
+    B, C = projection[:, :, 12:12 + args.d_state], projection[:, :, 12 + args.d_state:]
+    A, D, bias = (tensor(*size, dtype=torch.float32) for size in ((dim, args.d_state), (dim,), (dim,)))
+    states = triton_launches.forward_launch(u, delta, A, B, C, D, None, bias, True,
+                                            out_dtype=torch.float32).outputs['states']
+    dout = tensor(args.batch, dim, length, dtype=torch.float32)
+    launches = {
+        'forward': lambda: triton_launches.forward_launch(u, delta, A, B, C, D, None, bias, True,
+                                                          out_dtype=torch.float32),
+        'backward': lambda: triton_launches.backward_launch(u, delta, A, B, C, D, None, bias, states, dout,
+                                                            None, True)}
+    result = {}
+    for name, describe in launches.items():
+        rounds = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(calls):
+                describe()
+            rounds.append((time.perf_counter() - start) / calls * 1e6)
+        result[name] = statistics.median(rounds)
+    print(f'Triton launch descriptions on the host (MambaIR bf16 call, u ({args.batch}, {dim}, {length}); '
+          f'torch {torch.__version__}, {torch.get_num_threads()} threads): forward {result["forward"]:.1f} us, '
+          f'backward {result["backward"]:.1f} us per call (median of 5 x {calls}; Triton\'s own launcher not '
+          f'included)')
+    return result
+
+
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -453,6 +500,8 @@ def main() -> None:
     parser.add_argument('--sweep-tile', type=int, default=250, metavar='SIDE',
                         help='with --sweep: then time the forward alone at a validation tile of this side, '
                              'batch 1 (0: skip)')
+    parser.add_argument('--launch-overhead', action='store_true',
+                        help='time the host side of the Triton launches instead (no GPU needed)')
     parser.add_argument('--sweep', nargs='+',
                         metavar='CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES',
                         help='cuda only: time the Triton scan at these launch configurations instead')
@@ -463,6 +512,9 @@ def main() -> None:
         except ValueError as err:
             parser.error(str(err))
     args.side_given = args.side != 48 or args.batch != 4
+    if args.launch_overhead:
+        launch_overhead(args)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == 'cuda':

@@ -553,6 +553,22 @@ def test_benchmark_checks_mambairs_bf16_call_against_float32_copies(interpreted,
     assert 'mamba-ssm bf16 call' not in out
 
 
+def test_launch_overhead_times_the_host_side_of_mambairs_bf16_call_without_a_gpu(monkeypatch, capsys):
+    """--launch-overhead: the launch descriptions of MambaIR's bf16 call (bf16 in, float32 out),
+    timed on the host; no kernel runs, so no GPU and no interpreter is needed."""
+    bench = load_script('bench_scan')
+    described = []
+    real = triton_launches.forward_launch
+    monkeypatch.setattr(triton_launches, 'forward_launch', lambda *a, **k: described.append(k) or real(*a, **k))
+    monkeypatch.setattr(sys, 'argv', ['bench_scan.py', '--launch-overhead', '--side', '2', '--d-inner', '4'])
+    bench.main()
+    out = capsys.readouterr().out
+    line = re.search(r'^Triton launch descriptions on the host \(MambaIR bf16 call, u \(4, 16, 4\); torch .*\): '
+                     r'forward ([\d.]+) us, backward ([\d.]+) us per call', out, re.M)
+    assert line and float(line.group(1)) > 0 and float(line.group(2)) > 0, out
+    assert described and all(k.get('out_dtype') is torch.float32 for k in described)
+
+
 def test_benchmark_times_torch_once_at_a_tile_and_checks_mambair_before_the_tile(monkeypatch, capsys):
     """On a GPU, the torch scan at the 250x250 tile took seconds a call: timed at full repeats it ran the
     GPU check's scan step past its limit before the network check (the first run of the cuda
