@@ -543,6 +543,17 @@ def compare_scan(args: argparse.Namespace) -> float:
     print(f'FT step scan {first} / {second}: {ratio:.3f} (median of {len(ratios)} per-batch ratios '
           f'{[round(r, 2) for r in ratios]}, order alternating) | {first} {statistics.median(times[first]) * 1e3:.1f} ms, '
           f'{second} {statistics.median(times[second]) * 1e3:.1f} ms (medians)')
+    if on_cuda(args.device):   # one more step each: its peak above what stays allocated (both networks)
+        peaks = {}
+        for backend, (net, opt) in steps.items():
+            sync(args.device)
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            optimizer_step(net, opt, l1(lq, gt), amp, 'finetune')
+            sync(args.device)
+            peaks[backend] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        print(f'FT step peak memory above what stays allocated: {first} {peaks[first]:.0f} MiB, {second} '
+              f'{peaks[second]:.0f} MiB: {first} / {second} {peaks[first] / peaks[second]:.3f}')
     return ratio
 
 

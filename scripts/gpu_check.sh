@@ -32,7 +32,8 @@
 #                          against the float64 reference, beside mamba-ssm when it was built), at the
 #                          training shape, then the forward alone at a 250x250 tile of batch 1
 #  10. bench_ldt_mambair_mamba_ssm 45 s  only when mamba-ssm was built: bench_ldt.py --compare-scan triton
-#                          cuda, MambaIR's FT step on the Triton scan against mamba-ssm's, paired per batch
+#                          cuda, MambaIR's FT step on the Triton scan against mamba-ssm's, paired per batch,
+#                          and one more step on each for its peak memory
 # Prints each step's time and a report, written with the logs to $OUT/gpu_check/ (results/gpu_check/
 # when OUT is unset). Exits non-zero when a step fails or is skipped, and at once with one line on a
 # machine without CUDA.
@@ -207,6 +208,8 @@ check_bench_mamba_ssm() {
   local line
   line=$(grep -m 1 '^FT step scan triton / cuda: ' "$1") || return 1
   echo "$line" | sed -n 's/^FT step scan triton \/ cuda: \([0-9.]*\) .*| triton \([0-9.]*\) ms, cuda \([0-9.]*\) ms.*/FT step: Triton \2 ms, mamba-ssm \3 ms (medians), paired per batch: Triton \/ mamba-ssm \1 (goal <= 1.05)/p'
+  grep -m 1 '^FT step peak memory' "$1"
+  return 0
 }
 
 # The issues' goals, each a ratio from this run's logs beside its bound (#38: the scan and the FT step

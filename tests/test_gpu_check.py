@@ -299,9 +299,9 @@ def test_bench_ldt_compares_two_scan_backends_batch_by_batch(monkeypatch, capsys
         backend_of[id(net)] = (scan_backend, copy.deepcopy(net.state_dict()))
         return net
     monkeypatch.setattr(bench, 'build_network', built)
-    def slower_on_auto(net, *a, **k):    # the second backend's steps take 50 ms more: the ratio says which
+    def slower_on_auto(net, *a, **k):    # the second backend's steps take 300 ms more: the ratio says which
         stepped.append(backend_of[id(net)][0])
-        time.sleep(0.05 if stepped[-1] == 'auto' else 0)
+        time.sleep(0.3 if stepped[-1] == 'auto' else 0)
         return step(net, *a, **k)
     monkeypatch.setattr(bench, 'optimizer_step', slower_on_auto)
     bench.main(['--arch', 'mambair_small', '--device', 'cpu', '--patch', '4', '--batch', '1', '--iters', '3',
@@ -313,6 +313,27 @@ def test_bench_ldt_compares_two_scan_backends_batch_by_batch(monkeypatch, capsys
     line = re.search(r'^FT step scan torch / auto: (\d+\.\d+) \(median of 3 per-batch ratios \[.*\], order '
                      r'alternating\) \| torch [\d.]+ ms, auto [\d.]+ ms \(medians\)$', out, re.M)
     assert line and 0.1 < float(line.group(1)) < 0.9, out     # torch / auto: the first over the second
+    assert 'peak memory' not in out                               # a CPU has no allocator peak to read
+    # on CUDA, one more step on each network for its peak memory above what stays allocated
+    allocated = {'now': 0, 'peak': 0}
+    monkeypatch.setattr(bench, 'on_cuda', lambda device: True)
+    monkeypatch.setattr(torch.cuda, 'synchronize', lambda: None)
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'a GPU')
+    monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats', lambda: allocated.update(peak=allocated['now']))
+    monkeypatch.setattr(torch.cuda, 'memory_allocated', lambda: allocated['now'])
+    monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda: allocated['peak'])
+
+    def step_taking_memory(net, *a, **k):       # 'torch' peaks 300 MiB above what is allocated, 'auto' 200
+        stepped.append(backend_of[id(net)][0])
+        allocated['peak'] = allocated['now'] + (300 if stepped[-1] == 'torch' else 200) * 2 ** 20
+        return step(net, *a, **k)
+    monkeypatch.setattr(bench, 'optimizer_step', step_taking_memory)
+    stepped.clear()
+    bench.main(['--arch', 'mambair_small', '--device', 'cpu', '--patch', '4', '--batch', '1', '--iters', '1',
+                '--warm', '0', '--compare-scan', 'torch', 'auto'])
+    assert stepped == ['torch', 'auto', 'torch', 'auto']               # 1 timed batch, then one step each
+    assert re.search(r'^FT step peak memory above what stays allocated: torch 300 MiB, auto 200 MiB: '
+                     r'torch / auto 1.500$', capsys.readouterr().out, re.M)
     with pytest.raises(SystemExit):
         bench.main(['--arch', 'msrresnet', '--compare-scan', 'torch', 'auto'])
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(   # prog: the script's name, or pytest's here
