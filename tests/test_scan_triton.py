@@ -317,6 +317,10 @@ def test_the_dispatch_gives_other_kernels_float32_copies_for_a_float32_output():
                     torch.autograd.grad(ref.sum(), list(half.values()))):
         assert torch.equal(g, r)
     assert selective_scan(**half, delta_softplus=softplus, backend='torch').dtype == torch.bfloat16
+    low, last = selective_scan(**copies, delta_softplus=softplus, backend='torch', out_dtype=torch.bfloat16,
+                               return_last_state=True)     # any floating dtype: float32 rounded once
+    assert low.dtype == torch.bfloat16 and torch.equal(low, ref.to(torch.bfloat16)) and last.dtype == torch.float32
+    assert torch.equal(selective_scan(**copies, delta_softplus=softplus, backend='torch', out_dtype=torch.bfloat16), low)
     with pytest.raises(ValueError, match='out_dtype must be a floating-point dtype'):
         selective_scan(**half, backend='torch', out_dtype=torch.int32)
 
@@ -551,6 +555,13 @@ def test_benchmark_checks_mambairs_bf16_call_against_float32_copies(interpreted,
     assert line and int(line.group(1)) < 256, out
     assert re.search(r'^triton +bf16 call fwd\+bwd \(reads bf16, casts included\): median [\d.]+ ms', out, re.M), out
     assert 'mamba-ssm bf16 call' not in out
+
+
+def test_the_layout_rounds_channel_and_state_blocks_up_to_powers_of_two_as_triton_does():
+    """The launch path's own power of two (``triton.next_power_of_2`` costs microseconds a call
+    since Triton 3.6) equals Triton's."""
+    assert [triton_launches._power_of_2_at_least(n) for n in range(1, 70)] == \
+        [triton.next_power_of_2(n) for n in range(1, 70)]
 
 
 def test_launch_overhead_times_the_host_side_of_mambairs_bf16_call_without_a_gpu(monkeypatch, capsys):
