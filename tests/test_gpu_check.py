@@ -312,7 +312,7 @@ def test_bench_ldt_compares_two_scan_backends_batch_by_batch(monkeypatch, capsys
     assert (first, second) == ('torch', 'auto') and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     line = re.search(r'^FT step scan torch / auto: (\d+\.\d+) \(median of 3 per-batch ratios \[.*\], order '
                      r'alternating\) \| torch [\d.]+ ms, auto [\d.]+ ms \(medians\)$', out, re.M)
-    assert line and 0.1 < float(line.group(1)) < 0.9, out     # torch / auto: the first over the second
+    assert line and 0 < float(line.group(1)) < 0.5, out     # torch / auto: the first over the second
     assert 'peak memory' not in out                               # a CPU has no allocator peak to read
     # on CUDA, one more step on each network for its peak memory above what stays allocated
     allocated = {'now': 0, 'peak': 0}
@@ -363,6 +363,9 @@ def test_bench_ldt_counts_the_operators_of_each_step_and_the_ratio_they_predict(
     with bench.OpCounter() as counter:   # views, a detach, an allocation, a host read: no kernel; an add: one
         x.view(-1), x.t(), x[0], x.detach(), torch.empty(3), x.sum().item(), x + 1
     assert (counter.kernels, counter.all) == (2, 8), (counter.kernels, counter.all)   # the sum and the add
+    with bench.OpCounter() as counter:   # reshape of a transposed tensor: a copy, then a view untracked as one
+        x.t().reshape(-1)
+    assert (counter.kernels, counter.all) == (1, 3), (counter.kernels, counter.all)   # t, clone, _unsafe_view
 
 
 def test_bench_ldt_counts_on_a_cpu_what_a_gpu_step_dispatches(monkeypatch, capsys):
@@ -392,6 +395,10 @@ def test_bench_ldt_counts_on_a_cpu_what_a_gpu_step_dispatches(monkeypatch, capsy
     with bench.dispatched_as_on_a_gpu():
         as_on_gpu = (count(scan), count(lambda: conv(x)))
         assert torch.equal(dispatch.selective_scan(**args, delta_softplus=True), torch.zeros(2, 8, 20))
+        import archs.scan.triton_launches as launches
+        with monkeypatch.context() as m:     # the zero-fills are not counted: as many as launches that do nothing
+            m.setattr(launches.ScanLaunch, 'run', lambda launch: launch.outputs)
+            assert count(scan) == as_on_gpu[0]
     assert on_cpu[0] > 100 and as_on_gpu[0] < 25, (on_cpu, as_on_gpu)
     assert (on_cpu[1], as_on_gpu[1]) == (2, 1)     # convolution + add_ of the bias, or the fused one
     assert (count(scan), count(lambda: conv(x))) == on_cpu and dispatch.BACKEND_ENV not in os.environ
