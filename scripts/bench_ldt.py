@@ -353,8 +353,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print('counted as a GPU dispatches the step: fused convolutions with a frozen weight'
               + (", the Triton scan's host code with its kernel launches replaced by uncounted zero-fills"
                  if args.arch in MAMBAIR else ''))
-    with tempfile.TemporaryDirectory() as tmp, \
-            (dispatched_as_on_a_gpu() if as_on_gpu else contextlib.nullcontext()):
+    with tempfile.TemporaryDirectory() as tmp:
         part_path = os.path.join(tmp, 'partition.json')
         algo = profile_partition(args, part_path)
         if args.ldt_s_only:
@@ -385,9 +384,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
         if args.count_ops:
             lq, gt = data[0]
-            count_ops({'FT': lambda: optimizer_step(ft_net, ft_opt, l1(lq, gt), ft_amp, 'finetune'),
-                       'primary': lambda: algo.pair.step('primary', l1(lq, gt), algo.precision),
-                       'auxiliary': lambda: algo.pair.step('auxiliary', l1(lq, gt), algo.precision)})
+            # (the partition above came from real profiling: only the counted steps are dispatched so)
+            with dispatched_as_on_a_gpu() if as_on_gpu else contextlib.nullcontext():
+                count_ops({'FT': lambda: optimizer_step(ft_net, ft_opt, l1(lq, gt), ft_amp, 'finetune'),
+                           'primary': lambda: algo.pair.step('primary', l1(lq, gt), algo.precision),
+                           'auxiliary': lambda: algo.pair.step('auxiliary', l1(lq, gt), algo.precision)})
             return
         for i, (lq, gt) in enumerate(data):
             keep = i >= args.warm
@@ -464,7 +465,9 @@ class OpCounter(TorchDispatchMode):
 def dispatched_as_on_a_gpu():
     """CPU steps that dispatch the aten operators a GPU step does: frozen-weight convolutions stay
     fused, and MambaIR's scans run the Triton backend's host code (``scan_backend`` triton), each
-    kernel launch replaced by zero-filling the tensors it writes while :class:`OpCounter` is paused."""
+    kernel launch replaced by zero-filling the tensors it writes while :class:`OpCounter` is paused
+    (the first-call check of each compiled variant runs too: count after one uncounted step).
+    Everything patched is put back on exit, an exception included."""
     import archs.scan.dispatch as dispatch
     import archs.scan.triton_launches as launches
     from basicsr_ldt.ldt import freezing
@@ -479,21 +482,20 @@ def dispatched_as_on_a_gpu():
             OpCounter.paused = False
         return launch.outputs
 
-    saved = (dispatch._on_gpu, launches.ScanLaunch.run, freezing._on_gpu, os.environ.get(dispatch.BACKEND_ENV))
-    dispatch._on_gpu = freezing._on_gpu = lambda where: True
-    launches.ScanLaunch.run = zero_fill
-    os.environ[dispatch.BACKEND_ENV] = 'triton'
-    for stage in ('forward', 'backward'):   # no first-call trial: there is no kernel to check
-        dispatch._triton_checked.add(('cpu', stage))
+    saved = (dispatch._on_gpu, launches.ScanLaunch.run, freezing._on_gpu, os.environ.get(dispatch.BACKEND_ENV),
+             set(dispatch._triton_checked))
     try:
+        dispatch._on_gpu = freezing._on_gpu = lambda where: True
+        launches.ScanLaunch.run = zero_fill
+        os.environ[dispatch.BACKEND_ENV] = 'triton'
         yield
     finally:
         dispatch._on_gpu, launches.ScanLaunch.run, freezing._on_gpu = saved[:3]
-        if saved[3] is None:
-            os.environ.pop(dispatch.BACKEND_ENV)
-        else:
+        os.environ.pop(dispatch.BACKEND_ENV, None)
+        if saved[3] is not None:
             os.environ[dispatch.BACKEND_ENV] = saved[3]
-        dispatch._triton_checked.difference_update({('cpu', 'forward'), ('cpu', 'backward')})
+        dispatch._triton_checked.clear()
+        dispatch._triton_checked.update(saved[4])
 
 
 def count_ops(steps: Dict[str, Callable[[], object]]) -> Dict[str, Tuple[int, int]]:

@@ -404,6 +404,28 @@ def test_the_decision_is_a_function_of_backend_device_and_trial(fake_gpu):
     assert checked_kernel('auto', torch.device('cuda', 1), False, _raise(PTXASError('x'))) == 'torch'
     assert checked_kernel('auto', torch.device('cuda', 1), True, _raise(AssertionError('not retried'))) == 'torch'
     assert checked_kernel('auto', cuda, True, _raise(AssertionError('not called'))) == 'triton'  # per device
+    bf16 = ('bf16 inputs', 'float32 output')                                  # another compiled variant
+    assert checked_kernel('auto', cuda, True, trials.append, bf16) == 'triton'   # its own trial
+    assert checked_kernel('auto', cuda, False, trials.append, bf16) == 'triton'  # its backward covers it
+    assert trials == [False, True, True]
+    assert checked_kernel('auto', cuda, False, _raise(PTXASError('x')), ('fp16',)) == 'torch'   # and its failure
+    assert checked_kernel('auto', cuda, False, _raise(AssertionError('not retried'))) == 'torch'
+
+
+@needs_triton
+def test_each_compiled_variant_of_a_call_gets_its_first_call_check(fake_gpu):
+    """MambaIR trains under bf16 autocast (bf16 activations, a float32 output) and may validate in
+    float32: two compiled kernels, each checked at its first call; a repeat of either is not."""
+    calls = fake_gpu(lambda *args: (args[0].float(), args[0].new_zeros(1)))
+    args, _ = make_inputs('grouped', 4, 'D+bias+softplus')
+    with torch.no_grad():
+        for _ in range(2):
+            selective_scan(**args, delta_softplus=True, out_dtype=torch.float32)
+        half = {k: v.to(torch.bfloat16) if k in ('u', 'delta', 'B', 'C') else v for k, v in args.items()}
+        for _ in range(2):
+            selective_scan(**half, delta_softplus=True, out_dtype=torch.float32)
+    # each variant: one trial, then its two calls
+    assert [c[0].dtype for c in calls] == [torch.float32] * 3 + [torch.bfloat16] * 3
 
 
 # -- LDT-S host buffer: pinned on CUDA, EMA and swap on the device, event before host access ---------

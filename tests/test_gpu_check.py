@@ -392,7 +392,10 @@ def test_bench_ldt_counts_on_a_cpu_what_a_gpu_step_dispatches(monkeypatch, capsy
     freezing.set_trainable(conv, {'bias'})
     x = torch.ones(1, 3, 5, 5)
     on_cpu = (count(scan), count(lambda: conv(x)))
+    earlier = ('cuda:1', 'forward', ())            # a check made before: still there after the count
+    monkeypatch.setattr(dispatch, '_triton_checked', {earlier})
     with bench.dispatched_as_on_a_gpu():
+        scan()                                     # the variant's first-call check, uncounted as in count_ops
         as_on_gpu = (count(scan), count(lambda: conv(x)))
         assert torch.equal(dispatch.selective_scan(**args, delta_softplus=True), torch.zeros(2, 8, 20))
         import archs.scan.triton_launches as launches
@@ -402,8 +405,21 @@ def test_bench_ldt_counts_on_a_cpu_what_a_gpu_step_dispatches(monkeypatch, capsy
     assert on_cpu[0] > 100 and as_on_gpu[0] < 25, (on_cpu, as_on_gpu)
     assert (on_cpu[1], as_on_gpu[1]) == (2, 1)     # convolution + add_ of the bias, or the fused one
     assert (count(scan), count(lambda: conv(x))) == on_cpu and dispatch.BACKEND_ENV not in os.environ
+    assert dispatch._triton_checked == {earlier}
+    monkeypatch.setenv(dispatch.BACKEND_ENV, 'torch')
+    with pytest.raises(ValueError, match='inside'):   # restored when the body raises, its own error kept
+        with bench.dispatched_as_on_a_gpu():
+            os.environ.pop(dispatch.BACKEND_ENV)
+            raise ValueError('inside')
+    assert os.environ[dispatch.BACKEND_ENV] == 'torch' and not dispatch._on_gpu(torch.device('cpu'))
+    monkeypatch.delenv(dispatch.BACKEND_ENV)
+    profiled_as = []                              # the partition comes from real profiling, on the CPU's scan
+    partition = bench.profile_partition
+    monkeypatch.setattr(bench, 'profile_partition',
+                        lambda *a: profiled_as.append(dispatch._on_gpu(torch.device('cpu'))) or partition(*a))
     bench.main(['--arch', 'mambair_small', '--device', 'cpu', '--patch', '6', '--batch', '1', '--count-ops',
                 '--profile-passes', '2'])
+    assert profiled_as == [False]
     out = capsys.readouterr().out
     assert "the Triton scan's host code with its kernel launches replaced by uncounted zero-fills" in out
     assert re.search(r'^  dual/FT if every op cost the same', out, re.M), out

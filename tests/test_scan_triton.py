@@ -302,6 +302,25 @@ def test_bf16_inputs_with_a_float32_output_equal_float32_copies_of_them(interpre
             assert torch.equal(g, r), f'gradient of {name}'
 
 
+def test_an_ss2d_block_under_bf16_autocast_keeps_no_float32_copy_of_its_scan_inputs(interpreted):
+    """What autograd keeps of one SS2D forward on the Triton scan under bf16 autocast: xs and dts
+    (the scan's u and delta, (b, 4 d_inner, L)) in bf16, and no float32 tensor of that size; upstream's
+    float32 copies were kept for the scan's backward (twice the bytes). dt_rank 2 (d_model 17), so
+    the dt projection is a bf16 matrix product as in classic MambaIR (dt_rank 12; at dt_rank 1 it
+    is a broadcast product, which autocast leaves in float32)."""
+    torch.manual_seed(0)
+    block = archs.mambair_arch.SS2D(d_model=17, d_state=2, scan_backend='triton')
+    x = torch.randn(1, 3, 2, 17)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        block(x)                                   # the first-call check, not recorded
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            block(x)
+    scan_sized = [t.dtype for t in kept if tuple(t.shape) == (1, 4 * 34, 6)]
+    assert scan_sized == [torch.bfloat16, torch.bfloat16], scan_sized   # u (xs) and delta (dts)
+
+
 def test_the_dispatch_gives_other_kernels_float32_copies_for_a_float32_output():
     """``out_dtype`` through :func:`selective_scan` on the torch kernel: bf16 inputs give exactly
     the float32 copies' output and gradients; without it, mamba's semantics (u's dtype); a dtype

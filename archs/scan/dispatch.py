@@ -57,9 +57,10 @@ _cuda_error: Optional[str] = None
 _triton_module = None
 _triton_error: Optional[str] = None
 _logged: Set[Tuple[str, str, str]] = set()
-# First-call check of the Triton kernel, per device (str): what was checked ('forward',
-# 'backward') and, for devices where it failed, the cause ('auto' runs torch there).
-_triton_checked: Set[Tuple[str, str]] = set()
+# First-call check of the Triton kernel, per device (str) and compiled variant (the call's dtypes,
+# which inputs are given, B's and C's forms, softplus, the output dtype): what was checked
+# ('forward', 'backward') and, for devices where it failed, the cause ('auto' runs torch there).
+_triton_checked: Set[Tuple[str, str, Tuple]] = set()
 _triton_failed: Dict[str, str] = {}
 
 
@@ -189,12 +190,13 @@ def _one_line(err: BaseException) -> str:
 
 
 def checked_kernel(backend: Optional[str], device: torch.device, backward: bool,
-                   run_triton: Callable[[bool], None]) -> str:
+                   run_triton: Callable[[bool], None], variant: Tuple = ()) -> str:
     """:func:`select_kernel`, plus the first-call check when it picks 'triton'.
 
     ``run_triton(backward)`` runs the Triton kernel once (forward, and backward when
-    ``backward``); it is called the first time per device (and once more for the first call
-    that needs a backward). A failure to compile or launch makes 'auto' log one warning and
+    ``backward``); it is called the first time per device and ``variant`` (what makes Triton
+    compile another kernel: a bf16 training call and a float32 validation compile apart), and
+    once more for the first such call that needs a backward. A failure to compile or launch makes 'auto' log one warning and
     return 'torch' for this and every later call on ``device``; a forced 'triton' raises
     :class:`ScanKernelFailed` naming the option. CUDA out-of-memory is not a kernel failure
     and propagates as it is.
@@ -206,7 +208,7 @@ def checked_kernel(backend: Optional[str], device: torch.device, backward: bool,
     if where in _triton_failed:           # only 'auto' gets here: a forced backend raised
         return 'torch'
     stage = 'backward' if backward else 'forward'
-    if (where, stage) in _triton_checked or (where, 'backward') in _triton_checked:
+    if (where, stage, variant) in _triton_checked or (where, 'backward', variant) in _triton_checked:
         return 'triton'
     try:
         run_triton(backward)
@@ -228,7 +230,7 @@ def checked_kernel(backend: Optional[str], device: torch.device, backward: bool,
             f'selective scan: {_source(backend)}=auto: the Triton kernel failed to compile or launch on '
             f'{where} at its first call ({cause}); using the torch scan on {where} from now on')
         return 'torch'
-    _triton_checked.add((where, stage))
+    _triton_checked.add((where, stage, variant))
     return 'triton'
 
 
@@ -314,9 +316,10 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
         raise ValueError(f'out_dtype must be a floating-point dtype or None; got {out_dtype}')
     args = (u, delta, A, B, C, D, z, delta_bias)
     backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
+    variant = (tuple(None if t is None else (t.dtype, t.dim()) for t in args), bool(delta_softplus), out_dtype)
     kernel = checked_kernel(backend, u.device, backward,
                             lambda bwd: _triton_trial(args, bool(delta_softplus), return_last_state,
-                                                      out_dtype, bwd))
+                                                      out_dtype, bwd), variant)
     _log_kernel_once(backend, kernel, u.device)
     if kernel == 'triton':
         out, last = _triton_module.selective_scan_triton(u, delta, A, B, C, D, z, delta_bias,
