@@ -284,8 +284,10 @@ def _check_shapes(u, delta, A, B, C, D, z, delta_bias) -> None:
         if len(shape) == 4:
             ok = (shape[0] == batch and shape[2] == dstate and shape[3] == length and shape[1] > 0
                   and dim % shape[1] == 0)
+        elif len(shape) == 3:
+            ok = shape == (batch, dstate, length)
         else:
-            ok = shape == {2: (dim, dstate), 3: (batch, dstate, length)}.get(len(shape))
+            ok = shape == (dim, dstate)
         if not ok or m.is_complex():
             raise ValueError(f'{name} must be real ({dim}, {dstate}), ({batch}, {dstate}, {length}) or '
                              f'({batch}, G, {dstate}, {length}) with G dividing {dim}; got {tuple(shape)}')
