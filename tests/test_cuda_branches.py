@@ -428,6 +428,35 @@ def test_each_compiled_variant_of_a_call_gets_its_first_call_check(fake_gpu):
     assert [c[0].dtype for c in calls] == [torch.float32] * 3 + [torch.bfloat16] * 3
 
 
+
+def test_the_first_call_check_runs_the_kernel_the_call_runs(fake_gpu, monkeypatch):
+    """The trial compiles and launches what the call will: the same input dtypes, softplus and
+    output dtype, with a backward only when the call will need one (an inference call with grad
+    mode on, as in a validation without no_grad, compiles no backward kernel). A call that
+    differs only in softplus or in its output dtype is another compiled kernel, checked apart."""
+    seen = []
+
+    def entry(*args, out_dtype=None):
+        seen.append((tuple(None if a is None else a.dtype for a in args[:8]), args[8], out_dtype,
+                     torch.is_grad_enabled()))
+        return args[0].to(out_dtype or args[0].dtype) * 1, args[0].new_zeros(1)
+    fake_gpu(lambda *args: None)
+    monkeypatch.setattr(scan_module, '_triton_module', types.SimpleNamespace(selective_scan_triton=entry))
+    args, _ = make_inputs('grouped', 4, 'D+bias+softplus')
+    args = {k: v.detach() for k, v in args.items()}
+    for softplus, out_dtype in ((True, None), (False, None), (False, torch.float32)):
+        seen.clear()
+        selective_scan(**args, delta_softplus=softplus, out_dtype=out_dtype)   # grad mode on, nothing needs grad
+        trial, call = seen
+        assert trial[:3] == call[:3] == (trial[0], softplus, out_dtype) and trial[3] is False
+        seen.clear()
+        selective_scan(**args, delta_softplus=softplus, out_dtype=out_dtype)
+        assert len(seen) == 1                                                 # checked: the call alone
+    seen.clear()
+    selective_scan(**dict(args, u=args['u'].requires_grad_()), delta_softplus=False, out_dtype=torch.float32)
+    assert [s[3] for s in seen] == [True, True]    # a training call: its trial runs the backward too
+
+
 # -- LDT-S host buffer: pinned on CUDA, EMA and swap on the device, event before host access ---------
 
 

@@ -2,6 +2,8 @@
 configuration text read into every setting, a bad one refused before any work, and a changed
 setting seen by the next launch and restored afterwards (fast: no kernel runs, launches are
 described on the ``meta`` device)."""
+import math
+
 import pytest
 import torch
 
@@ -108,3 +110,122 @@ def test_a_bad_setting_is_refused_and_nothing_changes(values, message):
             pytest.fail('the block ran with a bad setting')
     assert str(caught.value).startswith(message), str(caught.value)
     assert current() == before
+
+
+def _named(launch):
+    """The launch's arguments by the kernel's own parameter names (``@triton.jit`` keeps them)."""
+    return {**dict(zip(launch.kernel.arg_names, launch.args)), **launch.constexprs}
+
+
+def _ceil(a, b):
+    return -(-a // b)
+
+
+@pytest.mark.parametrize('b_form, c_form, options', [
+    ('grouped_view', 'grouped', 'D z bias'),   # MambaIR's call: B a strided view of one projection
+    ('const', 'shared', ''),
+    ('shared', 'const', 'z'),
+])
+def test_each_kernel_parameter_gets_what_its_name_says(b_form, c_form, options):
+    """The launches hand the kernels their arguments by position; read back by the kernels'
+    parameter names, each carries its meaning for these inputs: sizes, the chunk count, the
+    finest grouping of B and C, each one's channels per group and strides (zeros for a constant
+    one), the flags of the optional inputs, and outputs of the right shapes and dtypes."""
+    batch, dim, length, dstate, chunk, block_d = 2, 12, 37, 5, 8, 4
+    meta = dict(device='meta')
+    u = torch.empty(batch, dim, length, **meta)
+    A = torch.empty(dim, dstate, **meta)
+    # (b, G=3, dt + B + C rows, L): B starts 4 rows in, 4 x 37 float32 = 16-byte aligned
+    projection = torch.empty(batch, 3, 4 + 2 * dstate, length, **meta)
+
+    def form(kind, groups):
+        return {'grouped_view': projection[:, :, 4:4 + dstate],
+                'grouped': torch.empty(batch, groups, dstate, length, **meta),
+                'shared': torch.empty(batch, dstate, length, **meta),
+                'const': torch.empty(dim, dstate, **meta)}[kind]
+    B, C = form(b_form, 3), form(c_form, 2)
+    given = {name: (torch.empty(*shape, **meta) if name in options.split() else None)
+             for name, shape in (('D', (dim,)), ('z', (batch, dim, length)), ('bias', (dim,)))}
+    fwd = launches.forward_launch(u, torch.empty_like(u), A, B, C, given['D'], given['z'], given['bias'], True,
+                                  chunk=chunk, block_d=block_d, out_dtype=torch.float32)
+    dlast = torch.empty(batch, dim, dstate, **meta)
+    bwd = launches.backward_launch(u.bfloat16(), u.bfloat16(), A, B, C, given['D'], given['z'], given['bias'],
+                                   fwd.outputs['states'], u, dlast, False, chunk=chunk, block_d=block_d)
+
+    def groups_of(m):
+        return m.shape[1] if m.dim() == 4 else (1 if m.dim() == 3 else None)
+    finest = math.lcm(*(g for g in (groups_of(B), groups_of(C)) if g is not None))
+    group_size = dim // finest
+    block = min(block_d, 1 << (group_size - 1).bit_length())
+    for launch, softplus, flag in ((fwd.launch, True, 1), (bwd.launch, False, 1)):
+        args = _named(launch)
+        assert (args['dim'], args['length'], args['dstate'], args['n_chunks'], args['T']) == \
+            (dim, length, dstate, _ceil(length, chunk), chunk)
+        assert (args['group_size'], args['BLOCK_D'], args['blocks_per_group']) == \
+            (group_size, block, _ceil(group_size, block))
+        assert launch.grid == (batch, finest * _ceil(group_size, block))
+        assert args['BLOCK_N'] == 8 and args['flag'] == flag and args['SOFTPLUS'] is softplus
+        for name, m in (('b', B), ('c', C)):
+            varying = m.dim() != 2
+            view = m.unsqueeze(1) if m.dim() == 3 else m
+            assert args[f'VAR_{name.upper()}'] is varying
+            assert args[f'{name}_chans'] == (dim // view.shape[1] if varying else group_size)
+            assert (args[f'{name}_stride_b'], args[f'{name}_stride_g'], args[f'{name}_stride_n']) == \
+                ((view.stride(0), view.stride(1), view.stride(2)) if varying else (0, 0, 0))
+            assert args[f'{name.upper()}_ptr'].shape == view.shape
+        assert (args['HAS_D'], args['HAS_Z'], args['HAS_BIAS']) == tuple(given[k] is not None for k in ('D', 'z', 'bias'))
+        for key, name in (('D', 'D_ptr'), ('z', 'z_ptr'), ('bias', 'bias_ptr')):
+            if given[key] is not None:
+                assert args[name].shape == given[key].shape and args[name].dtype == torch.float32 or key == 'z'
+    if b_form == 'grouped_view':   # read in place: a view of the projection keeps its strides, no copy
+        assert _named(fwd.launch)['B_ptr'].stride() == B.stride() != B.contiguous().stride()
+    out = fwd.outputs
+    assert (out['out'].shape, out['out'].dtype) == (u.shape, torch.float32)
+    assert out['states'].shape == (batch, dim, _ceil(length, chunk), dstate) and out['last'].shape == (batch, dim, dstate)
+    grads = bwd.outputs
+    assert grads['du'].dtype == grads['ddelta'].dtype == torch.bfloat16
+    for name, m in (('dB', B), ('dC', C)):
+        assert grads[name].dtype == torch.float32
+        assert grads[name].shape == ((m.unsqueeze(1) if m.dim() == 3 else m).shape if m.dim() != 2 else (batch, dim, dstate))
+    assert (grads['dD'] is None) == (given['D'] is None) and (grads['dbias'] is None) == (given['bias'] is None)
+    assert (grads['dz'] is None) == (given['z'] is None)
+
+
+def test_the_backward_reads_the_last_states_gradient_only_when_given():
+    u = torch.empty(1, 4, 9, device='meta')
+    A, bc = torch.empty(4, 2, device='meta'), torch.empty(1, 2, 9, device='meta')
+    fwd = launches.forward_launch(u, u, A, bc, bc, None, None, None, False)
+    for dlast, flag in ((None, 0), (torch.empty(1, 4, 2, device='meta'), 1)):
+        launch = launches.backward_launch(u, u, A, bc, bc, None, None, None, fwd.outputs['states'], u, dlast,
+                                          False).launch
+        assert _named(launch)['flag'] == flag
+    assert launches.forward_launch(u, u, A, bc, bc, None, None, None, False, save_states=False).outputs['states'] is None
+
+
+def test_the_power_of_two_is_the_smallest_at_least_n():
+    for n in range(1, 300):
+        p = launches._power_of_2_at_least(n)
+        assert p >= n and p & (p - 1) == 0 and (p == 1 or p // 2 < n), n
+
+
+def test_the_grid_limit_is_the_largest_grid_cuda_takes():
+    """CUDA's limit on a grid's second dimension is 65,535 blocks: exactly that many channel
+    blocks launch; one more is refused by name before any work."""
+    ok = launches._Layout(1, launches.MAX_GRID_Y, 16, 4, launches.MAX_GRID_Y, None, 8, 1)
+    assert ok.grid == (1, 65535) and ok.block_d == 1
+    with pytest.raises(ValueError, match=r"65536 channel blocks pass CUDA's grid limit of 65535\. Use scan_backend: torch"):
+        launches._Layout(1, launches.MAX_GRID_Y + 1, 16, 4, launches.MAX_GRID_Y + 1, None, 8, 1)
+    for chunk in (1, 2, 64):
+        assert launches._Layout(1, 4, 16, 4, None, None, chunk, 1).chunk == chunk
+    for chunk in (0, 3, 12):
+        with pytest.raises(ValueError, match=f'^the Triton scan needs a power-of-two chunk length, got {chunk}$'):
+            launches._Layout(1, 4, 16, 4, None, None, chunk, 1)
+
+
+def test_a_program_takes_the_settings_channel_block_rounded_up_and_at_most_one_group():
+    """BLOCK_D is the setting rounded up to a power of two, never more channels than share one
+    slice of B and C (one group), and never less than one."""
+    for setting, group_size, expected in ((1, 8, 1), (3, 8, 4), (8, 8, 8), (16, 8, 8), (4, 3, 4), (4, 2, 2), (0, 8, 1)):
+        lay = launches._Layout(2, group_size * 3, 16, 4, 3, None, 8, setting)
+        assert (lay.group_size, lay.block_d) == (group_size, expected), (setting, group_size)
+        assert lay.blocks_per_group == _ceil(group_size, expected) and lay.grid == (2, 3 * lay.blocks_per_group)

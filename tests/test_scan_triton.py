@@ -32,6 +32,9 @@ from test_selective_scan import make_inputs, sequential_reference  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+_FRESH_RUN = 'BASICSR_LDT_TEST_INTERPRETED_RUN'   # set in the fresh process the fixture below starts
+
+
 @pytest.fixture(scope='module')
 def interpreted():
     """archs.scan.triton_function with kernels for Triton's CPU interpreter.
@@ -47,7 +50,10 @@ def interpreted():
             importlib.reload(sys.modules[name])
         module = importlib.reload(module)
     if not module.interpreting():
-        env = dict(os.environ, TRITON_INTERPRET='1')
+        if os.environ.get(_FRESH_RUN):   # the flag was set before the import, yet no interpreter: no second run
+            pytest.fail('TRITON_INTERPRET=1 was set before triton was imported, and the kernels still '
+                        'do not run under its CPU interpreter')
+        env = dict(os.environ, TRITON_INTERPRET='1', **{_FRESH_RUN: '1'})
         run = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-x', '-p', 'no:cacheprovider',
                               os.path.abspath(__file__)], cwd=REPO, env=env, capture_output=True,
                              text=True)

@@ -267,3 +267,69 @@ def test_time_major_path_without_grad_matches():
     ref_out, ref_last = sequential_reference(**args, delta_softplus=softplus)
     torch.testing.assert_close(out, ref_out.float(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(last, ref_last.float(), rtol=1e-5, atol=1e-5)
+
+
+def _installed(monkeypatch, module_name: str, **attributes) -> list:
+    """Put a module and its parents in ``sys.modules`` (as an installed package would be once
+    imported); returns the list of import attempts of ``module_name`` made after this."""
+    import importlib
+    import types
+    parts = module_name.split('.')
+    for i in range(1, len(parts) + 1):
+        monkeypatch.setitem(sys.modules, '.'.join(parts[:i]), types.ModuleType('.'.join(parts[:i])))
+    for key, value in attributes.items():
+        setattr(sys.modules[module_name], key, value)
+    attempts = []
+    real_import = importlib.__import__
+
+    def counting(name, *args, **kwargs):
+        if name == module_name:
+            attempts.append(name)
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr('builtins.__import__', counting)
+    return attempts
+
+
+def test_an_installed_mamba_ssm_is_found_once_and_runs_on_cuda_tensors(no_mamba, monkeypatch):
+    """mamba-ssm's kernel is ``mamba_ssm.ops.selective_scan_interface.selective_scan_fn`` (mamba
+    2.3.2, the module's own name for it); 'auto' picks it for CUDA tensors when it imports, and
+    the import is made once, not at every one of a step's calls."""
+    def selective_scan_fn(*args):
+        return 'from mamba-ssm'
+    attempts = _installed(monkeypatch, 'mamba_ssm.ops.selective_scan_interface', selective_scan_fn=selective_scan_fn)
+    cuda = torch.device('cuda')
+    assert select_kernel('auto', cuda) == select_kernel('cuda', cuda) == 'cuda'
+    assert scan_module._cuda_fn is selective_scan_fn and len(attempts) == 1
+
+
+def test_a_scan_package_that_fails_to_import_is_tried_once_and_its_error_is_named(no_mamba, monkeypatch):
+    """The cause (the exception's type and text) reaches the one-line error of a forced backend,
+    and a missing package is not looked for again at every call."""
+    attempts = []
+    real_import = __import__
+
+    def failing(name, *args, **kwargs):
+        if name in ('mamba_ssm.ops.selective_scan_interface', 'archs.scan.triton_function'):
+            attempts.append(name)
+            raise OSError(f'{name}: undefined symbol _ZN3c10')
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr('builtins.__import__', failing)
+    cuda = torch.device('cuda')
+    for backend, package in (('cuda', 'mamba_ssm.ops'), ('triton', 'archs.scan.triton_function')):
+        for _ in range(2):
+            with pytest.raises(ImportError, match=f'failed to import: OSError: {package}.*undefined symbol'):
+                select_kernel(backend, cuda)
+    assert select_kernel('auto', cuda) == 'torch'
+    assert sorted(set(attempts)) == sorted(attempts) and len(attempts) == 2
+
+
+def test_b_and_c_with_one_group_are_accepted_and_with_none_refused():
+    """(batch, 1, dstate, L) is a valid grouping (every channel reads the one group, as in the
+    (batch, dstate, L) form); zero groups is a shape error naming the tensor, not a division by zero."""
+    args, _ = make_inputs('shared', 5, '')
+    args = {k: v.detach() for k, v in args.items()}
+    one_group = dict(args, B=args['B'][:, None], C=args['C'][:, None])
+    torch.testing.assert_close(selective_scan(**one_group, backend='torch'), selective_scan(**args, backend='torch'))
+    for name in ('B', 'C'):
+        with pytest.raises(ValueError, match=f'^{name} must be'):
+            selective_scan(**dict(args, **{name: args[name][:, None][:, :0]}), backend='torch')

@@ -113,8 +113,7 @@ class _Layout:
             raise ValueError(f'the Triton scan needs a power-of-two chunk length, got {chunk}')
         self.chunk = chunk
         self.n_chunks = -(-length // chunk)
-        self.block_d = max(1, min(_power_of_2_at_least(max(1, int(block_d))),
-                                  _power_of_2_at_least(self.group_size)))
+        self.block_d = min(_power_of_2_at_least(max(1, int(block_d))), _power_of_2_at_least(self.group_size))
         self.block_n = _power_of_2_at_least(dstate)
         self.blocks_per_group = -(-self.group_size // self.block_d)
         self.grid = (batch, groups * self.blocks_per_group)
