@@ -333,3 +333,69 @@ def test_b_and_c_with_one_group_are_accepted_and_with_none_refused():
     for name in ('B', 'C'):
         with pytest.raises(ValueError, match=f'^{name} must be'):
             selective_scan(**dict(args, **{name: args[name][:, None][:, :0]}), backend='torch')
+
+
+@pytest.fixture
+def info_logged(monkeypatch):
+    """The messages logged to 'basicsr' from here on, with the log-once record fresh."""
+    import logging
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger('basicsr')
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)   # (setLevel, not the attribute: it clears the logger's enabled-for cache)
+    monkeypatch.setattr(scan_module, '_logged', set())
+    yield lambda: [r.getMessage() for r in records]
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_each_configuration_and_kernel_is_logged_once_by_the_name_it_was_given(info_logged, monkeypatch):
+    """The log names the backend the option chose (not the environment's), once per distinct
+    configuration and once per kernel actually run."""
+    monkeypatch.setenv(BACKEND_ENV, 'triton')
+    for _ in range(2):
+        scan_module.log_configuration_once('torch')
+        scan_module.log_configuration_once('auto')
+    args, _ = make_inputs('const', 5, '')
+    for _ in range(2):
+        selective_scan(**args, backend='torch')
+    monkeypatch.delenv(BACKEND_ENV)
+    selective_scan(**args)
+    assert info_logged() == [
+        'selective scan: scan_backend=torch',
+        'selective scan: scan_backend=auto (for CUDA tensors the first that imports of cuda (mamba-ssm) > triton '
+        '> torch; otherwise torch)',
+        "selective scan: backend 'torch' runs the 'torch' kernel on cpu tensors",
+        "selective scan: backend 'auto' runs the 'torch' kernel on cpu tensors"]
+    with pytest.raises(ValueError, match=r"^network_g\.scan_backend='fast': expected one of auto, torch, triton, "
+                                         r"cuda \(or mamba_ssm, an alias of cuda\)$"):
+        scan_module.resolve_backend('fast')
+
+
+def test_a_kernel_failure_is_told_in_one_line_of_at_most_300_characters():
+    one_line = scan_module._one_line
+    assert one_line(RuntimeError('\n  ptxas fatal: out of registers  \nsecond line')) == \
+        'RuntimeError: ptxas fatal: out of registers'
+    assert one_line(OSError('')) == 'OSError'
+    exact, long = 'x' * 300, 'y' * 301
+    assert one_line(ValueError(exact)) == f'ValueError: {exact}'
+    assert one_line(ValueError(long)) == f"ValueError: {'y' * 297}..."
+
+
+def test_an_interpreted_triton_failure_names_the_numpy_fix(monkeypatch):
+    """Forced 'triton' on CPU tensors runs under Triton's interpreter; when it fails and this
+    Triton's interpreter cannot run with this numpy, the one-line error says how to fix that."""
+    def failing(*args, **kwargs):
+        raise RuntimeError('only 0-dimensional arrays can be converted to Python scalars')
+    monkeypatch.setattr(scan_module, '_triton_module',
+                        __import__('types').SimpleNamespace(selective_scan_triton=failing, interpreting=lambda: True))
+    monkeypatch.setattr(scan_module, '_triton_error', None)
+    monkeypatch.setattr(scan_module, '_triton_checked', set())
+    monkeypatch.setattr(scan_module, 'interpreter_numpy_conflict', lambda: "pip install 'numpy<2.4'")
+    args, _ = make_inputs('const', 5, '')
+    with pytest.raises(scan_module.ScanKernelFailed, match=r"^network_g\.scan_backend=triton: .* on cpu at its first "
+                       r"call \(RuntimeError: only 0-dimensional .*; pip install 'numpy<2\.4'\)\. Use auto"):
+        selective_scan(**args, backend='triton')
