@@ -5,7 +5,6 @@ blocks), float32 state accumulation for half-precision inputs, O(L/T) saved stat
 backend choice ('auto' order, clear errors, logging)."""
 import argparse
 import importlib
-import logging
 import os
 import re
 import subprocess
@@ -26,7 +25,7 @@ import archs.scan.triton_launches as triton_launches  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from basicsr_ldt.common.errors import InputError  # noqa: E402
-from conftest import load_script  # noqa: E402
+from conftest import basicsr_log, load_script  # noqa: E402
 from test_selective_scan import make_inputs, sequential_reference  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -492,30 +491,18 @@ def test_forced_triton_on_cpu_without_the_interpreter_asks_for_cuda_tensors(inte
 
 
 def test_backend_is_logged_once_at_build_and_once_at_first_use_per_process(interpreted, monkeypatch):
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = logging.getLogger('basicsr')
-    logger.addHandler(handler)
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
     monkeypatch.setattr(scan_module, '_logged', set())
     monkeypatch.delenv(BACKEND_ENV, raising=False)
-    try:
+    with basicsr_log() as records:
         nets = [archs.MambaIR(upscale=2, img_size=8, embed_dim=30, depths=[2], d_state=2, mlp_ratio=1,
                               upsampler='pixelshuffle') for _ in range(2)]  # e.g. net_g and its EMA
-        net = nets[0]
-        built = [r.getMessage() for r in records]
+        built = list(records)
         assert built == ['selective scan: scan_backend=auto (for CUDA tensors the first that '
                          'imports of cuda (mamba-ssm) > triton > torch; otherwise torch)']
         with torch.no_grad():
-            net(torch.rand(1, 3, 4, 4))
-            net(torch.rand(1, 3, 4, 4))
-        used = [r.getMessage() for r in records[len(built):]]
-        assert used == ["selective scan: backend 'auto' runs the 'torch' kernel on cpu tensors"]
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
+            nets[0](torch.rand(1, 3, 4, 4))
+            nets[0](torch.rand(1, 3, 4, 4))
+        assert records[len(built):] == ["selective scan: backend 'auto' runs the 'torch' kernel on cpu tensors"]
 
 
 def test_benchmark_compares_backends_against_the_float64_reference(interpreted, without_packages, capsys):

@@ -12,6 +12,7 @@ import archs.scan.dispatch as scan_module
 from archs.scan import torch_scan as scan_torch
 from archs.scan.linear_scan import chunk_length
 from archs.scan.dispatch import BACKEND_ENV, select_kernel, selective_scan
+from conftest import basicsr_log
 
 
 def sequential_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
@@ -335,36 +336,21 @@ def test_b_and_c_with_one_group_are_accepted_and_with_none_refused():
             selective_scan(**dict(args, **{name: args[name][:, None][:, :0]}), backend='torch')
 
 
-@pytest.fixture
-def info_logged(monkeypatch):
-    """The messages logged to 'basicsr' from here on, with the log-once record fresh."""
-    import logging
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = logging.getLogger('basicsr')
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.INFO)   # (setLevel, not the attribute: it clears the logger's enabled-for cache)
-    monkeypatch.setattr(scan_module, '_logged', set())
-    yield lambda: [r.getMessage() for r in records]
-    logger.removeHandler(handler)
-    logger.setLevel(level)
-
-
-def test_each_configuration_and_kernel_is_logged_once_by_the_name_it_was_given(info_logged, monkeypatch):
+def test_each_configuration_and_kernel_is_logged_once_by_the_name_it_was_given(monkeypatch):
     """The log names the backend the option chose (not the environment's), once per distinct
     configuration and once per kernel actually run."""
-    monkeypatch.setenv(BACKEND_ENV, 'triton')
-    for _ in range(2):
-        scan_module.log_configuration_once('torch')
-        scan_module.log_configuration_once('auto')
-    args, _ = make_inputs('const', 5, '')
-    for _ in range(2):
-        selective_scan(**args, backend='torch')
-    monkeypatch.delenv(BACKEND_ENV)
-    selective_scan(**args)
-    assert info_logged() == [
+    monkeypatch.setattr(scan_module, '_logged', set())
+    with basicsr_log() as logged:
+        monkeypatch.setenv(BACKEND_ENV, 'triton')
+        for _ in range(2):
+            scan_module.log_configuration_once('torch')
+            scan_module.log_configuration_once('auto')
+        args, _ = make_inputs('const', 5, '')
+        for _ in range(2):
+            selective_scan(**args, backend='torch')
+        monkeypatch.delenv(BACKEND_ENV)
+        selective_scan(**args)
+    assert logged == [
         'selective scan: scan_backend=torch',
         'selective scan: scan_backend=auto (for CUDA tensors the first that imports of cuda (mamba-ssm) > triton '
         '> torch; otherwise torch)',
