@@ -2,6 +2,7 @@
 configuration text read into every setting, a bad one refused before any work, and a changed
 setting seen by the next launch and restored afterwards (fast: no kernel runs, launches are
 described on the ``meta`` device)."""
+import contextlib
 import math
 
 import pytest
@@ -131,7 +132,7 @@ def test_each_kernel_parameter_gets_what_its_name_says(b_form, c_form, options):
     parameter names, each carries its meaning for these inputs: sizes, the chunk count, the
     finest grouping of B and C, each one's channels per group and strides (zeros for a constant
     one), the flags of the optional inputs, and outputs of the right shapes and dtypes."""
-    batch, dim, length, dstate, chunk, block_d = 2, 12, 37, 5, 8, 4
+    batch, dim, length, dstate, chunk, block_d = 2, 12, 37, 5, 4, 2   # not the defaults (8, 4 / 8)
     meta = dict(device='meta')
     u = torch.empty(batch, dim, length, **meta)
     A = torch.empty(dim, dstate, **meta)
@@ -174,12 +175,29 @@ def test_each_kernel_parameter_gets_what_its_name_says(b_form, c_form, options):
                 ((view.stride(0), view.stride(1), view.stride(2)) if varying else (0, 0, 0))
             assert args[f'{name.upper()}_ptr'].shape == view.shape
         assert (args['HAS_D'], args['HAS_Z'], args['HAS_BIAS']) == tuple(given[k] is not None for k in ('D', 'z', 'bias'))
+        # every pointer a real tensor, absent inputs included: a None would be another compiled variant
+        assert all(isinstance(args[n], torch.Tensor) for n in launch.kernel.arg_names if n.endswith('_ptr'))
         for key, name in (('D', 'D_ptr'), ('z', 'z_ptr'), ('bias', 'bias_ptr')):
             if given[key] is not None:
                 assert args[name].shape == given[key].shape and args[name].dtype == torch.float32 or key == 'z'
     if b_form == 'grouped_view':   # read in place: a view of the projection keeps its strides, no copy
         assert _named(fwd.launch)['B_ptr'].stride() == B.stride() != B.contiguous().stride()
-    out = fwd.outputs
+    args, out = _named(fwd.launch), fwd.outputs
+    assert (fwd.launch.name, bwd.launch.name) == ('forward', 'backward')
+    assert (args['out_ptr'], args['chunk_states_ptr'], args['last_ptr']) == (out['out'], out['states'], out['last'])
+    # what the static report counts as bytes moved: each tensor read or written once, B and C only
+    # where they vary along the sequence
+    read = [args[n] for n in ('u_ptr', 'delta_ptr')] + [args[n] for n, on in (('B_ptr', 'VAR_B'), ('C_ptr', 'VAR_C'),
+                                                                             ('z_ptr', 'HAS_Z')) if args[on]]
+    assert [id(t) for t in fwd.launch.traffic if t is not None] == \
+        [id(t) for t in read + [out['out'], out['states'], out['last']]]
+    back, grads = _named(bwd.launch), bwd.outputs
+    read = [back[n] for n in ('u_ptr', 'delta_ptr')] + [back[n] for n, on in (('B_ptr', 'VAR_B'), ('C_ptr', 'VAR_C'),
+                                                                              ('z_ptr', 'HAS_Z')) if back[on]]
+    written = [grads[n] for n in ('du', 'ddelta', 'dz')] + [grads[n] for n, on in (('dB', 'VAR_B'), ('dC', 'VAR_C'))
+                                                              if back[on]]
+    assert [id(t) for t in bwd.launch.traffic if t is not None] == \
+        [id(t) for t in read + [back['chunk_states_ptr'], back['dout_ptr']] + written if t is not None]
     assert (out['out'].shape, out['out'].dtype) == (u.shape, torch.float32)
     assert out['states'].shape == (batch, dim, _ceil(length, chunk), dstate) and out['last'].shape == (batch, dim, dstate)
     grads = bwd.outputs
@@ -199,7 +217,32 @@ def test_the_backward_reads_the_last_states_gradient_only_when_given():
         launch = launches.backward_launch(u, u, A, bc, bc, None, None, None, fwd.outputs['states'], u, dlast,
                                           False).launch
         assert _named(launch)['flag'] == flag
-    assert launches.forward_launch(u, u, A, bc, bc, None, None, None, False, save_states=False).outputs['states'] is None
+    alone = launches.forward_launch(u, u, A, bc, bc, None, None, None, False, save_states=False)
+    assert alone.outputs['states'] is None and _named(alone.launch)['flag'] == 0
+    assert isinstance(_named(alone.launch)['chunk_states_ptr'], torch.Tensor)   # a pointer never written
+    # the output has u's dtype (mamba's semantics) unless out_dtype says otherwise
+    mixed = launches.forward_launch(u.bfloat16(), u, A, bc, bc, None, None, None, False)
+    assert mixed.outputs['out'].dtype == torch.bfloat16
+
+
+def test_a_launch_runs_its_kernel_on_the_inputs_gpu_with_its_warps_options_and_flags(monkeypatch):
+    """On a machine with several GPUs (a torchrun rank per GPU) a launch must target the GPU
+    its inputs are on, not the current one; warps, compile options and flags reach the kernel."""
+    calls, selected = [], []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    class OnGpu:
+        device = torch.device('cuda', 1)
+    monkeypatch.setattr(torch.cuda, 'device', lambda device: selected.append(device) or contextlib.nullcontext())
+    launch = launches.KernelLaunch('forward', Kernel(), (2, 3), (OnGpu(), 7), {'T': 8}, 4)
+    launch.run()
+    assert selected == [torch.device('cuda', 1)]
+    assert calls == [((2, 3), launch.args, {'num_warps': 4, **launches.COMPILE_OPTIONS, 'T': 8})]
+    launches.KernelLaunch('forward', Kernel(), (1, 1), (torch.empty(1), 7), {}, 2).run()   # CPU: no device to select
+    assert len(selected) == 1 and calls[-1][2] == {'num_warps': 2, **launches.COMPILE_OPTIONS}
 
 
 def test_the_power_of_two_is_the_smallest_at_least_n():
