@@ -151,21 +151,23 @@ def test_each_kernel_parameter_gets_what_its_name_says(b_form, c_form, options):
                                   chunk=chunk, block_d=block_d, out_dtype=torch.float32)
     dlast = torch.empty(batch, dim, dstate, **meta)
     bwd = launches.backward_launch(u.bfloat16(), u.bfloat16(), A, B, C, given['D'], given['z'], given['bias'],
-                                   fwd.outputs['states'], u, dlast, False, chunk=chunk, block_d=block_d)
+                                   fwd.outputs['states'], u, dlast, True, chunk=chunk, block_d=block_d)
 
     def groups_of(m):
         return m.shape[1] if m.dim() == 4 else (1 if m.dim() == 3 else None)
     finest = math.lcm(*(g for g in (groups_of(B), groups_of(C)) if g is not None))
     group_size = dim // finest
     block = min(block_d, 1 << (group_size - 1).bit_length())
-    for launch, softplus, flag in ((fwd.launch, True, 1), (bwd.launch, False, 1)):
+    for launch, stages, warps in ((fwd.launch, launches.FORWARD_STAGES, launches.FORWARD_WARPS),
+                                  (bwd.launch, launches.BACKWARD_STAGES, launches.BACKWARD_WARPS)):
         args = _named(launch)
         assert (args['dim'], args['length'], args['dstate'], args['n_chunks'], args['T']) == \
             (dim, length, dstate, _ceil(length, chunk), chunk)
         assert (args['group_size'], args['BLOCK_D'], args['blocks_per_group']) == \
             (group_size, block, _ceil(group_size, block))
         assert launch.grid == (batch, finest * _ceil(group_size, block))
-        assert args['BLOCK_N'] == 8 and args['flag'] == flag and args['SOFTPLUS'] is softplus
+        assert args['BLOCK_N'] == 8 and args['flag'] == 1 and args['SOFTPLUS'] is True
+        assert (args['STAGES'], launch.num_warps) == (stages, warps)
         for name, m in (('b', B), ('c', C)):
             varying = m.dim() != 2
             view = m.unsqueeze(1) if m.dim() == 3 else m
@@ -202,6 +204,13 @@ def test_each_kernel_parameter_gets_what_its_name_says(b_form, c_form, options):
     assert out['states'].shape == (batch, dim, _ceil(length, chunk), dstate) and out['last'].shape == (batch, dim, dstate)
     grads = bwd.outputs
     assert grads['du'].dtype == grads['ddelta'].dtype == torch.bfloat16
+    assert bwd.layout.grid == bwd.launch.grid and back['dlast_ptr'] is dlast
+    for name in ('du', 'ddelta', 'dz', 'dB', 'dC', 'dA', 'dD', 'dbias'):
+        assert grads[name] is None or back[f'{name}_ptr'] is grads[name], name
+    assert (grads['dA'].shape, grads['dA'].dtype) == ((batch, dim, dstate), torch.float32)
+    for name in ('dD', 'dbias'):   # per-batch sums the caller adds up
+        assert grads[name] is None or (grads[name].shape, grads[name].dtype) == ((batch, dim), torch.float32)
+    assert grads['dz'] is None or (grads['dz'].shape, grads['dz'].dtype) == (u.shape, given['z'].dtype)
     for name, m in (('dB', B), ('dC', C)):
         assert grads[name].dtype == torch.float32
         assert grads[name].shape == ((m.unsqueeze(1) if m.dim() == 3 else m).shape if m.dim() != 2 else (batch, dim, dstate))
@@ -217,6 +226,7 @@ def test_the_backward_reads_the_last_states_gradient_only_when_given():
         launch = launches.backward_launch(u, u, A, bc, bc, None, None, None, fwd.outputs['states'], u, dlast,
                                           False).launch
         assert _named(launch)['flag'] == flag
+        assert all(isinstance(_named(launch)[n], torch.Tensor) for n in launch.kernel.arg_names if n.endswith('_ptr'))
     alone = launches.forward_launch(u, u, A, bc, bc, None, None, None, False, save_states=False)
     assert alone.outputs['states'] is None and _named(alone.launch)['flag'] == 0
     assert isinstance(_named(alone.launch)['chunk_states_ptr'], torch.Tensor)   # a pointer never written
