@@ -428,7 +428,6 @@ def test_each_compiled_variant_of_a_call_gets_its_first_call_check(fake_gpu):
     assert [c[0].dtype for c in calls] == [torch.float32] * 3 + [torch.bfloat16] * 3
 
 
-
 def test_the_first_call_check_runs_the_kernel_the_call_runs(fake_gpu, monkeypatch):
     """The trial compiles and launches what the call will: the same input dtypes, softplus and
     output dtype, with a backward only when the call will need one (an inference call with grad

@@ -122,6 +122,11 @@ def _ceil(a, b):
     return -(-a // b)
 
 
+def _as_grouped(m):
+    """A varying B or C in the kernels' (b, G, n, L) form: a (b, n, L) one is one group."""
+    return m[:, None] if m.dim() == 3 else m
+
+
 @pytest.mark.parametrize('b_form, c_form, options', [
     ('grouped_view', 'grouped', 'D z bias'),   # MambaIR's call: B a strided view of one projection
     ('const', 'shared', ''),
@@ -145,8 +150,10 @@ def test_each_kernel_parameter_gets_what_its_name_says(b_form, c_form, options):
                 'shared': torch.empty(batch, dstate, length, **meta),
                 'const': torch.empty(dim, dstate, **meta)}[kind]
     B, C = form(b_form, 3), form(c_form, 2)
-    given = {name: (torch.empty(*shape, **meta) if name in options.split() else None)
-             for name, shape in (('D', (dim,)), ('z', (batch, dim, length)), ('bias', (dim,)))}
+    # D and bias given in bf16, which the kernels must read as float32 copies
+    given = {name: (torch.empty(*shape, dtype=dtype, **meta) if name in options.split() else None)
+             for name, shape, dtype in (('D', (dim,), torch.bfloat16), ('z', (batch, dim, length), torch.float32),
+                                        ('bias', (dim,), torch.bfloat16))}
     fwd = launches.forward_launch(u, torch.empty_like(u), A, B, C, given['D'], given['z'], given['bias'], True,
                                   chunk=chunk, block_d=block_d, out_dtype=torch.float32)
     dlast = torch.empty(batch, dim, dstate, **meta)
@@ -170,7 +177,7 @@ def test_each_kernel_parameter_gets_what_its_name_says(b_form, c_form, options):
         assert (args['STAGES'], launch.num_warps) == (stages, warps)
         for name, m in (('b', B), ('c', C)):
             varying = m.dim() != 2
-            view = m.unsqueeze(1) if m.dim() == 3 else m
+            view = _as_grouped(m)
             assert args[f'VAR_{name.upper()}'] is varying
             assert args[f'{name}_chans'] == (dim // view.shape[1] if varying else group_size)
             assert (args[f'{name}_stride_b'], args[f'{name}_stride_g'], args[f'{name}_stride_n']) == \
@@ -179,9 +186,10 @@ def test_each_kernel_parameter_gets_what_its_name_says(b_form, c_form, options):
         assert (args['HAS_D'], args['HAS_Z'], args['HAS_BIAS']) == tuple(given[k] is not None for k in ('D', 'z', 'bias'))
         # every pointer a real tensor, absent inputs included: a None would be another compiled variant
         assert all(isinstance(args[n], torch.Tensor) for n in launch.kernel.arg_names if n.endswith('_ptr'))
-        for key, name in (('D', 'D_ptr'), ('z', 'z_ptr'), ('bias', 'bias_ptr')):
+        for key in ('D', 'z', 'bias'):   # D and bias read as float32; z as it is
             if given[key] is not None:
-                assert args[name].shape == given[key].shape and args[name].dtype == torch.float32 or key == 'z'
+                assert args[f'{key}_ptr'].shape == given[key].shape
+                assert args[f'{key}_ptr'].dtype == (given[key].dtype if key == 'z' else torch.float32)
     if b_form == 'grouped_view':   # read in place: a view of the projection keeps its strides, no copy
         assert _named(fwd.launch)['B_ptr'].stride() == B.stride() != B.contiguous().stride()
     args, out = _named(fwd.launch), fwd.outputs
@@ -202,7 +210,6 @@ def test_each_kernel_parameter_gets_what_its_name_says(b_form, c_form, options):
         [id(t) for t in read + [back['chunk_states_ptr'], back['dout_ptr']] + written if t is not None]
     assert (out['out'].shape, out['out'].dtype) == (u.shape, torch.float32)
     assert out['states'].shape == (batch, dim, _ceil(length, chunk), dstate) and out['last'].shape == (batch, dim, dstate)
-    grads = bwd.outputs
     assert grads['du'].dtype == grads['ddelta'].dtype == torch.bfloat16
     assert bwd.layout.grid == bwd.launch.grid and back['dlast_ptr'] is dlast
     for name in ('du', 'ddelta', 'dz', 'dB', 'dC', 'dA', 'dD', 'dbias'):
@@ -213,7 +220,7 @@ def test_each_kernel_parameter_gets_what_its_name_says(b_form, c_form, options):
     assert grads['dz'] is None or (grads['dz'].shape, grads['dz'].dtype) == (u.shape, given['z'].dtype)
     for name, m in (('dB', B), ('dC', C)):
         assert grads[name].dtype == torch.float32
-        assert grads[name].shape == ((m.unsqueeze(1) if m.dim() == 3 else m).shape if m.dim() != 2 else (batch, dim, dstate))
+        assert grads[name].shape == (_as_grouped(m).shape if m.dim() != 2 else (batch, dim, dstate))
     assert (grads['dD'] is None) == (given['D'] is None) and (grads['dbias'] is None) == (given['bias'] is None)
     assert (grads['dz'] is None) == (given['z'] is None)
 

@@ -1,6 +1,8 @@
 """Selective scan: equal to a sequential float64 reference (outputs, last state, gradients),
 stable for strong decays, and the kernel choice ('auto' | 'torch' | 'cuda') is explicit."""
+import builtins
 import sys
+import types
 
 import pytest
 import torch
@@ -273,15 +275,13 @@ def test_time_major_path_without_grad_matches():
 def _installed(monkeypatch, module_name: str, **attributes) -> list:
     """Put a module and its parents in ``sys.modules`` (as an installed package would be once
     imported); returns the list of import attempts of ``module_name`` made after this."""
-    import importlib
-    import types
     parts = module_name.split('.')
     for i in range(1, len(parts) + 1):
         monkeypatch.setitem(sys.modules, '.'.join(parts[:i]), types.ModuleType('.'.join(parts[:i])))
     for key, value in attributes.items():
         setattr(sys.modules[module_name], key, value)
     attempts = []
-    real_import = importlib.__import__
+    real_import = builtins.__import__
 
     def counting(name, *args, **kwargs):
         if name == module_name:
@@ -307,7 +307,7 @@ def test_a_scan_package_that_fails_to_import_is_tried_once_and_its_error_is_name
     """The cause (the exception's type and text) reaches the one-line error of a forced backend,
     and a missing package is not looked for again at every call."""
     attempts = []
-    real_import = __import__
+    real_import = builtins.__import__
 
     def failing(name, *args, **kwargs):
         if name in ('mamba_ssm.ops.selective_scan_interface', 'archs.scan.triton_function'):
@@ -377,7 +377,7 @@ def test_an_interpreted_triton_failure_names_the_numpy_fix(monkeypatch):
     def failing(*args, **kwargs):
         raise RuntimeError('only 0-dimensional arrays can be converted to Python scalars')
     monkeypatch.setattr(scan_module, '_triton_module',
-                        __import__('types').SimpleNamespace(selective_scan_triton=failing, interpreting=lambda: True))
+                        types.SimpleNamespace(selective_scan_triton=failing, interpreting=lambda: True))
     monkeypatch.setattr(scan_module, '_triton_error', None)
     monkeypatch.setattr(scan_module, '_triton_checked', set())
     monkeypatch.setattr(scan_module, 'interpreter_numpy_conflict', lambda: "pip install 'numpy<2.4'")
