@@ -35,6 +35,9 @@ and bias trains stay fused (``basicsr_ldt.ldt.freezing`` splits them on CPUs onl
 scan runs the Triton backend's host code, each of its two kernel launches replaced by
 zero-filling what the launch writes, uncounted (a Triton kernel is not an aten operator; the
 CPU's torch scan would add hundreds of operators per call that a GPU never runs).
+``--kernel-time`` (CUDA only) runs FT, primary and auxiliary steps under torch.profiler instead and
+prints each one's GPU kernel time by kind (scan, convolution, matmul, optimizer, other) and dual/FT
+by kind: where the dual step's cost above FT comes from, and the kinds freezing can shorten.
 ``--compare-scan A B`` (MambaIR only) times instead FT steps of two copies of the network (same
 seed) whose selective scans run on backends A and B, alternating which goes first on every batch,
 and prints ``FT step scan A / B: <median of the per-iteration ratios>``: a ratio close to 1 (the
@@ -60,6 +63,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import basicsr_ldt  # noqa: E402,F401  (torchvision shim before basicsr)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.autograd import DeviceType  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from archs.scan.dispatch import BACKENDS as SCAN_BACKENDS  # noqa: E402
@@ -314,6 +318,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         f'({", ".join(SCAN_BACKENDS)})')
     p.add_argument('--count-ops', action='store_true',
                    help='count the aten operators of one FT, primary and auxiliary step instead of timing')
+    p.add_argument('--kernel-time', action='store_true',
+                   help='CUDA only: the GPU kernel time of FT, primary and auxiliary steps by kind of kernel '
+                        '(torch.profiler), --iters steps each after --warm, instead of timing')
     p.add_argument('--worker', choices=['ft', 'dual', 'profile', 'ldt_s'], help=argparse.SUPPRESS)
     p.add_argument('--partition', help=argparse.SUPPRESS)
     p.add_argument('--profile-samples', type=int, default=10, help=argparse.SUPPRESS)
@@ -327,6 +334,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.compare_scan and args.arch not in MAMBAIR:
         p.error(f'--compare-scan: the selective scan is MambaIR\'s; expected --arch {" or ".join(MAMBAIR)}, '
                 f'got {args.arch}')
+    if args.kernel_time and not on_cuda(args.device):
+        p.error(f'--kernel-time sums the CUDA kernels a step runs; expected --device cuda, got {args.device}')
     if args.warm is None:
         args.warm = 3 if on_cuda(args.device) else 1
     args.in_process = args.in_process or on_cuda(args.device)
@@ -382,6 +391,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             if keep:
                 wall[key].append(time.perf_counter() - w0); cpu[key].append(time.process_time() - c0)
 
+        if args.kernel_time:
+            steps = {'FT': lambda lq, gt: optimizer_step(ft_net, ft_opt, l1(lq, gt), ft_amp, 'finetune'),
+                     'primary': lambda lq, gt: algo.pair.step('primary', l1(lq, gt), algo.precision),
+                     'auxiliary': lambda lq, gt: algo.pair.step('auxiliary', l1(lq, gt), algo.precision)}
+            for lq, gt in data[:args.warm]:
+                for step in steps.values():
+                    step(lq, gt)
+            report_kernel_time({name: profile_kernels(step, data[args.warm:], device)
+                                for name, step in steps.items()})
+            return
         if args.count_ops:
             lq, gt = data[0]
             # (the partition above came from real profiling: only the counted steps are dispatched so)
@@ -518,6 +537,78 @@ def count_ops(steps: Dict[str, Callable[[], object]]) -> Dict[str, Tuple[int, in
     print(f'  dual/FT if every op cost the same (a launch-bound step): {dual[0] / ft[0]:.3f} by kernel-launching '
           f'ops, {dual[1] / ft[1]:.3f} by all ops')
     return counts
+
+
+#: Kinds of GPU kernel, matched in this order on the lower-cased kernel name (first match wins):
+#: the selective scan (our Triton kernels, mamba-ssm's), convolutions (cuDNN's and CUTLASS's implicit
+#: GEMMs name their pass), matrix products, the optimizer's multi-tensor updates; the rest is 'other'
+#: (elementwise, normalisation, reductions, copies).
+KERNEL_KINDS = (('scan', ('_scan_forward_kernel', '_scan_backward_kernel', 'selective_scan')),
+                ('convolution', ('conv_', 'convolution', 'convolve', 'fprop', 'dgrad', 'wgrad', 'implicit',
+                                 'winograd', 'cudnn')),
+                ('matmul', ('gemm', 'nvjet', 'cutlass', 'xmma', 'cublas', 'matmul')),
+                ('optimizer', ('multi_tensor', 'adam')))
+
+
+def kernel_kind(name: str) -> str:
+    lower = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(mark in lower for mark in marks)), 'other')
+
+
+def kernel_times(events) -> Dict[str, Tuple[float, int]]:
+    """Microseconds and count of the CUDA kernels among profiler events, by :func:`kernel_kind`
+    (the events of the operators that launched them are not kernels and are left out)."""
+    totals: Dict[str, Tuple[float, int]] = {}
+    for event in events:
+        if event.device_type != DeviceType.CUDA:
+            continue
+        kind = kernel_kind(event.name)
+        micro, count = totals.get(kind, (0.0, 0))
+        totals[kind] = (micro + event.time_range.elapsed_us(), count + 1)
+    return totals
+
+
+def profile_kernels(step: Callable[[torch.Tensor, torch.Tensor], object], data: list, device: str) -> dict:
+    """One step per batch under torch.profiler: its kernels' time by kind and the wall time, both
+    per step (the profiler's own host work inflates the wall time a little)."""
+    sync(device)
+    start = time.perf_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for lq, gt in data:
+            step(lq, gt)
+        sync(device)
+    wall = time.perf_counter() - start
+    return {'wall_ms': wall * 1e3 / len(data),
+            'kinds': {kind: (micro / 1e3 / len(data), count / len(data))
+                      for kind, (micro, count) in kernel_times(prof.events()).items()}}
+
+
+def report_kernel_time(steps: Dict[str, dict]) -> None:
+    """Prints each step's kernel time by kind, then dual/FT by kind: freezing removes weight
+    gradients and optimizer updates only, so the kinds that hold them are where a branch can cost
+    less than FT; every other kind runs twice in the dual step."""
+    kinds = [kind for kind, _ in KERNEL_KINDS] + ['other']
+    total = {name: sum(ms for ms, _ in s['kinds'].values()) for name, s in steps.items()}
+    print('kernel time per step (torch.profiler, CUDA kernels, ms, count in brackets; the wall time is under '
+          'the profiler):')
+    for name, s in steps.items():
+        parts = ', '.join(f'{kind} {s["kinds"][kind][0]:.1f} ({s["kinds"][kind][1]:.0f})'
+                          for kind in kinds if kind in s['kinds'])
+        print(f'  {name}: {total[name]:.1f} ms in {sum(c for _, c in s["kinds"].values()):.0f} kernels '
+              f'({parts}) | wall {s["wall_ms"]:.1f} ms, kernels {total[name] / s["wall_ms"]:.0%} of it')
+    ft = steps['FT']['kinds']
+    if not total['FT']:
+        print('  no CUDA kernel was recorded in the FT steps (the profiler saw no CUDA activity)')
+        return
+
+    def dual(kind: str) -> float:
+        return sum(steps[b]['kinds'].get(kind, (0.0, 0))[0] for b in ('primary', 'auxiliary'))
+    shares = ', '.join(f'{kind} {dual(kind) / ft[kind][0]:.2f} ({ft[kind][0] / total["FT"]:.0%} of FT)'
+                       for kind in kinds if kind in ft and ft[kind][0] > 0)
+    print(f'  dual/FT by kind (share of the FT kernel time): {shares}; all kernels '
+          f'{(total["primary"] + total["auxiliary"]) / total["FT"]:.3f}; wall '
+          f'{(steps["primary"]["wall_ms"] + steps["auxiliary"]["wall_ms"]) / steps["FT"]["wall_ms"]:.3f}')
 
 
 def compare_scan(args: argparse.Namespace) -> float:

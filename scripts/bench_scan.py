@@ -54,6 +54,8 @@ from archs.scan.dispatch import ScanKernelFailed, select_kernel, selective_scan 
 
 NAMES = ('u', 'delta', 'A', 'B', 'C', 'D', 'delta_bias')
 LABELS = {'torch': 'torch', 'triton': 'triton', 'cuda': 'mamba-ssm'}
+# (batch, LR side) of classic MambaIR x4 training: the defaults, and where issue #38 sets its goal
+TRAINING_SHAPE = (4, 48)
 
 
 def loop_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -254,7 +256,8 @@ def compare_backends(args: argparse.Namespace, device: torch.device) -> Dict[str
         if name != 'torch':
             print(f'speed-up of {LABELS[name]} over torch: {medians["torch"] / medians[name]:.1f}x (medians)')
     if 'triton' in medians and 'cuda' in medians:
-        print(f'triton / mamba-ssm fwd+bwd: {medians["triton"] / medians["cuda"]:.2f} (medians, this run; goal <= 1.0)')
+        goal = '; goal <= 1.0' if (args.batch, args.side) == TRAINING_SHAPE else ''   # issue #38's goal is there
+        print(f'triton / mamba-ssm fwd+bwd: {medians["triton"] / medians["cuda"]:.2f} (medians, this run{goal})')
     if not args.skip_loop:
         loop = time_fwd_bwd(loop_scan, inputs, 1, 1)[0]
         print(f'sequential loop fwd+bwd: {loop * 1e3:.1f} ms; '
@@ -401,11 +404,13 @@ def compare_bf16_call(args: argparse.Namespace, device: torch.device) -> Optiona
     """MambaIR's call under bf16 autocast, at the training shape: u, delta, B, C in bf16 and a float32
     output. On the Triton scan the kernels read the bf16 tensors as they are; upstream (and the
     torch and mamba-ssm kernels, through the dispatch) casts them to float32 copies first. Prints
-    whether the Triton call equals the call on float32 copies (output and the float32 gradients
-    bit for bit; u's and delta's bf16 gradients rounded once, by the kernel's store, where the
-    copies' backward rounds with torch's cast: round-to-nearest-even on a GPU, so no element may
-    differ there), and the forward+backward times, casts included, with mamba-ssm's in the same
-    run. Returns Triton / mamba-ssm (None without mamba-ssm)."""
+    how far the Triton call is from the call on float32 copies (output and the gradients of A, B,
+    C, D and delta_bias, relative to the largest value; u's and delta's bf16 gradients as the elements that differ and
+    by how many bf16 steps), beside how far the copies' call is from itself run again: on a GPU dB
+    and dC are summed with atomic adds in an order that changes from run to run, and the kernel
+    that reads bf16 is compiled apart from the one that reads float32, so neither call is bit-exact
+    there (under Triton's CPU interpreter both are). Then the forward+backward times, casts
+    included, with mamba-ssm's in the same run. Returns Triton / mamba-ssm (None without mamba-ssm)."""
     half = {0, 1, 3, 4}   # u, delta, B, C
     inputs = tuple(t.detach().to(device, torch.bfloat16 if i in half else torch.float32).requires_grad_()
                    for i, t in enumerate(make_inputs(args.batch, args.d_inner, args.d_state, args.side)))
@@ -417,15 +422,25 @@ def compare_bf16_call(args: argparse.Namespace, device: torch.device) -> Optiona
         return lambda u, dl, A, B, C, D, db: selective_scan(u.float(), dl.float(), A, B.float(), C.float(), D,
                                                             None, db, True, backend=backend)
     try:
-        ours, theirs = output_and_grads(direct, inputs), output_and_grads(copies('triton'), inputs)
+        ours, theirs, again = (output_and_grads(fn, inputs) for fn in (direct, copies('triton'), copies('triton')))
     except ScanKernelFailed as err:
         print(f'bf16 call: not run: {err}')
         return None
-    rounded = sum(int((a != b).sum()) for a, b in zip(ours[1:3], theirs[1:3]))
-    exact = [torch.equal(a, b) for i, (a, b) in enumerate(zip(ours, theirs)) if i not in (1, 2)]
+    full = [i for i in range(len(ours)) if i not in (1, 2)]   # output and the gradients of A, B, C, D, delta_bias
+
+    def apart(values: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]) -> str:
+        worst = max(relative_differences([values[i] for i in full], [reference[i] for i in full]))
+        return 'bit-equal' if worst == 0 else f'within {worst:.1e}'
+    differing, steps = 0, 0.0
+    for a, b in zip(ours[1:3], theirs[1:3]):
+        differing += int((a != b).sum())
+        _, exponent = torch.frexp(b.float())               # |b| = m * 2**e, m in [0.5, 1): a bf16 step is 2**(e - 8)
+        steps = max(steps, ((a.float() - b.float()).abs() / torch.ldexp(torch.ones_like(b, dtype=torch.float32),
+                                                                          exponent - 8)).max().item())
     print(f'MambaIR bf16 call (bf16 u, delta, B, C; float32 output), Triton against float32 copies: output and '
-          f'float32 gradients {"identical" if all(exact) else "DIFFERENT"}; u and delta gradients: {rounded} of '
-          f'{ours[1].numel() + ours[2].numel()} elements rounded differently (0 expected on a GPU)', flush=True)
+          f'the other gradients {apart(ours, theirs)} (the copies\' call against itself: {apart(again, theirs)}); '
+          f'u and delta gradients: {differing} of {ours[1].numel() + ours[2].numel()} elements differ, '
+          f'by at most {steps:.0f} bf16 step(s)', flush=True)
     rows = [('triton', direct)] + [(name, copies(name)) for name, missing in available_backends(device)
                                    if name == 'cuda' and not missing]
     medians = {}
@@ -511,7 +526,7 @@ def main() -> None:
             parse_sweep(args.sweep)
         except ValueError as err:
             parser.error(str(err))
-    args.side_given = args.side != 48 or args.batch != 4
+    args.side_given = (args.batch, args.side) != TRAINING_SHAPE
     if args.launch_overhead:
         launch_overhead(args)
         return

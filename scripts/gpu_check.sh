@@ -9,12 +9,12 @@
 #   2. scan_backends 60 s  the selective-scan backends side by side on CUDA (the scan issue's benchmark;
 #                          MambaIR's bf16-autocast call, bf16 read as it is, against float32 copies)
 #   3. demo_data     20 s  the demo cameras (LR 48) and a second set of larger images (LR 115) if absent
-#   4. train         75 s  small MambaIR, LDT in bf16 through every phase (head warm-up, profiling,
+#   4. train         65 s  small MambaIR, LDT in bf16 through every phase (head warm-up, profiling,
 #                          dual training with DPU), two validations (iterations 60 and 100) of both
 #                          sets with the official cutting in bf16, composite saved at 60 and 100
-#   5. test_bf16     35 s  test.py in bf16 on that composite, 32-pixel tiles, both sets
-#   6. torchrun      45 s  a 2-process torchrun run (NCCL with a GPU per rank; Gloo when they share one)
-#   7. bench_*   40/40/25 s  bench_ldt.py in bf16 for classic MambaIR, HAT and SAFMN x4 (LR 48, batch 4):
+#   5. test_bf16     30 s  test.py in bf16 on that composite, 32-pixel tiles, both sets
+#   6. torchrun      40 s  a 2-process torchrun run (NCCL with a GPU per rank; Gloo when they share one)
+#   7. bench_*   45/45/30 s  bench_ldt.py in bf16 for classic MambaIR, HAT and SAFMN x4 (LR 48, batch 4):
 #                          FT step, LDT dual step, LDT-S step, peak memory, ratios to FT of the run
 #   8. scan_mamba_ssm 110 s only when mamba-ssm's sdist was carried (GPU_CHECK_MAMBA_SDIST, default
 #                          gpu_carry/mamba_ssm-*.tar.gz) and mamba_ssm does not import: its selective_scan_cuda
@@ -34,7 +34,10 @@
 #  10. bench_ldt_mambair_mamba_ssm 45 s  only when mamba-ssm was built: bench_ldt.py --compare-scan triton
 #                          cuda, MambaIR's FT step on the Triton scan against mamba-ssm's, paired per batch,
 #                          and one more step on each for its peak memory
-# Prints each step's time and a report, written with the logs to $OUT/gpu_check/ (results/gpu_check/
+#  11. kernel_time_mambair 40 s  bench_ldt.py --kernel-time: MambaIR's FT, primary and auxiliary steps under
+#                          torch.profiler, GPU kernel time by kind and dual/FT by kind
+# GPU_CHECK_STEPS=name,name,... runs only those steps (a second call that remeasures a few; the mamba-ssm
+# build still starts when a sdist is carried). Prints each step's time and a report, written with the logs to $OUT/gpu_check/ (results/gpu_check/
 # when OUT is unset). Exits non-zero when a step fails or is skipped, and at once with one line on a
 # machine without CUDA.
 #   bash scripts/gpu_check.sh            # PYTHON=... to pick the interpreter
@@ -50,13 +53,15 @@ case "${1:-}" in
 esac
 BUDGET_S="${GPU_CHECK_BUDGET_S:-$([ "$SWEEP" -eq 1 ] && echo 540 || echo 350)}"
 # The Triton launch settings the sweep times, CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES
-# (none spills when compiled for sm_90 with Triton 3.6 or 3.8); the first is the default. The first H100
-# sweeps (archs/README.md, "Measured on an H100") found eight-position chunks fastest forward+backward at the
-# training shape and sixteen-position forwards with one warp fastest at the batch-1 tile: 2-9 vary the
-# default's blocks, warps and pipelining one at a time; 9-12 are the sixteen-position ones that came
-# closest (the last, the former default, as a baseline).
-SWEEP_CONFIGS="${GPU_CHECK_SWEEP_CONFIGS:-8,4,1,1,8,2,1 8,8,2,1,8,2,1 8,4,1,1,8,2,2 8,4,1,2,8,2,1 8,4,1,1,16,4,1 8,2,1,1,8,2,1 8,8,1,1,8,2,1 8,4,1,1,4,1,1 16,4,1,1,4,2,1 16,4,1,1,4,2,3 16,8,2,2,8,2,2 16,4,2,1,4,2,1}"
+# (none spills when compiled for sm_90 with Triton 3.8); the first is the default. The H100 sweeps found
+# eight-position chunks fastest forward+backward at the training shape and sixteen-position forwards with
+# one warp fastest at the batch-1 tile; the H200 sweep (archs/README.md) a one-warp backward of four
+# channels fastest: 2 is the former default, 3-8 vary the default's blocks, warps and pipelining one at
+# a time, 9-11 are sixteen-position chunks with backwards of one warp or two, 12 the defaults before
+# the eight-position chunks, as a baseline.
+SWEEP_CONFIGS="${GPU_CHECK_SWEEP_CONFIGS:-8,4,1,1,4,1,1 8,4,1,1,8,2,1 8,8,2,1,4,1,1 8,4,1,1,4,1,2 8,4,1,2,4,1,1 8,4,1,1,8,1,1 8,2,1,1,4,1,1 8,8,1,1,4,1,1 16,4,1,1,4,1,1 16,4,1,1,4,2,1 16,4,1,1,4,2,3 16,4,2,1,4,2,1}"
 KILL_S=5   # a step that ignores SIGTERM at its limit is killed this much later
+ONLY="${GPU_CHECK_STEPS:-}"   # comma-separated step names: run only these (the others are not reported)
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
   echo "gpu_check: no CUDA device visible to PyTorch (torch.cuda.is_available() is False); run it on a machine with an NVIDIA GPU" >&2
@@ -76,6 +81,7 @@ say() { echo "$*" | tee -a "$REPORT"; }
 # report and returns non-zero when the output is wrong).
 run_step() {
   local name="$1" limit="$2" check="$3"; shift 3
+  [ -z "$ONLY" ] || [[ ",$ONLY," == *",$name,"* ]] || return 0   # GPU_CHECK_STEPS: a second call reruns a few
   local log="$DIR/$name.log" left=$((BUDGET_S - SECONDS - KILL_S)) start=$SECONDS rc
   [ "$left" -lt "$limit" ] && limit=$left
   if [ "$limit" -lt 5 ]; then
@@ -215,6 +221,8 @@ check_bench_mamba_ssm() {
 # The issues' goals, each a ratio from this run's logs beside its bound (#38: the scan and the FT step
 # against mamba-ssm; #39: LDT/FT and LDT-S/FT for the three networks, the check's own time); "not
 # measured" where a step did not run or printed no figure.
+check_kernel_time() { grep -E '^kernel time|^  (FT|primary|auxiliary|dual/FT)' "$1"; grep -q '^  dual/FT by kind' "$1"; }
+
 goal() {   # goal NAME VALUE BOUND
   if [ -z "$2" ]; then echo "  $1: not measured"
   else awk -v n="$1" -v v="$2" -v b="$3" 'BEGIN { printf "  %s: %s (goal <= %s) %s\n", n, v, b, (v + 0 <= b + 0) ? "met" : "MISSED" }'; fi
@@ -233,8 +241,9 @@ goals() {
     goal "$arch LDT-S/FT time" "$(summary_ratio "$DIR/bench_ldt_$arch.log" 'LDT-S\/FT time')" 1.05
   done
   # the check without --scan-sweep: its steps' times from this report (machine start not included)
+  if [ -n "$ONLY" ]; then echo "  seconds of the steps gpu_check runs without --scan-sweep: not measured (GPU_CHECK_STEPS=$ONLY)"; return; fi
   goal 'seconds of the steps gpu_check runs without --scan-sweep' "$(echo "$before" | sed -n 's/^\[[A-Z]*\] \([a-z0-9_]*\) (\([0-9]*\) s.*/\1 \2/p' \
-    | awk '$1 != "scan_compile" && $1 != "scan_sweep" && $1 != "bench_ldt_mambair_mamba_ssm" { s += $2 } END { print s + 0 }')" 360
+    | awk '$1 != "scan_compile" && $1 != "scan_sweep" && $1 != "bench_ldt_mambair_mamba_ssm" && $1 != "kernel_time_mambair" { s += $2 } END { print s + 0 }')" 360
 }
 
 demo_data() {
@@ -310,22 +319,24 @@ EOF
 [ "$SWEEP" -eq 1 ] && run_step scan_compile 30 check_compile bash -c scan_compile
 run_step scan_backends 60 check_scan bash -c scan_backends
 run_step demo_data 20 check_data bash -c demo_data
-run_step train_mambair_ldt_bf16 75 check_train "$PY" Train_pip.py -opt options/demo/train_demo_mambair_ldt_gpu.yml
-run_step test_bf16 35 check_test "$PY" test.py -opt options/demo/test_demo_mambair_gpu.yml
-run_step torchrun_ddp_2 45 check_ddp \
+run_step train_mambair_ldt_bf16 65 check_train "$PY" Train_pip.py -opt options/demo/train_demo_mambair_ldt_gpu.yml
+run_step test_bf16 30 check_test "$PY" test.py -opt options/demo/test_demo_mambair_gpu.yml
+run_step torchrun_ddp_2 40 check_ddp \
   "$PY" -m torch.distributed.run --nproc_per_node=2 --master_port="${GPU_CHECK_PORT:-29511}" Train_pip.py \
   -opt options/demo/train_demo_mambair_ldt_gpu.yml --launcher pytorch --force_yml name=gpu_check_ddp \
   datasets:train:batch_size_per_gpu=2 train:total_iter=40 ldt:head_warmup_iters=10 ldt:profile_iters=10 \
   logger:save_checkpoint_freq=20 logger:print_freq=20 val:val_freq=40
-for arch in mambair:40 hat:40 safmn:25; do
+for arch in mambair:45 hat:45 safmn:30; do
   run_step "bench_ldt_${arch%%:*}" "${arch##*:}" check_bench "$PY" scripts/bench_ldt.py --device cuda --arch "${arch%%:*}" \
-    --amp bf16 --patch 48 --batch 4 --warm 2 --iters 4 --no-profile-memory
+    --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory
 done
 
 [ "$BUILD_MAMBA" -eq 1 ] && run_step scan_mamba_ssm 110 check_scan bash -c scan_mamba_ssm
 if [ "$SWEEP" -eq 1 ]; then
   run_step scan_sweep 110 check_sweep bash -c scan_sweep
   [ "$BUILD_MAMBA" -eq 1 ] && run_step bench_ldt_mambair_mamba_ssm 45 check_bench_mamba_ssm bash -c bench_mamba_ssm
+  run_step kernel_time_mambair 40 check_kernel_time "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 \
+    --patch 48 --batch 4 --warm 2 --iters 3 --kernel-time
 fi
 
 goals | tee -a "$REPORT"

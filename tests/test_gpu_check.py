@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import time
+import types
 
 import pytest
 import torch
@@ -30,6 +31,8 @@ case "$*" in *scan_static_report.py*) echo "TRITON_CACHE_DIR=${TRITON_CACHE_DIR:
 case "${PYTHONPATH:-}" in *--print-path*) echo "on PYTHONPATH: $PYTHONPATH";; esac   # a mamba-ssm build's path
 case "$*" in *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 ms on Triton, 100 ms on mamba-ssm
   echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
+  *bench_ldt.py*--kernel-time*)   # the kernel time by kind
+  echo "  dual/FT by kind (share of the FT kernel time): scan 2.00 (40% of FT); all kernels 1.800; wall 1.750";;
   *bench_ldt.py*)   # bench_ldt's summary line
   echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.500 | LDT/FT memory 1.100 | LDT-S/FT time 1.020 | LDT-S/FT memory n/a";;
 esac
@@ -76,9 +79,9 @@ def test_every_step_runs_under_its_limit_and_the_limits_fit_six_minutes(tmp_path
     steps = re.findall(r'^\[(PASS|FAIL|SKIP)\] (\S+) \((\d+) s, limit (\d+) s', report, re.M)
     assert [name for _, name, _, _ in steps] == STEPS
     limits = {name: int(limit) for _, name, _, limit in steps}
-    assert limits == {'versions': 10, 'scan_backends': 60, 'demo_data': 20, 'train_mambair_ldt_bf16': 75,
-                      'test_bf16': 35, 'torchrun_ddp_2': 45, 'bench_ldt_mambair': 40, 'bench_ldt_hat': 40,
-                      'bench_ldt_safmn': 25}
+    assert limits == {'versions': 10, 'scan_backends': 60, 'demo_data': 20, 'train_mambair_ldt_bf16': 65,
+                      'test_bf16': 30, 'torchrun_ddp_2': 40, 'bench_ldt_mambair': 45, 'bench_ldt_hat': 45,
+                      'bench_ldt_safmn': 30}
     assert sum(limits.values()) <= 350
     log = {name: (folder / f'{name}.log').read_text() for name in STEPS}
     assert 'scripts/bench_scan.py --device cuda' in log['scan_backends']
@@ -150,7 +153,7 @@ def test_a_carried_mamba_ssm_sdist_is_built_in_the_background_and_benchmarked_la
 def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_one_device_call(tmp_path):
     """--scan-sweep (the scan issue's GPU session): after the check and the mamba-ssm benchmark, the
     Triton launch sweep with mamba-ssm on the path, then MambaIR's FT step on mamba-ssm against step
-    7's on Triton; first, right after the versions, the Triton scan's cold compile on one core; a 540 s
+    7's on Triton, then the kernel time of MambaIR's FT and dual steps by kind; first, right after the versions, the Triton scan's cold compile on one core; a 540 s
     budget, inside one 600 s device call."""
     (tmp_path / 'gpu_carry').mkdir()
     (tmp_path / 'gpu_carry' / 'mamba_ssm-2.3.2.post1.tar.gz').write_bytes(b'')
@@ -163,17 +166,23 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     report = (folder / 'report.txt').read_text()
     assert 'budget 540 s' in report.splitlines()[0]
     steps = re.findall(r'^\[(?:PASS|FAIL|SKIP)\] (\S+) \(\d+ s, limit (\d+) s', report, re.M)
-    names = STEPS[:1] + ['scan_compile'] + STEPS[1:] + ['scan_mamba_ssm', 'scan_sweep', 'bench_ldt_mambair_mamba_ssm']
+    names = STEPS[:1] + ['scan_compile'] + STEPS[1:] + ['scan_mamba_ssm', 'scan_sweep', 'bench_ldt_mambair_mamba_ssm',
+                                                        'kernel_time_mambair']
     assert [name for name, _ in steps] == names
     limits = dict(steps)
-    assert (limits['scan_compile'], limits['scan_sweep'], limits['bench_ldt_mambair_mamba_ssm']) == ('30', '110', '45')
+    assert (limits['scan_compile'], limits['scan_sweep'], limits['bench_ldt_mambair_mamba_ssm'],
+            limits['kernel_time_mambair']) == ('30', '110', '45', '40')
+    kernel_log = (folder / 'kernel_time_mambair.log').read_text()
+    assert ('scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 3 '
+            '--kernel-time') in kernel_log
+    assert re.search(r'^\[PASS\] kernel_time_mambair .*\n    +dual/FT by kind', report, re.M), report
     compile_log = (folder / 'scan_compile.log').read_text()
     assert 'fake-python scripts/scan_static_report.py --arch 90\n' in compile_log   # this GPU's architecture
     sweep = (folder / 'scan_sweep.log').read_text()
     assert f'on PYTHONPATH: fake-python scripts/build_mamba_ssm.py --sdist gpu_carry/mamba_ssm-2.3.2.post1.tar.gz ' \
            f'--build-dir {build} --print-path' in sweep                     # the built mamba-ssm on the path
     configs = re.search(r'--sweep (.*)$', sweep, re.M).group(1).split()
-    assert configs[0] == '8,4,1,1,8,2,1' and len(configs) == 12
+    assert configs[0] == '8,4,1,1,4,1,1' and len(configs) == 12
     bench = load_script('bench_scan')
     assert len(bench.parse_sweep(configs)) == 12      # every configuration well formed
     mamba_bench = (folder / 'bench_ldt_mambair_mamba_ssm.log').read_text()
@@ -478,3 +487,67 @@ def test_bench_ldt_in_process_on_cpu_prints_its_times_and_says_why_memory_is_not
     assert re.fullmatch(r'summary: arch=msrresnet amp=none LR patch 6 batch 1, threads \d+: FT [\d.]+ ms \| '
                         r'LDT/FT time [\d.]+ \| LDT/FT memory n/a \| LDT-S/FT time [\d.]+ \| LDT-S/FT memory n/a',
                         out.strip().splitlines()[-1]), out
+
+
+def test_bench_ldt_kernel_time_sorts_kernels_by_kind_and_prints_dual_over_ft_by_kind(capsys):
+    """--kernel-time (the GPU check's breakdown of the dual step's cost): CUDA kernel events summed
+    by kind, the launching operators' events left out, and dual/FT printed for each kind."""
+    bench = load_script('bench_ldt')
+    names = {'_scan_backward_kernel': 'scan', 'void selective_scan_fwd_kernel<Ktraits>(SSMParamsBase)': 'scan',
+             'sm90_xmma_wgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc': 'convolution',
+             'void at::native::conv_depthwise2d_forward_kernel<1, float, int>': 'convolution',
+             'nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNT': 'matmul',
+             'void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_64x1_tn_align8>': 'matmul',
+             'void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>': 'optimizer',
+             'void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda>': 'other',
+             'void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda, TrivialOffsetCalculator, '
+             'c10::convert>': 'other'}
+    assert {name: bench.kernel_kind(name) for name in names} == names
+
+    def event(name, micro, device):
+        return types.SimpleNamespace(name=name, device_type=device,
+                                     time_range=types.SimpleNamespace(elapsed_us=lambda: micro))
+    cuda, cpu = bench.DeviceType.CUDA, bench.DeviceType.CPU
+    events = [event('_scan_forward_kernel', 30.0, cuda), event('aten::addmm', 500.0, cpu),
+              event('nvjet_hsh_64x8', 5.0, cuda), event('_scan_backward_kernel', 70.0, cuda),
+              event('aten::copy_', 9.0, cpu), event('elementwise_kernel', 2.5, cuda)]
+    assert bench.kernel_times(events) == {'scan': (100.0, 2), 'matmul': (5.0, 1), 'other': (2.5, 1)}
+
+    def step(scan, matmul, wall):
+        return {'wall_ms': wall, 'kinds': {'scan': (scan, 2), 'matmul': (matmul, 4)}}
+    bench.report_kernel_time({'FT': step(10.0, 10.0, 25.0), 'primary': step(10.0, 6.0, 20.0),
+                              'auxiliary': step(10.0, 6.0, 22.0)})
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == '  FT: 20.0 ms in 6 kernels (scan 10.0 (2), matmul 10.0 (4)) | wall 25.0 ms, kernels 80% of it'
+    assert out[-1] == ('  dual/FT by kind (share of the FT kernel time): scan 2.00 (50% of FT), matmul 1.20 (50% of FT); '
+                       'all kernels 1.600; wall 1.680')
+
+
+def test_bench_ldt_kernel_time_needs_cuda(capsys):
+    bench = load_script('bench_ldt')
+    with pytest.raises(SystemExit):
+        bench.parse_args(['--arch', 'msrresnet', '--device', 'cpu', '--kernel-time'])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        'error: --kernel-time sums the CUDA kernels a step runs; expected --device cuda, got cpu')
+
+
+def test_gpu_check_steps_runs_only_the_steps_named(tmp_path):
+    """GPU_CHECK_STEPS (a second device call that remeasures a few steps): only the steps named run
+    and are reported, in the script's order, and the goal on the whole check's seconds is not
+    claimed from a subset."""
+    os.environ['GPU_CHECK_STEPS'] = 'bench_ldt_hat,versions,kernel_time_mambair'
+    try:
+        result, _, folder = _run_with_fake_python(tmp_path, None, 0, '--scan-sweep')
+    finally:
+        del os.environ['GPU_CHECK_STEPS']
+    report = (folder / 'report.txt').read_text()
+    steps = re.findall(r'^\[(PASS|FAIL|SKIP)\] (\S+) \(', report, re.M)
+    # (the stand-in prints no versions, so that step fails)
+    assert steps == [('FAIL', 'versions'), ('PASS', 'bench_ldt_hat'), ('PASS', 'kernel_time_mambair')], report
+    assert sorted(p.name for p in folder.glob('*.log')) == ['bench_ldt_hat.log', 'kernel_time_mambair.log',
+                                                              'versions.log']
+    assert ('  seconds of the steps gpu_check runs without --scan-sweep: not measured '
+            '(GPU_CHECK_STEPS=bench_ldt_hat,versions,kernel_time_mambair)') in report.splitlines()
+    assert '  hat LDT/FT time: 1.500 (goal <= 1.7) met' in report.splitlines()
+    assert '  safmn LDT/FT time: not measured' in report.splitlines()
+    assert re.search(r'^result: 1 step\(s\) failed or skipped', report, re.M) and result.returncode != 0

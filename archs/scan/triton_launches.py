@@ -27,18 +27,22 @@ CHUNK = 8
 # Channels per program of the forward and of the backward kernel (powers of two; at most the
 # channels of one B/C group, rounded up), their warps per program, and the software-pipelining
 # stages of each chunk loop (``tl.range(num_stages=...)``; 1 is the plain loop). Chosen by
-# ``scripts/bench_scan.py --device cuda --sweep`` on an H100 (driver 580.159.04, torch 2.11.0+cu130,
-# triton 3.6.0), beside mamba-ssm 2.3.2.post1 in the same run, float32 forward+backward at MambaIR's
-# training shape (batch 4, 1440 channels, L 2304): 1.738 ms against mamba-ssm's 2.646 ms (0.66);
-# 8,8,2,1,8,2,1 was 1.668 ms (0.63) but its forward at a 250x250 tile of batch 1 (validation,
-# test.py) took 7.93 ms against these settings' 6.02 ms (mamba-ssm 3.59 ms); the former defaults
-# 16,4,2,1,4,2,1 took 2.657 ms (1.00). Sixteen-position backwards take over 200 registers with
-# Triton 3.6 (8 warps per SM); eight-position ones 162 (12 warps per SM). archs/README.md has the
-# whole sweep (``--sweep`` takes CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES).
+# ``scripts/bench_scan.py --device cuda --sweep`` beside mamba-ssm 2.3.2.post1 in the same run,
+# float32 forward+backward at MambaIR's training shape (batch 4, 1440 channels, L 2304). On an H100
+# (driver 580.159.04, torch 2.11.0+cu130, triton 3.6.0) the forward: 8,4,1,1 was the fastest at a
+# 250x250 tile of batch 1 (validation, test.py) among the eight-position chunks, 6.02 ms against
+# 8,8,2,1's 7.93 (mamba-ssm 3.59). On an H200 (same versions, 2026-11-27) the backward: four
+# channels and one warp per program took 0.80 ms where eight channels and two warps took 1.41 (the
+# same registers and warps per SM by the static report; likely cause, not measured: with one warp
+# the sums of dB and dC over a program's channels need no exchange between warps through shared
+# memory), so forward+backward 1.28 ms against mamba-ssm's 2.61 (0.49; 8,4,1,1,8,2,1 0.70, the
+# former defaults 16,4,2,1,4,2,1 0.98). Sixteen-position backwards take over 200 registers with
+# Triton 3.6 (8 warps per SM); eight-position ones about 165 (12). archs/README.md has the sweeps
+# (``--sweep`` takes CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES).
 FORWARD_BLOCK_D = 4
-BACKWARD_BLOCK_D = 8
+BACKWARD_BLOCK_D = 4
 FORWARD_WARPS = 1
-BACKWARD_WARPS = 2
+BACKWARD_WARPS = 1
 FORWARD_STAGES = 1
 BACKWARD_STAGES = 1
 #: The launch settings above, in the order ``bench_scan.py --sweep`` and
