@@ -34,7 +34,7 @@
 #  10. bench_ldt_mambair_mamba_ssm 45 s  only when mamba-ssm was built: bench_ldt.py --compare-scan triton
 #                          cuda, MambaIR's FT step on the Triton scan against mamba-ssm's, paired per batch,
 #                          and one more step on each for its peak memory
-#  11. kernel_time_mambair 40 s  bench_ldt.py --kernel-time: MambaIR's FT, primary and auxiliary steps under
+#  11. kernel_time_mambair 45 s  bench_ldt.py --kernel-time: MambaIR's FT, primary and auxiliary steps under
 #                          torch.profiler, GPU kernel time by kind and dual/FT by kind
 # GPU_CHECK_STEPS=name,name,... runs only those steps (a second call that remeasures a few; the mamba-ssm
 # build still starts when a sdist is carried). Prints each step's time and a report, written with the logs to $OUT/gpu_check/ (results/gpu_check/
@@ -335,8 +335,8 @@ done
 if [ "$SWEEP" -eq 1 ]; then
   run_step scan_sweep 110 check_sweep bash -c scan_sweep
   [ "$BUILD_MAMBA" -eq 1 ] && run_step bench_ldt_mambair_mamba_ssm 45 check_bench_mamba_ssm bash -c bench_mamba_ssm
-  run_step kernel_time_mambair 40 check_kernel_time "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 \
-    --patch 48 --batch 4 --warm 2 --iters 3 --kernel-time
+  run_step kernel_time_mambair 45 check_kernel_time "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 \
+    --patch 48 --batch 4 --warm 1 --iters 1 --kernel-time
 fi
 
 goals | tee -a "$REPORT"
