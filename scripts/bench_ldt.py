@@ -540,9 +540,11 @@ def count_ops(steps: Dict[str, Callable[[], object]]) -> Dict[str, Tuple[int, in
 
 
 #: Kinds of GPU kernel, matched in this order on the lower-cased kernel name (first match wins):
-#: the selective scan (our Triton kernels, mamba-ssm's), convolutions (cuDNN's and CUTLASS's implicit
-#: GEMMs name their pass), matrix products, the optimizer's multi-tensor updates; the rest is 'other'
-#: (elementwise, normalisation, reductions, copies).
+#: the selective scan (our Triton kernels, mamba-ssm's), convolutions (aten's, cuDNN's, and the
+#: implicit GEMMs that name their pass), matrix products, the optimizer's multi-tensor updates; the
+#: rest is 'other' (elementwise, normalisation, reductions, copies). The marks overlap on purpose
+#: (kernel names vary with library versions); these are the ones the H200 figures in docs/results.md
+#: were sorted with.
 KERNEL_KINDS = (('scan', ('_scan_forward_kernel', '_scan_backward_kernel', 'selective_scan')),
                 ('convolution', ('conv_', 'convolution', 'convolve', 'fprop', 'dgrad', 'wgrad', 'implicit',
                                  'winograd', 'cudnn')),

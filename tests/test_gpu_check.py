@@ -31,8 +31,8 @@ case "$*" in *scan_static_report.py*) echo "TRITON_CACHE_DIR=${TRITON_CACHE_DIR:
 case "${PYTHONPATH:-}" in *--print-path*) echo "on PYTHONPATH: $PYTHONPATH";; esac   # a mamba-ssm build's path
 case "$*" in *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 ms on Triton, 100 ms on mamba-ssm
   echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
-  *bench_ldt.py*--kernel-time*)   # the kernel time by kind
-  echo "  dual/FT by kind (share of the FT kernel time): scan 2.00 (40% of FT); all kernels 1.800; wall 1.750";;
+  *bench_ldt.py*--kernel-time*)   # the kernel time by kind (none with FAKE_NO_KERNELS=1)
+  [ "${FAKE_NO_KERNELS:-0}" = 1 ] || echo "  dual/FT by kind (share of the FT kernel time): scan 2.00 (40% of FT); all kernels 1.800; wall 1.750";;
   *bench_ldt.py*)   # bench_ldt's summary line
   echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.500 | LDT/FT memory 1.100 | LDT-S/FT time 1.020 | LDT-S/FT memory n/a";;
 esac
@@ -493,15 +493,20 @@ def test_bench_ldt_kernel_time_sorts_kernels_by_kind_and_prints_dual_over_ft_by_
     """--kernel-time (the GPU check's breakdown of the dual step's cost): CUDA kernel events summed
     by kind, the launching operators' events left out, and dual/FT printed for each kind."""
     bench = load_script('bench_ldt')
-    names = {'_scan_backward_kernel': 'scan', 'void selective_scan_fwd_kernel<Ktraits>(SSMParamsBase)': 'scan',
-             'sm90_xmma_wgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc': 'convolution',
+    names = {'_scan_forward_kernel': 'scan', '_scan_backward_kernel': 'scan',
+             'void selective_scan_fwd_kernel<Ktraits>(SSMParamsBase)': 'scan',
              'void at::native::conv_depthwise2d_forward_kernel<1, float, int>': 'convolution',
+             'sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64': 'convolution',
+             'sm80_xmma_dgrad_implicit_gemm_indexed_bf16bf16_bf16f32_f32_nhwckrsc_nchw': 'convolution',
+             'sm90_xmma_wgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc': 'convolution',
+             'void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, false>':
+                 'convolution',
              'nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNT': 'matmul',
              'void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_64x1_tn_align8>': 'matmul',
+             'void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, false, true>': 'matmul',
              'void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>': 'optimizer',
              'void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda>': 'other',
-             'void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda, TrivialOffsetCalculator, '
-             'c10::convert>': 'other'}
+             'void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>': 'other'}
     assert {name: bench.kernel_kind(name) for name in names} == names
 
     def event(name, micro, device):
@@ -516,11 +521,15 @@ def test_bench_ldt_kernel_time_sorts_kernels_by_kind_and_prints_dual_over_ft_by_
     def step(scan, matmul, wall):
         return {'wall_ms': wall, 'kinds': {'scan': (scan, 2), 'matmul': (matmul, 4)}}
     bench.report_kernel_time({'FT': step(10.0, 10.0, 25.0), 'primary': step(10.0, 6.0, 20.0),
-                              'auxiliary': step(10.0, 6.0, 22.0)})
+                              'auxiliary': step(10.0, 4.0, 22.0)})
     out = capsys.readouterr().out.splitlines()
     assert out[1] == '  FT: 20.0 ms in 6 kernels (scan 10.0 (2), matmul 10.0 (4)) | wall 25.0 ms, kernels 80% of it'
-    assert out[-1] == ('  dual/FT by kind (share of the FT kernel time): scan 2.00 (50% of FT), matmul 1.20 (50% of FT); '
-                       'all kernels 1.600; wall 1.680')
+    assert out[-1] == ('  dual/FT by kind (share of the FT kernel time): scan 2.00 (50% of FT), matmul 1.00 (50% of FT); '
+                       'all kernels 1.500; wall 1.680')
+    bench.report_kernel_time({'FT': {'wall_ms': 5.0, 'kinds': {}}, 'primary': step(1.0, 1.0, 4.0),
+                              'auxiliary': step(1.0, 1.0, 4.0)})   # a profiler that saw no CUDA activity
+    assert capsys.readouterr().out.splitlines()[-1] == ('  no CUDA kernel was recorded in the FT steps (the profiler '
+                                                        'saw no CUDA activity)')
 
 
 def test_bench_ldt_kernel_time_needs_cuda(capsys):
@@ -551,3 +560,10 @@ def test_gpu_check_steps_runs_only_the_steps_named(tmp_path):
     assert '  hat LDT/FT time: 1.500 (goal <= 1.7) met' in report.splitlines()
     assert '  safmn LDT/FT time: not measured' in report.splitlines()
     assert re.search(r'^result: 1 step\(s\) failed or skipped', report, re.M) and result.returncode != 0
+    os.environ.update(GPU_CHECK_STEPS='kernel_time_mambair', FAKE_NO_KERNELS='1')   # no kernel line: the step fails
+    (tmp_path / 'again').mkdir()
+    try:
+        result, _, folder = _run_with_fake_python(tmp_path / 'again', None, 0, '--scan-sweep')
+    finally:
+        del os.environ['GPU_CHECK_STEPS'], os.environ['FAKE_NO_KERNELS']
+    assert re.search(r'^\[FAIL\] kernel_time_mambair', (folder / 'report.txt').read_text(), re.M)
