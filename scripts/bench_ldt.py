@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -381,8 +382,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ft_amp = precision(args)
         data = batches(args, args.warm + args.iters, args.patch, args.batch, device)
         summary = {}
-        wall = {'ft': [], 'primary': [], 'auxiliary': []}
-        cpu = {'ft': [], 'primary': [], 'auxiliary': []}
+        # one step of each kind on a batch (the timed, counted and profiled steps are these)
+        steps = {'FT': lambda lq, gt: optimizer_step(ft_net, ft_opt, l1(lq, gt), ft_amp, 'finetune'),
+                 'primary': lambda lq, gt: algo.pair.step('primary', l1(lq, gt), algo.precision),
+                 'auxiliary': lambda lq, gt: algo.pair.step('auxiliary', l1(lq, gt), algo.precision)}
+        wall = {name: [] for name in steps}
+        cpu = {name: [] for name in steps}
 
         def timed(key: str, fn, keep: bool) -> None:
             sync(device); w0, c0 = time.perf_counter(), time.process_time()
@@ -392,9 +397,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 wall[key].append(time.perf_counter() - w0); cpu[key].append(time.process_time() - c0)
 
         if args.kernel_time:
-            steps = {'FT': lambda lq, gt: optimizer_step(ft_net, ft_opt, l1(lq, gt), ft_amp, 'finetune'),
-                     'primary': lambda lq, gt: algo.pair.step('primary', l1(lq, gt), algo.precision),
-                     'auxiliary': lambda lq, gt: algo.pair.step('auxiliary', l1(lq, gt), algo.precision)}
             for lq, gt in data[:args.warm]:
                 for step in steps.values():
                     step(lq, gt)
@@ -405,15 +407,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             lq, gt = data[0]
             # (the partition above came from real profiling: only the counted steps are dispatched so)
             with dispatched_as_on_a_gpu() if as_on_gpu else contextlib.nullcontext():
-                count_ops({'FT': lambda: optimizer_step(ft_net, ft_opt, l1(lq, gt), ft_amp, 'finetune'),
-                           'primary': lambda: algo.pair.step('primary', l1(lq, gt), algo.precision),
-                           'auxiliary': lambda: algo.pair.step('auxiliary', l1(lq, gt), algo.precision)})
+                count_ops({name: functools.partial(step, lq, gt) for name, step in steps.items()})
             return
         for i, (lq, gt) in enumerate(data):
             keep = i >= args.warm
-            timed('ft', lambda: optimizer_step(ft_net, ft_opt, l1(lq, gt), ft_amp, 'finetune'), keep)
-            timed('primary', lambda: algo.pair.step('primary', l1(lq, gt), algo.precision), keep)
-            timed('auxiliary', lambda: algo.pair.step('auxiliary', l1(lq, gt), algo.precision), keep)
+            for name, step in steps.items():
+                timed(name, functools.partial(step, lq, gt), keep)
         ema = []
         for _ in range(5):
             sync(device); t0 = time.perf_counter(); algo.pair.exchange(); sync(device)
@@ -421,8 +420,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ema_per_step = statistics.median(ema) / args.ema_every
         for label, t in (('wall', wall), ('process CPU', cpu)):
             dual_list = [p_ + a_ + ema_per_step for p_, a_ in zip(t['primary'], t['auxiliary'])]
-            ratios = [d / f for d, f in zip(dual_list, t['ft'])]
-            print(f'{label} time/iter (median of {args.iters}): FT {statistics.median(t["ft"]) * 1e3:.1f} ms'
+            ratios = [d / f for d, f in zip(dual_list, t['FT'])]
+            print(f'{label} time/iter (median of {args.iters}): FT {statistics.median(t["FT"]) * 1e3:.1f} ms'
                   f' | dual {statistics.median(dual_list) * 1e3:.1f} ms (primary '
                   f"{statistics.median(t['primary']) * 1e3:.1f} + auxiliary "
                   f"{statistics.median(t['auxiliary']) * 1e3:.1f} + EMA {ema_per_step * 1e3:.3f})")
@@ -430,7 +429,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             print(f'  step ratio dual/FT = {statistics.median(ratios):.3f} (median of per-iteration '
                   f'ratios {[round(r, 2) for r in ratios]}; target <= 1.7)')
             if label == 'wall':
-                summary.update(ft_ms=statistics.median(t['ft']) * 1e3, time=statistics.median(ratios))
+                summary.update(ft_ms=statistics.median(t['FT']) * 1e3, time=statistics.median(ratios))
         del algo, ft_net, ft_opt
 
         unmeasured = memory_unmeasured(args)

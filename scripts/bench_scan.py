@@ -405,8 +405,8 @@ def compare_bf16_call(args: argparse.Namespace, device: torch.device) -> Optiona
     output. On the Triton scan the kernels read the bf16 tensors as they are; upstream (and the
     torch and mamba-ssm kernels, through the dispatch) casts them to float32 copies first. Prints
     how far the Triton call is from the call on float32 copies (output and the gradients of A, B,
-    C, D and delta_bias, relative to the largest value; u's and delta's bf16 gradients as the elements that differ and
-    by how many bf16 steps), beside how far the copies' call is from itself run again: on a GPU dB
+    C, D and delta_bias, relative to the largest value; u's and delta's bf16 gradients as the
+    elements that differ and by how many bf16 steps), beside how far the copies' call is from itself run again: on a GPU dB
     and dC are summed with atomic adds in an order that changes from run to run, and the kernel
     that reads bf16 is compiled apart from the one that reads float32, so neither call is bit-exact
     there (under Triton's CPU interpreter both are). Then the forward+backward times, casts

@@ -37,9 +37,9 @@
 #  11. kernel_time_mambair 45 s  bench_ldt.py --kernel-time: MambaIR's FT, primary and auxiliary steps under
 #                          torch.profiler, GPU kernel time by kind and dual/FT by kind
 # GPU_CHECK_STEPS=name,name,... runs only those steps (a second call that remeasures a few; the mamba-ssm
-# build still starts when a sdist is carried). Prints each step's time and a report, written with the logs to $OUT/gpu_check/ (results/gpu_check/
-# when OUT is unset). Exits non-zero when a step fails or is skipped, and at once with one line on a
-# machine without CUDA.
+# build still starts when a sdist is carried). Prints each step's time and a report, written with the
+# logs to $OUT/gpu_check/ (results/gpu_check/ when OUT is unset). Exits non-zero when a step fails or
+# is skipped, and at once with one line on a machine without CUDA.
 #   bash scripts/gpu_check.sh            # PYTHON=... to pick the interpreter
 #   bash scripts/gpu_check.sh --scan-sweep
 set -uo pipefail
@@ -218,11 +218,11 @@ check_bench_mamba_ssm() {
   return 0
 }
 
+check_kernel_time() { grep -E '^kernel time|^  (FT|primary|auxiliary|dual/FT)' "$1"; grep -q '^  dual/FT by kind' "$1"; }
+
 # The issues' goals, each a ratio from this run's logs beside its bound (#38: the scan and the FT step
 # against mamba-ssm; #39: LDT/FT and LDT-S/FT for the three networks, the check's own time); "not
 # measured" where a step did not run or printed no figure.
-check_kernel_time() { grep -E '^kernel time|^  (FT|primary|auxiliary|dual/FT)' "$1"; grep -q '^  dual/FT by kind' "$1"; }
-
 goal() {   # goal NAME VALUE BOUND
   if [ -z "$2" ]; then echo "  $1: not measured"
   else awk -v n="$1" -v v="$2" -v b="$3" 'BEGIN { printf "  %s: %s (goal <= %s) %s\n", n, v, b, (v + 0 <= b + 0) ? "met" : "MISSED" }'; fi
