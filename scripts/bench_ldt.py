@@ -8,7 +8,9 @@
 
 The last line is the summary the results table takes, every figure a ratio to FT from this run:
 ``summary: arch=... FT <ms> ms | LDT/FT time <r> | LDT/FT memory <r> | LDT-S/FT time <r> | LDT-S/FT memory <r>``
-(wall-clock times; goals LDT/FT <= 1.7 time and <= 1.05 memory, LDT-S/FT <= 1.05 time).
+(wall-clock times; goals LDT/FT <= 1.7 time and <= 1.05 memory, LDT-S/FT <= 1.05 time), followed by
+``| LDT overlapped/FT time <r> | LDT overlapped/FT memory <r>`` with ``--overlap-branches``: the dual
+step as ``ldt.overlap_branches: true`` runs it, both branches in one timed call.
 
 LDT-S (single network) is measured the same way against FT: step time including its EMA and its
 swap amortised over ``--ldt-s-interval`` iterations, and peak memory (targets 1.10 and 1.05).
@@ -160,7 +162,8 @@ def precision(args: argparse.Namespace) -> MixedPrecision:
 def make_ldt(args, partition_file: str | None, device: str) -> LDT:
     torch.manual_seed(0)
     net = build_network(args.arch, args.scale).to(device)
-    cfg = LDTConfig(profile_iters=0, partition_file=partition_file, ema_every=args.ema_every)
+    cfg = LDTConfig(profile_iters=0, partition_file=partition_file, ema_every=args.ema_every,
+                    overlap_branches=args.overlap_branches)
     algo = LDT(net, cfg, adam, precision(args))
     return algo
 
@@ -269,7 +272,8 @@ def run_worker(args: argparse.Namespace, kind: str, **extra) -> dict:
            '--profile-patch', str(args.profile_patch), '--profile-batch', str(args.profile_batch),
            '--ema-every', str(args.ema_every), '--amp', args.amp]
     for key, value in extra.items():
-        cmd += [f"--{key.replace('_', '-')}", str(value)]
+        flag = f"--{key.replace('_', '-')}"
+        cmd += [flag] if value is True else [] if value is False else [flag, str(value)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -279,7 +283,8 @@ def profile_partition(args: argparse.Namespace, path: str) -> LDT:
     """A short real profiling pass -> variance partition at ratio_u 0.5, saved to ``path``."""
     torch.manual_seed(0)
     net = build_network(args.arch, args.scale).to(args.device)
-    cfg = LDTConfig(profile_iters=args.profile_passes, ratio_u=0.5, ema_every=args.ema_every)
+    cfg = LDTConfig(profile_iters=args.profile_passes, ratio_u=0.5, ema_every=args.ema_every,
+                    overlap_branches=args.overlap_branches)
     algo = LDT(net, cfg, adam, precision(args))
     data = batches(args, args.profile_passes, args.patch, args.batch, args.device)
     for i, (lq, gt) in enumerate(data):
@@ -322,6 +327,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--kernel-time', action='store_true',
                    help='CUDA only: the GPU kernel time of FT, primary and auxiliary steps by kind of kernel '
                         '(torch.profiler), --iters steps each after --warm, instead of timing')
+    p.add_argument('--overlap-branches', action='store_true',
+                   help="also time the dual step with ldt.overlap_branches (the auxiliary's forward during the "
+                        "primary's backward) and measure its peak memory, beside the sequential branches")
     p.add_argument('--worker', choices=['ft', 'dual', 'profile', 'ldt_s'], help=argparse.SUPPRESS)
     p.add_argument('--partition', help=argparse.SUPPRESS)
     p.add_argument('--profile-samples', type=int, default=10, help=argparse.SUPPRESS)
@@ -409,6 +417,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             with dispatched_as_on_a_gpu() if as_on_gpu else contextlib.nullcontext():
                 count_ops({name: functools.partial(step, lq, gt) for name, step in steps.items()})
             return
+        if args.overlap_branches:   # both branches in one call, as LDT.update runs them
+            steps['overlapped'] = lambda lq, gt: algo.pair.step_both(l1(lq, gt), algo.precision)
+            wall['overlapped'], cpu['overlapped'] = [], []
         for i, (lq, gt) in enumerate(data):
             keep = i >= args.warm
             for name, step in steps.items():
@@ -430,6 +441,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                   f'ratios {[round(r, 2) for r in ratios]}; target <= 1.7)')
             if label == 'wall':
                 summary.update(ft_ms=statistics.median(t['FT']) * 1e3, time=statistics.median(ratios))
+            if args.overlap_branches:
+                overlapped = [o + ema_per_step for o in t['overlapped']]
+                ratios = [o / f for o, f in zip(overlapped, t['FT'])]
+                print(f'  overlapped branches: dual {statistics.median(overlapped) * 1e3:.1f} ms, step ratio '
+                      f'dual/FT = {statistics.median(ratios):.3f} (per iteration {[round(r, 2) for r in ratios]})')
+                if label == 'wall':
+                    summary['overlapped_time'] = statistics.median(ratios)
         del algo, ft_net, ft_opt
 
         unmeasured = memory_unmeasured(args)
@@ -441,18 +459,25 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                    'RSS high-water (VmHWM, reset via clear_refs; else ru_maxrss) growth over the RSS '
                    'before the model is built, fresh subprocess per configuration')
             m_ft = peak_of(args, 'ft')
-            m_dual = peak_of(args, 'dual', partition=part_path)
+            m_dual = peak_of(args, 'dual', partition=part_path, overlap_branches=False)
             print(f'peak memory ({how}; median [min-max] of {len(m_ft)} runs): FT {mib(m_ft)} | '
                   f'dual {mib(m_dual)}')
             summary['memory'] = statistics.median(m_dual) / statistics.median(m_ft)
             print(f"  memory ratio dual/FT = {summary['memory']:.3f}  (target <= 1.05)")
+            if args.overlap_branches:
+                m_overlapped = peak_of(args, 'dual', partition=part_path, overlap_branches=True)
+                summary['overlapped_memory'] = statistics.median(m_overlapped) / statistics.median(m_ft)
+                print(f"  overlapped branches: dual {mib(m_overlapped)}, memory ratio dual/FT = "
+                      f"{summary['overlapped_memory']:.3f}")
             if not args.no_profile_memory:
                 profiling_memory(args)
         summary.update(bench_ldt_s(args, part_path))
         print(f"summary: arch={args.arch} amp={args.amp} LR patch {args.patch} batch {args.batch}, {where}: FT "
               f"{summary['ft_ms']:.1f} ms | LDT/FT time {summary['time']:.3f} | LDT/FT memory "
               f"{ratio_text(summary['memory'])} | LDT-S/FT time {summary['ldt_s_time']:.3f} | LDT-S/FT memory "
-              f"{ratio_text(summary['ldt_s_memory'])}")
+              f"{ratio_text(summary['ldt_s_memory'])}"
+              + (f" | LDT overlapped/FT time {summary['overlapped_time']:.3f} | LDT overlapped/FT memory "
+                 f"{ratio_text(summary.get('overlapped_memory'))}" if args.overlap_branches else ''))
 
 
 # Aten operators that launch no GPU kernel, besides views (their schema says so): tensors made

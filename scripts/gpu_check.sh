@@ -36,6 +36,9 @@
 #                          and one more step on each for its peak memory
 #  11. kernel_time_mambair 45 s  bench_ldt.py --kernel-time: MambaIR's FT, primary and auxiliary steps under
 #                          torch.profiler, GPU kernel time by kind and dual/FT by kind
+#  12. overlap_mambair 55 s  bench_ldt.py --overlap-branches for MambaIR: step 7's figures and the dual step
+#                          with ldt.overlap_branches (the auxiliary's forward during the primary's backward,
+#                          each branch on its own CUDA stream), its time and peak memory as ratios to FT
 # GPU_CHECK_STEPS=name,name,... runs only those steps (a second call that remeasures a few; the mamba-ssm
 # build still starts when a sdist is carried). Prints each step's time and a report, written with the
 # logs to $OUT/gpu_check/ (results/gpu_check/ when OUT is unset). Exits non-zero when a step fails or
@@ -164,7 +167,7 @@ check_ddp() {
   grep 'replicas identical on 2 ranks at iteration 40' "$log" | tail -n 1 | sed 's/^.*INFO: //'
   grep -q 'replicas identical on 2 ranks at iteration 40' "$log"
 }
-check_bench() { grep -E 'bench_ldt:|step ratio|memory ratio|time/iter|^summary:' "$1"; grep -q '^summary:' "$1"; }
+check_bench() { grep -E 'bench_ldt:|step ratio|memory ratio|time/iter|overlapped branches|^summary:' "$1"; grep -q '^summary:' "$1"; }
 
 # Scan backends (step 2): the torch scan, the Triton scan and mamba-ssm where it imports, at MambaIR's
 # training shape and a 250x250 validation tile, each against a float64 reference.
@@ -240,10 +243,14 @@ goals() {
     goal "$arch LDT/FT memory" "$(summary_ratio "$DIR/bench_ldt_$arch.log" 'LDT\/FT memory')" 1.05
     goal "$arch LDT-S/FT time" "$(summary_ratio "$DIR/bench_ldt_$arch.log" 'LDT-S\/FT time')" 1.05
   done
+  if [ "$SWEEP" -eq 1 ]; then   # ldt.overlap_branches: the same bounds, for the dual step that option runs
+    goal 'mambair LDT/FT time, overlapped branches' "$(summary_ratio "$DIR/overlap_mambair.log" 'LDT overlapped\/FT time')" 1.7
+    goal 'mambair LDT/FT memory, overlapped branches' "$(summary_ratio "$DIR/overlap_mambair.log" 'LDT overlapped\/FT memory')" 1.05
+  fi
   # the check without --scan-sweep: its steps' times from this report (machine start not included)
   if [ -n "$ONLY" ]; then echo "  seconds of the steps gpu_check runs without --scan-sweep: not measured (GPU_CHECK_STEPS=$ONLY)"; return; fi
   goal 'seconds of the steps gpu_check runs without --scan-sweep' "$(echo "$before" | sed -n 's/^\[[A-Z]*\] \([a-z0-9_]*\) (\([0-9]*\) s.*/\1 \2/p' \
-    | awk '$1 != "scan_compile" && $1 != "scan_sweep" && $1 != "bench_ldt_mambair_mamba_ssm" && $1 != "kernel_time_mambair" { s += $2 } END { print s + 0 }')" 360
+    | awk '$1 != "scan_compile" && $1 != "scan_sweep" && $1 != "bench_ldt_mambair_mamba_ssm" && $1 != "kernel_time_mambair" && $1 != "overlap_mambair" { s += $2 } END { print s + 0 }')" 360
 }
 
 demo_data() {
@@ -337,6 +344,8 @@ if [ "$SWEEP" -eq 1 ]; then
   [ "$BUILD_MAMBA" -eq 1 ] && run_step bench_ldt_mambair_mamba_ssm 45 check_bench_mamba_ssm bash -c bench_mamba_ssm
   run_step kernel_time_mambair 45 check_kernel_time "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 \
     --patch 48 --batch 4 --warm 1 --iters 1 --kernel-time
+  run_step overlap_mambair 55 check_bench "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 \
+    --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --overlap-branches
 fi
 
 goals | tee -a "$REPORT"

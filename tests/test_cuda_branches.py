@@ -628,6 +628,35 @@ def test_bench_ldt_profile_worker_takes_its_sample_count_in_and_out_of_process(m
     assert bench.parse_args(commands[0][2:]).profile_samples == 3   # what the child process parses
 
 
+def test_bench_ldt_times_and_measures_the_overlapped_dual_step(fake_cuda_counters, monkeypatch, capsys):
+    """gpu_check.sh step 12 (bench_ldt.py --overlap-branches): the dual step as
+    ``ldt.overlap_branches`` runs it, timed beside the sequential branches, with its own memory run
+    (the sequential one without the option), and both ratios on the summary line."""
+    bench = load_script('bench_ldt')
+    monkeypatch.setattr(bench, 'on_cuda', lambda device: True)
+    monkeypatch.setattr(bench, 'build_network', lambda arch, scale: _Tiny(scale))
+    overlapped = []
+    real_worker = bench.worker
+    monkeypatch.setattr(bench, 'worker', lambda args: overlapped.append((args.worker, args.overlap_branches))
+                        or real_worker(args))
+    bench.main(['--device', 'cpu', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '2', '--warm', '1',
+                '--profile-passes', '2', '--mem-iters', '1', '--ldt-s-interval', '2', '--no-profile-memory',
+                '--overlap-branches'])
+    out = capsys.readouterr().out
+    assert len(re.findall(r'^  overlapped branches: dual [\d.]+ ms, step ratio dual/FT = \d+\.\d+', out, re.M)) == 2
+    assert 'overlapped branches: dual 3.0 MiB, memory ratio dual/FT = 3.000' in out   # FT 1, dual 2, overlapped 3
+    assert ('dual', False) in overlapped and ('dual', True) in overlapped
+    assert re.search(r'\| LDT overlapped/FT time \d+\.\d+ \| LDT overlapped/FT memory 3\.000$', out.splitlines()[-1])
+    commands = []
+    monkeypatch.setattr(bench.subprocess, 'run', lambda cmd, **kw: commands.append(cmd) or
+                        types.SimpleNamespace(stdout='{"peak_bytes": 7}\n'))
+    monkeypatch.setattr(bench, 'on_cuda', lambda device: False)
+    args = bench.parse_args(['--device', 'cpu', '--overlap-branches'])
+    for overlap in (True, False):   # out of process: what the child parses
+        bench.run_worker(args, 'dual', partition='p.json', overlap_branches=overlap)
+        assert bench.parse_args(commands[-1][2:]).overlap_branches is overlap
+
+
 def test_bench_scan_cuda_comparison_with_a_triton_that_fails_to_compile(fake_gpu, fake_cuda_counters, monkeypatch,
                                                                         capsys):
     """gpu_check.sh step 2 (bench_scan.py --device cuda) on a GPU image where Triton cannot build its

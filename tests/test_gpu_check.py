@@ -33,6 +33,8 @@ case "$*" in *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 m
   echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
   *bench_ldt.py*--kernel-time*)   # the kernel time by kind (none with FAKE_NO_KERNELS=1)
   [ "${FAKE_NO_KERNELS:-0}" = 1 ] || echo "  dual/FT by kind (share of the FT kernel time): scan 2.00 (40% of FT); all kernels 1.800; wall 1.750";;
+  *bench_ldt.py*--overlap-branches*)   # with the overlapped dual step's two ratios
+  echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.800 | LDT/FT memory 0.980 | LDT-S/FT time 0.900 | LDT-S/FT memory n/a | LDT overlapped/FT time 1.300 | LDT overlapped/FT memory 1.600";;
   *bench_ldt.py*)   # bench_ldt's summary line
   echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.500 | LDT/FT memory 1.100 | LDT-S/FT time 1.020 | LDT-S/FT memory n/a";;
 esac
@@ -153,7 +155,8 @@ def test_a_carried_mamba_ssm_sdist_is_built_in_the_background_and_benchmarked_la
 def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_one_device_call(tmp_path):
     """--scan-sweep (the scan issue's GPU session): after the check and the mamba-ssm benchmark, the
     Triton launch sweep with mamba-ssm on the path, then MambaIR's FT step on mamba-ssm against step
-    7's on Triton, then the kernel time of MambaIR's FT and dual steps by kind; first, right after the versions, the Triton scan's cold compile on one core; a 540 s
+    7's on Triton, then the kernel time of MambaIR's FT and dual steps by kind, then MambaIR's dual step
+    with overlapped branches; first, right after the versions, the Triton scan's cold compile on one core; a 540 s
     budget, inside one 600 s device call."""
     (tmp_path / 'gpu_carry').mkdir()
     (tmp_path / 'gpu_carry' / 'mamba_ssm-2.3.2.post1.tar.gz').write_bytes(b'')
@@ -167,11 +170,13 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     assert 'budget 540 s' in report.splitlines()[0]
     steps = re.findall(r'^\[(?:PASS|FAIL|SKIP)\] (\S+) \(\d+ s, limit (\d+) s', report, re.M)
     names = STEPS[:1] + ['scan_compile'] + STEPS[1:] + ['scan_mamba_ssm', 'scan_sweep', 'bench_ldt_mambair_mamba_ssm',
-                                                        'kernel_time_mambair']
+                                                        'kernel_time_mambair', 'overlap_mambair']
     assert [name for name, _ in steps] == names
     limits = dict(steps)
     assert (limits['scan_compile'], limits['scan_sweep'], limits['bench_ldt_mambair_mamba_ssm'],
-            limits['kernel_time_mambair']) == ('30', '110', '45', '45')
+            limits['kernel_time_mambair'], limits['overlap_mambair']) == ('30', '110', '45', '45', '55')
+    assert ('scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 '
+            '--no-profile-memory --overlap-branches') in (folder / 'overlap_mambair.log').read_text()
     kernel_log = (folder / 'kernel_time_mambair.log').read_text()
     assert ('scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 --batch 4 --warm 1 --iters 1 '
             '--kernel-time') in kernel_log
@@ -194,17 +199,19 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
             '(goal <= 1.05)') in report.splitlines()
     # the issues' goals from this run's logs, last: the training shape's scan ratio (not the tile's), the
     # FT step's, each network's LDT/FT and LDT-S/FT (memory n/a: not measured), the check's own seconds
-    goals = report[report.index('goals (ratios from this run):'):].splitlines()[1:13]
+    goals = report[report.index('goals (ratios from this run):'):].splitlines()[1:15]
     assert goals == [
         '  scan fwd+bwd Triton / mamba-ssm, training shape: 0.95 (goal <= 1.0) met',
         '  FT step Triton / mamba-ssm: 1.040 (goal <= 1.05) met',
         *[line for arch in ('mambair', 'hat', 'safmn') for line in (
             f'  {arch} LDT/FT time: 1.500 (goal <= 1.7) met', f'  {arch} LDT/FT memory: 1.100 (goal <= 1.05) MISSED',
             f'  {arch} LDT-S/FT time: 1.020 (goal <= 1.05) met')],
-        goals[11]]
+        '  mambair LDT/FT time, overlapped branches: 1.300 (goal <= 1.7) met',
+        '  mambair LDT/FT memory, overlapped branches: 1.600 (goal <= 1.05) MISSED',
+        goals[13]]
     # the stand-in steps take a second or two on a loaded machine: the seconds are this run's own
     assert re.fullmatch(r'  seconds of the steps gpu_check runs without --scan-sweep: [0-5] \(goal <= 360\) met',
-                        goals[11]), goals[11]
+                        goals[13]), goals[13]
     assert report.splitlines()[-1].startswith('result: ')
 
 

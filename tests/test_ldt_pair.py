@@ -109,3 +109,82 @@ def test_the_auxiliary_follows_the_primarys_mode_walking_its_modules_only_on_a_c
     pair.step('auxiliary', loss)
     assert calls == [False, True] and pair.auxiliary[1].training
     assert not torch.equal(pair.auxiliary[1].running_mean, before)
+
+
+# -- overlapped branches (ldt.overlap_branches) ------------------------------------------------
+import threading  # noqa: E402
+
+import pytest  # noqa: E402
+
+from basicsr_ldt.ldt import LDT, LDTConfig  # noqa: E402
+
+OVERLAP_CFG = dict(head_warmup_iters=1, head_patterns=('6',), profile_iters=2, ratio_u=0.5, ema_every=2)
+
+
+def _dropout_net():
+    """Batch norm (running statistics) and dropout (random draws in every forward)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Dropout(0.3),
+                         nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1))
+
+
+def _batch_loss(iteration):
+    g = torch.Generator().manual_seed(iteration)
+    x, y = torch.randn(2, 2, 6, 6, generator=g), torch.randn(2, 2, 6, 6, generator=g)
+    return lambda m: (m(x) - y).abs().mean()
+
+
+def _trained(overlap, iterations=9):
+    algo = LDT(_dropout_net(), LDTConfig(**OVERLAP_CFG, overlap_branches=overlap),
+               lambda ps, role: torch.optim.Adam(ps, lr=1e-2))
+    torch.manual_seed(1)
+    logs = [algo.update(_batch_loss(i), i) for i in range(1, iterations + 1)]
+    return algo, logs
+
+
+def test_overlapped_branches_compute_exactly_what_the_sequential_step_computes():
+    sequential, seq_logs = _trained(False)
+    overlapped, ovl_logs = _trained(True)
+    assert ovl_logs == seq_logs and set(ovl_logs[-1]) == {'l_primary', 'l_auxiliary'}
+    assert overlapped.dual_steps == sequential.dual_steps == 6        # and 3 exchanges
+    for key in ('primary', 'auxiliary', 'optimizers'):
+        want, got = sequential.state_dict()[key], overlapped.state_dict()[key]
+        assert repr(want) == repr(got), key                            # weights, BN statistics, Adam
+
+
+def test_the_primary_backward_runs_while_the_auxiliary_runs_forward():
+    algo, _ = _trained(True, iterations=3)                     # enters dual training at iteration 4
+    algo.enter(4)
+    auxiliary_forward = threading.Event()
+    seen = []
+    algo.auxiliary.register_forward_pre_hook(lambda module, args: auxiliary_forward.set())
+
+    def during_primary_backward(grad):
+        seen.append((threading.current_thread().name, auxiliary_forward.wait(timeout=20)))
+        return grad
+    trained = [p for p in algo.primary.parameters() if p.requires_grad]
+    trained[0].register_hook(during_primary_backward)
+    algo.update(_batch_loss(4), 4)
+    assert seen == [('ldt-primary-backward', True)]
+
+
+def test_an_error_in_the_primary_backward_reaches_the_caller():
+    algo, _ = _trained(True, iterations=3)
+    algo.enter(4)
+
+    def fail(grad):
+        raise RuntimeError('CUDA out of memory (simulated)')
+    next(p for p in algo.primary.parameters() if p.requires_grad).register_hook(fail)
+    with pytest.raises(RuntimeError, match='simulated'):
+        algo.update(_batch_loss(4), 4)
+    assert not any(t.name == 'ldt-primary-backward' for t in threading.enumerate())
+
+
+def test_a_run_resumes_with_the_other_overlap_setting():
+    algo, _ = _trained(False, iterations=5)
+    again = LDT(_dropout_net(), LDTConfig(**OVERLAP_CFG, overlap_branches=True),
+                lambda ps, role: torch.optim.Adam(ps, lr=1e-2))
+    again.load_state_dict(algo.state_dict())
+    assert again.pair.overlap_branches and again.dual_steps == algo.dual_steps
+    with pytest.raises(ValueError, match='ldt.overlap_branches'):
+        LDTConfig(overlap_branches='yes')

@@ -50,9 +50,10 @@ def _state(algo):
     return state
 
 
-@pytest.mark.parametrize('iteration, phase', [(2, 'warmup'), (4, 'profile'), (7, 'primary')])
-def test_a_nan_batch_changes_nothing_in_any_phase(iteration, phase):
-    algo = LDT(_net(), LDTConfig(**CFG), _factory)
+@pytest.mark.parametrize('iteration, phase, overlap', [(2, 'warmup', False), (4, 'profile', False),
+                                                     (7, 'primary', False), (7, 'primary', True)])
+def test_a_nan_batch_changes_nothing_in_any_phase(iteration, phase, overlap):
+    algo = LDT(_net(), LDTConfig(**CFG, overlap_branches=overlap), _factory)
     for i in range(1, iteration):
         algo.update(_loss(i), i)
     algo.enter(iteration)
@@ -66,8 +67,9 @@ def test_a_nan_batch_changes_nothing_in_any_phase(iteration, phase):
     assert algo.last_skipped is None
 
 
-def test_a_nan_in_the_auxiliary_branch_skips_its_step_and_the_exchange():
-    algo = LDT(_net(), LDTConfig(**CFG), _factory)
+@pytest.mark.parametrize('overlap', [False, True])
+def test_a_nan_in_the_auxiliary_branch_skips_its_step_and_the_exchange(overlap):
+    algo = LDT(_net(), LDTConfig(**CFG, overlap_branches=overlap), _factory)
     for i in range(1, 7):
         algo.update(_loss(i), i)
     auxiliary = {k: v.clone() for k, v in algo.auxiliary.state_dict().items()}

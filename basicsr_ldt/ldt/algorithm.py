@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional
 import torch
 from torch import nn
 
-from basicsr_ldt.ldt.config import LDTConfig
+from basicsr_ldt.ldt.config import EXECUTION_OPTIONS, LDTConfig
 from basicsr_ldt.ldt.ema_horizon import horizon_warnings, scale_partition
 from basicsr_ldt.ldt.freezing import clear_routing, set_trainable
 from basicsr_ldt.ldt.ldt_s import AlternatingFreezing
@@ -106,12 +106,9 @@ class LDT:
             return {f'l_{group}': loss}
         if self.pair is None:                                   # FT / LP-FT
             return self._single_step('finetune', batch_loss)
-        losses = {}
-        for branch in ('primary', 'auxiliary'):                 # eq. 4-7: P's stable, then A's unstable layers
-            losses[f'l_{branch}'] = self.pair.step(branch, batch_loss, self.precision)
-            if not math.isfinite(losses[f'l_{branch}']):       # a bad batch: no exchange either
-                self.last_skipped = branch
-                return losses
+        losses, self.last_skipped = self.pair.step_both(batch_loss, self.precision)  # eq. 4-7: P's stable, A's unstable
+        if self.last_skipped is not None:                       # a bad batch: no exchange either
+            return losses
         self.dual_steps += 1
         if self.dual_steps % self.config.ema_every == 0:
             self.pair.exchange()                                # eq. 8 / 11 (DPU coefficients)
@@ -234,7 +231,7 @@ class LDT:
             self.partition = saved_partition or self._make_partition()
             self.statistics = None
             self.pair = CrossFrozenPair(self.primary, self.partition, self.optimizer_factory,
-                                        self.config.buffers_from)
+                                        self.config.buffers_from, self.config.overlap_branches)
             self.optimizers = dict(self.pair.optimizers)
         self.current_phase = phase
 
@@ -291,7 +288,8 @@ class LDT:
         ours = self.config.to_dict()
         # options added after a state was written count as their defaults
         saved = {**LDTConfig().to_dict(), **state['config']}
-        changed = sorted(k for k in set(ours) | set(saved) if ours.get(k) != saved.get(k))
+        changed = sorted(k for k in set(ours) | set(saved)
+                         if ours.get(k) != saved.get(k) and k not in EXECUTION_OPTIONS)
         if changed:
             raise ValueError(f'LDT state was saved with different options: {changed} '
                              f"(saved {[saved.get(k) for k in changed]}, now {[ours.get(k) for k in changed]})")

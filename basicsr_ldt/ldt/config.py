@@ -77,6 +77,9 @@ class LDTConfig:
     deft_grouping: str = 'head'
     interval_iters: int = 100          # LDT-S: iterations per group before the frozen group swaps
     first_group: str = 'stable'        # LDT-S: group trained in the first interval (LDT's primary)
+    # Dual mode: the auxiliary's forward runs during the primary's backward (same results; on a GPU
+    # faster, with more activation memory at the peak). An execution choice: a resumed run may change it.
+    overlap_branches: bool = False
 
     def __post_init__(self) -> None:
         given = {k: v for k, v in dataclasses.asdict(self).items() if not (k in ('ratio_u', 'ratio_s') and v is None)}
@@ -175,7 +178,10 @@ SPECS = {
     'deft_grouping': choice(*DEFT_GROUPINGS),
     'interval_iters': integer(1),
     'first_group': choice(*GROUPS),
+    'overlap_branches': boolean(),
 }
+#: Keys that change how a run executes, not what it computes: a saved state resumes under other values.
+EXECUTION_OPTIONS = frozenset({'overlap_branches'})
 
 
 def _validate(cfg: LDTConfig) -> None:

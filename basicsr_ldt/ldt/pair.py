@@ -5,12 +5,19 @@ Cost discipline, so a dual step stays close to one fine-tuning step: frozen tens
 branch's optimizer holds state only for its trainable tensors, a branch's graph is freed by its
 backward and its gradients are dropped (``set_to_none``) before the other branch runs forward,
 and the EMA exchange is one fused foreach op under ``no_grad``.
+
+``overlap_branches`` runs the auxiliary's forward while the primary's backward runs (on a GPU each
+branch on its own CUDA stream): the two branches share no tensor between exchanges, and every
+random draw and update keeps the sequential order, so the results are the same; the cost is that
+the auxiliary's activations are built while the primary's are still being freed.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from typing import Callable, Dict, List, Optional
+import threading
+from typing import Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -31,6 +38,9 @@ def trainable_parameters(module: nn.Module) -> List[nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
+BRANCHES = ('primary', 'auxiliary')
+
+
 def optimizer_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_loss: BatchLoss,
                    precision: Optional[MixedPrecision] = None, key: str = 'train', synchronise: bool = True) -> float:
     """One forward/backward/step of one network; its graph and gradients are gone on return.
@@ -40,24 +50,45 @@ def optimizer_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_l
     the result tells the caller whether the network changed. ``synchronise=False`` leaves gradient
     averaging to a DDP wrapper.
     """
-    precision = precision or MixedPrecision()
-    optimizer.zero_grad(set_to_none=True)
-    running = RunningStatistics(network)
-    with precision.autocast():
-        loss = batch_loss(network)
-    # Backward first, then one host sync reads the loss for the check and the report: checking
-    # before backward stopped the CPU until a GPU had run the forward, and reading the loss after
-    # the step was a second sync. A non-finite loss costs one backward whose gradients are dropped.
-    precision.backward(loss, key)
-    value = reported_loss(loss)
-    if math.isfinite(value):
-        if synchronise:
-            average_gradients(optimizer)
-        precision.step(optimizer, key)
-    else:
-        running.restore()
-    optimizer.zero_grad(set_to_none=True)
-    return value
+    step = PendingStep(network, optimizer, batch_loss, precision or MixedPrecision(), key)
+    step.backward()
+    return step.finish(synchronise)
+
+
+class PendingStep:
+    """One network's step, split where the dual step can overlap two of them: built = forward and
+    loss, then :meth:`backward`, then :meth:`finish` (check, update) or :meth:`discard`."""
+
+    def __init__(self, network: nn.Module, optimizer: torch.optim.Optimizer, batch_loss: BatchLoss,
+                 precision: MixedPrecision, key: str) -> None:
+        self.optimizer, self.precision, self.key = optimizer, precision, key
+        optimizer.zero_grad(set_to_none=True)
+        self.running = RunningStatistics(network)
+        with precision.autocast():
+            self.loss = batch_loss(network)
+
+    def backward(self) -> None:
+        # Backward first, then one host sync reads the loss for the check and the report: checking
+        # before backward stopped the CPU until a GPU had run the forward, and reading the loss after
+        # the step was a second sync. A non-finite loss costs one backward whose gradients are dropped.
+        self.precision.backward(self.loss, self.key)
+
+    def finish(self, synchronise: bool = True) -> float:
+        """Read the loss; update when it is finite on every rank, else :meth:`discard`."""
+        value = reported_loss(self.loss)
+        if math.isfinite(value):
+            if synchronise:
+                average_gradients(self.optimizer)
+            self.precision.step(self.optimizer, self.key)
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.discard()
+        return value
+
+    def discard(self) -> None:
+        """Leave the network as it was: gradients dropped, batch-norm statistics put back."""
+        self.running.restore()
+        self.optimizer.zero_grad(set_to_none=True)
 
 
 def average_gradients(optimizer: torch.optim.Optimizer) -> None:
@@ -86,11 +117,12 @@ class CrossFrozenPair:
     """
 
     def __init__(self, primary: nn.Module, partition: Partition, optimizer_factory: OptimizerFactory,
-                 buffers_from: str = 'primary') -> None:
+                 buffers_from: str = 'primary', overlap_branches: bool = False) -> None:
         names = [n for n, _ in primary.named_parameters()]
         partition.validate(names)
         self.partition = partition
         self.buffers_from = buffers_from
+        self.overlap_branches = overlap_branches
         self.primary = primary
         self.auxiliary = copy.deepcopy(primary)
         stable, unstable = partition.stable, partition.unstable
@@ -106,14 +138,82 @@ class CrossFrozenPair:
         self._frozen = [a[n] for n in stable] + [p[n] for n in unstable]
         self._trained = [p[n] for n in stable] + [a[n] for n in unstable]
         self._coefficients = [w[n] for n in stable] + [w[n] for n in unstable]
+        self._streams: Optional[Dict[str, torch.cuda.Stream]] = None
+
+    def network(self, branch: str) -> nn.Module:
+        if branch == 'auxiliary' and self.auxiliary.training != self.primary.training:
+            self.auxiliary.train(self.primary.training)   # a walk over every module: only on a change
+        return self.primary if branch == 'primary' else self.auxiliary
 
     def step(self, branch: str, batch_loss: BatchLoss, precision: Optional[MixedPrecision] = None) -> float:
         """Eq. 4-7 for one branch: forward, loss, gradients of its trainable layers, update
         (skipped, and the loss returned non-finite, when the loss is not finite)."""
-        network = self.primary if branch == 'primary' else self.auxiliary
-        if branch == 'auxiliary' and self.auxiliary.training != self.primary.training:
-            self.auxiliary.train(self.primary.training)   # a walk over every module: only on a change
-        return optimizer_step(network, self.optimizers[branch], batch_loss, precision, branch)
+        return optimizer_step(self.network(branch), self.optimizers[branch], batch_loss, precision, branch)
+
+    def step_both(self, batch_loss: BatchLoss, precision: Optional[MixedPrecision] = None
+                  ) -> Tuple[Dict[str, float], Optional[str]]:
+        """Eq. 4-7 for P, then for A, on one batch: the losses, and the branch whose non-finite loss
+        ended the step (None when both updated). After a skipped primary the auxiliary has not
+        changed, as if it had not run."""
+        if self.overlap_branches:
+            return self._step_overlapped(batch_loss, precision or MixedPrecision())
+        losses: Dict[str, float] = {}
+        for branch in BRANCHES:
+            losses[f'l_{branch}'] = self.step(branch, batch_loss, precision)
+            if not math.isfinite(losses[f'l_{branch}']):
+                return losses, branch
+        return losses, None
+
+    def _step_overlapped(self, batch_loss: BatchLoss, precision: MixedPrecision
+                         ) -> Tuple[Dict[str, float], Optional[str]]:
+        """P's backward on a helper thread while this thread runs A's forward and backward; the
+        updates then run in the sequential order. Forwards (the only random draws) stay in order."""
+        for branch in BRANCHES:
+            precision.scaler(branch)          # created here, not on the helper thread
+        main, streams = self._branch_streams()
+        pending: Dict[str, PendingStep] = {}
+        failures: List[BaseException] = []
+
+        def primary_backward() -> None:
+            try:
+                with _on_stream(streams, 'primary'):
+                    pending['primary'].backward()
+            except BaseException as error:    # re-raised on the calling thread
+                failures.append(error)
+
+        with _on_stream(streams, 'primary', waits_for=main):
+            pending['primary'] = PendingStep(self.network('primary'), self.optimizers['primary'], batch_loss,
+                                             precision, 'primary')
+        helper = threading.Thread(target=primary_backward, name='ldt-primary-backward')
+        helper.start()
+        try:
+            with _on_stream(streams, 'auxiliary', waits_for=main):
+                pending['auxiliary'] = PendingStep(self.network('auxiliary'), self.optimizers['auxiliary'],
+                                                   batch_loss, precision, 'auxiliary')
+                pending['auxiliary'].backward()
+        finally:
+            helper.join()
+        if failures:
+            raise failures[0]
+        if streams:
+            for stream in streams.values():
+                main.wait_stream(stream)
+        losses = {'l_primary': pending['primary'].finish()}
+        if not math.isfinite(losses['l_primary']):
+            pending['auxiliary'].discard()
+            return losses, 'primary'
+        losses['l_auxiliary'] = pending['auxiliary'].finish()
+        return losses, None if math.isfinite(losses['l_auxiliary']) else 'auxiliary'
+
+    def _branch_streams(self) -> Tuple[Optional['torch.cuda.Stream'], Optional[Dict[str, 'torch.cuda.Stream']]]:
+        """The caller's current stream on the branches' GPU and one stream per branch (made once);
+        (None, None) off CUDA."""
+        device = next(self.primary.parameters()).device
+        if device.type != 'cuda':
+            return None, None
+        if self._streams is None:
+            self._streams = {branch: torch.cuda.Stream(device) for branch in BRANCHES}
+        return torch.cuda.current_stream(device), self._streams
 
     def exchange(self) -> None:
         """Eq. 8 / 11 for all frozen tensors of both branches at once."""
@@ -123,3 +223,18 @@ class CrossFrozenPair:
         """Eq. 12 (tensors are shared with the branches; copy before mutating)."""
         return composite_state(self.primary.state_dict(), self.auxiliary.state_dict(),
                                self.partition.groups, self.buffers_from)
+
+
+def _on_stream(streams: Optional[Dict[str, 'torch.cuda.Stream']], branch: str,
+               waits_for: Optional['torch.cuda.Stream'] = None) -> ContextManager:
+    """The branch's stream (on its device, for this thread) as the current one, after it waited for
+    ``waits_for``; nothing off CUDA."""
+    if not streams:
+        return contextlib.nullcontext()
+    stream = streams[branch]
+    if waits_for is not None:
+        stream.wait_stream(waits_for)
+    context = contextlib.ExitStack()
+    context.enter_context(torch.cuda.device(stream.device))
+    context.enter_context(torch.cuda.stream(stream))
+    return context
