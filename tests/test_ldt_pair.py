@@ -188,3 +188,54 @@ def test_a_run_resumes_with_the_other_overlap_setting():
     assert again.pair.overlap_branches and again.dual_steps == algo.dual_steps
     with pytest.raises(ValueError, match='ldt.overlap_branches'):
         LDTConfig(overlap_branches='yes')
+
+
+class _FakeStream:
+    """Stands in for a CUDA stream on the CPU: records who waited for whom."""
+
+    def __init__(self, name, log):
+        self.name, self.log, self.device = name, log, f'fake:{name}'
+
+    def wait_stream(self, other):
+        self.log.append(('wait', self.name, other.name))
+
+
+def test_the_cuda_streams_order_each_branch_after_the_batch_and_the_updates_after_both(monkeypatch):
+    """The stream protocol a GPU run relies on, with recording stand-ins for CUDA streams: each branch's
+    stream waits for the caller's before its forward; P's forward and backward (on the helper thread)
+    run on P's stream, A's on A's; the caller's stream waits for both before any update."""
+    import contextlib
+    import basicsr_ldt.ldt.pair as pair_module
+    log, current = [], threading.local()
+
+    @contextlib.contextmanager
+    def on(stream):
+        before = getattr(current, 'name', 'main')
+        current.name = stream.name
+        try:
+            yield
+        finally:
+            current.name = before
+    monkeypatch.setattr(torch.cuda, 'stream', on)
+    monkeypatch.setattr(torch.cuda, 'device', lambda device: contextlib.nullcontext())
+    algo, _ = _trained(True, iterations=3)
+    algo.enter(4)
+    main = _FakeStream('main', log)
+    streams = {b: _FakeStream(b, log) for b in ('primary', 'auxiliary')}
+    monkeypatch.setattr(algo.pair, '_branch_streams', lambda: (main, streams))
+    for branch in ('primary', 'auxiliary'):
+        network = getattr(algo.pair, branch)
+        network.register_forward_pre_hook(
+            lambda m, a, b=branch: log.append(('forward', b, getattr(current, 'name', 'main'))))
+        next(p for p in network.parameters() if p.requires_grad).register_hook(
+            lambda g, b=branch: log.append(('backward', b, getattr(current, 'name', 'main'))))
+        optimizer = algo.pair.optimizers[branch]
+        step = optimizer.step
+        monkeypatch.setattr(optimizer, 'step', lambda *a, b=branch, s=step, **k: (
+            log.append(('update', b, getattr(current, 'name', 'main'))), s(*a, **k))[1])
+    algo.update(_batch_loss(4), 4)
+    assert log[:2] == [('wait', 'primary', 'main'), ('forward', 'primary', 'primary')]
+    assert log.index(('wait', 'auxiliary', 'main')) + 1 == log.index(('forward', 'auxiliary', 'auxiliary'))
+    assert ('backward', 'primary', 'primary') in log and ('backward', 'auxiliary', 'auxiliary') in log
+    assert log[-4:] == [('wait', 'main', 'primary'), ('wait', 'main', 'auxiliary'),
+                        ('update', 'primary', 'main'), ('update', 'auxiliary', 'main')]
