@@ -144,9 +144,11 @@ def free_port():
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize('model', ['FTSRModel', 'LDTSRModel'])
+@pytest.mark.parametrize('model', ['FTSRModel', 'LDTSRModel', 'LDTSRModel, overlapped branches'])
 def test_torchrun_two_cpu_processes(project, demo_data, model):
-    opt = ldt_options(demo_data, 'ddp') if model == 'LDTSRModel' else train_options(demo_data, 'ddp')
+    opt = ldt_options(demo_data, 'ddp') if model.startswith('LDTSRModel') else train_options(demo_data, 'ddp')
+    if model.endswith('overlapped branches'):   # gradients averaged after both backward passes, in order
+        opt['ldt']['overlap_branches'] = True
     opt['datasets']['train']['batch_size_per_gpu'] = 1
     opt['logger']['save_checkpoint_freq'] = 4
     env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1')
@@ -159,6 +161,6 @@ def test_torchrun_two_cpu_processes(project, demo_data, model):
     assert 'World size (gpu number)' not in log and 'replicas identical on 2 ranks at iteration 4' in log
     assert 'replicas identical on 2 ranks at iteration 8' in log or model == 'FTSRModel'
     assert len(list(exp.glob('train_ddp_*.log'))) == 1 and (exp / 'models' / 'net_g_latest.pth').is_file()
-    if model == 'LDTSRModel':
+    if model.startswith('LDTSRModel'):
         partition = json.loads((exp / 'ldt_partition.json').read_text())
         assert {layer['group'] for layer in partition['layers']} == {'stable', 'unstable'}

@@ -1,8 +1,13 @@
-"""EMA algebra (eq. 8/11), composite (eq. 12), freezing of the cross-frozen pair."""
+"""EMA algebra (eq. 8/11), composite (eq. 12), freezing of the cross-frozen pair, and its dual step
+with the branches one after the other or overlapped (ldt.overlap_branches)."""
+import contextlib
+import threading
+
+import pytest
 import torch
 from torch import nn
 
-from basicsr_ldt.ldt import (CrossFrozenPair, build_partition, composite_state, ema_exchange_,
+from basicsr_ldt.ldt import (LDT, CrossFrozenPair, LDTConfig, build_partition, composite_state, ema_exchange_,
                              route_bias_only_convs, set_trainable)
 
 
@@ -112,12 +117,6 @@ def test_the_auxiliary_follows_the_primarys_mode_walking_its_modules_only_on_a_c
 
 
 # -- overlapped branches (ldt.overlap_branches) ------------------------------------------------
-import threading  # noqa: E402
-
-import pytest  # noqa: E402
-
-from basicsr_ldt.ldt import LDT, LDTConfig  # noqa: E402
-
 OVERLAP_CFG = dict(head_warmup_iters=1, head_patterns=('6',), profile_iters=2, ratio_u=0.5, ema_every=2)
 
 
@@ -204,8 +203,6 @@ def test_the_cuda_streams_order_each_branch_after_the_batch_and_the_updates_afte
     """The stream protocol a GPU run relies on, with recording stand-ins for CUDA streams: each branch's
     stream waits for the caller's before its forward; P's forward and backward (on the helper thread)
     run on P's stream, A's on A's; the caller's stream waits for both before any update."""
-    import contextlib
-    import basicsr_ldt.ldt.pair as pair_module
     log, current = [], threading.local()
 
     @contextlib.contextmanager
@@ -217,12 +214,13 @@ def test_the_cuda_streams_order_each_branch_after_the_batch_and_the_updates_afte
         finally:
             current.name = before
     monkeypatch.setattr(torch.cuda, 'stream', on)
-    monkeypatch.setattr(torch.cuda, 'device', lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, 'device', lambda device: log.append(('device', device, threading.current_thread().name))
+                        or contextlib.nullcontext())
     algo, _ = _trained(True, iterations=3)
     algo.enter(4)
     main = _FakeStream('main', log)
     streams = {b: _FakeStream(b, log) for b in ('primary', 'auxiliary')}
-    monkeypatch.setattr(algo.pair, '_branch_streams', lambda: (main, streams))
+    monkeypatch.setattr(algo.pair, '_branch_streams', lambda device: (main, streams))
     for branch in ('primary', 'auxiliary'):
         network = getattr(algo.pair, branch)
         network.register_forward_pre_hook(
@@ -234,8 +232,75 @@ def test_the_cuda_streams_order_each_branch_after_the_batch_and_the_updates_afte
         monkeypatch.setattr(optimizer, 'step', lambda *a, b=branch, s=step, **k: (
             log.append(('update', b, getattr(current, 'name', 'main'))), s(*a, **k))[1])
     algo.update(_batch_loss(4), 4)
-    assert log[:2] == [('wait', 'primary', 'main'), ('forward', 'primary', 'primary')]
-    assert log.index(('wait', 'auxiliary', 'main')) + 1 == log.index(('forward', 'auxiliary', 'auxiliary'))
+    assert log[:3] == [('wait', 'primary', 'main'), ('device', 'fake:primary', 'MainThread'),
+                       ('forward', 'primary', 'primary')]
+    assert ('device', 'fake:primary', 'ldt-primary-backward') in log      # the helper thread on P's GPU
+    assert log.index(('wait', 'auxiliary', 'main')) + 2 == log.index(('forward', 'auxiliary', 'auxiliary'))
     assert ('backward', 'primary', 'primary') in log and ('backward', 'auxiliary', 'auxiliary') in log
     assert log[-4:] == [('wait', 'main', 'primary'), ('wait', 'main', 'auxiliary'),
                         ('update', 'primary', 'main'), ('update', 'auxiliary', 'main')]
+
+
+def test_each_branch_stream_is_made_once_on_the_branches_gpu(monkeypatch):
+    """One stream per branch on the GPU the branches live on (a torchrun rank's own GPU), made at
+    the first overlapped step and kept; the caller's stream is that GPU's current one; none off CUDA."""
+    made, asked = [], []
+    monkeypatch.setattr(torch.cuda, 'Stream', lambda device: made.append(device) or object())
+    monkeypatch.setattr(torch.cuda, 'current_stream', lambda device: asked.append(device) or 'current')
+    algo, _ = _trained(True, iterations=3)
+    algo.enter(4)
+    gpu = torch.device('cuda', 1)
+    main, streams = algo.pair._branch_streams(gpu)
+    assert main == 'current' and set(streams) == {'primary', 'auxiliary'} and made == [gpu, gpu]
+    assert algo.pair._branch_streams(gpu)[1] is streams and made == [gpu, gpu] and asked == [gpu, gpu]
+    assert algo.pair._branch_streams(torch.device('cpu')) == (None, None)
+
+
+def _pair(overlap=None, factory=None, **options):
+    net = _dropout_net()
+    names = [n for n, _ in net.named_parameters()]
+    part = build_partition(names, [float(i) for i in range(len(names))], partition='criterion', ratio_u=0.5,
+                           dpu=False, w_fixed=0.5)
+    factory = factory or (lambda ps, role: torch.optim.SGD(ps, lr=0.1))
+    if overlap is None:
+        return CrossFrozenPair(net, part, factory, **options)
+    return CrossFrozenPair(net, part, factory, overlap_branches=overlap, **options)
+
+
+def test_by_default_a_branch_finishes_before_the_other_starts():
+    """Sequential unless asked: P's backward runs on the caller's thread, before A's forward, so only
+    one branch's activations are alive at a time (the memory goal)."""
+    pair, events = _pair(), []
+    pair.auxiliary.register_forward_pre_hook(lambda m, a: events.append('auxiliary forward'))
+    next(p for p in pair.primary.parameters() if p.requires_grad).register_hook(
+        lambda g: events.append(f'primary backward on {threading.current_thread().name}'))
+    losses, skipped = pair.step_both(_batch_loss(1))
+    assert events == ['primary backward on MainThread', 'auxiliary forward'] and skipped is None
+    assert set(losses) == {'l_primary', 'l_auxiliary'}
+
+
+@pytest.mark.parametrize('overlap', [False, True])
+def test_each_branch_gets_its_own_optimizer_role_and_runs_without_a_precision(overlap):
+    roles = []
+    pair = _pair(overlap, factory=lambda ps, role: roles.append(role) or torch.optim.SGD(ps, lr=0.1))
+    assert roles == ['primary', 'auxiliary']    # a caller attaches its schedulers by role
+    losses, skipped = pair.step_both(_batch_loss(1))   # full precision when none is given
+    assert skipped is None and all(v == v for v in losses.values())
+
+
+@pytest.mark.parametrize('overlap', [False, True])
+def test_the_auxiliary_runs_in_the_primarys_mode_when_overlapped_too(overlap):
+    pair, modes = _pair(overlap), []
+    pair.auxiliary.register_forward_pre_hook(lambda m, a: modes.append(m.training))
+    pair.primary.eval()
+    pair.step_both(_batch_loss(1))
+    assert modes == [False]
+
+
+def test_the_composite_takes_its_buffers_from_the_branch_named():
+    pair = _pair(buffers_from='auxiliary')
+    for i in (1, 2):        # the branches' first layer differs after one step: their batch norms then part
+        pair.step_both(_batch_loss(i))
+    running = pair.composite_state_dict()['1.running_mean']
+    assert torch.equal(running, pair.auxiliary[1].running_mean)
+    assert not torch.equal(running, pair.primary[1].running_mean)

@@ -63,6 +63,8 @@ def test_a_nan_batch_changes_nothing_in_any_phase(iteration, phase, overlap):
     # weights and batch-norm statistics of both branches, optimizer state (Adam's step count),
     # profiling statistics, partition, dual-step count (so the EMA/DPU cadence) are unchanged
     assert _same(_state(algo), before)
+    networks = [algo.primary] + ([algo.auxiliary] if algo.auxiliary is not None else [])
+    assert all(p.grad is None for net in networks for p in net.parameters())   # no gradient kept alive
     algo.update(_loss(iteration + 1), iteration + 1)
     assert algo.last_skipped is None
 
@@ -100,9 +102,10 @@ def test_fp16_loss_scaling_does_not_reach_the_profiling_statistics():
     assert torch.allclose(torch.tensor(fp16.criterion('var')), torch.tensor(fp32.criterion('var')), rtol=5e-2, atol=1e-8)
 
 
-def test_fp16_scalers_are_per_branch_and_resume_exactly():
+@pytest.mark.parametrize('overlap', [False, True])
+def test_fp16_scalers_are_per_branch_and_resume_exactly(overlap):
     precision = MixedPrecision(torch.float16, 'cpu')
-    algo = LDT(_net(), LDTConfig(**CFG), _factory, precision)
+    algo = LDT(_net(), LDTConfig(**CFG, overlap_branches=overlap), _factory, precision)
     for i in range(1, 9):
         algo.update(_loss(i), i)
     state = copy.deepcopy(algo.state_dict())   # as read from disk: no tensor shared with algo

@@ -170,7 +170,7 @@ class CrossFrozenPair:
         updates then run in the sequential order. Forwards (the only random draws) stay in order."""
         for branch in BRANCHES:
             precision.scaler(branch)          # created here, not on the helper thread
-        main, streams = self._branch_streams()
+        main, streams = self._branch_streams(next(self.primary.parameters()).device)
         pending: Dict[str, PendingStep] = {}
         failures: List[BaseException] = []
 
@@ -205,10 +205,10 @@ class CrossFrozenPair:
         losses['l_auxiliary'] = pending['auxiliary'].finish()
         return losses, None if math.isfinite(losses['l_auxiliary']) else 'auxiliary'
 
-    def _branch_streams(self) -> Tuple[Optional['torch.cuda.Stream'], Optional[Dict[str, 'torch.cuda.Stream']]]:
+    def _branch_streams(self, device: torch.device
+                        ) -> Tuple[Optional['torch.cuda.Stream'], Optional[Dict[str, 'torch.cuda.Stream']]]:
         """The caller's current stream on the branches' GPU and one stream per branch (made once);
         (None, None) off CUDA."""
-        device = next(self.primary.parameters()).device
         if device.type != 'cuda':
             return None, None
         if self._streams is None:
