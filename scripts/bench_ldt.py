@@ -16,8 +16,10 @@ LDT-S (single network) is measured the same way against FT: step time including 
 swap amortised over ``--ldt-s-interval`` iterations, and peak memory (targets 1.10 and 1.05).
 
 Time: FT and dual steps alternate in one process on the same batches (so machine load hits
-both alike), reported as wall time and as process CPU time (steadier on a shared CPU); the dual
-time includes the EMA exchange amortised over ``ema_every`` steps. On CUDA every timed region
+both alike), reported as wall time and as process CPU time (steadier on a shared CPU); a dual step
+is one call of both branches as ``LDT.update`` makes it (``CrossFrozenPair.step_both``: one loss
+read after both backward passes), and its time includes the EMA exchange amortised over
+``ema_every`` steps. On CUDA every timed region
 starts and ends with ``torch.cuda.synchronize`` and ``--warm`` untimed steps of each kind run
 first (kernel selection, autotuning, allocator growth). ``--amp`` runs forward and loss under
 autocast exactly as ``train: amp`` does (fp16 with one GradScaler per optimizer).
@@ -283,8 +285,7 @@ def profile_partition(args: argparse.Namespace, path: str) -> LDT:
     """A short real profiling pass -> variance partition at ratio_u 0.5, saved to ``path``."""
     torch.manual_seed(0)
     net = build_network(args.arch, args.scale).to(args.device)
-    cfg = LDTConfig(profile_iters=args.profile_passes, ratio_u=0.5, ema_every=args.ema_every,
-                    overlap_branches=args.overlap_branches)
+    cfg = LDTConfig(profile_iters=args.profile_passes, ratio_u=0.5, ema_every=args.ema_every)
     algo = LDT(net, cfg, adam, precision(args))
     data = batches(args, args.profile_passes, args.patch, args.batch, args.device)
     for i, (lq, gt) in enumerate(data):
@@ -390,12 +391,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ft_amp = precision(args)
         data = batches(args, args.warm + args.iters, args.patch, args.batch, device)
         summary = {}
-        # one step of each kind on a batch (the timed, counted and profiled steps are these)
+        # one step of each kind on a batch (the counted and profiled steps are these)
         steps = {'FT': lambda lq, gt: optimizer_step(ft_net, ft_opt, l1(lq, gt), ft_amp, 'finetune'),
                  'primary': lambda lq, gt: algo.pair.step('primary', l1(lq, gt), algo.precision),
                  'auxiliary': lambda lq, gt: algo.pair.step('auxiliary', l1(lq, gt), algo.precision)}
-        wall = {name: [] for name in steps}
-        cpu = {name: [] for name in steps}
+
+        def dual_step(overlap: bool) -> Callable[[torch.Tensor, torch.Tensor], object]:
+            """Both branches in one call, as LDT.update runs them (one loss read after both backward passes)."""
+            def step(lq: torch.Tensor, gt: torch.Tensor) -> object:
+                algo.pair.overlap_branches = overlap
+                return algo.pair.step_both(l1(lq, gt), algo.precision)
+            return step
+        timed_steps = {'FT': steps['FT'], 'dual': dual_step(False)}
+        if args.overlap_branches:
+            timed_steps['overlapped'] = dual_step(True)
+        wall = {name: [] for name in timed_steps}
+        cpu = {name: [] for name in timed_steps}
 
         def timed(key: str, fn, keep: bool) -> None:
             sync(device); w0, c0 = time.perf_counter(), time.process_time()
@@ -417,12 +428,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             with dispatched_as_on_a_gpu() if as_on_gpu else contextlib.nullcontext():
                 count_ops({name: functools.partial(step, lq, gt) for name, step in steps.items()})
             return
-        if args.overlap_branches:   # both branches in one call, as LDT.update runs them
-            steps['overlapped'] = lambda lq, gt: algo.pair.step_both(l1(lq, gt), algo.precision)
-            wall['overlapped'], cpu['overlapped'] = [], []
         for i, (lq, gt) in enumerate(data):
             keep = i >= args.warm
-            for name, step in steps.items():
+            for name, step in timed_steps.items():
                 timed(name, functools.partial(step, lq, gt), keep)
         ema = []
         for _ in range(5):
@@ -430,12 +438,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             ema.append(time.perf_counter() - t0)
         ema_per_step = statistics.median(ema) / args.ema_every
         for label, t in (('wall', wall), ('process CPU', cpu)):
-            dual_list = [p_ + a_ + ema_per_step for p_, a_ in zip(t['primary'], t['auxiliary'])]
+            dual_list = [d + ema_per_step for d in t['dual']]
             ratios = [d / f for d, f in zip(dual_list, t['FT'])]
             print(f'{label} time/iter (median of {args.iters}): FT {statistics.median(t["FT"]) * 1e3:.1f} ms'
-                  f' | dual {statistics.median(dual_list) * 1e3:.1f} ms (primary '
-                  f"{statistics.median(t['primary']) * 1e3:.1f} + auxiliary "
-                  f"{statistics.median(t['auxiliary']) * 1e3:.1f} + EMA {ema_per_step * 1e3:.3f})")
+                  f' | dual {statistics.median(dual_list) * 1e3:.1f} ms (both branches + EMA {ema_per_step * 1e3:.3f})')
             # FT and dual of one iteration run back to back: their ratio cancels slow load drift
             print(f'  step ratio dual/FT = {statistics.median(ratios):.3f} (median of per-iteration '
                   f'ratios {[round(r, 2) for r in ratios]}; target <= 1.7)')

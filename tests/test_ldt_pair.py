@@ -304,3 +304,20 @@ def test_the_composite_takes_its_buffers_from_the_branch_named():
     running = pair.composite_state_dict()['1.running_mean']
     assert torch.equal(running, pair.auxiliary[1].running_mean)
     assert not torch.equal(running, pair.primary[1].running_mean)
+
+
+@pytest.mark.parametrize('overlap', [False, True])
+def test_the_dual_step_equals_two_branch_steps_one_after_the_other(overlap):
+    """The losses are read once both backward passes are queued (and, overlapped, P's backward runs on
+    a helper thread), yet the weights, batch-norm statistics and optimizer states are bit for bit those
+    of P's whole step followed by A's whole step: the forwards draw dropout in the same order."""
+    both, one_by_one = _pair(overlap, factory=lambda ps, role: torch.optim.Adam(ps, lr=1e-2)), \
+        _pair(False, factory=lambda ps, role: torch.optim.Adam(ps, lr=1e-2))
+    for pair, step in ((both, lambda pair, loss: pair.step_both(loss)[0]),
+                       (one_by_one, lambda pair, loss: {f'l_{b}': pair.step(b, loss) for b in ('primary', 'auxiliary')})):
+        torch.manual_seed(3)
+        pair.logged = [step(pair, _batch_loss(i)) for i in range(1, 4)]
+    assert both.logged == one_by_one.logged
+    for branch in ('primary', 'auxiliary'):
+        assert repr(getattr(both, branch).state_dict()) == repr(getattr(one_by_one, branch).state_dict())
+        assert repr(both.optimizers[branch].state_dict()) == repr(one_by_one.optimizers[branch].state_dict())

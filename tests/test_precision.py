@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import run_entry
 from test_cli import dataset, write
@@ -129,21 +130,23 @@ def test_bf16_autocast_steps_keep_fp32_weights_and_gradients_out_of_the_optimize
     assert all(p.dtype == torch.float32 for p in net.parameters())
 
 
+class Ops(TorchDispatchMode):
+    """The names of the aten operators run inside it, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
 def test_a_training_step_reads_the_loss_once_after_its_backward():
     """A GPU step is bound by its launches: every host read of a device value stops the CPU until the
     GPU has caught up. The step reads its loss once, with the backward already queued (the finite
     check and the report share it), and a NaN loss still changes no weight. Counted on the CPU: the
     reads are aten._local_scalar_dense (SGD: Adam reads its own step counters)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__)
-            return func(*args, **(kwargs or {}))
     for nan in (False, True):
         net = _net()
         before = copy.deepcopy(net.state_dict())
@@ -155,6 +158,23 @@ def test_a_training_step_reads_the_loss_once_after_its_backward():
         assert len(reads) == 1 and backward and max(backward) < reads[0], ops.names
         assert math.isfinite(loss) != nan
         assert _same(net.state_dict(), before) == nan      # a NaN loss: gradients dropped, no step
+
+
+def test_the_dual_step_reads_its_losses_once_both_backward_passes_are_queued():
+    """Each host read stops the CPU until the GPU has caught up: the dual step reads the two losses
+    after the auxiliary's backward is queued, so the host queues the auxiliary's forward while a GPU
+    still runs the primary's backward; the updates follow, the primary's first."""
+    algo = LDT(_net(), LDTConfig(**CFG), lambda ps, role: torch.optim.SGD(ps, lr=0.1))
+    for i in range(1, 6):
+        algo.update(_loss(i), i)
+    algo.enter(6)
+    with Ops() as ops:
+        algo.update(_loss(6), 6)
+    reads = [i for i, name in enumerate(ops.names) if name.startswith('_local_scalar_dense')]
+    backward = [i for i, name in enumerate(ops.names) if name.startswith('convolution_backward')]
+    forward = [i for i, name in enumerate(ops.names) if name.startswith('convolution.')]
+    assert len(forward) == 2 * 3 and max(forward) < min(reads)    # both branches' forwards first
+    assert len(reads) == 2 and max(backward) < min(reads), ops.names
 
 
 @pytest.mark.parametrize('value, device, message', [

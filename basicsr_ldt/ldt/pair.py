@@ -3,13 +3,15 @@
 Cost discipline, so a dual step stays close to one fine-tuning step: frozen tensors have
 ``requires_grad=False`` (their weight gradients are never computed, see ``freezing``), each
 branch's optimizer holds state only for its trainable tensors, a branch's graph is freed by its
-backward and its gradients are dropped (``set_to_none``) before the other branch runs forward,
-and the EMA exchange is one fused foreach op under ``no_grad``.
+backward before the other branch runs forward, and the EMA exchange is one fused foreach op under
+``no_grad``. The losses are read (a host sync on a GPU) once both backward passes are queued, so the
+host queues the auxiliary's forward while the GPU still runs the primary's backward; the price is
+the primary's gradients (its trainable layers only), kept until then. The updates follow, P's first.
 
-``overlap_branches`` runs the auxiliary's forward while the primary's backward runs (on a GPU each
-branch on its own CUDA stream): the two branches share no tensor between exchanges, and every
-random draw and update keeps the sequential order, so the results are the same; the cost is that
-the auxiliary's activations are built while the primary's are still being freed.
+``overlap_branches`` also runs the auxiliary's forward while the primary's backward runs on the host
+(a helper thread; on a GPU each branch on its own CUDA stream): the two branches share no tensor
+between exchanges, and every random draw and update keeps the order above, so the results are the
+same; the cost is that the auxiliary's activations are built while the primary's are still being freed.
 """
 from __future__ import annotations
 
@@ -155,19 +157,20 @@ class CrossFrozenPair:
         """Eq. 4-7 for P, then for A, on one batch: the losses, and the branch whose non-finite loss
         ended the step (None when both updated). After a skipped primary the auxiliary has not
         changed, as if it had not run."""
+        precision = precision or MixedPrecision()
         if self.overlap_branches:
-            return self._step_overlapped(batch_loss, precision or MixedPrecision())
-        losses: Dict[str, float] = {}
-        for branch in BRANCHES:
-            losses[f'l_{branch}'] = self.step(branch, batch_loss, precision)
-            if not math.isfinite(losses[f'l_{branch}']):
-                return losses, branch
-        return losses, None
+            return self._step_overlapped(batch_loss, precision)
+        pending: Dict[str, PendingStep] = {}
+        for branch in BRANCHES:        # forward, backward; P's graph is gone before A's forward
+            pending[branch] = PendingStep(self.network(branch), self.optimizers[branch], batch_loss,
+                                          precision, branch)
+            pending[branch].backward()
+        return _finish_in_order(pending)
 
     def _step_overlapped(self, batch_loss: BatchLoss, precision: MixedPrecision
                          ) -> Tuple[Dict[str, float], Optional[str]]:
         """P's backward on a helper thread while this thread runs A's forward and backward; the
-        updates then run in the sequential order. Forwards (the only random draws) stay in order."""
+        updates then run as in the sequential step. Forwards (the only random draws) stay in order."""
         for branch in BRANCHES:
             precision.scaler(branch)          # created here, not on the helper thread
         main, streams = self._branch_streams(next(self.primary.parameters()).device)
@@ -198,12 +201,7 @@ class CrossFrozenPair:
         if streams:
             for stream in streams.values():
                 main.wait_stream(stream)
-        losses = {'l_primary': pending['primary'].finish()}
-        if not math.isfinite(losses['l_primary']):
-            pending['auxiliary'].discard()
-            return losses, 'primary'
-        losses['l_auxiliary'] = pending['auxiliary'].finish()
-        return losses, None if math.isfinite(losses['l_auxiliary']) else 'auxiliary'
+        return _finish_in_order(pending)
 
     def _branch_streams(self, device: torch.device
                         ) -> Tuple[Optional['torch.cuda.Stream'], Optional[Dict[str, 'torch.cuda.Stream']]]:
@@ -238,3 +236,13 @@ def _on_stream(streams: Optional[Dict[str, 'torch.cuda.Stream']], branch: str,
     context.enter_context(torch.cuda.device(stream.device))
     context.enter_context(torch.cuda.stream(stream))
     return context
+
+
+def _finish_in_order(pending: Dict[str, PendingStep]) -> Tuple[Dict[str, float], Optional[str]]:
+    """P's check and update, then A's; a non-finite P loss discards A's step as if A had not run."""
+    losses = {'l_primary': pending['primary'].finish()}
+    if not math.isfinite(losses['l_primary']):
+        pending['auxiliary'].discard()
+        return losses, 'primary'
+    losses['l_auxiliary'] = pending['auxiliary'].finish()
+    return losses, None if math.isfinite(losses['l_auxiliary']) else 'auxiliary'
