@@ -214,8 +214,8 @@ def test_the_cuda_streams_order_each_branch_after_the_batch_and_the_updates_afte
         finally:
             current.name = before
     monkeypatch.setattr(torch.cuda, 'stream', on)
-    monkeypatch.setattr(torch.cuda, 'device', lambda device: log.append(('device', device, threading.current_thread().name))
-                        or contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, 'device', lambda device: log.append(
+        ('device', device, threading.current_thread().name)) or contextlib.nullcontext())
     algo, _ = _trained(True, iterations=3)
     algo.enter(4)
     main = _FakeStream('main', log)
@@ -313,8 +313,9 @@ def test_the_dual_step_equals_two_branch_steps_one_after_the_other(overlap):
     of P's whole step followed by A's whole step: the forwards draw dropout in the same order."""
     both, one_by_one = _pair(overlap, factory=lambda ps, role: torch.optim.Adam(ps, lr=1e-2)), \
         _pair(False, factory=lambda ps, role: torch.optim.Adam(ps, lr=1e-2))
-    for pair, step in ((both, lambda pair, loss: pair.step_both(loss)[0]),
-                       (one_by_one, lambda pair, loss: {f'l_{b}': pair.step(b, loss) for b in ('primary', 'auxiliary')})):
+    def branch_by_branch(pair, loss):
+        return {f'l_{branch}': pair.step(branch, loss) for branch in ('primary', 'auxiliary')}
+    for pair, step in ((both, lambda pair, loss: pair.step_both(loss)[0]), (one_by_one, branch_by_branch)):
         torch.manual_seed(3)
         pair.logged = [step(pair, _batch_loss(i)) for i in range(1, 4)]
     assert both.logged == one_by_one.logged

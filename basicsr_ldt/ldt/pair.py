@@ -143,6 +143,8 @@ class CrossFrozenPair:
         self._streams: Optional[Dict[str, torch.cuda.Stream]] = None
 
     def network(self, branch: str) -> nn.Module:
+        """The branch's network, the auxiliary first put in the primary's train/eval mode (the SR
+        model switches only the primary, for validation)."""
         if branch == 'auxiliary' and self.auxiliary.training != self.primary.training:
             self.auxiliary.train(self.primary.training)   # a walk over every module: only on a change
         return self.primary if branch == 'primary' else self.auxiliary
