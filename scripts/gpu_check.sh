@@ -28,17 +28,17 @@
 #   1b. scan_compile 30 s  right after step 1: scan_static_report.py's cold compile of the Triton scan for
 #                          this GPU's architecture, empty cache (the figure archs/README.md gives for
 #                          this CPU), beside the mamba-ssm build
-#   9. scan_sweep   110 s  bench_scan.py --sweep over the Triton launch settings in SWEEP_CONFIGS (each
-#                          against the float64 reference, beside mamba-ssm when it was built), at the
-#                          training shape, then the forward alone at a 250x250 tile of batch 1
-#  10. bench_ldt_mambair_mamba_ssm 45 s  only when mamba-ssm was built: bench_ldt.py --compare-scan triton
-#                          cuda, MambaIR's FT step on the Triton scan against mamba-ssm's, paired per batch,
-#                          and one more step on each for its peak memory
-#  11. kernel_time_mambair 45 s  bench_ldt.py --kernel-time: MambaIR's FT, primary and auxiliary steps under
-#                          torch.profiler, GPU kernel time by kind and dual/FT by kind
-#  12. overlap_mambair 55 s  bench_ldt.py --overlap-branches for MambaIR: step 7's figures and the dual step
+#   9. overlap_mambair 55 s  bench_ldt.py --overlap-branches for MambaIR: step 7's figures and the dual step
 #                          with ldt.overlap_branches (the auxiliary's forward during the primary's backward,
 #                          each branch on its own CUDA stream), its time and peak memory as ratios to FT
+#  10. scan_sweep   110 s  bench_scan.py --sweep over the Triton launch settings in SWEEP_CONFIGS (each
+#                          against the float64 reference, beside mamba-ssm when it was built), at the
+#                          training shape, then the forward alone at a 250x250 tile of batch 1
+#  11. bench_ldt_mambair_mamba_ssm 45 s  only when mamba-ssm was built: bench_ldt.py --compare-scan triton
+#                          cuda, MambaIR's FT step on the Triton scan against mamba-ssm's, paired per batch,
+#                          and one more step on each for its peak memory
+#  12. kernel_time_mambair 45 s  bench_ldt.py --kernel-time: MambaIR's FT, primary and auxiliary steps under
+#                          torch.profiler, GPU kernel time by kind and dual/FT by kind
 # GPU_CHECK_STEPS=name,name,... runs only those steps (a second call that remeasures a few; the mamba-ssm
 # build still starts when a sdist is carried). Prints each step's time and a report, written with the
 # logs to $OUT/gpu_check/ (results/gpu_check/ when OUT is unset). Exits non-zero when a step fails or
@@ -340,12 +340,13 @@ done
 
 [ "$BUILD_MAMBA" -eq 1 ] && run_step scan_mamba_ssm 110 check_scan bash -c scan_mamba_ssm
 if [ "$SWEEP" -eq 1 ]; then
+  # first the measurement no earlier run has made, so that a long step before cannot leave it no budget
+  run_step overlap_mambair 55 check_bench "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 \
+    --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --overlap-branches
   run_step scan_sweep 110 check_sweep bash -c scan_sweep
   [ "$BUILD_MAMBA" -eq 1 ] && run_step bench_ldt_mambair_mamba_ssm 45 check_bench_mamba_ssm bash -c bench_mamba_ssm
   run_step kernel_time_mambair 45 check_kernel_time "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 \
     --patch 48 --batch 4 --warm 1 --iters 1 --kernel-time
-  run_step overlap_mambair 55 check_bench "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 \
-    --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --overlap-branches
 fi
 
 goals | tee -a "$REPORT"
