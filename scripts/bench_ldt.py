@@ -10,7 +10,9 @@ The last line is the summary the results table takes, every figure a ratio to FT
 ``summary: arch=... FT <ms> ms | LDT/FT time <r> | LDT/FT memory <r> | LDT-S/FT time <r> | LDT-S/FT memory <r>``
 (wall-clock times; goals LDT/FT <= 1.7 time and <= 1.05 memory, LDT-S/FT <= 1.05 time), followed by
 ``| LDT overlapped/FT time <r> | LDT overlapped/FT memory <r>`` with ``--overlap-branches``: the dual
-step as ``ldt.overlap_branches: true`` runs it, both branches in one timed call.
+step as ``ldt.overlap_branches: true`` runs it, both branches in one timed call; on CUDA also
+``| LDT bounded/FT time <r> | LDT bounded/FT memory <r>``, the same with ``ldt.overlap_memory``
+(``--overlap-memory``, default 1.0: never above the sequential step's peak).
 
 LDT-S (single network) is measured the same way against FT: step time including its EMA and its
 swap amortised over ``--ldt-s-interval`` iterations, and peak memory (targets 1.10 and 1.05).
@@ -165,7 +167,8 @@ def make_ldt(args, partition_file: str | None, device: str) -> LDT:
     torch.manual_seed(0)
     net = build_network(args.arch, args.scale).to(device)
     cfg = LDTConfig(profile_iters=0, partition_file=partition_file, ema_every=args.ema_every,
-                    overlap_branches=args.overlap_branches)
+                    overlap_branches=args.overlap_branches,
+                    overlap_memory=args.overlap_memory if args.bounded else None)
     algo = LDT(net, cfg, adam, precision(args))
     return algo
 
@@ -331,6 +334,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--overlap-branches', action='store_true',
                    help="also time the dual step with ldt.overlap_branches (the auxiliary's forward during the "
                         "primary's backward) and measure its peak memory, beside the sequential branches")
+    p.add_argument('--overlap-memory', type=float, default=1.0,
+                   help='with --overlap-branches on CUDA: also time and measure the overlapped dual step with this '
+                        'ldt.overlap_memory (default 1.0)')
+    p.add_argument('--bounded', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--worker', choices=['ft', 'dual', 'profile', 'ldt_s'], help=argparse.SUPPRESS)
     p.add_argument('--partition', help=argparse.SUPPRESS)
     p.add_argument('--profile-samples', type=int, default=10, help=argparse.SUPPRESS)
@@ -396,15 +403,23 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                  'primary': lambda lq, gt: algo.pair.step('primary', l1(lq, gt), algo.precision),
                  'auxiliary': lambda lq, gt: algo.pair.step('auxiliary', l1(lq, gt), algo.precision)}
 
-        def dual_step(overlap: bool) -> Callable[[torch.Tensor, torch.Tensor], object]:
+        def dual_step(overlap: bool, memory: Optional[float] = None) -> Callable[[torch.Tensor, torch.Tensor], object]:
             """Both branches in one call, as LDT.update runs them (one loss read after both backward passes)."""
             def step(lq: torch.Tensor, gt: torch.Tensor) -> object:
-                algo.pair.overlap_branches = overlap
+                algo.pair.overlap_branches, algo.pair.overlap_memory = overlap, memory
                 return algo.pair.step_both(l1(lq, gt), algo.precision)
             return step
         timed_steps = {'FT': steps['FT'], 'dual': dual_step(False)}
+        variants = {}   # the overlapped dual steps measured: name -> label
         if args.overlap_branches:
-            timed_steps['overlapped'] = dual_step(True)
+            variants['overlapped'] = 'overlapped branches'
+            if on_cuda(device):    # the bound reads the GPU's allocator: nothing to bound elsewhere
+                variants['bounded'] = f'overlapped branches within x{args.overlap_memory:g} memory'
+            else:
+                print('overlapped branches within a memory bound: CUDA only (ldt.overlap_memory reads the GPU\'s '
+                      'allocator), not measured')
+        for name in variants:
+            timed_steps[name] = dual_step(True, args.overlap_memory if name == 'bounded' else None)
         wall = {name: [] for name in timed_steps}
         cpu = {name: [] for name in timed_steps}
 
@@ -447,13 +462,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                   f'ratios {[round(r, 2) for r in ratios]}; target <= 1.7)')
             if label == 'wall':
                 summary.update(ft_ms=statistics.median(t['FT']) * 1e3, time=statistics.median(ratios))
-            if args.overlap_branches:
-                overlapped = [o + ema_per_step for o in t['overlapped']]
+            for name, text in variants.items():
+                overlapped = [o + ema_per_step for o in t[name]]
                 ratios = [o / f for o, f in zip(overlapped, t['FT'])]
-                print(f'  overlapped branches: dual {statistics.median(overlapped) * 1e3:.1f} ms, step ratio '
+                print(f'  {text}: dual {statistics.median(overlapped) * 1e3:.1f} ms, step ratio '
                       f'dual/FT = {statistics.median(ratios):.3f} (per iteration {[round(r, 2) for r in ratios]})')
                 if label == 'wall':
-                    summary['overlapped_time'] = statistics.median(ratios)
+                    summary[f'{name}_time'] = statistics.median(ratios)
         del algo, ft_net, ft_opt
 
         unmeasured = memory_unmeasured(args)
@@ -465,16 +480,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                    'RSS high-water (VmHWM, reset via clear_refs; else ru_maxrss) growth over the RSS '
                    'before the model is built, fresh subprocess per configuration')
             m_ft = peak_of(args, 'ft')
-            m_dual = peak_of(args, 'dual', partition=part_path, overlap_branches=False)
+            m_dual = peak_of(args, 'dual', partition=part_path, overlap_branches=False, bounded=False)
             print(f'peak memory ({how}; median [min-max] of {len(m_ft)} runs): FT {mib(m_ft)} | '
                   f'dual {mib(m_dual)}')
             summary['memory'] = statistics.median(m_dual) / statistics.median(m_ft)
             print(f"  memory ratio dual/FT = {summary['memory']:.3f}  (target <= 1.05)")
-            if args.overlap_branches:
-                m_overlapped = peak_of(args, 'dual', partition=part_path, overlap_branches=True)
-                summary['overlapped_memory'] = statistics.median(m_overlapped) / statistics.median(m_ft)
-                print(f"  overlapped branches: dual {mib(m_overlapped)}, memory ratio dual/FT = "
-                      f"{summary['overlapped_memory']:.3f}")
+            for name, text in variants.items():
+                m_overlapped = peak_of(args, 'dual', partition=part_path, overlap_branches=True,
+                                       bounded=name == 'bounded')
+                summary[f'{name}_memory'] = statistics.median(m_overlapped) / statistics.median(m_ft)
+                print(f"  {text}: dual {mib(m_overlapped)}, memory ratio dual/FT = {summary[f'{name}_memory']:.3f}")
             if not args.no_profile_memory:
                 profiling_memory(args)
         summary.update(bench_ldt_s(args, part_path))
@@ -482,8 +497,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               f"{summary['ft_ms']:.1f} ms | LDT/FT time {summary['time']:.3f} | LDT/FT memory "
               f"{ratio_text(summary['memory'])} | LDT-S/FT time {summary['ldt_s_time']:.3f} | LDT-S/FT memory "
               f"{ratio_text(summary['ldt_s_memory'])}"
-              + (f" | LDT overlapped/FT time {summary['overlapped_time']:.3f} | LDT overlapped/FT memory "
-                 f"{ratio_text(summary.get('overlapped_memory'))}" if args.overlap_branches else ''))
+              + ''.join(f" | LDT {name}/FT time {summary[f'{name}_time']:.3f} | LDT {name}/FT memory "
+                        f"{ratio_text(summary.get(f'{name}_memory'))}" for name in variants))
 
 
 # Aten operators that launch no GPU kernel, besides views (their schema says so): tensors made

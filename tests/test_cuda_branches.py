@@ -637,24 +637,39 @@ def test_bench_ldt_times_and_measures_the_overlapped_dual_step(fake_cuda_counter
     monkeypatch.setattr(bench, 'build_network', lambda arch, scale: _Tiny(scale))
     overlapped = []
     real_worker = bench.worker
-    monkeypatch.setattr(bench, 'worker', lambda args: overlapped.append((args.worker, args.overlap_branches))
-                        or real_worker(args))
+    monkeypatch.setattr(bench, 'worker', lambda args: overlapped.append((args.worker, args.overlap_branches,
+                                                                         args.bounded)) or real_worker(args))
     bench.main(['--device', 'cpu', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '2', '--warm', '1',
                 '--profile-passes', '2', '--mem-iters', '1', '--ldt-s-interval', '2', '--no-profile-memory',
                 '--overlap-branches'])
     out = capsys.readouterr().out
     assert len(re.findall(r'^  overlapped branches: dual [\d.]+ ms, step ratio dual/FT = \d+\.\d+', out, re.M)) == 2
+    assert len(re.findall(r'^  overlapped branches within x1 memory: dual [\d.]+ ms, step ratio', out, re.M)) == 2
     assert 'overlapped branches: dual 3.0 MiB, memory ratio dual/FT = 3.000' in out   # FT 1, dual 2, overlapped 3
-    assert ('dual', False) in overlapped and ('dual', True) in overlapped
-    assert re.search(r'\| LDT overlapped/FT time \d+\.\d+ \| LDT overlapped/FT memory 3\.000$', out.splitlines()[-1])
+    assert 'overlapped branches within x1 memory: dual 4.0 MiB, memory ratio dual/FT = 4.000' in out
+    assert [o for o in overlapped if o[0] == 'dual'] == [('dual', False, False), ('dual', True, False),
+                                                           ('dual', True, True)]
+    assert re.search(r'\| LDT overlapped/FT time \d+\.\d+ \| LDT overlapped/FT memory 3\.000 '
+                     r'\| LDT bounded/FT time \d+\.\d+ \| LDT bounded/FT memory 4\.000$', out.splitlines()[-1])
     commands = []
     monkeypatch.setattr(bench.subprocess, 'run', lambda cmd, **kw: commands.append(cmd) or
                         types.SimpleNamespace(stdout='{"peak_bytes": 7}\n'))
     monkeypatch.setattr(bench, 'on_cuda', lambda device: False)
     args = bench.parse_args(['--device', 'cpu', '--overlap-branches'])
     for overlap in (True, False):   # out of process: what the child parses
-        bench.run_worker(args, 'dual', partition='p.json', overlap_branches=overlap)
-        assert bench.parse_args(commands[-1][2:]).overlap_branches is overlap
+        bench.run_worker(args, 'dual', partition='p.json', overlap_branches=overlap, bounded=overlap)
+        child = bench.parse_args(commands[-1][2:])
+        assert child.overlap_branches is overlap and child.bounded is overlap
+
+
+def test_bench_ldt_overlap_on_a_cpu_measures_no_memory_bound(monkeypatch, capsys):
+    bench = load_script('bench_ldt')
+    monkeypatch.setattr(bench, 'build_network', lambda arch, scale: _Tiny(scale))
+    bench.main(['--device', 'cpu', '--in-process', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '1',
+                '--warm', '1', '--profile-passes', '2', '--ldt-s-interval', '2', '--overlap-branches'])
+    out = capsys.readouterr().out
+    assert 'overlapped branches within a memory bound: CUDA only' in out and 'LDT bounded' not in out
+    assert re.search(r'\| LDT overlapped/FT time \d+\.\d+ \| LDT overlapped/FT memory n/a$', out.splitlines()[-1])
 
 
 def test_bench_scan_cuda_comparison_with_a_triton_that_fails_to_compile(fake_gpu, fake_cuda_counters, monkeypatch,

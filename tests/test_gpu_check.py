@@ -34,7 +34,7 @@ case "$*" in *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 m
   *bench_ldt.py*--kernel-time*)   # the kernel time by kind (none with FAKE_NO_KERNELS=1)
   [ "${FAKE_NO_KERNELS:-0}" = 1 ] || echo "  dual/FT by kind (share of the FT kernel time): scan 2.00 (40% of FT); all kernels 1.800; wall 1.750";;
   *bench_ldt.py*--overlap-branches*)   # with the overlapped dual step's two ratios
-  echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.800 | LDT/FT memory 0.980 | LDT-S/FT time 0.900 | LDT-S/FT memory n/a | LDT overlapped/FT time 1.300 | LDT overlapped/FT memory 1.600";;
+  echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.800 | LDT/FT memory 0.980 | LDT-S/FT time 0.900 | LDT-S/FT memory n/a | LDT overlapped/FT time 1.300 | LDT overlapped/FT memory 1.600 | LDT bounded/FT time 1.550 | LDT bounded/FT memory 1.010";;
   *bench_ldt.py*)   # bench_ldt's summary line
   echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.500 | LDT/FT memory 1.100 | LDT-S/FT time 1.020 | LDT-S/FT memory n/a";;
 esac
@@ -174,7 +174,7 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     assert [name for name, _ in steps] == names
     limits = dict(steps)
     assert (limits['scan_compile'], limits['scan_sweep'], limits['bench_ldt_mambair_mamba_ssm'],
-            limits['kernel_time_mambair'], limits['overlap_mambair']) == ('30', '110', '45', '45', '55')
+            limits['kernel_time_mambair'], limits['overlap_mambair']) == ('30', '110', '45', '45', '65')
     assert ('scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 '
             '--no-profile-memory --overlap-branches') in (folder / 'overlap_mambair.log').read_text()
     kernel_log = (folder / 'kernel_time_mambair.log').read_text()
@@ -199,7 +199,7 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
             '(goal <= 1.05)') in report.splitlines()
     # the issues' goals from this run's logs, last: the training shape's scan ratio (not the tile's), the
     # FT step's, each network's LDT/FT and LDT-S/FT (memory n/a: not measured), the check's own seconds
-    goals = report[report.index('goals (ratios from this run):'):].splitlines()[1:15]
+    goals = report[report.index('goals (ratios from this run):'):].splitlines()[1:17]
     assert goals == [
         '  scan fwd+bwd Triton / mamba-ssm, training shape: 0.95 (goal <= 1.0) met',
         '  FT step Triton / mamba-ssm: 1.040 (goal <= 1.05) met',
@@ -208,10 +208,12 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
             f'  {arch} LDT-S/FT time: 1.020 (goal <= 1.05) met')],
         '  mambair LDT/FT time, overlapped branches: 1.300 (goal <= 1.7) met',
         '  mambair LDT/FT memory, overlapped branches: 1.600 (goal <= 1.05) MISSED',
-        goals[13]]
+        '  mambair LDT/FT time, overlapped within x1 memory: 1.550 (goal <= 1.7) met',
+        '  mambair LDT/FT memory, overlapped within x1 memory: 1.010 (goal <= 1.05) met',
+        goals[15]]
     # the stand-in steps take a second or two on a loaded machine: the seconds are this run's own
     assert re.fullmatch(r'  seconds of the steps gpu_check runs without --scan-sweep: [0-5] \(goal <= 360\) met',
-                        goals[13]), goals[13]
+                        goals[15]), goals[15]
     assert report.splitlines()[-1].startswith('result: ')
 
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from basicsr_ldt.ldt import (LDT, CrossFrozenPair, LDTConfig, build_partition, composite_state, ema_exchange_,
                              route_bias_only_convs, set_trainable)
+from basicsr_ldt.ldt.overlap import MemoryGate, OverlappedBranches
 
 
 def test_ema_exchange_known_numbers():
@@ -220,7 +221,7 @@ def test_the_cuda_streams_order_each_branch_after_the_batch_and_the_updates_afte
     algo.enter(4)
     main = _FakeStream('main', log)
     streams = {b: _FakeStream(b, log) for b in ('primary', 'auxiliary')}
-    monkeypatch.setattr(algo.pair, '_branch_streams', lambda device: (main, streams))
+    monkeypatch.setattr(OverlappedBranches, 'branch_streams', lambda self, device: (main, streams))
     for branch in ('primary', 'auxiliary'):
         network = getattr(algo.pair, branch)
         network.register_forward_pre_hook(
@@ -247,13 +248,12 @@ def test_each_branch_stream_is_made_once_on_the_branches_gpu(monkeypatch):
     made, asked = [], []
     monkeypatch.setattr(torch.cuda, 'Stream', lambda device: made.append(device) or object())
     monkeypatch.setattr(torch.cuda, 'current_stream', lambda device: asked.append(device) or 'current')
-    algo, _ = _trained(True, iterations=3)
-    algo.enter(4)
+    overlap = OverlappedBranches(_dropout_net())
     gpu = torch.device('cuda', 1)
-    main, streams = algo.pair._branch_streams(gpu)
+    main, streams = overlap.branch_streams(gpu)
     assert main == 'current' and set(streams) == {'primary', 'auxiliary'} and made == [gpu, gpu]
-    assert algo.pair._branch_streams(gpu)[1] is streams and made == [gpu, gpu] and asked == [gpu, gpu]
-    assert algo.pair._branch_streams(torch.device('cpu')) == (None, None)
+    assert overlap.branch_streams(gpu)[1] is streams and made == [gpu, gpu] and asked == [gpu, gpu]
+    assert overlap.branch_streams(torch.device('cpu')) == (None, None)
 
 
 def _pair(overlap=None, factory=None, **options):
@@ -322,3 +322,61 @@ def test_the_dual_step_equals_two_branch_steps_one_after_the_other(overlap):
     for branch in ('primary', 'auxiliary'):
         assert repr(getattr(both, branch).state_dict()) == repr(getattr(one_by_one, branch).state_dict())
         assert repr(both.optimizers[branch].state_dict()) == repr(one_by_one.optimizers[branch].state_dict())
+
+
+def _gated_pair(monkeypatch, allocated):
+    """An overlapped pair bounded by ldt.overlap_memory 1.0, whose 'GPU memory' is ``allocated()``."""
+    monkeypatch.setattr(OverlappedBranches, 'allocated_reader', lambda self: allocated)
+    pair = _pair(True, factory=lambda ps, role: torch.optim.Adam(ps, lr=1e-2), overlap_memory=1.0)
+    return pair
+
+
+def test_a_memory_bound_holds_the_auxiliarys_forward_until_the_primary_has_freed_enough(monkeypatch):
+    """ldt.overlap_memory on CUDA, simulated: the primary's backward frees 25 units per trained tensor,
+    each module of the auxiliary's forward allocates 10. Every module starts only while the memory is
+    within the bound (what it was when the primary's backward began), or once that backward is over;
+    the weights are still those of the sequential step."""
+    live = {'units': 100}
+    pair = _gated_pair(monkeypatch, lambda: live['units'])
+    starts = []
+
+    def freed(grad):
+        live['units'] -= 25
+        return grad
+    for p in pair.primary.parameters():
+        if p.requires_grad:
+            p.register_hook(freed)
+    leaves = [m for m in pair.auxiliary.modules() if not any(True for _ in m.children())]
+    torch.manual_seed(3)
+    pair.step_both(_batch_loss(1))            # builds the gate; its hooks run before these
+    for module in leaves:
+        module.register_forward_pre_hook(lambda m, a: starts.append((live['units'], pair._overlap.gate.released.is_set())))
+        module.register_forward_hook(lambda m, a, out: live.update(units=live['units'] + 10))
+    live['units'] = 100
+    pair.step_both(_batch_loss(2))
+    assert len(starts) == len(leaves) and pair._overlap.gate.waits > 0
+    assert all(units <= 100 or released for units, released in starts), starts
+    assert pair._overlap.gate.limit is None          # disarmed: no later forward is ever held
+    reference = _pair(False, factory=lambda ps, role: torch.optim.Adam(ps, lr=1e-2))
+    torch.manual_seed(3)
+    for i in (1, 2):
+        reference.step_both(_batch_loss(i))
+    for branch in ('primary', 'auxiliary'):
+        assert repr(getattr(pair, branch).state_dict()) == repr(getattr(reference, branch).state_dict())
+
+
+def test_a_failing_primary_backward_releases_the_memory_bound(monkeypatch):
+    pair = _gated_pair(monkeypatch, lambda: 10 ** 12)       # never within any bound
+
+    def fail(grad):
+        raise RuntimeError('CUDA out of memory (simulated)')
+    next(p for p in pair.primary.parameters() if p.requires_grad).register_hook(fail)
+    with pytest.raises(RuntimeError, match='simulated'):
+        pair.step_both(_batch_loss(1))
+    assert pair._overlap.gate.limit is None
+
+
+def test_no_memory_bound_off_cuda():
+    pair = _pair(True, overlap_memory=1.0)
+    pair.step_both(_batch_loss(1))
+    assert pair._overlap.allocated_reader() is None and pair._overlap.gate is None

@@ -231,7 +231,8 @@ class LDT:
             self.partition = saved_partition or self._make_partition()
             self.statistics = None
             self.pair = CrossFrozenPair(self.primary, self.partition, self.optimizer_factory,
-                                        self.config.buffers_from, self.config.overlap_branches)
+                                        self.config.buffers_from, self.config.overlap_branches,
+                                        self.config.overlap_memory)
             self.optimizers = dict(self.pair.optimizers)
         self.current_phase = phase
 

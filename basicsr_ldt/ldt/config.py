@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -80,6 +81,9 @@ class LDTConfig:
     # Dual mode: the auxiliary's forward runs during the primary's backward (same results; on a GPU
     # faster, with more activation memory at the peak). An execution choice: a resumed run may change it.
     overlap_branches: bool = False
+    # With overlap_branches, on CUDA: the auxiliary's forward waits while the GPU holds more than this
+    # multiple of what it held when the primary's backward began (None: no bound).
+    overlap_memory: Optional[float] = None
 
     def __post_init__(self) -> None:
         given = {k: v for k, v in dataclasses.asdict(self).items() if not (k in ('ratio_u', 'ratio_s') and v is None)}
@@ -179,9 +183,10 @@ SPECS = {
     'interval_iters': integer(1),
     'first_group': choice(*GROUPS),
     'overlap_branches': boolean(),
+    'overlap_memory': optional(number(1, math.inf, '[)')),
 }
 #: Keys that change how a run executes, not what it computes: a saved state resumes under other values.
-EXECUTION_OPTIONS = frozenset({'overlap_branches'})
+EXECUTION_OPTIONS = frozenset({'overlap_branches', 'overlap_memory'})
 
 
 def _validate(cfg: LDTConfig) -> None:
@@ -192,6 +197,9 @@ def _validate(cfg: LDTConfig) -> None:
     if cfg.profile_order == 'file_order' and cfg.profile_counts_in_total_iter:
         raise ValueError("ldt.profile_counts_in_total_iter: expected false with profile_order 'file_order' (one "
                          "pass of the data before training, possibly fewer than profile_iters batches), got true")
+    if cfg.overlap_memory is not None and not cfg.overlap_branches:
+        raise ValueError(f'ldt.overlap_memory: bounds the memory of overlapped branches; expected it with '
+                         f'overlap_branches: true, got overlap_memory {cfg.overlap_memory} without it')
     if cfg.deft_grouping != 'head' and cfg.partition != 'name':
         raise ValueError(f"ldt.deft_grouping: '{cfg.deft_grouping}' applies to partition 'name' only, "
                          f"got partition '{cfg.partition}'")

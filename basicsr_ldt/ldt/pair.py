@@ -9,17 +9,14 @@ host queues the auxiliary's forward while the GPU still runs the primary's backw
 the primary's gradients (its trainable layers only), kept until then. The updates follow, P's first.
 
 ``overlap_branches`` also runs the auxiliary's forward while the primary's backward runs on the host
-(a helper thread; on a GPU each branch on its own CUDA stream): the two branches share no tensor
-between exchanges, and every random draw and update keeps the order above, so the results are the
-same; the cost is that the auxiliary's activations are built while the primary's are still being freed.
+(``overlap``: a helper thread, a CUDA stream per branch, optionally a memory bound): every random
+draw and update keeps the order above, so the results are the same.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-import threading
-from typing import Callable, ContextManager, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -27,6 +24,7 @@ from torch import nn
 
 from basicsr_ldt.ldt.equations import composite_state, ema_exchange_
 from basicsr_ldt.ldt.freezing import set_trainable
+from basicsr_ldt.ldt.overlap import OverlappedBranches
 from basicsr_ldt.ldt.partition import Partition
 from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, reported_loss, several_ranks
 
@@ -119,12 +117,14 @@ class CrossFrozenPair:
     """
 
     def __init__(self, primary: nn.Module, partition: Partition, optimizer_factory: OptimizerFactory,
-                 buffers_from: str = 'primary', overlap_branches: bool = False) -> None:
+                 buffers_from: str = 'primary', overlap_branches: bool = False,
+                 overlap_memory: Optional[float] = None) -> None:
         names = [n for n, _ in primary.named_parameters()]
         partition.validate(names)
         self.partition = partition
         self.buffers_from = buffers_from
         self.overlap_branches = overlap_branches
+        self.overlap_memory = overlap_memory
         self.primary = primary
         self.auxiliary = copy.deepcopy(primary)
         stable, unstable = partition.stable, partition.unstable
@@ -140,7 +140,7 @@ class CrossFrozenPair:
         self._frozen = [a[n] for n in stable] + [p[n] for n in unstable]
         self._trained = [p[n] for n in stable] + [a[n] for n in unstable]
         self._coefficients = [w[n] for n in stable] + [w[n] for n in unstable]
-        self._streams: Optional[Dict[str, torch.cuda.Stream]] = None
+        self._overlap: Optional[OverlappedBranches] = None
 
     def network(self, branch: str) -> nn.Module:
         """The branch's network, the auxiliary first put in the primary's train/eval mode (the SR
@@ -171,49 +171,18 @@ class CrossFrozenPair:
 
     def _step_overlapped(self, batch_loss: BatchLoss, precision: MixedPrecision
                          ) -> Tuple[Dict[str, float], Optional[str]]:
-        """P's backward on a helper thread while this thread runs A's forward and backward; the
-        updates then run as in the sequential step. Forwards (the only random draws) stay in order."""
+        """P's backward on a helper thread while this thread runs A's forward and backward
+        (``overlap``); the updates then run as in the sequential step."""
         for branch in BRANCHES:
             precision.scaler(branch)          # created here, not on the helper thread
-        main, streams = self._branch_streams(next(self.primary.parameters()).device)
-        pending: Dict[str, PendingStep] = {}
-        failures: List[BaseException] = []
-
-        def primary_backward() -> None:
-            try:
-                with _on_stream(streams, 'primary'):
-                    pending['primary'].backward()
-            except BaseException as error:    # re-raised on the calling thread
-                failures.append(error)
-
-        with _on_stream(streams, 'primary', waits_for=main):
-            pending['primary'] = PendingStep(self.network('primary'), self.optimizers['primary'], batch_loss,
-                                             precision, 'primary')
-        helper = threading.Thread(target=primary_backward, name='ldt-primary-backward')
-        helper.start()
-        try:
-            with _on_stream(streams, 'auxiliary', waits_for=main):
-                pending['auxiliary'] = PendingStep(self.network('auxiliary'), self.optimizers['auxiliary'],
-                                                   batch_loss, precision, 'auxiliary')
-                pending['auxiliary'].backward()
-        finally:
-            helper.join()
-        if failures:
-            raise failures[0]
-        if streams:
-            for stream in streams.values():
-                main.wait_stream(stream)
-        return _finish_in_order(pending)
-
-    def _branch_streams(self, device: torch.device
-                        ) -> Tuple[Optional['torch.cuda.Stream'], Optional[Dict[str, 'torch.cuda.Stream']]]:
-        """The caller's current stream on the branches' GPU and one stream per branch (made once);
-        (None, None) off CUDA."""
-        if device.type != 'cuda':
-            return None, None
-        if self._streams is None:
-            self._streams = {branch: torch.cuda.Stream(device) for branch in BRANCHES}
-        return torch.cuda.current_stream(device), self._streams
+        if self._overlap is None:
+            self._overlap = OverlappedBranches(self.auxiliary)
+        primary, auxiliary = self._overlap.run(
+            lambda: PendingStep(self.network('primary'), self.optimizers['primary'], batch_loss, precision, 'primary'),
+            lambda: PendingStep(self.network('auxiliary'), self.optimizers['auxiliary'], batch_loss, precision,
+                                'auxiliary'),
+            self.overlap_memory)
+        return _finish_in_order({'primary': primary, 'auxiliary': auxiliary})
 
     def exchange(self) -> None:
         """Eq. 8 / 11 for all frozen tensors of both branches at once."""
@@ -223,21 +192,6 @@ class CrossFrozenPair:
         """Eq. 12 (tensors are shared with the branches; copy before mutating)."""
         return composite_state(self.primary.state_dict(), self.auxiliary.state_dict(),
                                self.partition.groups, self.buffers_from)
-
-
-def _on_stream(streams: Optional[Dict[str, 'torch.cuda.Stream']], branch: str,
-               waits_for: Optional['torch.cuda.Stream'] = None) -> ContextManager:
-    """The branch's stream (on its device, for this thread) as the current one, after it waited for
-    ``waits_for``; nothing off CUDA."""
-    if not streams:
-        return contextlib.nullcontext()
-    stream = streams[branch]
-    if waits_for is not None:
-        stream.wait_stream(waits_for)
-    context = contextlib.ExitStack()
-    context.enter_context(torch.cuda.device(stream.device))
-    context.enter_context(torch.cuda.stream(stream))
-    return context
 
 
 def _finish_in_order(pending: Dict[str, PendingStep]) -> Tuple[Dict[str, float], Optional[str]]:
