@@ -2,12 +2,13 @@
 with the branches one after the other or overlapped (ldt.overlap_branches)."""
 import contextlib
 import threading
+import time
 
 import pytest
 import torch
 from torch import nn
 
-from basicsr_ldt.ldt import (LDT, CrossFrozenPair, LDTConfig, build_partition, composite_state, ema_exchange_,
+from basicsr_ldt.ldt import (LDT, CrossFrozenPair, LDTConfig, MixedPrecision, build_partition, composite_state, ema_exchange_,
                              route_bias_only_convs, set_trainable)
 from basicsr_ldt.ldt.overlap import MemoryGate, OverlappedBranches
 
@@ -349,6 +350,8 @@ def test_a_memory_bound_holds_the_auxiliarys_forward_until_the_primary_has_freed
     leaves = [m for m in pair.auxiliary.modules() if not any(True for _ in m.children())]
     torch.manual_seed(3)
     pair.step_both(_batch_loss(1))            # builds the gate; its hooks run before these
+    limits = []
+    leaves[0].register_forward_pre_hook(lambda m, a: limits.append(pair._overlap.gate.limit))
     for module in leaves:
         module.register_forward_pre_hook(lambda m, a: starts.append((live['units'], pair._overlap.gate.released.is_set())))
         module.register_forward_hook(lambda m, a, out: live.update(units=live['units'] + 10))
@@ -356,17 +359,23 @@ def test_a_memory_bound_holds_the_auxiliarys_forward_until_the_primary_has_freed
     pair.step_both(_batch_loss(2))
     assert len(starts) == len(leaves) and pair._overlap.gate.waits > 0
     assert all(units <= 100 or released for units, released in starts), starts
-    assert pair._overlap.gate.limit is None          # disarmed: no later forward is ever held
+    assert limits == [100] and pair._overlap.gate.limit is None   # 1.0 x the memory at P's backward; disarmed
     reference = _pair(False, factory=lambda ps, role: torch.optim.Adam(ps, lr=1e-2))
     torch.manual_seed(3)
     for i in (1, 2):
         reference.step_both(_batch_loss(i))
     for branch in ('primary', 'auxiliary'):
         assert repr(getattr(pair, branch).state_dict()) == repr(getattr(reference, branch).state_dict())
+    live['units'] = 10 ** 6
+    pair.step('auxiliary', _batch_loss(3))           # a later forward is never held
+    pair.overlap_memory = None
+    pair.step_both(_batch_loss(3))                   # nor an overlapped one without a bound
+    assert limits[-1] is None
 
 
 def test_a_failing_primary_backward_releases_the_memory_bound(monkeypatch):
-    pair = _gated_pair(monkeypatch, lambda: 10 ** 12)       # never within any bound
+    reads = iter(range(10 ** 12))
+    pair = _gated_pair(monkeypatch, lambda: next(reads))       # grows at every read: never within the bound
 
     def fail(grad):
         raise RuntimeError('CUDA out of memory (simulated)')
@@ -380,3 +389,53 @@ def test_no_memory_bound_off_cuda():
     pair = _pair(True, overlap_memory=1.0)
     pair.step_both(_batch_loss(1))
     assert pair._overlap.allocated_reader() is None and pair._overlap.gate is None
+
+
+class _Allocator:
+    """A settable 'GPU memory' figure for MemoryGate."""
+    units = 0
+
+    def __call__(self):
+        return self.units
+
+
+def test_the_memory_gate_waits_exactly_while_over_its_limit_and_not_released():
+    net, allocated = _dropout_net(), _Allocator()
+    gate = MemoryGate(net, allocated)
+    hooked = {name for name, m in net.named_modules() if m._forward_pre_hooks}
+    assert hooked == {name for name, m in net.named_modules() if not list(m.children())}   # the leaves only
+    hold = next(iter(net[0]._forward_pre_hooks.values()))
+    allocated.units = 10 ** 6
+    hold(net[0], ())                                  # not armed: never held
+    gate.arm(100)
+    allocated.units = 100
+    hold(net[0], ())                                  # at the limit: goes
+    assert gate.waits == 0
+    allocated.units = 101
+    threading.Timer(0.05, lambda: setattr(allocated, 'units', 100)).start()
+    safety = threading.Timer(3.0, gate.release)       # a wrong gate would wait for this
+    safety.start()
+    began = time.monotonic()
+    hold(net[0], ())                                  # over: held until the memory is back at the limit
+    took = time.monotonic() - began
+    safety.cancel()
+    assert 0.04 < took < 0.5 and gate.waits == 1
+    gate.release()
+    allocated.units = 10 ** 6
+    hold(net[0], ())                                  # released: goes whatever the memory
+    assert gate.waits == 1
+
+
+def test_the_bound_reads_the_allocator_of_the_branches_gpu(monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch.cuda, 'memory_allocated', lambda device: asked.append(device) or 123)
+    overlap = OverlappedBranches(_dropout_net())
+    assert overlap.allocated_reader() is None         # on the CPU: nothing to read
+    overlap.device = torch.device('cuda', 1)
+    assert overlap.allocated_reader()() == 123 and asked == [torch.device('cuda', 1)]
+
+
+def test_a_branch_step_scales_its_loss_with_its_own_scaler():
+    pair, precision = _pair(), MixedPrecision(torch.float16, 'cpu')
+    pair.step('primary', _batch_loss(1), precision)
+    assert set(precision.state_dict()) == {'primary'}

@@ -34,7 +34,7 @@ class MemoryGate:
         self.allocated = allocated
         self.limit: Optional[int] = None
         self.released = threading.Event()
-        self.waits = 0
+        self.waits = 1
         for module in network.modules():
             if not any(True for _ in module.children()):
                 module.register_forward_pre_hook(self._hold)
@@ -50,7 +50,7 @@ class MemoryGate:
         if self.limit is None or self.released.is_set() or self.allocated() <= self.limit:
             return
         self.waits += 1
-        while not self.released.wait(0.0002) and self.allocated() > self.limit:
+        while not self.released.wait(0.0002) or self.allocated() > self.limit:
             pass
 
 
