@@ -328,6 +328,7 @@ def test_the_dual_step_equals_two_branch_steps_one_after_the_other(overlap):
 def _gated_pair(monkeypatch, allocated):
     """An overlapped pair bounded by ldt.overlap_memory 1.0, whose 'GPU memory' is ``allocated()``."""
     monkeypatch.setattr(OverlappedBranches, 'allocated_reader', lambda self: allocated)
+    monkeypatch.setattr(MemoryGate, 'READ_EVERY_S', 0.0)      # every module checked
     pair = _pair(True, factory=lambda ps, role: torch.optim.Adam(ps, lr=1e-2), overlap_memory=1.0)
     return pair
 
@@ -342,6 +343,7 @@ def test_a_memory_bound_holds_the_auxiliarys_forward_until_the_primary_has_freed
     starts = []
 
     def freed(grad):
+        time.sleep(0.02)              # a backward slower than the forward it overlaps, as on a GPU
         live['units'] -= 25
         return grad
     for p in pair.primary.parameters():
@@ -399,7 +401,8 @@ class _Allocator:
         return self.units
 
 
-def test_the_memory_gate_waits_exactly_while_over_its_limit_and_not_released():
+def test_the_memory_gate_waits_exactly_while_over_its_limit_and_not_released(monkeypatch):
+    monkeypatch.setattr(MemoryGate, 'READ_EVERY_S', 0.0)
     net, allocated = _dropout_net(), _Allocator()
     gate = MemoryGate(net, allocated)
     hooked = {name for name, m in net.named_modules() if m._forward_pre_hooks}
@@ -428,7 +431,8 @@ def test_the_memory_gate_waits_exactly_while_over_its_limit_and_not_released():
 
 def test_the_bound_reads_the_allocator_of_the_branches_gpu(monkeypatch):
     asked = []
-    monkeypatch.setattr(torch.cuda, 'memory_allocated', lambda device: asked.append(device) or 123)
+    monkeypatch.setattr(torch.cuda, 'memory_stats_as_nested_dict',
+                        lambda device: asked.append(device) or {'allocated_bytes': {'all': {'current': 123}}})
     overlap = OverlappedBranches(_dropout_net())
     assert overlap.allocated_reader() is None         # on the CPU: nothing to read
     overlap.device = torch.device('cuda', 1)
@@ -439,3 +443,28 @@ def test_a_branch_step_scales_its_loss_with_its_own_scaler():
     pair, precision = _pair(), MixedPrecision(torch.float16, 'cpu')
     pair.step('primary', _batch_loss(1), precision)
     assert set(precision.state_dict()) == {'primary'}
+
+
+def test_after_a_reading_within_its_limit_the_gate_reads_again_only_after_a_while(monkeypatch):
+    """Reading a GPU's allocator before each of hundreds of modules would cost more than it saves."""
+    net, reads = _dropout_net(), []
+    gate = MemoryGate(net, lambda: reads.append(1) or 50)
+    hold = next(iter(net[0]._forward_pre_hooks.values()))
+    gate.arm(100)
+    for _ in range(5):
+        hold(net[0], ())
+    assert len(reads) == 1
+    time.sleep(MemoryGate.READ_EVERY_S * 2)
+    hold(net[0], ())
+    assert len(reads) == 2
+    gate.arm(100)                                     # a new step reads at once
+    hold(net[0], ())
+    assert len(reads) == 3
+
+
+def test_the_figure_read_is_the_one_torch_calls_memory_allocated():
+    """torch.cuda.memory_allocated is memory_stats(...)['allocated_bytes.all.current'], and memory_stats
+    flattens memory_stats_as_nested_dict: the gate reads that figure without the flattening."""
+    import inspect
+    assert '"allocated_bytes.all.current"' in inspect.getsource(torch.cuda.memory.memory_allocated)
+    assert 'memory_stats_as_nested_dict(device=device)' in inspect.getsource(torch.cuda.memory.memory_stats)
