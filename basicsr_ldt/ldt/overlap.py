@@ -25,6 +25,8 @@ from torch import nn
 
 
 class Backward(Protocol):
+    """What the overlap needs of a branch's step once its forward has run (``pair.PendingStep``)."""
+
     def backward(self) -> None: ...
 
 
@@ -32,9 +34,10 @@ class MemoryGate:
     """Forward pre-hooks on every leaf module of a network that hold its forward while
     ``allocated()`` is above the armed limit and :meth:`release` has not been called.
 
-    Reading the CUDA allocator's figure costs tens of microseconds, too much before each of a
-    MambaIR's 607 leaf modules: after a reading within the limit, the next ``READ_EVERY_S`` seconds
-    of modules go unchecked (what they allocate is the bound's overshoot, well under 1% of a step's)."""
+    Reading the CUDA allocator's figure builds a dictionary of all its statistics (not timed here; tens
+    of microseconds is the expectation), too much before each of a MambaIR's 607 leaf modules: after a
+    reading within the limit, the next ``READ_EVERY_S`` seconds of modules go unchecked (what they
+    allocate in that time is the bound's overshoot)."""
 
     READ_EVERY_S = 0.002
 
