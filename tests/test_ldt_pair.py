@@ -8,8 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from basicsr_ldt.ldt import (LDT, CrossFrozenPair, LDTConfig, MixedPrecision, build_partition, composite_state, ema_exchange_,
-                             route_bias_only_convs, set_trainable)
+from test_ldt_algorithm import _loss
+
+from basicsr_ldt.ldt import (LDT, CrossFrozenPair, LDTConfig, MixedPrecision, build_partition, composite_state,
+                             ema_exchange_, route_bias_only_convs, set_trainable)
 from basicsr_ldt.ldt.overlap import MemoryGate, OverlappedBranches
 
 
@@ -129,17 +131,11 @@ def _dropout_net():
                          nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1))
 
 
-def _batch_loss(iteration):
-    g = torch.Generator().manual_seed(iteration)
-    x, y = torch.randn(2, 2, 6, 6, generator=g), torch.randn(2, 2, 6, 6, generator=g)
-    return lambda m: (m(x) - y).abs().mean()
-
-
 def _trained(overlap, iterations=9):
     algo = LDT(_dropout_net(), LDTConfig(**OVERLAP_CFG, overlap_branches=overlap),
                lambda ps, role: torch.optim.Adam(ps, lr=1e-2))
     torch.manual_seed(1)
-    logs = [algo.update(_batch_loss(i), i) for i in range(1, iterations + 1)]
+    logs = [algo.update(_loss(i), i) for i in range(1, iterations + 1)]
     return algo, logs
 
 
@@ -165,7 +161,7 @@ def test_the_primary_backward_runs_while_the_auxiliary_runs_forward():
         return grad
     trained = [p for p in algo.primary.parameters() if p.requires_grad]
     trained[0].register_hook(during_primary_backward)
-    algo.update(_batch_loss(4), 4)
+    algo.update(_loss(4), 4)
     assert seen == [('ldt-primary-backward', True)]
 
 
@@ -177,7 +173,7 @@ def test_an_error_in_the_primary_backward_reaches_the_caller():
         raise RuntimeError('CUDA out of memory (simulated)')
     next(p for p in algo.primary.parameters() if p.requires_grad).register_hook(fail)
     with pytest.raises(RuntimeError, match='simulated'):
-        algo.update(_batch_loss(4), 4)
+        algo.update(_loss(4), 4)
     assert not any(t.name == 'ldt-primary-backward' for t in threading.enumerate())
 
 
@@ -233,7 +229,7 @@ def test_the_cuda_streams_order_each_branch_after_the_batch_and_the_updates_afte
         step = optimizer.step
         monkeypatch.setattr(optimizer, 'step', lambda *a, b=branch, s=step, **k: (
             log.append(('update', b, getattr(current, 'name', 'main'))), s(*a, **k))[1])
-    algo.update(_batch_loss(4), 4)
+    algo.update(_loss(4), 4)
     assert log[:3] == [('wait', 'primary', 'main'), ('device', 'fake:primary', 'MainThread'),
                        ('forward', 'primary', 'primary')]
     assert ('device', 'fake:primary', 'ldt-primary-backward') in log      # the helper thread on P's GPU
@@ -275,7 +271,7 @@ def test_by_default_a_branch_finishes_before_the_other_starts():
     pair.auxiliary.register_forward_pre_hook(lambda m, a: events.append('auxiliary forward'))
     next(p for p in pair.primary.parameters() if p.requires_grad).register_hook(
         lambda g: events.append(f'primary backward on {threading.current_thread().name}'))
-    losses, skipped = pair.step_both(_batch_loss(1))
+    losses, skipped = pair.step_both(_loss(1))
     assert events == ['primary backward on MainThread', 'auxiliary forward'] and skipped is None
     assert set(losses) == {'l_primary', 'l_auxiliary'}
 
@@ -285,7 +281,7 @@ def test_each_branch_gets_its_own_optimizer_role_and_runs_without_a_precision(ov
     roles = []
     pair = _pair(overlap, factory=lambda ps, role: roles.append(role) or torch.optim.SGD(ps, lr=0.1))
     assert roles == ['primary', 'auxiliary']    # a caller attaches its schedulers by role
-    losses, skipped = pair.step_both(_batch_loss(1))   # full precision when none is given
+    losses, skipped = pair.step_both(_loss(1))   # full precision when none is given
     assert skipped is None and all(v == v for v in losses.values())
 
 
@@ -294,14 +290,14 @@ def test_the_auxiliary_runs_in_the_primarys_mode_when_overlapped_too(overlap):
     pair, modes = _pair(overlap), []
     pair.auxiliary.register_forward_pre_hook(lambda m, a: modes.append(m.training))
     pair.primary.eval()
-    pair.step_both(_batch_loss(1))
+    pair.step_both(_loss(1))
     assert modes == [False]
 
 
 def test_the_composite_takes_its_buffers_from_the_branch_named():
     pair = _pair(buffers_from='auxiliary')
     for i in (1, 2):        # the branches' first layer differs after one step: their batch norms then part
-        pair.step_both(_batch_loss(i))
+        pair.step_both(_loss(i))
     running = pair.composite_state_dict()['1.running_mean']
     assert torch.equal(running, pair.auxiliary[1].running_mean)
     assert not torch.equal(running, pair.primary[1].running_mean)
@@ -318,7 +314,7 @@ def test_the_dual_step_equals_two_branch_steps_one_after_the_other(overlap):
         return {f'l_{branch}': pair.step(branch, loss) for branch in ('primary', 'auxiliary')}
     for pair, step in ((both, lambda pair, loss: pair.step_both(loss)[0]), (one_by_one, branch_by_branch)):
         torch.manual_seed(3)
-        pair.logged = [step(pair, _batch_loss(i)) for i in range(1, 4)]
+        pair.logged = [step(pair, _loss(i)) for i in range(1, 4)]
     assert both.logged == one_by_one.logged
     for branch in ('primary', 'auxiliary'):
         assert repr(getattr(both, branch).state_dict()) == repr(getattr(one_by_one, branch).state_dict())
@@ -351,27 +347,28 @@ def test_a_memory_bound_holds_the_auxiliarys_forward_until_the_primary_has_freed
             p.register_hook(freed)
     leaves = [m for m in pair.auxiliary.modules() if not any(True for _ in m.children())]
     torch.manual_seed(3)
-    pair.step_both(_batch_loss(1))            # builds the gate; its hooks run before these
+    pair.step_both(_loss(1))            # builds the gate; its hooks run before these
     limits = []
     leaves[0].register_forward_pre_hook(lambda m, a: limits.append(pair._overlap.gate.limit))
     for module in leaves:
-        module.register_forward_pre_hook(lambda m, a: starts.append((live['units'], pair._overlap.gate.released.is_set())))
+        module.register_forward_pre_hook(
+            lambda m, a: starts.append((live['units'], pair._overlap.gate.released.is_set())))
         module.register_forward_hook(lambda m, a, out: live.update(units=live['units'] + 10))
     live['units'] = 100
-    pair.step_both(_batch_loss(2))
+    pair.step_both(_loss(2))
     assert len(starts) == len(leaves) and pair._overlap.gate.waits > 0
     assert all(units <= 100 or released for units, released in starts), starts
     assert limits == [100] and pair._overlap.gate.limit is None   # 1.0 x the memory at P's backward; disarmed
     reference = _pair(False, factory=lambda ps, role: torch.optim.Adam(ps, lr=1e-2))
     torch.manual_seed(3)
     for i in (1, 2):
-        reference.step_both(_batch_loss(i))
+        reference.step_both(_loss(i))
     for branch in ('primary', 'auxiliary'):
         assert repr(getattr(pair, branch).state_dict()) == repr(getattr(reference, branch).state_dict())
     live['units'] = 10 ** 6
-    pair.step('auxiliary', _batch_loss(3))           # a later forward is never held
+    pair.step('auxiliary', _loss(3))           # a later forward is never held
     pair.overlap_memory = None
-    pair.step_both(_batch_loss(3))                   # nor an overlapped one without a bound
+    pair.step_both(_loss(3))                   # nor an overlapped one without a bound
     assert limits[-1] is None
 
 
@@ -383,13 +380,13 @@ def test_a_failing_primary_backward_releases_the_memory_bound(monkeypatch):
         raise RuntimeError('CUDA out of memory (simulated)')
     next(p for p in pair.primary.parameters() if p.requires_grad).register_hook(fail)
     with pytest.raises(RuntimeError, match='simulated'):
-        pair.step_both(_batch_loss(1))
+        pair.step_both(_loss(1))
     assert pair._overlap.gate.limit is None
 
 
 def test_no_memory_bound_off_cuda():
     pair = _pair(True, overlap_memory=1.0)
-    pair.step_both(_batch_loss(1))
+    pair.step_both(_loss(1))
     assert pair._overlap.allocated_reader() is None and pair._overlap.gate is None
 
 
@@ -441,7 +438,7 @@ def test_the_bound_reads_the_allocator_of_the_branches_gpu(monkeypatch):
 
 def test_a_branch_step_scales_its_loss_with_its_own_scaler():
     pair, precision = _pair(), MixedPrecision(torch.float16, 'cpu')
-    pair.step('primary', _batch_loss(1), precision)
+    pair.step('primary', _loss(1), precision)
     assert set(precision.state_dict()) == {'primary'}
 
 

@@ -24,6 +24,10 @@ import torch
 from torch import nn
 
 
+#: The dual step's two branches, in the order their forwards and updates run.
+BRANCHES = ('primary', 'auxiliary')
+
+
 class Backward(Protocol):
     """What the overlap needs of a branch's step once its forward has run (``pair.PendingStep``)."""
 
@@ -138,7 +142,7 @@ class OverlappedBranches:
         if device.type != 'cuda':
             return None, None
         if self._streams is None:
-            self._streams = {branch: torch.cuda.Stream(device) for branch in ('primary', 'auxiliary')}
+            self._streams = {branch: torch.cuda.Stream(device) for branch in BRANCHES}
         return torch.cuda.current_stream(device), self._streams
 
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from basicsr_ldt.ldt.equations import composite_state, ema_exchange_
 from basicsr_ldt.ldt.freezing import set_trainable
-from basicsr_ldt.ldt.overlap import OverlappedBranches
+from basicsr_ldt.ldt.overlap import BRANCHES, OverlappedBranches
 from basicsr_ldt.ldt.partition import Partition
 from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, reported_loss, several_ranks
 
@@ -36,9 +36,6 @@ OptimizerFactory = Callable[[List[nn.Parameter], str], torch.optim.Optimizer]
 
 def trainable_parameters(module: nn.Module) -> List[nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
-
-
-BRANCHES = ('primary', 'auxiliary')
 
 
 def optimizer_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_loss: BatchLoss,
@@ -164,10 +161,12 @@ class CrossFrozenPair:
             return self._step_overlapped(batch_loss, precision)
         pending: Dict[str, PendingStep] = {}
         for branch in BRANCHES:        # forward, backward; P's graph is gone before A's forward
-            pending[branch] = PendingStep(self.network(branch), self.optimizers[branch], batch_loss,
-                                          precision, branch)
+            pending[branch] = self._forward(branch, batch_loss, precision)
             pending[branch].backward()
         return _finish_in_order(pending)
+
+    def _forward(self, branch: str, batch_loss: BatchLoss, precision: MixedPrecision) -> PendingStep:
+        return PendingStep(self.network(branch), self.optimizers[branch], batch_loss, precision, branch)
 
     def _step_overlapped(self, batch_loss: BatchLoss, precision: MixedPrecision
                          ) -> Tuple[Dict[str, float], Optional[str]]:
@@ -177,11 +176,9 @@ class CrossFrozenPair:
             precision.scaler(branch)          # created here, not on the helper thread
         if self._overlap is None:
             self._overlap = OverlappedBranches(self.auxiliary)
-        primary, auxiliary = self._overlap.run(
-            lambda: PendingStep(self.network('primary'), self.optimizers['primary'], batch_loss, precision, 'primary'),
-            lambda: PendingStep(self.network('auxiliary'), self.optimizers['auxiliary'], batch_loss, precision,
-                                'auxiliary'),
-            self.overlap_memory)
+        primary, auxiliary = self._overlap.run(lambda: self._forward('primary', batch_loss, precision),
+                                               lambda: self._forward('auxiliary', batch_loss, precision),
+                                               self.overlap_memory)
         return _finish_in_order({'primary': primary, 'auxiliary': auxiliary})
 
     def exchange(self) -> None:
