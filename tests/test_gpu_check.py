@@ -31,10 +31,8 @@ case "$*" in *scan_static_report.py*) echo "TRITON_CACHE_DIR=${TRITON_CACHE_DIR:
 case "${PYTHONPATH:-}" in *--print-path*) echo "on PYTHONPATH: $PYTHONPATH";; esac   # a mamba-ssm build's path
 case "$*" in *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 ms on Triton, 100 ms on mamba-ssm
   echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
-  *bench_ldt.py*--kernel-time*)   # the kernel time by kind (none with FAKE_NO_KERNELS=1)
-  [ "${FAKE_NO_KERNELS:-0}" = 1 ] || echo "  dual/FT by kind (share of the FT kernel time): scan 2.00 (40% of FT); all kernels 1.800; wall 1.750";;
-  *bench_ldt.py*--overlap-branches*)   # with the overlapped dual step's two ratios
-  echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.800 | LDT/FT memory 0.980 | LDT-S/FT time 0.900 | LDT-S/FT memory n/a | LDT overlapped/FT time 1.300 | LDT overlapped/FT memory 1.600 | LDT bounded/FT time 1.550 | LDT bounded/FT memory 1.010";;
+  *bench_ldt.py*--overlap-branches*)   # with the overlapped dual step's ratios (none with FAKE_NO_SUMMARY=1)
+  [ "${FAKE_NO_SUMMARY:-0}" = 1 ] || echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.800 | LDT/FT memory 0.980 | LDT-S/FT time 0.900 | LDT-S/FT memory n/a | LDT overlapped/FT time 1.300 | LDT overlapped/FT memory 1.600 | LDT bounded/FT time 1.550 | LDT bounded/FT memory 1.010";;
   *bench_ldt.py*)   # bench_ldt's summary line
   echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.500 | LDT/FT memory 1.100 | LDT-S/FT time 1.020 | LDT-S/FT memory n/a";;
 esac
@@ -154,10 +152,9 @@ def test_a_carried_mamba_ssm_sdist_is_built_in_the_background_and_benchmarked_la
 
 def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_one_device_call(tmp_path):
     """--scan-sweep (the scan issue's GPU session): after the check and the mamba-ssm benchmark, the
-    Triton launch sweep with mamba-ssm on the path, then MambaIR's FT step on mamba-ssm against step
-    7's on Triton, then the kernel time of MambaIR's FT and dual steps by kind, MambaIR's dual step
-    with overlapped branches before those three; first, right after the versions, the Triton scan's cold compile on one core; a 540 s
-    budget, inside one 600 s device call."""
+    dual step with overlapped branches for the three networks, then MambaIR's FT step on mamba-ssm
+    against step 7's on Triton, then the Triton launch sweep with mamba-ssm on the path; first, right
+    after the versions, the Triton scan's cold compile; a 540 s budget, inside one 600 s device call."""
     (tmp_path / 'gpu_carry').mkdir()
     (tmp_path / 'gpu_carry' / 'mamba_ssm-2.3.2.post1.tar.gz').write_bytes(b'')
     build = tmp_path / 'mamba_build'
@@ -169,18 +166,15 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     report = (folder / 'report.txt').read_text()
     assert 'budget 540 s' in report.splitlines()[0]
     steps = re.findall(r'^\[(?:PASS|FAIL|SKIP)\] (\S+) \(\d+ s, limit (\d+) s', report, re.M)
-    names = STEPS[:1] + ['scan_compile'] + STEPS[1:] + ['scan_mamba_ssm', 'overlap_mambair', 'scan_sweep',
-                                                        'bench_ldt_mambair_mamba_ssm', 'kernel_time_mambair']
+    names = STEPS[:1] + ['scan_compile'] + STEPS[1:] + ['scan_mamba_ssm', 'overlap_mambair', 'overlap_hat',
+                                                        'overlap_safmn', 'bench_ldt_mambair_mamba_ssm', 'scan_sweep']
     assert [name for name, _ in steps] == names
     limits = dict(steps)
-    assert (limits['scan_compile'], limits['scan_sweep'], limits['bench_ldt_mambair_mamba_ssm'],
-            limits['kernel_time_mambair'], limits['overlap_mambair']) == ('30', '110', '45', '45', '65')
-    assert ('scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 '
-            '--no-profile-memory --overlap-branches') in (folder / 'overlap_mambair.log').read_text()
-    kernel_log = (folder / 'kernel_time_mambair.log').read_text()
-    assert ('scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 --batch 4 --warm 1 --iters 1 '
-            '--kernel-time') in kernel_log
-    assert re.search(r'^\[PASS\] kernel_time_mambair .*\n    +dual/FT by kind', report, re.M), report
+    assert (limits['scan_compile'], limits['scan_sweep'], limits['bench_ldt_mambair_mamba_ssm'], limits['overlap_mambair'],
+            limits['overlap_hat'], limits['overlap_safmn']) == ('30', '110', '45', '65', '55', '35')
+    for arch in ('mambair', 'hat', 'safmn'):
+        assert (f'scripts/bench_ldt.py --device cuda --arch {arch} --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 '
+                '--no-profile-memory --overlap-branches') in (folder / f'overlap_{arch}.log').read_text()
     compile_log = (folder / 'scan_compile.log').read_text()
     assert 'fake-python scripts/scan_static_report.py --arch 90\n' in compile_log   # this GPU's architecture
     sweep = (folder / 'scan_sweep.log').read_text()
@@ -199,21 +193,22 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
             '(goal <= 1.05)') in report.splitlines()
     # the issues' goals from this run's logs, last: the training shape's scan ratio (not the tile's), the
     # FT step's, each network's LDT/FT and LDT-S/FT (memory n/a: not measured), the check's own seconds
-    goals = report[report.index('goals (ratios from this run):'):].splitlines()[1:17]
+    goals = report[report.index('goals (ratios from this run):'):].splitlines()[1:25]
     assert goals == [
         '  scan fwd+bwd Triton / mamba-ssm, training shape: 0.95 (goal <= 1.0) met',
         '  FT step Triton / mamba-ssm: 1.040 (goal <= 1.05) met',
         *[line for arch in ('mambair', 'hat', 'safmn') for line in (
             f'  {arch} LDT/FT time: 1.500 (goal <= 1.7) met', f'  {arch} LDT/FT memory: 1.100 (goal <= 1.05) MISSED',
             f'  {arch} LDT-S/FT time: 1.020 (goal <= 1.05) met')],
-        '  mambair LDT/FT time, overlapped branches: 1.300 (goal <= 1.7) met',
-        '  mambair LDT/FT memory, overlapped branches: 1.600 (goal <= 1.05) MISSED',
-        '  mambair LDT/FT time, overlapped within x1 memory: 1.550 (goal <= 1.7) met',
-        '  mambair LDT/FT memory, overlapped within x1 memory: 1.010 (goal <= 1.05) met',
-        goals[15]]
+        *[line for arch in ('mambair', 'hat', 'safmn') for line in (
+            f'  {arch} LDT/FT time, overlapped branches: 1.300 (goal <= 1.7) met',
+            f'  {arch} LDT/FT memory, overlapped branches: 1.600 (goal <= 1.05) MISSED',
+            f'  {arch} LDT/FT time, overlapped within x1 memory: 1.550 (goal <= 1.7) met',
+            f'  {arch} LDT/FT memory, overlapped within x1 memory: 1.010 (goal <= 1.05) met')],
+        goals[23]]
     # the stand-in steps take a second or two on a loaded machine: the seconds are this run's own
     assert re.fullmatch(r'  seconds of the steps gpu_check runs without --scan-sweep: [0-5] \(goal <= 360\) met',
-                        goals[15]), goals[15]
+                        goals[23]), goals[23]
     assert report.splitlines()[-1].startswith('result: ')
 
 
@@ -556,7 +551,7 @@ def test_gpu_check_steps_runs_only_the_steps_named(tmp_path):
     """GPU_CHECK_STEPS (a second device call that remeasures a few steps): only the steps named run
     and are reported, in the script's order, and the goal on the whole check's seconds is not
     claimed from a subset."""
-    os.environ['GPU_CHECK_STEPS'] = 'bench_ldt_hat,versions,kernel_time_mambair'
+    os.environ['GPU_CHECK_STEPS'] = 'bench_ldt_hat,versions,overlap_safmn'
     try:
         result, _, folder = _run_with_fake_python(tmp_path, None, 0, '--scan-sweep')
     finally:
@@ -564,18 +559,19 @@ def test_gpu_check_steps_runs_only_the_steps_named(tmp_path):
     report = (folder / 'report.txt').read_text()
     steps = re.findall(r'^\[(PASS|FAIL|SKIP)\] (\S+) \(', report, re.M)
     # (the stand-in prints no versions, so that step fails)
-    assert steps == [('FAIL', 'versions'), ('PASS', 'bench_ldt_hat'), ('PASS', 'kernel_time_mambair')], report
-    assert sorted(p.name for p in folder.glob('*.log')) == ['bench_ldt_hat.log', 'kernel_time_mambair.log',
-                                                              'versions.log']
+    assert steps == [('FAIL', 'versions'), ('PASS', 'bench_ldt_hat'), ('PASS', 'overlap_safmn')], report
+    assert sorted(p.name for p in folder.glob('*.log')) == ['bench_ldt_hat.log', 'overlap_safmn.log', 'versions.log']
     assert ('  seconds of the steps gpu_check runs without --scan-sweep: not measured '
-            '(GPU_CHECK_STEPS=bench_ldt_hat,versions,kernel_time_mambair)') in report.splitlines()
+            '(GPU_CHECK_STEPS=bench_ldt_hat,versions,overlap_safmn)') in report.splitlines()
     assert '  hat LDT/FT time: 1.500 (goal <= 1.7) met' in report.splitlines()
     assert '  safmn LDT/FT time: not measured' in report.splitlines()
     assert re.search(r'^result: 1 step\(s\) failed or skipped', report, re.M) and result.returncode != 0
-    os.environ.update(GPU_CHECK_STEPS='kernel_time_mambair', FAKE_NO_KERNELS='1')   # no kernel line: the step fails
+    os.environ.update(GPU_CHECK_STEPS='overlap_hat', FAKE_NO_SUMMARY='1')   # no summary line: the step fails
     (tmp_path / 'again').mkdir()
     try:
         result, _, folder = _run_with_fake_python(tmp_path / 'again', None, 0, '--scan-sweep')
     finally:
-        del os.environ['GPU_CHECK_STEPS'], os.environ['FAKE_NO_KERNELS']
-    assert re.search(r'^\[FAIL\] kernel_time_mambair', (folder / 'report.txt').read_text(), re.M)
+        del os.environ['GPU_CHECK_STEPS'], os.environ['FAKE_NO_SUMMARY']
+    report = (folder / 'report.txt').read_text()
+    assert re.search(r'^\[FAIL\] overlap_hat', report, re.M), report
+    assert '  hat LDT/FT time, overlapped branches: not measured' in report.splitlines()
