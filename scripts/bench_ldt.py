@@ -26,7 +26,9 @@ starts and ends with ``torch.cuda.synchronize`` and ``--warm`` untimed steps of 
 first (kernel selection, autotuning, allocator growth). ``--amp`` runs forward and loss under
 autocast exactly as ``train: amp`` does (fp16 with one GradScaler per optimizer).
 Memory: on CUDA, torch.cuda.max_memory_allocated after a reset, per configuration, measured in
-this process (``--in-process`` is implied); on CPU, each configuration runs in a fresh
+this process (``--in-process`` is implied); beside it, for FT and the dual steps, the peak of
+torch.cuda.max_memory_reserved after emptying the cache (what the allocator took from the GPU, what
+an out-of-memory error counts; a stream per branch gives each branch cached blocks of its own); on CPU, each configuration runs in a fresh
 subprocess and reports the growth of the resident-set high-water mark (/proc VmHWM, reset through /proc/self/clear_refs after imports, batch creation
 and backend warm-up; getrusage ru_maxrss where that is unavailable) over the RSS at that point.
 tracemalloc does not see torch's CPU allocations, so it is not used. On CPU with ``--in-process``
@@ -63,7 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -197,8 +199,9 @@ def worker(args: argparse.Namespace) -> dict:
     base = rss_bytes()
     reset_rss_peak()
     if on_cuda(device):
+        torch.cuda.empty_cache()    # what is reserved below, this configuration made the allocator take
         torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+        base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     torch.manual_seed(0)
     amp = precision(args)
     if args.worker == 'ft':
@@ -229,10 +232,9 @@ def worker(args: argparse.Namespace) -> dict:
         stats.variance()
     sync(device)
     if on_cuda(device):
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = rss_peak_bytes() - base
-    return {'peak_bytes': peak}
+        return {'peak_bytes': torch.cuda.max_memory_allocated() - base,
+                'reserved_bytes': torch.cuda.max_memory_reserved() - base_reserved}
+    return {'peak_bytes': rss_peak_bytes() - base}
 
 
 def memory_unmeasured(args: argparse.Namespace) -> Optional[str]:
@@ -256,8 +258,12 @@ def ratio_text(value: Optional[float]) -> str:
 
 def peak_of(args: argparse.Namespace, kind: str, **extra) -> list:
     """Peak bytes of ``--mem-reps`` fresh runs (CPU RSS varies run to run with the allocator)."""
-    reps = 1 if args.in_process else args.mem_reps
-    return sorted(run_worker(args, kind, **extra)['peak_bytes'] for _ in range(reps))
+    return sorted(run['peak_bytes'] for run in worker_runs(args, kind, **extra))
+
+
+def worker_runs(args: argparse.Namespace, kind: str, **extra) -> List[dict]:
+    """What each of ``--mem-reps`` fresh runs of one memory configuration reports (one run in this process)."""
+    return [run_worker(args, kind, **extra) for _ in range(1 if args.in_process else args.mem_reps)]
 
 
 def mib(values: list) -> str:
@@ -479,17 +485,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             how = ('torch.cuda.max_memory_allocated' if on_cuda(device) else
                    'RSS high-water (VmHWM, reset via clear_refs; else ru_maxrss) growth over the RSS '
                    'before the model is built, fresh subprocess per configuration')
-            m_ft = peak_of(args, 'ft')
-            m_dual = peak_of(args, 'dual', partition=part_path, overlap_branches=False, bounded=False)
+            runs = {'FT': worker_runs(args, 'ft'),
+                    'dual': worker_runs(args, 'dual', partition=part_path, overlap_branches=False, bounded=False)}
+            for name in variants:
+                runs[name] = worker_runs(args, 'dual', partition=part_path, overlap_branches=True,
+                                         bounded=name == 'bounded')
+            peaks = {name: sorted(run['peak_bytes'] for run in configuration) for name, configuration in runs.items()}
+            m_ft = peaks['FT']
             print(f'peak memory ({how}; median [min-max] of {len(m_ft)} runs): FT {mib(m_ft)} | '
-                  f'dual {mib(m_dual)}')
-            summary['memory'] = statistics.median(m_dual) / statistics.median(m_ft)
+                  f"dual {mib(peaks['dual'])}")
+            summary['memory'] = statistics.median(peaks['dual']) / statistics.median(m_ft)
             print(f"  memory ratio dual/FT = {summary['memory']:.3f}  (target <= 1.05)")
             for name, text in variants.items():
-                m_overlapped = peak_of(args, 'dual', partition=part_path, overlap_branches=True,
-                                       bounded=name == 'bounded')
-                summary[f'{name}_memory'] = statistics.median(m_overlapped) / statistics.median(m_ft)
-                print(f"  {text}: dual {mib(m_overlapped)}, memory ratio dual/FT = {summary[f'{name}_memory']:.3f}")
+                summary[f'{name}_memory'] = statistics.median(peaks[name]) / statistics.median(m_ft)
+                print(f"  {text}: dual {mib(peaks[name])}, memory ratio dual/FT = {summary[f'{name}_memory']:.3f}")
+            if on_cuda(device):
+                report_reserved(runs, variants)
             if not args.no_profile_memory:
                 profiling_memory(args)
         summary.update(bench_ldt_s(args, part_path))
@@ -499,6 +510,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               f"{ratio_text(summary['ldt_s_memory'])}"
               + ''.join(f" | LDT {name}/FT time {summary[f'{name}_time']:.3f} | LDT {name}/FT memory "
                         f"{ratio_text(summary.get(f'{name}_memory'))}" for name in variants))
+
+
+def report_reserved(runs: Dict[str, List[dict]], variants: Dict[str, str]) -> None:
+    """The peak of what the caching allocator took from the GPU per configuration, what an
+    out-of-memory error counts (the goals are on allocated memory): a stream per branch gives each
+    its own cached blocks, so the overlapped steps may reserve more than they allocate."""
+    reserved = {name: statistics.median(run['reserved_bytes'] for run in configuration)
+                for name, configuration in runs.items()}
+    labels = {'FT': 'FT', 'dual': 'dual', **variants}
+    print('  reserved (torch.cuda.max_memory_reserved after empty_cache; an out-of-memory error counts it): '
+          + ' | '.join(f'{labels[name]} {value / 2**20:.1f} MiB'
+                       + ('' if name == 'FT' else f', ratio to FT {value / reserved["FT"]:.3f}')
+                       for name, value in reserved.items()))
 
 
 # Aten operators that launch no GPU kernel, besides views (their schema says so): tensors made

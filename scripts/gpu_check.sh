@@ -168,7 +168,7 @@ check_ddp() {
   grep 'replicas identical on 2 ranks at iteration 40' "$log" | tail -n 1 | sed 's/^.*INFO: //'
   grep -q 'replicas identical on 2 ranks at iteration 40' "$log"
 }
-check_bench() { grep -E 'bench_ldt:|step ratio|memory ratio|time/iter|overlapped branches|^summary:' "$1"; grep -q '^summary:' "$1"; }
+check_bench() { grep -E 'bench_ldt:|step ratio|memory ratio|reserved|time/iter|overlapped branches|^summary:' "$1"; grep -q '^summary:' "$1"; }
 
 # Scan backends (step 2): the torch scan, the Triton scan and mamba-ssm where it imports, at MambaIR's
 # training shape and a 250x250 validation tile, each against a float64 reference.

@@ -573,9 +573,9 @@ class _Tiny(nn.Module):
 @pytest.fixture
 def fake_cuda_counters(monkeypatch):
     """torch.cuda's clock and memory counters as the CUDA branches call them, on a CPU machine:
-    each call is logged; the peak grows by 1 MiB per reading."""
+    each call is logged; the peak grows by 1 MiB per reading, the reserved peak by 10 MiB."""
     calls = []
-    peaks = iter(range(1, 10 ** 6))
+    peaks, reserved = iter(range(1, 10 ** 6)), iter(range(1, 10 ** 6))
 
     def log(name, value=None):
         def fn(*args, **kwargs):
@@ -586,6 +586,9 @@ def fake_cuda_counters(monkeypatch):
     log('reset_peak_memory_stats')
     log('memory_allocated', 4096)
     log('max_memory_allocated', lambda: 4096 + next(peaks) * 2 ** 20)
+    log('empty_cache')
+    log('memory_reserved', 8192)
+    log('max_memory_reserved', lambda: 8192 + next(reserved) * 10 * 2 ** 20)
     log('get_device_name', 'Fake GPU')
     return calls
 
@@ -611,6 +614,8 @@ def test_bench_ldt_cuda_path_runs_its_workers_in_process(fake_cuda_counters, mon
     # every memory run: reset, base, work, synchronize, peak
     assert fake_cuda_counters.count('max_memory_allocated') == 6
     assert fake_cuda_counters.count('reset_peak_memory_stats') == 6
+    assert fake_cuda_counters.count('empty_cache') == 6           # reserved counts from each run's own start
+    assert 'FT 10.0 MiB | dual 20.0 MiB, ratio to FT 2.000' in out
     assert fake_cuda_counters.count('synchronize') > 20
 
 
@@ -649,6 +654,10 @@ def test_bench_ldt_times_and_measures_the_overlapped_dual_step(fake_cuda_counter
     assert 'overlapped branches within x1 memory: dual 4.0 MiB, memory ratio dual/FT = 4.000' in out
     assert [o for o in overlapped if o[0] == 'dual'] == [('dual', False, False), ('dual', True, False),
                                                            ('dual', True, True)]
+    # what the allocator took from the GPU, beside each figure above (10, 20, 30, 40 MiB here)
+    assert ('  reserved (torch.cuda.max_memory_reserved after empty_cache; an out-of-memory error counts it): FT 10.0 '
+            'MiB | dual 20.0 MiB, ratio to FT 2.000 | overlapped branches 30.0 MiB, ratio to FT 3.000 | overlapped '
+            'branches within x1 memory 40.0 MiB, ratio to FT 4.000') in out.splitlines()
     assert re.search(r'\| LDT overlapped/FT time \d+\.\d+ \| LDT overlapped/FT memory 3\.000 '
                      r'\| LDT bounded/FT time \d+\.\d+ \| LDT bounded/FT memory 4\.000$', out.splitlines()[-1])
     commands = []

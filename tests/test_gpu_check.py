@@ -32,6 +32,7 @@ case "${PYTHONPATH:-}" in *--print-path*) echo "on PYTHONPATH: $PYTHONPATH";; es
 case "$*" in *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 ms on Triton, 100 ms on mamba-ssm
   echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
   *bench_ldt.py*--overlap-branches*)   # with the overlapped dual step's ratios (none with FAKE_NO_SUMMARY=1)
+  echo "  reserved (torch.cuda.max_memory_reserved after empty_cache; an out-of-memory error counts it): FT 10.0 MiB"
   [ "${FAKE_NO_SUMMARY:-0}" = 1 ] || echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.800 | LDT/FT memory 0.980 | LDT-S/FT time 0.900 | LDT-S/FT memory n/a | LDT overlapped/FT time 1.300 | LDT overlapped/FT memory 1.600 | LDT bounded/FT time 1.550 | LDT bounded/FT memory 1.010";;
   *bench_ldt.py*)   # bench_ldt's summary line
   echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.500 | LDT/FT memory 1.100 | LDT-S/FT time 1.020 | LDT-S/FT memory n/a";;
@@ -172,6 +173,7 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     limits = dict(steps)
     assert (limits['scan_compile'], limits['scan_sweep'], limits['bench_ldt_mambair_mamba_ssm'], limits['overlap_mambair'],
             limits['overlap_hat'], limits['overlap_safmn']) == ('30', '110', '45', '65', '55', '35')
+    assert report.count('\n      reserved (torch.cuda.max_memory_reserved after empty_cache') == 3   # in the report
     for arch in ('mambair', 'hat', 'safmn'):
         assert (f'scripts/bench_ldt.py --device cuda --arch {arch} --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 '
                 '--no-profile-memory --overlap-branches') in (folder / f'overlap_{arch}.log').read_text()
@@ -456,9 +458,9 @@ def test_bench_ldt_summary_line_holds_each_ratio_to_ft_of_the_run(monkeypatch, c
     from conftest import load_script
     from test_cuda_branches import _Tiny
     bench = load_script('bench_ldt')
-    peaks = {'ft': [100 * 2**20], 'dual': [103 * 2**20], 'ldt_s': [101 * 2**20]}
+    peaks = {'ft': 100 * 2**20, 'dual': 103 * 2**20, 'ldt_s': 101 * 2**20}
     monkeypatch.setattr(bench, 'build_network', lambda arch, scale: _Tiny(scale))
-    monkeypatch.setattr(bench, 'peak_of', lambda args, kind, **extra: peaks[kind])
+    monkeypatch.setattr(bench, 'worker_runs', lambda args, kind, **extra: [{'peak_bytes': peaks[kind]}])
     bench.main(['--device', 'cpu', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '2', '--warm', '1',
                 '--profile-passes', '2', '--no-profile-memory'])
     out = capsys.readouterr().out
