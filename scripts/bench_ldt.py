@@ -28,7 +28,7 @@ autocast exactly as ``train: amp`` does (fp16 with one GradScaler per optimizer)
 Memory: on CUDA, torch.cuda.max_memory_allocated after a reset, per configuration, measured in
 this process (``--in-process`` is implied); beside it, for FT and the dual steps, the peak of
 torch.cuda.max_memory_reserved after emptying the cache (what the allocator took from the GPU, what
-an out-of-memory error counts; a stream per branch gives each branch cached blocks of its own); on CPU, each configuration runs in a fresh
+nvidia-smi shows besides the CUDA context; a stream per branch keeps its freed blocks for itself); on CPU, each configuration runs in a fresh
 subprocess and reports the growth of the resident-set high-water mark (/proc VmHWM, reset through /proc/self/clear_refs after imports, batch creation
 and backend warm-up; getrusage ru_maxrss where that is unavailable) over the RSS at that point.
 tracemalloc does not see torch's CPU allocations, so it is not used. On CPU with ``--in-process``
@@ -513,13 +513,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 def report_reserved(runs: Dict[str, List[dict]], variants: Dict[str, str]) -> None:
-    """The peak of what the caching allocator took from the GPU per configuration, what an
-    out-of-memory error counts (the goals are on allocated memory): a stream per branch gives each
-    its own cached blocks, so the overlapped steps may reserve more than they allocate."""
+    """The peak of what the caching allocator took from the GPU per configuration (nvidia-smi's figure
+    less the CUDA context; the goals are on allocated memory): a stream per branch keeps the blocks it
+    freed for itself, so the overlapped steps may hold more than they allocate."""
     reserved = {name: statistics.median(run['reserved_bytes'] for run in configuration)
                 for name, configuration in runs.items()}
     labels = {'FT': 'FT', 'dual': 'dual', **variants}
-    print('  reserved (torch.cuda.max_memory_reserved after empty_cache; an out-of-memory error counts it): '
+    print('  reserved (torch.cuda.max_memory_reserved after empty_cache; what the process holds on the GPU): '
           + ' | '.join(f'{labels[name]} {value / 2**20:.1f} MiB'
                        + ('' if name == 'FT' else f', ratio to FT {value / reserved["FT"]:.3f}')
                        for name, value in reserved.items()))

@@ -655,7 +655,7 @@ def test_bench_ldt_times_and_measures_the_overlapped_dual_step(fake_cuda_counter
     assert [o for o in overlapped if o[0] == 'dual'] == [('dual', False, False), ('dual', True, False),
                                                            ('dual', True, True)]
     # what the allocator took from the GPU, beside each figure above (10, 20, 30, 40 MiB here)
-    assert ('  reserved (torch.cuda.max_memory_reserved after empty_cache; an out-of-memory error counts it): FT 10.0 '
+    assert ('  reserved (torch.cuda.max_memory_reserved after empty_cache; what the process holds on the GPU): FT 10.0 '
             'MiB | dual 20.0 MiB, ratio to FT 2.000 | overlapped branches 30.0 MiB, ratio to FT 3.000 | overlapped '
             'branches within x1 memory 40.0 MiB, ratio to FT 4.000') in out.splitlines()
     assert re.search(r'\| LDT overlapped/FT time \d+\.\d+ \| LDT overlapped/FT memory 3\.000 '

@@ -32,7 +32,7 @@ case "${PYTHONPATH:-}" in *--print-path*) echo "on PYTHONPATH: $PYTHONPATH";; es
 case "$*" in *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 ms on Triton, 100 ms on mamba-ssm
   echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
   *bench_ldt.py*--overlap-branches*)   # with the overlapped dual step's ratios (none with FAKE_NO_SUMMARY=1)
-  echo "  reserved (torch.cuda.max_memory_reserved after empty_cache; an out-of-memory error counts it): FT 10.0 MiB"
+  echo "  reserved (torch.cuda.max_memory_reserved after empty_cache; what the process holds on the GPU): FT 10.0 MiB"
   [ "${FAKE_NO_SUMMARY:-0}" = 1 ] || echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.800 | LDT/FT memory 0.980 | LDT-S/FT time 0.900 | LDT-S/FT memory n/a | LDT overlapped/FT time 1.300 | LDT overlapped/FT memory 1.600 | LDT bounded/FT time 1.550 | LDT bounded/FT memory 1.010";;
   *bench_ldt.py*)   # bench_ldt's summary line
   echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.500 | LDT/FT memory 1.100 | LDT-S/FT time 1.020 | LDT-S/FT memory n/a";;
