@@ -12,7 +12,8 @@ The last line is the summary the results table takes, every figure a ratio to FT
 ``| LDT overlapped/FT time <r> | LDT overlapped/FT memory <r>`` with ``--overlap-branches``: the dual
 step as ``ldt.overlap_branches: true`` runs it, both branches in one timed call; on CUDA also
 ``| LDT bounded/FT time <r> | LDT bounded/FT memory <r>``, the same with ``ldt.overlap_memory``
-(``--overlap-memory``, default 1.0: never above the sequential step's peak).
+(``--overlap-memory``, default 1.0: never above the sequential step's peak); each further value of
+``--overlap-memory`` adds ``| LDT bounded x<f>/FT time <r> | LDT bounded x<f>/FT memory <r>``.
 
 LDT-S (single network) is measured the same way against FT: step time including its EMA and its
 swap amortised over ``--ldt-s-interval`` iterations, and peak memory (targets 1.10 and 1.05).
@@ -170,7 +171,7 @@ def make_ldt(args, partition_file: str | None, device: str) -> LDT:
     net = build_network(args.arch, args.scale).to(device)
     cfg = LDTConfig(profile_iters=0, partition_file=partition_file, ema_every=args.ema_every,
                     overlap_branches=args.overlap_branches,
-                    overlap_memory=args.overlap_memory if args.bounded else None)
+                    overlap_memory=args.bound)
     algo = LDT(net, cfg, adam, precision(args))
     return algo
 
@@ -340,10 +341,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--overlap-branches', action='store_true',
                    help="also time the dual step with ldt.overlap_branches (the auxiliary's forward during the "
                         "primary's backward) and measure its peak memory, beside the sequential branches")
-    p.add_argument('--overlap-memory', type=float, default=1.0,
-                   help='with --overlap-branches on CUDA: also time and measure the overlapped dual step with this '
-                        'ldt.overlap_memory (default 1.0)')
-    p.add_argument('--bounded', action='store_true', help=argparse.SUPPRESS)
+    p.add_argument('--overlap-memory', type=float, nargs='+', default=[1.0], metavar='FACTOR',
+                   help='with --overlap-branches on CUDA: also time and measure the overlapped dual step with each '
+                        'of these ldt.overlap_memory values (default 1.0)')
+    p.add_argument('--bound', type=float, help=argparse.SUPPRESS)   # a memory worker's ldt.overlap_memory
     p.add_argument('--worker', choices=['ft', 'dual', 'profile', 'ldt_s'], help=argparse.SUPPRESS)
     p.add_argument('--partition', help=argparse.SUPPRESS)
     p.add_argument('--profile-samples', type=int, default=10, help=argparse.SUPPRESS)
@@ -354,6 +355,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         precision(args)
     except ValueError as err:
         p.error(str(err))
+    bad = [factor for factor in args.overlap_memory if not factor >= 1.0]
+    if bad:
+        p.error(f'--overlap-memory: each ldt.overlap_memory is a multiple of the sequential peak, >= 1; got {bad[0]:g}')
     if args.compare_scan and args.arch not in MAMBAIR:
         p.error(f'--compare-scan: the selective scan is MambaIR\'s; expected --arch {" or ".join(MAMBAIR)}, '
                 f'got {args.arch}')
@@ -417,15 +421,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             return step
         timed_steps = {'FT': steps['FT'], 'dual': dual_step(False)}
         variants = {}   # the overlapped dual steps measured: name -> label
+        bounds = {}     # their ldt.overlap_memory where they have one
         if args.overlap_branches:
             variants['overlapped'] = 'overlapped branches'
             if on_cuda(device):    # the bound reads the GPU's allocator: nothing to bound elsewhere
-                variants['bounded'] = f'overlapped branches within x{args.overlap_memory:g} memory'
+                for i, factor in enumerate(args.overlap_memory):
+                    name = 'bounded' if i == 0 else f'bounded x{factor:g}'
+                    variants[name], bounds[name] = f'overlapped branches within x{factor:g} memory', factor
             else:
                 print('overlapped branches within a memory bound: CUDA only (ldt.overlap_memory reads the GPU\'s '
                       'allocator), not measured')
         for name in variants:
-            timed_steps[name] = dual_step(True, args.overlap_memory if name == 'bounded' else None)
+            timed_steps[name] = dual_step(True, bounds.get(name))
         wall = {name: [] for name in timed_steps}
         cpu = {name: [] for name in timed_steps}
 
@@ -486,10 +493,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                    'RSS high-water (VmHWM, reset via clear_refs; else ru_maxrss) growth over the RSS '
                    'before the model is built, fresh subprocess per configuration')
             runs = {'FT': worker_runs(args, 'ft'),
-                    'dual': worker_runs(args, 'dual', partition=part_path, overlap_branches=False, bounded=False)}
+                    'dual': worker_runs(args, 'dual', partition=part_path, overlap_branches=False)}
             for name in variants:
                 runs[name] = worker_runs(args, 'dual', partition=part_path, overlap_branches=True,
-                                         bounded=name == 'bounded')
+                                         **({'bound': bounds[name]} if name in bounds else {}))
             peaks = {name: sorted(run['peak_bytes'] for run in configuration) for name, configuration in runs.items()}
             m_ft = peaks['FT']
             print(f'peak memory ({how}; median [min-max] of {len(m_ft)} runs): FT {mib(m_ft)} | '

@@ -643,32 +643,41 @@ def test_bench_ldt_times_and_measures_the_overlapped_dual_step(fake_cuda_counter
     overlapped = []
     real_worker = bench.worker
     monkeypatch.setattr(bench, 'worker', lambda args: overlapped.append((args.worker, args.overlap_branches,
-                                                                         args.bounded)) or real_worker(args))
+                                                                         args.bound)) or real_worker(args))
     bench.main(['--device', 'cpu', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '2', '--warm', '1',
                 '--profile-passes', '2', '--mem-iters', '1', '--ldt-s-interval', '2', '--no-profile-memory',
-                '--overlap-branches'])
+                '--overlap-branches', '--overlap-memory', '1', '1.05'])
     out = capsys.readouterr().out
     assert len(re.findall(r'^  overlapped branches: dual [\d.]+ ms, step ratio dual/FT = \d+\.\d+', out, re.M)) == 2
     assert len(re.findall(r'^  overlapped branches within x1 memory: dual [\d.]+ ms, step ratio', out, re.M)) == 2
+    assert len(re.findall(r'^  overlapped branches within x1.05 memory: dual [\d.]+ ms, step ratio', out, re.M)) == 2
     assert 'overlapped branches: dual 3.0 MiB, memory ratio dual/FT = 3.000' in out   # FT 1, dual 2, overlapped 3
     assert 'overlapped branches within x1 memory: dual 4.0 MiB, memory ratio dual/FT = 4.000' in out
-    assert [o for o in overlapped if o[0] == 'dual'] == [('dual', False, False), ('dual', True, False),
-                                                           ('dual', True, True)]
+    assert 'overlapped branches within x1.05 memory: dual 5.0 MiB, memory ratio dual/FT = 5.000' in out
+    assert [o for o in overlapped if o[0] == 'dual'] == [('dual', False, None), ('dual', True, None),
+                                                           ('dual', True, 1.0), ('dual', True, 1.05)]
     # what the allocator took from the GPU, beside each figure above (10, 20, 30, 40 MiB here)
     assert ('  reserved (torch.cuda.max_memory_reserved after empty_cache; what the process holds on the GPU): FT 10.0 '
             'MiB | dual 20.0 MiB, ratio to FT 2.000 | overlapped branches 30.0 MiB, ratio to FT 3.000 | overlapped '
-            'branches within x1 memory 40.0 MiB, ratio to FT 4.000') in out.splitlines()
+            'branches within x1 memory 40.0 MiB, ratio to FT 4.000 | overlapped branches within x1.05 memory 50.0 MiB, '
+            'ratio to FT 5.000') in out.splitlines()
     assert re.search(r'\| LDT overlapped/FT time \d+\.\d+ \| LDT overlapped/FT memory 3\.000 '
-                     r'\| LDT bounded/FT time \d+\.\d+ \| LDT bounded/FT memory 4\.000$', out.splitlines()[-1])
+                     r'\| LDT bounded/FT time \d+\.\d+ \| LDT bounded/FT memory 4\.000 '
+                     r'\| LDT bounded x1.05/FT time \d+\.\d+ \| LDT bounded x1.05/FT memory 5\.000$',
+                     out.splitlines()[-1])
     commands = []
     monkeypatch.setattr(bench.subprocess, 'run', lambda cmd, **kw: commands.append(cmd) or
                         types.SimpleNamespace(stdout='{"peak_bytes": 7}\n'))
     monkeypatch.setattr(bench, 'on_cuda', lambda device: False)
     args = bench.parse_args(['--device', 'cpu', '--overlap-branches'])
-    for overlap in (True, False):   # out of process: what the child parses
-        bench.run_worker(args, 'dual', partition='p.json', overlap_branches=overlap, bounded=overlap)
+    for overlap, bound in ((True, {'bound': 1.05}), (True, {}), (False, {})):   # out of process: what the child parses
+        bench.run_worker(args, 'dual', partition='p.json', overlap_branches=overlap, **bound)
         child = bench.parse_args(commands[-1][2:])
-        assert child.overlap_branches is overlap and child.bounded is overlap
+        assert child.overlap_branches is overlap and child.bound == bound.get('bound')
+    with pytest.raises(SystemExit):
+        bench.parse_args(['--device', 'cpu', '--overlap-branches', '--overlap-memory', '1', '0.9'])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        'error: --overlap-memory: each ldt.overlap_memory is a multiple of the sequential peak, >= 1; got 0.9')
 
 
 def test_bench_ldt_overlap_on_a_cpu_measures_no_memory_bound(monkeypatch, capsys):
