@@ -259,6 +259,21 @@ goals() {
     | awk '$1 != "scan_compile" && $1 != "scan_sweep" && $1 != "bench_ldt_mambair_mamba_ssm" && $1 !~ /^overlap_/ { s += $2 } END { print s + 0 }')" 360
 }
 
+# Which ways of running the dual step keep every network within both LDT/FT goals (time and memory), read
+# from the goal lines above: the line a session deciding #39 (and the overlap defaults) looks for first.
+dual_modes() {
+  awk '/^  (mambair|hat|safmn) LDT\/FT (time|memory)/ {
+         mode = $0; sub(/^  [a-z]+ LDT\/FT (time|memory)/, "", mode); sub(/:.*/, "", mode); sub(/^, /, "", mode)
+         if (mode == "") mode = "sequential"
+         if (!(mode in total)) order[++n] = mode
+         total[mode]++; if ($NF == "met") met[mode]++ }
+       END { if (!n) exit
+             printf "  the dual step with every network within both LDT/FT goals:"
+             for (i = 1; i <= n; i++) { m = order[i]
+               printf "%s %s: %s (%d of %d goals met)", (i > 1 ? " |" : ""), m, (met[m] == 6 && total[m] == 6 ? "yes" : "no"), met[m], total[m] }
+             print "" }' "$REPORT"
+}
+
 demo_data() {
   if [ ! -f datasets/DRealSR_demo/Test_x4/test_HR/Mix_023_x4.png ]; then   # the current demo build
     "$PY" scripts/make_demo_data.py --force --cameras Olympus Pan Sony DSC IMG Canon Mix || return
@@ -357,5 +372,6 @@ if [ "$SWEEP" -eq 1 ]; then
 fi
 
 goals | tee -a "$REPORT"
+dual_modes | tee -a "$REPORT"
 say "result: $([ "$FAILED" -eq 0 ] && echo 'all steps passed' || echo "$FAILED step(s) failed or skipped") in ${SECONDS} s of the ${BUDGET_S} s budget (report: $REPORT)"
 [ "$FAILED" -eq 0 ]

@@ -214,6 +214,11 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     # the stand-in steps take a second or two on a loaded machine: the seconds are this run's own
     assert re.fullmatch(r'  seconds of the steps gpu_check runs without --scan-sweep: [0-5] \(goal <= 360\) met',
                         goals[29]), goals[29]
+    # then which ways of running the dual step keep all three networks within both goals
+    assert report.splitlines()[-2] == (
+        '  the dual step with every network within both LDT/FT goals: sequential: no (3 of 6 goals met) | overlapped '
+        'branches: no (3 of 6 goals met) | overlapped within x1 memory: yes (6 of 6 goals met) | overlapped within '
+        'x1.05 memory: yes (6 of 6 goals met)')
     assert report.splitlines()[-1].startswith('result: ')
 
 
@@ -570,6 +575,8 @@ def test_gpu_check_steps_runs_only_the_steps_named(tmp_path):
             '(GPU_CHECK_STEPS=bench_ldt_hat,versions,overlap_safmn)') in report.splitlines()
     assert '  hat LDT/FT time: 1.500 (goal <= 1.7) met' in report.splitlines()
     assert '  safmn LDT/FT time: not measured' in report.splitlines()
+    assert ('  the dual step with every network within both LDT/FT goals: sequential: no (1 of 6 goals met) | '
+            'overlapped branches: no (1 of 6 goals met)') == report.splitlines()[-2].split(' | overlapped within')[0]
     assert re.search(r'^result: 1 step\(s\) failed or skipped', report, re.M) and result.returncode != 0
     os.environ.update(GPU_CHECK_STEPS='overlap_hat', FAKE_NO_SUMMARY='1')   # no summary line: the step fails
     (tmp_path / 'again').mkdir()
