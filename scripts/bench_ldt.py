@@ -275,7 +275,8 @@ def mib(values: list) -> str:
 
 def run_worker(args: argparse.Namespace, kind: str, **extra) -> dict:
     """One memory configuration: in this process (``args.in_process``), else in a fresh one
-    given the same options on its command line (``extra`` as ``--key value``)."""
+    given the same options on its command line (``extra`` as ``--key value``; True as a bare flag,
+    False and None left out, the child's defaults)."""
     if args.in_process:
         return worker(argparse.Namespace(**{**vars(args), 'worker': kind, **extra}))
     cmd = [sys.executable, os.path.abspath(__file__), '--worker', kind, '--arch', args.arch,
@@ -285,7 +286,7 @@ def run_worker(args: argparse.Namespace, kind: str, **extra) -> dict:
            '--ema-every', str(args.ema_every), '--amp', args.amp]
     for key, value in extra.items():
         flag = f"--{key.replace('_', '-')}"
-        cmd += [flag] if value is True else [] if value is False else [flag, str(value)]
+        cmd += [flag] if value is True else [] if value is False or value is None else [flag, str(value)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -420,19 +421,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 return algo.pair.step_both(l1(lq, gt), algo.precision)
             return step
         timed_steps = {'FT': steps['FT'], 'dual': dual_step(False)}
-        variants = {}   # the overlapped dual steps measured: name -> label
-        bounds = {}     # their ldt.overlap_memory where they have one
+        # the overlapped dual steps measured: name -> (label, ldt.overlap_memory)
+        variants: Dict[str, Tuple[str, Optional[float]]] = {}
         if args.overlap_branches:
-            variants['overlapped'] = 'overlapped branches'
+            variants['overlapped'] = ('overlapped branches', None)
             if on_cuda(device):    # the bound reads the GPU's allocator: nothing to bound elsewhere
                 for i, factor in enumerate(args.overlap_memory):
                     name = 'bounded' if i == 0 else f'bounded x{factor:g}'
-                    variants[name], bounds[name] = f'overlapped branches within x{factor:g} memory', factor
+                    variants[name] = (f'overlapped branches within x{factor:g} memory', factor)
             else:
                 print('overlapped branches within a memory bound: CUDA only (ldt.overlap_memory reads the GPU\'s '
                       'allocator), not measured')
-        for name in variants:
-            timed_steps[name] = dual_step(True, bounds.get(name))
+        for name, (_, bound) in variants.items():
+            timed_steps[name] = dual_step(True, bound)
         wall = {name: [] for name in timed_steps}
         cpu = {name: [] for name in timed_steps}
 
@@ -475,7 +476,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                   f'ratios {[round(r, 2) for r in ratios]}; target <= 1.7)')
             if label == 'wall':
                 summary.update(ft_ms=statistics.median(t['FT']) * 1e3, time=statistics.median(ratios))
-            for name, text in variants.items():
+            for name, (text, _) in variants.items():
                 overlapped = [o + ema_per_step for o in t[name]]
                 ratios = [o / f for o, f in zip(overlapped, t['FT'])]
                 print(f'  {text}: dual {statistics.median(overlapped) * 1e3:.1f} ms, step ratio '
@@ -494,16 +495,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                    'before the model is built, fresh subprocess per configuration')
             runs = {'FT': worker_runs(args, 'ft'),
                     'dual': worker_runs(args, 'dual', partition=part_path, overlap_branches=False)}
-            for name in variants:
-                runs[name] = worker_runs(args, 'dual', partition=part_path, overlap_branches=True,
-                                         **({'bound': bounds[name]} if name in bounds else {}))
+            for name, (_, bound) in variants.items():
+                runs[name] = worker_runs(args, 'dual', partition=part_path, overlap_branches=True, bound=bound)
             peaks = {name: sorted(run['peak_bytes'] for run in configuration) for name, configuration in runs.items()}
             m_ft = peaks['FT']
             print(f'peak memory ({how}; median [min-max] of {len(m_ft)} runs): FT {mib(m_ft)} | '
                   f"dual {mib(peaks['dual'])}")
             summary['memory'] = statistics.median(peaks['dual']) / statistics.median(m_ft)
             print(f"  memory ratio dual/FT = {summary['memory']:.3f}  (target <= 1.05)")
-            for name, text in variants.items():
+            for name, (text, _) in variants.items():
                 summary[f'{name}_memory'] = statistics.median(peaks[name]) / statistics.median(m_ft)
                 print(f"  {text}: dual {mib(peaks[name])}, memory ratio dual/FT = {summary[f'{name}_memory']:.3f}")
             if on_cuda(device):
@@ -519,13 +519,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         f"{ratio_text(summary.get(f'{name}_memory'))}" for name in variants))
 
 
-def report_reserved(runs: Dict[str, List[dict]], variants: Dict[str, str]) -> None:
+def report_reserved(runs: Dict[str, List[dict]], variants: Dict[str, Tuple[str, Optional[float]]]) -> None:
     """The peak of what the caching allocator took from the GPU per configuration (nvidia-smi's figure
     less the CUDA context; the goals are on allocated memory): a stream per branch keeps the blocks it
     freed for itself, so the overlapped steps may hold more than they allocate."""
     reserved = {name: statistics.median(run['reserved_bytes'] for run in configuration)
                 for name, configuration in runs.items()}
-    labels = {'FT': 'FT', 'dual': 'dual', **variants}
+    labels = {'FT': 'FT', 'dual': 'dual', **{name: text for name, (text, _) in variants.items()}}
     print('  reserved (torch.cuda.max_memory_reserved after empty_cache; what the process holds on the GPU): '
           + ' | '.join(f'{labels[name]} {value / 2**20:.1f} MiB'
                        + ('' if name == 'FT' else f', ratio to FT {value / reserved["FT"]:.3f}')
