@@ -13,6 +13,7 @@ from test_ldt_algorithm import _loss
 from basicsr_ldt.ldt import (LDT, CrossFrozenPair, LDTConfig, MixedPrecision, build_partition, composite_state,
                              ema_exchange_, route_bias_only_convs, set_trainable)
 from basicsr_ldt.ldt.overlap import MemoryGate, OverlappedBranches
+from basicsr_ldt.ldt.pair import optimizer_step
 
 
 def test_ema_exchange_known_numbers():
@@ -303,22 +304,29 @@ def test_the_composite_takes_its_buffers_from_the_branch_named():
     assert not torch.equal(running, pair.primary[1].running_mean)
 
 
-@pytest.mark.parametrize('overlap', [False, True])
-def test_the_dual_step_equals_two_branch_steps_one_after_the_other(overlap):
+@pytest.mark.parametrize('overlap, amp', [(False, None), (True, None), (True, torch.float16)])
+def test_the_dual_step_equals_two_branch_steps_one_after_the_other(overlap, amp):
     """The losses are read once both backward passes are queued (and, overlapped, P's backward runs on
     a helper thread), yet the weights, batch-norm statistics and optimizer states are bit for bit those
-    of P's whole step followed by A's whole step: the forwards draw dropout in the same order."""
+    of P's whole step followed by A's whole step: the forwards draw dropout in the same order. In fp16
+    each branch's loss scaler (P's used on the helper thread) ends as after the two steps."""
     both, one_by_one = _pair(overlap, factory=lambda ps, role: torch.optim.Adam(ps, lr=1e-2)), \
         _pair(False, factory=lambda ps, role: torch.optim.Adam(ps, lr=1e-2))
+    for pair in (both, one_by_one):
+        pair.precision = MixedPrecision(amp, 'cpu') if amp else None
     def branch_by_branch(pair, loss):
-        return {f'l_{branch}': pair.step(branch, loss) for branch in ('primary', 'auxiliary')}
-    for pair, step in ((both, lambda pair, loss: pair.step_both(loss)[0]), (one_by_one, branch_by_branch)):
+        return {f'l_{branch}': pair.step(branch, loss, pair.precision) for branch in ('primary', 'auxiliary')}
+    for pair, step in ((both, lambda pair, loss: pair.step_both(loss, pair.precision)[0]),
+                       (one_by_one, branch_by_branch)):
         torch.manual_seed(3)
         pair.logged = [step(pair, _loss(i)) for i in range(1, 4)]
     assert both.logged == one_by_one.logged
     for branch in ('primary', 'auxiliary'):
         assert repr(getattr(both, branch).state_dict()) == repr(getattr(one_by_one, branch).state_dict())
         assert repr(both.optimizers[branch].state_dict()) == repr(one_by_one.optimizers[branch].state_dict())
+    if amp:
+        assert repr(both.precision.state_dict()) == repr(one_by_one.precision.state_dict())
+        assert set(both.precision.state_dict()) == {'primary', 'auxiliary'}
 
 
 def _gated_pair(monkeypatch, allocated):
@@ -370,6 +378,19 @@ def test_a_memory_bound_holds_the_auxiliarys_forward_until_the_primary_has_freed
     pair.overlap_memory = None
     pair.step_both(_loss(3))                   # nor an overlapped one without a bound
     assert limits[-1] is None
+    pair.overlap_memory, live['units'] = 1.5, 100
+    pair.step_both(_loss(4))                   # the bound is the factor times the memory at P's backward
+    assert limits[-1] == 150
+
+
+def test_without_a_memory_bound_the_auxiliary_has_no_gate(monkeypatch):
+    """ldt.overlap_memory unset: the auxiliary's modules carry no hook, so the unbounded overlap pays
+    nothing per module, even where the GPU's allocator could be read."""
+    monkeypatch.setattr(OverlappedBranches, 'allocated_reader', lambda self: _Allocator())
+    pair = _pair(True)
+    pair.step_both(_loss(1))
+    assert pair._overlap.gate is None
+    assert not any(m._forward_pre_hooks for m in pair.auxiliary.modules())
 
 
 def test_a_failing_primary_backward_releases_the_memory_bound(monkeypatch):
@@ -465,3 +486,50 @@ def test_the_figure_read_is_the_one_torch_calls_memory_allocated():
     import inspect
     assert '"allocated_bytes.all.current"' in inspect.getsource(torch.cuda.memory.memory_allocated)
     assert 'memory_stats_as_nested_dict(device=device)' in inspect.getsource(torch.cuda.memory.memory_stats)
+
+
+# -- gradients over several ranks (torchrun) ---------------------------------------------------------
+def _rank_batch(rank):
+    g = torch.Generator().manual_seed(10 + rank)
+    return torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)
+
+
+def _rank_step(batches, synchronise=True):
+    """One SGD step of the same small network on the mean squared error of ``batches`` (one each)."""
+    torch.manual_seed(0)
+    net = nn.Linear(3, 2)
+    optimizer_step(net, torch.optim.SGD(net.parameters(), lr=0.5),
+                   lambda m: sum((m(x) - y).pow(2).mean() for x, y in batches) / len(batches),
+                   synchronise=synchronise)
+    return net.state_dict()
+
+
+def _two_rank_step_worker(rank, port, out):
+    import os
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    dist.init_process_group('gloo', rank=rank, world_size=2)
+    batch = [_rank_batch(rank)]
+    torch.save({'averaged': _rank_step(batch), 'own': _rank_step(batch, synchronise=False)}, f'{out}{rank}.pt')
+    dist.destroy_process_group()
+
+
+def test_over_two_ranks_a_branch_steps_on_the_mean_gradient(tmp_path):
+    """Under torchrun each branch averages its gradients over the ranks itself (a branch cannot be a
+    DDP module): both ranks take the step of the two batches' mean gradient, the step of one process
+    on both batches, not their sum. ``synchronise=False`` (fine-tuning, whose DDP wrapper has already
+    averaged) leaves each rank's gradient as it is."""
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    mp.spawn(_two_rank_step_worker, args=(port, str(tmp_path / 'rank')), nprocs=2)
+    ranks = [torch.load(tmp_path / f'rank{r}.pt', weights_only=True) for r in (0, 1)]
+    both = _rank_step([_rank_batch(0), _rank_batch(1)])
+    for rank, got in enumerate(ranks):
+        own = _rank_step([_rank_batch(rank)])
+        for name in both:
+            torch.testing.assert_close(got['averaged'][name], both[name])
+            torch.testing.assert_close(got['own'][name], own[name])
+    assert not torch.allclose(ranks[0]['own']['weight'], ranks[1]['own']['weight'])

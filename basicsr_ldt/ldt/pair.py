@@ -172,8 +172,6 @@ class CrossFrozenPair:
                          ) -> Tuple[Dict[str, float], Optional[str]]:
         """P's backward on a helper thread while this thread runs A's forward and backward
         (``overlap``); the updates then run as in the sequential step."""
-        for branch in BRANCHES:
-            precision.scaler(branch)          # created here, not on the helper thread
         if self._overlap is None:
             self._overlap = OverlappedBranches(self.auxiliary)
         primary, auxiliary = self._overlap.run(lambda: self._forward('primary', batch_loss, precision),
