@@ -644,6 +644,10 @@ def test_bench_ldt_times_and_measures_the_overlapped_dual_step(fake_cuda_counter
     real_worker = bench.worker
     monkeypatch.setattr(bench, 'worker', lambda args: overlapped.append((args.worker, args.overlap_branches,
                                                                          args.bound)) or real_worker(args))
+    from basicsr_ldt.ldt.pair import CrossFrozenPair
+    stepped, step_both = [], CrossFrozenPair.step_both
+    monkeypatch.setattr(CrossFrozenPair, 'step_both', lambda pair, *a: stepped.append(
+        (pair.overlap_branches, pair.overlap_memory)) or step_both(pair, *a))
     bench.main(['--device', 'cpu', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '2', '--warm', '1',
                 '--profile-passes', '2', '--mem-iters', '1', '--ldt-s-interval', '2', '--no-profile-memory',
                 '--overlap-branches', '--overlap-memory', '1', '1.05'])
@@ -656,6 +660,8 @@ def test_bench_ldt_times_and_measures_the_overlapped_dual_step(fake_cuda_counter
     assert 'overlapped branches within x1.05 memory: dual 5.0 MiB, memory ratio dual/FT = 5.000' in out
     assert [o for o in overlapped if o[0] == 'dual'] == [('dual', False, None), ('dual', True, None),
                                                            ('dual', True, 1.0), ('dual', True, 1.05)]
+    # each timed iteration (1 warm-up + 2) steps the sequential, overlapped and bounded dual steps in turn
+    assert stepped[:12] == [(False, None), (True, None), (True, 1.0), (True, 1.05)] * 3
     # what the allocator took from the GPU, beside each figure above (10, 20, 30, 40 MiB here)
     assert ('  reserved (torch.cuda.max_memory_reserved after empty_cache; what the process holds on the GPU): FT 10.0 '
             'MiB | dual 20.0 MiB, ratio to FT 2.000 | overlapped branches 30.0 MiB, ratio to FT 3.000 | overlapped '
@@ -688,6 +694,59 @@ def test_bench_ldt_overlap_on_a_cpu_measures_no_memory_bound(monkeypatch, capsys
     out = capsys.readouterr().out
     assert 'overlapped branches within a memory bound: CUDA only' in out and 'LDT bounded' not in out
     assert re.search(r'\| LDT overlapped/FT time \d+\.\d+ \| LDT overlapped/FT memory n/a$', out.splitlines()[-1])
+
+
+def test_bench_ldt_ratios_are_per_iteration_medians_with_the_exchanges_amortised(monkeypatch, capsys):
+    """The figures the goals are read from, on a stand-in clock: a forward takes 10 ms of wall and 2 ms
+    of process time, the dual step's EMA exchange 4 ms (one every --ema-every 2 steps), LDT-S's swap
+    50 ms (one every --ldt-s-interval 50) and its exchange 6 ms, the exchanges timed on the wall clock
+    and added to both clocks. So the dual step is 22 ms against FT's 10 (2.2; process time 6 against
+    2, 3.0), overlapped or not, and LDT-S 14 ms (1.4; 3.0); the summary takes wall time. The warm-up
+    step (a first forward of 1 s) is not counted. Peak memory is the median of the fresh runs (FT 1, 2, 9 MiB; dual 3, 4, 20; LDT-S 2, 2, 30)."""
+    from basicsr_ldt.ldt.pair import CrossFrozenPair
+    bench = load_script('bench_ldt')
+    clock = {'wall': 0.0, 'cpu': 0.0}
+
+    def spend(wall, cpu=0.0):
+        clock['wall'] += wall
+        clock['cpu'] += cpu
+
+    class Clocked(_Tiny):
+        forwards = 0
+
+        def forward(self, x):
+            spend(0.010 + (1.0 if self.forwards == 0 else 0.0), 0.002)   # a network's first forward: 1 s
+            self.forwards += 1
+            return super().forward(x)
+    monkeypatch.setattr(bench, 'time', types.SimpleNamespace(perf_counter=lambda: clock['wall'],
+                                                             process_time=lambda: clock['cpu']))
+    monkeypatch.setattr(bench, 'build_network', lambda arch, scale: Clocked(scale))
+    for cls, name, cost in ((CrossFrozenPair, 'exchange', (0.004,)),
+                            (ldt_s_module.AlternatingFreezing, 'swap', (0.050,)),
+                            (ldt_s_module.AlternatingFreezing, 'exchange', (0.006,))):
+        original = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda self, original=original, cost=cost: (spend(*cost), original(self))[1])
+    peaks = {'ft': [1, 2, 9], 'dual': [3, 4, 20], 'ldt_s': [2, 2, 30]}
+    runs = {kind: 0 for kind in peaks}
+
+    def run_worker(args, kind, **extra):
+        runs[kind] += 1
+        return {'peak_bytes': peaks[kind][(runs[kind] - 1) % 3] * 2 ** 20}
+    monkeypatch.setattr(bench, 'run_worker', run_worker)
+    bench.main(['--device', 'cpu', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '3', '--warm', '1',
+                '--profile-passes', '2', '--ema-every', '2', '--ldt-s-interval', '50', '--no-profile-memory',
+                '--overlap-branches'])
+    out = capsys.readouterr().out
+    assert 'FT 10.0 ms | dual 22.0 ms (both branches + EMA 2.000)' in out
+    assert 'step ratio dual/FT = 2.200 (median of per-iteration ratios [2.2, 2.2, 2.2]' in out
+    assert 'FT 2.0 ms | dual 6.0 ms' in out and 'step ratio dual/FT = 3.000' in out   # process time
+    assert out.count('overlapped branches: dual 22.0 ms, step ratio dual/FT = 2.200') == 1
+    assert 'step ratio LDT-S/FT = 1.400 (per-iteration ratios [1.4, 1.4, 1.4]' in out
+    assert 'step ratio LDT-S/FT = 3.000' in out
+    assert 'memory ratio dual/FT = 2.000' in out and 'memory ratio LDT-S/FT = 1.000' in out
+    assert out.splitlines()[-1].endswith(
+        'FT 10.0 ms | LDT/FT time 2.200 | LDT/FT memory 2.000 | LDT-S/FT time 1.400 | LDT-S/FT memory 1.000'
+        ' | LDT overlapped/FT time 2.200 | LDT overlapped/FT memory 2.000')
 
 
 def test_bench_scan_cuda_comparison_with_a_triton_that_fails_to_compile(fake_gpu, fake_cuda_counters, monkeypatch,
