@@ -94,6 +94,24 @@ def test_resume_rejects_other_options():
         other.load_state_dict(algo.state_dict())
 
 
+def test_resume_may_change_how_the_dual_step_runs():
+    """ldt.overlap_branches and overlap_memory change how the two branches are scheduled, not what they
+    compute: a run saved with the branches one after the other resumes overlapped (and back), and ends
+    with the weights of the run that never stopped."""
+    full = LDT(_net(), LDTConfig(**CFG), _factory)
+    _run(full, 1, TOTAL)
+    first = LDT(_net(), LDTConfig(**CFG), _factory)
+    _run(first, 1, 6)
+    resumed = LDT(_net(seed=123), LDTConfig(**CFG, overlap_branches=True, overlap_memory=1.0), _factory)
+    resumed.load_state_dict(first.state_dict())
+    _run(resumed, 7, TOTAL - 1)
+    again = LDT(_net(seed=123), LDTConfig(**CFG), _factory)
+    again.load_state_dict(resumed.state_dict())
+    _run(again, TOTAL, TOTAL)
+    want, got = full.composite_state_dict(), again.composite_state_dict()
+    assert all(torch.equal(want[n], got[n]) for n in want)
+
+
 def test_training_cannot_start_without_profiling():
     algo = LDT(_net(), LDTConfig(**CFG), _factory)
     with pytest.raises(ValueError, match='without the profiling phase'):

@@ -56,6 +56,7 @@ def test_presets_and_round_trip():
     {'w_base_unstable': 0.5, 'r_base_unstable': 0.0},
     {'ema_every': 1, 'interval_iters': 1, 'head_warmup_iters': 0},   # integers at their lowest
     {'ratio_u': 0.01}, {'ratio_u': 0.99},
+    {'overlap_branches': True, 'overlap_memory': 1.0},  # the sequential step's peak: [1, inf)
 ])
 def test_values_at_the_ends_of_their_ranges_are_accepted(options):
     """Each documented range includes its closed ends: a value exactly there is taken as given."""
@@ -72,6 +73,10 @@ def test_values_at_the_ends_of_their_ranges_are_accepted(options):
     ({'ratio_u': 0.0}, r'^ldt\.ratio_u: expected a number in \(0, 1\), got 0\.0$'),
     ({'ema_every': 0}, r'^ldt\.ema_every: expected an integer >= 1, got 0$'),
     ({'dpu': 'yes'}, r"^ldt\.dpu: expected true or false, got 'yes'$"),
+    ({'overlap_branches': True, 'overlap_memory': 0.99},
+     r'^ldt\.overlap_memory: expected a number in \[1, inf\), or null, got 0\.99$'),
+    ({'overlap_memory': 1.0}, r'^ldt\.overlap_memory: bounds the memory of overlapped branches; expected it with '
+                              r'overlap_branches: true, got overlap_memory 1\.0 without it$'),
 ])
 def test_values_just_past_their_ranges_name_the_range(options, message):
     with pytest.raises(ValueError, match=message):
