@@ -441,10 +441,14 @@ def test_the_memory_gate_waits_exactly_while_over_its_limit_and_not_released(mon
     took = time.monotonic() - began
     safety.cancel()
     assert 0.04 < took < 0.5 and gate.waits == 1
+    allocated.units = 101
+    threading.Timer(0.02, lambda: setattr(allocated, 'units', 100)).start()
+    hold(net[0], ())                                  # each hold over the limit is counted
+    assert gate.waits == 2
     gate.release()
     allocated.units = 10 ** 6
     hold(net[0], ())                                  # released: goes whatever the memory
-    assert gate.waits == 1
+    assert gate.waits == 2
 
 
 def test_the_bound_reads_the_allocator_of_the_branches_gpu(monkeypatch):
@@ -494,13 +498,12 @@ def _rank_batch(rank):
     return torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)
 
 
-def _rank_step(batches, synchronise=True):
+def _rank_step(batches, **step_options):
     """One SGD step of the same small network on the mean squared error of ``batches`` (one each)."""
     torch.manual_seed(0)
     net = nn.Linear(3, 2)
     optimizer_step(net, torch.optim.SGD(net.parameters(), lr=0.5),
-                   lambda m: sum((m(x) - y).pow(2).mean() for x, y in batches) / len(batches),
-                   synchronise=synchronise)
+                   lambda m: sum((m(x) - y).pow(2).mean() for x, y in batches) / len(batches), **step_options)
     return net.state_dict()
 
 
