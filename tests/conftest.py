@@ -61,6 +61,27 @@ def project(tmp_path) -> Path:
     return tmp_path
 
 
+def on_two_gloo_ranks(worker, *args) -> None:
+    """``worker(rank, *args)`` in two spawned processes that form a gloo process group (torchrun's
+    collectives on the CPU); ``worker`` is a module-level function, so that the children can import it."""
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    mp.spawn(_gloo_rank, args=(port, worker, args), nprocs=2)
+
+
+def _gloo_rank(rank: int, port: int, worker, args: tuple) -> None:
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    dist.init_process_group('gloo', rank=rank, world_size=2)
+    try:
+        worker(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
 def run_entry(project: Path, script: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run ``python <script> ...`` in ``project`` the way a user would."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''),

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import on_two_gloo_ranks
 from test_ldt_algorithm import _loss
 
 from basicsr_ldt.ldt import (LDT, CrossFrozenPair, LDTConfig, MixedPrecision, build_partition, composite_state,
@@ -507,14 +508,9 @@ def _rank_step(batches, **step_options):
     return net.state_dict()
 
 
-def _two_rank_step_worker(rank, port, out):
-    import os
-    import torch.distributed as dist
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
-    dist.init_process_group('gloo', rank=rank, world_size=2)
+def _two_rank_step_worker(rank, out):
     batch = [_rank_batch(rank)]
     torch.save({'averaged': _rank_step(batch), 'own': _rank_step(batch, synchronise=False)}, f'{out}{rank}.pt')
-    dist.destroy_process_group()
 
 
 def test_over_two_ranks_a_branch_steps_on_the_mean_gradient(tmp_path):
@@ -522,12 +518,7 @@ def test_over_two_ranks_a_branch_steps_on_the_mean_gradient(tmp_path):
     DDP module): both ranks take the step of the two batches' mean gradient, the step of one process
     on both batches, not their sum. ``synchronise=False`` (fine-tuning, whose DDP wrapper has already
     averaged) leaves each rank's gradient as it is."""
-    import socket
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    mp.spawn(_two_rank_step_worker, args=(port, str(tmp_path / 'rank')), nprocs=2)
+    on_two_gloo_ranks(_two_rank_step_worker, str(tmp_path / 'rank'))
     ranks = [torch.load(tmp_path / f'rank{r}.pt', weights_only=True) for r in (0, 1)]
     both = _rank_step([_rank_batch(0), _rank_batch(1)])
     for rank, got in enumerate(ranks):

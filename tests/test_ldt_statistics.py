@@ -4,6 +4,8 @@ import math
 import pytest
 import torch
 
+from conftest import on_two_gloo_ranks
+
 from basicsr_ldt.ldt import GradientStatistics, random_statistic
 
 
@@ -163,19 +165,14 @@ def _feed_two_and_ask(stats):
     return stats.criterion('sample_var')
 
 
-def _two_rank_worker(rank, port, out):
-    import os
-    import torch.distributed as dist
+def _two_rank_worker(rank, out):
     from basicsr_ldt.ldt import all_reduce_statistics
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
-    dist.init_process_group('gloo', rank=rank, world_size=2)
     samples = _samples_for_ranks()
     stats = GradientStatistics(['w', 'b'], per_entry=True)
     _feed(stats, samples[:3] if rank == 0 else samples[3:])
     all_reduce_statistics(stats)
     if rank == 0:
         torch.save({c: stats.criterion(c) for c in ('sample_var', 'fisher', 'var')} | {'n': stats.samples}, out)
-    dist.destroy_process_group()
 
 
 def _samples_for_ranks():
@@ -185,13 +182,8 @@ def _samples_for_ranks():
 
 
 def test_all_reduce_over_two_ranks_equals_one_accumulator(tmp_path):
-    import socket
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
     out = tmp_path / 'rank0.pt'
-    mp.spawn(_two_rank_worker, args=(port, str(out)), nprocs=2)
+    on_two_gloo_ranks(_two_rank_worker, str(out))
     got = torch.load(out, weights_only=True)
     whole = GradientStatistics(['w', 'b'], per_entry=True)
     _feed(whole, _samples_for_ranks())
