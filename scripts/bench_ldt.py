@@ -29,9 +29,10 @@ autocast exactly as ``train: amp`` does (fp16 with one GradScaler per optimizer)
 Memory: on CUDA, torch.cuda.max_memory_allocated after a reset, per configuration, measured in
 this process (``--in-process`` is implied); beside it, for FT and the dual steps, the peak of
 torch.cuda.max_memory_reserved after emptying the cache (what the allocator took from the GPU, what
-nvidia-smi shows besides the CUDA context; a stream per branch keeps its freed blocks for itself); on CPU, each configuration runs in a fresh
-subprocess and reports the growth of the resident-set high-water mark (/proc VmHWM, reset through /proc/self/clear_refs after imports, batch creation
-and backend warm-up; getrusage ru_maxrss where that is unavailable) over the RSS at that point.
+nvidia-smi shows besides the CUDA context; a stream per branch keeps its freed blocks for itself); on
+CPU, each configuration runs in a fresh subprocess and reports the growth of the resident-set
+high-water mark (/proc VmHWM, reset through /proc/self/clear_refs after imports, batch creation and
+backend warm-up; getrusage ru_maxrss where that is unavailable) over the RSS at that point.
 tracemalloc does not see torch's CPU allocations, so it is not used. On CPU with ``--in-process``
 peak memory is not measured (one line says why; the summary shows n/a): memory the timed steps
 freed stays resident in this process, so a later configuration grows the RSS by next to nothing.
@@ -259,7 +260,12 @@ def ratio_text(value: Optional[float]) -> str:
 
 def peak_of(args: argparse.Namespace, kind: str, **extra) -> list:
     """Peak bytes of ``--mem-reps`` fresh runs (CPU RSS varies run to run with the allocator)."""
-    return sorted(run['peak_bytes'] for run in worker_runs(args, kind, **extra))
+    return peaks_of(worker_runs(args, kind, **extra))
+
+
+def peaks_of(runs: List[dict]) -> list:
+    """The peak bytes of a configuration's runs, sorted (``mib`` prints median and range)."""
+    return sorted(run['peak_bytes'] for run in runs)
 
 
 def worker_runs(args: argparse.Namespace, kind: str, **extra) -> List[dict]:
@@ -497,7 +503,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     'dual': worker_runs(args, 'dual', partition=part_path, overlap_branches=False)}
             for name, (_, bound) in variants.items():
                 runs[name] = worker_runs(args, 'dual', partition=part_path, overlap_branches=True, bound=bound)
-            peaks = {name: sorted(run['peak_bytes'] for run in configuration) for name, configuration in runs.items()}
+            peaks = {name: peaks_of(configuration) for name, configuration in runs.items()}
             m_ft = peaks['FT']
             print(f'peak memory ({how}; median [min-max] of {len(m_ft)} runs): FT {mib(m_ft)} | '
                   f"dual {mib(peaks['dual'])}")

@@ -224,7 +224,6 @@ check_bench_mamba_ssm() {
   return 0
 }
 
-
 # The issues' goals, each a ratio from this run's logs beside its bound (#38: the scan and the FT step
 # against mamba-ssm; #39: LDT/FT and LDT-S/FT for the three networks, the check's own time); "not
 # measured" where a step did not run or printed no figure.

@@ -111,7 +111,7 @@ from torch import nn
 import archs  # noqa: F401  (registers MambaIR)
 import archs.scan.dispatch as scan_module
 from archs.scan.dispatch import ScanKernelFailed, checked_kernel, selective_scan
-from basicsr_ldt.ldt import MixedPrecision
+from basicsr_ldt.ldt import CrossFrozenPair, MixedPrecision
 from basicsr_ldt.ldt import ldt_s as ldt_s_module
 from conftest import REPO, load_script
 from test_cli import train_options
@@ -644,7 +644,6 @@ def test_bench_ldt_times_and_measures_the_overlapped_dual_step(fake_cuda_counter
     real_worker = bench.worker
     monkeypatch.setattr(bench, 'worker', lambda args: overlapped.append((args.worker, args.overlap_branches,
                                                                          args.bound)) or real_worker(args))
-    from basicsr_ldt.ldt.pair import CrossFrozenPair
     stepped, step_both = [], CrossFrozenPair.step_both
     monkeypatch.setattr(CrossFrozenPair, 'step_both', lambda pair, *a: stepped.append(
         (pair.overlap_branches, pair.overlap_memory)) or step_both(pair, *a))
@@ -702,8 +701,8 @@ def test_bench_ldt_ratios_are_per_iteration_medians_with_the_exchanges_amortised
     50 ms (one every --ldt-s-interval 50) and its exchange 6 ms, the exchanges timed on the wall clock
     and added to both clocks. So the dual step is 22 ms against FT's 10 (2.2; process time 6 against
     2, 3.0), overlapped or not, and LDT-S 14 ms (1.4; 3.0); the summary takes wall time. The warm-up
-    step (a first forward of 1 s) is not counted. Peak memory is the median of the fresh runs (FT 1, 2, 9 MiB; dual 3, 4, 20; LDT-S 2, 2, 30)."""
-    from basicsr_ldt.ldt.pair import CrossFrozenPair
+    step (a first forward of 1 s) is not counted. Peak memory is the median of the fresh runs (FT 1, 2,
+    9 MiB; dual 3, 4, 20; LDT-S 2, 2, 30)."""
     bench = load_script('bench_ldt')
     clock = {'wall': 0.0, 'cpu': 0.0}
 
