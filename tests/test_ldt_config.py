@@ -57,6 +57,9 @@ def test_presets_and_round_trip():
     {'ema_every': 1, 'interval_iters': 1, 'head_warmup_iters': 0},   # integers at their lowest
     {'ratio_u': 0.01}, {'ratio_u': 0.99},
     {'overlap_branches': True, 'overlap_memory': 1.0},  # the sequential step's peak: [1, inf)
+    {'overlap_branches': False, 'overlap_memory': 1.0},  # the defaults' bound, the overlap turned off
+    {'overlap_branches': False, 'overlap_memory': None},
+    {'overlap_branches': 'auto', 'overlap_memory': None},
 ])
 def test_values_at_the_ends_of_their_ranges_are_accepted(options):
     """Each documented range includes its closed ends: a value exactly there is taken as given."""
@@ -75,8 +78,10 @@ def test_values_at_the_ends_of_their_ranges_are_accepted(options):
     ({'dpu': 'yes'}, r"^ldt\.dpu: expected true or false, got 'yes'$"),
     ({'overlap_branches': True, 'overlap_memory': 0.99},
      r'^ldt\.overlap_memory: expected a number in \[1, inf\), or null, got 0\.99$'),
-    ({'overlap_memory': 1.0}, r'^ldt\.overlap_memory: bounds the memory of overlapped branches; expected it with '
-                              r'overlap_branches: true, got overlap_memory 1\.0 without it$'),
+    ({'overlap_branches': False, 'overlap_memory': 1.05},
+     r'^ldt\.overlap_memory: bounds the memory of overlapped branches, and overlap_branches is false; expected '
+     r'the default 1\.0 \(or null\) there, got 1\.05$'),
+    ({'overlap_branches': 'yes'}, r"^ldt\.overlap_branches: expected true or false, or one of 'auto', got 'yes'$"),
 ])
 def test_values_just_past_their_ranges_name_the_range(options, message):
     with pytest.raises(ValueError, match=message):

@@ -42,7 +42,8 @@ def test_three_phases_partition_report_and_composite_checkpoint(uninterrupted, d
     exp = project / 'experiments' / 'ldt'
     log = next(exp.glob('train_ldt_*.log')).read_text()
     for text in ('head warm-up on D_S1 (2 iterations) from iteration 1', "profiling on D_S2 (2 batches, criterion 'var')",
-                 'dual training (cross-frozen primary/auxiliary) from iteration 5', 'l_primary', 'l_auxiliary'):
+                 'dual training (cross-frozen primary/auxiliary) from iteration 5', 'l_primary', 'l_auxiliary',
+                 'LDT dual step: branches one after the other (ldt.overlap_branches'):
         assert text in log
     # 4 dual steps, an exchange every 2: the paper's W (0.99 and up: 100 exchanges or more) outlast the
     # run's 2 exchanges, and the log names the option that rescales them.

@@ -10,10 +10,10 @@ import dataclasses
 import difflib
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from basicsr_ldt.ldt.ema_horizon import reference_exchanges, run_exchanges
-from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, number, optional, string, strings
+from basicsr_ldt.ldt.typed import boolean, check_options, choice, either, integer, number, optional, string, strings
 
 CRITERIA = ('var', 'mean', 'var_over_mean', 'random', 'sample_var', 'fisher')
 MODES = ('dual', 'single', 'alternating')
@@ -22,6 +22,8 @@ PARTITIONS = ('criterion', 'name')
 BUFFER_SOURCES = ('primary', 'auxiliary')
 PROFILE_ORDERS = ('shuffled', 'file_order')   # file_order: the official script's unshuffled loader
 DEFT_GROUPINGS = ('head', 'non_layers')       # non_layers: official DeFT split, `layers.*` vs the rest
+OVERLAP_AUTO = 'auto'                         # overlap_branches where the branches are on CUDA
+DEFAULT_OVERLAP_MEMORY = 1.0
 
 # Upsampler / prediction-head module names of the SR networks this project ships (MambaIR, HAT,
 # SAFMN) and of BasicSR's MSRResNet/EDSR/RCAN. A pattern matches a parameter name exactly, by
@@ -79,11 +81,13 @@ class LDTConfig:
     interval_iters: int = 100          # LDT-S: iterations per group before the frozen group swaps
     first_group: str = 'stable'        # LDT-S: group trained in the first interval (LDT's primary)
     # Dual mode: the auxiliary's forward runs during the primary's backward (same results; on a GPU
-    # faster, with more activation memory at the peak). An execution choice: a resumed run may change it.
-    overlap_branches: bool = False
-    # With overlap_branches, on CUDA: the auxiliary's forward waits while the GPU holds more than this
-    # multiple of what it held when the primary's backward began (None: no bound).
-    overlap_memory: Optional[float] = None
+    # faster). 'auto': where the branches are on a CUDA device. An execution choice: a resumed run may
+    # change it, as it may overlap_memory.
+    overlap_branches: Union[bool, str] = OVERLAP_AUTO
+    # When the branches overlap on CUDA: the auxiliary's forward waits while the GPU holds more than this
+    # multiple of what it held when the primary's backward began (1.0: the sequential step's peak;
+    # None: no bound, more activation memory at the peak).
+    overlap_memory: Optional[float] = 1.0
 
     def __post_init__(self) -> None:
         given = {k: v for k, v in dataclasses.asdict(self).items() if not (k in ('ratio_u', 'ratio_s') and v is None)}
@@ -182,7 +186,7 @@ SPECS = {
     'deft_grouping': choice(*DEFT_GROUPINGS),
     'interval_iters': integer(1),
     'first_group': choice(*GROUPS),
-    'overlap_branches': boolean(),
+    'overlap_branches': either(boolean(), choice(OVERLAP_AUTO)),
     'overlap_memory': optional(number(1, math.inf, '[)')),
 }
 #: Keys that change how a run executes, not what it computes: a saved state resumes under other values.
@@ -197,9 +201,10 @@ def _validate(cfg: LDTConfig) -> None:
     if cfg.profile_order == 'file_order' and cfg.profile_counts_in_total_iter:
         raise ValueError("ldt.profile_counts_in_total_iter: expected false with profile_order 'file_order' (one "
                          "pass of the data before training, possibly fewer than profile_iters batches), got true")
-    if cfg.overlap_memory is not None and not cfg.overlap_branches:
-        raise ValueError(f'ldt.overlap_memory: bounds the memory of overlapped branches; expected it with '
-                         f'overlap_branches: true, got overlap_memory {cfg.overlap_memory} without it')
+    if cfg.overlap_branches is False and cfg.overlap_memory not in (None, DEFAULT_OVERLAP_MEMORY):
+        raise ValueError(f'ldt.overlap_memory: bounds the memory of overlapped branches, and overlap_branches '
+                         f'is false; expected the default {DEFAULT_OVERLAP_MEMORY} (or null) there, got '
+                         f'{cfg.overlap_memory}')
     if cfg.deft_grouping != 'head' and cfg.partition != 'name':
         raise ValueError(f"ldt.deft_grouping: '{cfg.deft_grouping}' applies to partition 'name' only, "
                          f"got partition '{cfg.partition}'")

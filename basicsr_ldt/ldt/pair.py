@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from basicsr_ldt.ldt.config import OVERLAP_AUTO
 from basicsr_ldt.ldt.equations import composite_state, ema_exchange_
 from basicsr_ldt.ldt.freezing import set_trainable
 from basicsr_ldt.ldt.overlap import BRANCHES, OverlappedBranches
@@ -114,7 +115,7 @@ class CrossFrozenPair:
     """
 
     def __init__(self, primary: nn.Module, partition: Partition, optimizer_factory: OptimizerFactory,
-                 buffers_from: str = 'primary', overlap_branches: bool = False,
+                 buffers_from: str = 'primary', overlap_branches: Union[bool, str] = False,
                  overlap_memory: Optional[float] = None) -> None:
         names = [n for n, _ in primary.named_parameters()]
         partition.validate(names)
@@ -157,13 +158,31 @@ class CrossFrozenPair:
         ended the step (None when both updated). After a skipped primary the auxiliary has not
         changed, as if it had not run."""
         precision = precision or MixedPrecision()
-        if self.overlap_branches:
+        if self.overlaps():
             return self._step_overlapped(batch_loss, precision)
         pending: Dict[str, PendingStep] = {}
         for branch in BRANCHES:        # forward, backward; P's graph is gone before A's forward
             pending[branch] = self._forward(branch, batch_loss, precision)
             pending[branch].backward()
         return _finish_in_order(pending)
+
+    def overlaps(self) -> bool:
+        """Whether :meth:`step_both` overlaps the branches. 'auto' does on a CUDA device, where the overlap
+        was measured faster (docs/results.md); on a CPU both branches would share the same cores."""
+        if self.overlap_branches == OVERLAP_AUTO:
+            return next(self.auxiliary.parameters()).device.type == 'cuda'
+        return bool(self.overlap_branches)
+
+    def schedule(self) -> str:
+        """How :meth:`step_both` runs the branches, in words for the training log (what 'auto' chose)."""
+        if not self.overlaps():
+            return 'branches one after the other'
+        if next(self.auxiliary.parameters()).device.type != 'cuda':
+            return 'branches overlapped (a helper thread; no memory bound off CUDA)'
+        bound = ('no memory bound' if self.overlap_memory is None else
+                 f'the auxiliary forward held while the GPU holds over x{self.overlap_memory:g} its memory at the '
+                 'primary backward start')
+        return f'branches overlapped on two CUDA streams, {bound}'
 
     def _forward(self, branch: str, batch_loss: BatchLoss, precision: MixedPrecision) -> PendingStep:
         return PendingStep(self.network(branch), self.optimizers[branch], batch_loss, precision, branch)

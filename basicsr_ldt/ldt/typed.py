@@ -49,6 +49,11 @@ def boolean() -> Spec:
     return Spec(lambda v: isinstance(v, bool), 'true or false')
 
 
+def either(*specs: Spec) -> Spec:
+    """Any of ``specs`` (``true``, ``false`` or ``'auto'``, say)."""
+    return Spec(lambda v: any(spec.accepts(v) for spec in specs), ', or '.join(spec.expected for spec in specs))
+
+
 def string() -> Spec:
     return Spec(lambda v: isinstance(v, str) and v != '', 'a non-empty string')
 

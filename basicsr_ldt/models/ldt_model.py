@@ -293,6 +293,8 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         logger.info(f'LDT phase: {descriptions[phase]} from iteration {current_iter}')
         if phase == 'train' and self.ldt.partition is not None:
             self._report_partition(self.ldt.partition)
+            if self.ldt.pair is not None:
+                logger.info(f'LDT dual step: {self.ldt.pair.schedule()} (ldt.overlap_branches, overlap_memory)')
             for line in self.ldt.horizon_warnings():
                 logger.warning(f'LDT: {line}')
         self._phase = phase
