@@ -8,12 +8,14 @@
 
 The last line is the summary the results table takes, every figure a ratio to FT from this run:
 ``summary: arch=... FT <ms> ms | LDT/FT time <r> | LDT/FT memory <r> | LDT-S/FT time <r> | LDT-S/FT memory <r>``
-(wall-clock times; goals LDT/FT <= 1.7 time and <= 1.05 memory, LDT-S/FT <= 1.05 time), followed by
-``| LDT overlapped/FT time <r> | LDT overlapped/FT memory <r>`` with ``--overlap-branches``: the dual
-step as ``ldt.overlap_branches: true`` runs it, both branches in one timed call; on CUDA also
-``| LDT bounded/FT time <r> | LDT bounded/FT memory <r>``, the same with ``ldt.overlap_memory``
-(``--overlap-memory``, default 1.0: never above the sequential step's peak); each further value of
-``--overlap-memory`` adds ``| LDT bounded x<f>/FT time <r> | LDT bounded x<f>/FT memory <r>``.
+(wall-clock times; goals LDT/FT <= 1.7 time and <= 1.05 memory, LDT-S/FT <= 1.05 time). LDT's dual
+step is timed as LDT's defaults run it on the run's device (``ldt.overlap_branches: auto``,
+``overlap_memory: 1.0``: on CUDA the branches overlap within the sequential step's peak, elsewhere
+they run one after the other; a line before the figures says which). ``--overlap-branches`` adds the
+other ways, each timed in the same iterations and measured alone: on CUDA
+``| LDT sequential/FT time <r> | LDT sequential/FT memory <r>`` (one branch after the other), then
+everywhere ``| LDT overlapped/FT ...`` (``ldt.overlap_branches: true``, no bound), and on CUDA
+``| LDT bounded x<f>/FT ...`` for each ``ldt.overlap_memory`` factor of ``--overlap-memory`` (default 1.05).
 
 LDT-S (single network) is measured the same way against FT: step time including its EMA and its
 swap amortised over ``--ldt-s-interval`` iterations, and peak memory (targets 1.10 and 1.05).
@@ -67,7 +69,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -128,6 +130,9 @@ def l1(lq: torch.Tensor, gt: torch.Tensor):
 # Adam's implementation: torch's default for the device (one kernel per tensor list on CUDA, a loop
 # over tensors on the CPU); --count-ops sets True, so that the CPU counts the optimizer as CUDA runs it.
 ADAM_FOREACH: Optional[bool] = None
+# How LDT runs its dual step unless told otherwise (ldt.overlap_branches, ldt.overlap_memory): the
+# 'dual' figures and the summary's LDT/FT are that step's, on whatever device the run is on.
+DEFAULT_SCHEDULE: Tuple[Union[bool, str], Optional[float]] = (LDTConfig().overlap_branches, LDTConfig().overlap_memory)
 
 
 def adam(params, role):
@@ -171,8 +176,7 @@ def make_ldt(args, partition_file: str | None, device: str) -> LDT:
     torch.manual_seed(0)
     net = build_network(args.arch, args.scale).to(device)
     cfg = LDTConfig(profile_iters=0, partition_file=partition_file, ema_every=args.ema_every,
-                    overlap_branches=args.overlap_branches,
-                    overlap_memory=args.bound)
+                    overlap_branches=args.overlap, overlap_memory=args.bound)
     algo = LDT(net, cfg, adam, precision(args))
     return algo
 
@@ -292,7 +296,10 @@ def run_worker(args: argparse.Namespace, kind: str, **extra) -> dict:
            '--ema-every', str(args.ema_every), '--amp', args.amp]
     for key, value in extra.items():
         flag = f"--{key.replace('_', '-')}"
-        cmd += [flag] if value is True else [] if value is False or value is None else [flag, str(value)]
+        if key == 'overlap':     # ldt.overlap_branches: a value (true, false, 'auto'), not a flag
+            cmd += [flag, str(value)]
+        else:
+            cmd += [flag] if value is True else [] if value is False or value is None else [flag, str(value)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -346,12 +353,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help='CUDA only: the GPU kernel time of FT, primary and auxiliary steps by kind of kernel '
                         '(torch.profiler), --iters steps each after --warm, instead of timing')
     p.add_argument('--overlap-branches', action='store_true',
-                   help="also time the dual step with ldt.overlap_branches (the auxiliary's forward during the "
-                        "primary's backward) and measure its peak memory, beside the sequential branches")
-    p.add_argument('--overlap-memory', type=float, nargs='+', default=[1.0], metavar='FACTOR',
-                   help='with --overlap-branches on CUDA: also time and measure the overlapped dual step with each '
-                        'of these ldt.overlap_memory values (default 1.0)')
+                   help="also time and measure the dual step's other schedules beside the default: on CUDA the "
+                        "branches one after the other, and the overlapped branches (the auxiliary's forward during "
+                        "the primary's backward) without a memory bound")
+    p.add_argument('--overlap-memory', type=float, nargs='+', default=[1.05], metavar='FACTOR',
+                   help='with --overlap-branches on CUDA: also the overlapped dual step with each of these '
+                        'ldt.overlap_memory values (default 1.05; the default step is bounded at 1.0)')
     p.add_argument('--bound', type=float, help=argparse.SUPPRESS)   # a memory worker's ldt.overlap_memory
+    p.add_argument('--overlap', default=DEFAULT_SCHEDULE[0], type=lambda v: {'True': True, 'False': False}.get(v, v),
+                   help=argparse.SUPPRESS)                          # a memory worker's ldt.overlap_branches
     p.add_argument('--worker', choices=['ft', 'dual', 'profile', 'ldt_s'], help=argparse.SUPPRESS)
     p.add_argument('--partition', help=argparse.SUPPRESS)
     p.add_argument('--profile-samples', type=int, default=10, help=argparse.SUPPRESS)
@@ -420,26 +430,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                  'primary': lambda lq, gt: algo.pair.step('primary', l1(lq, gt), algo.precision),
                  'auxiliary': lambda lq, gt: algo.pair.step('auxiliary', l1(lq, gt), algo.precision)}
 
-        def dual_step(overlap: bool, memory: Optional[float] = None) -> Callable[[torch.Tensor, torch.Tensor], object]:
+        def dual_step(overlap: Union[bool, str], memory: Optional[float]) -> Callable[[torch.Tensor, torch.Tensor], object]:
             """Both branches in one call, as LDT.update runs them (one loss read after both backward passes)."""
             def step(lq: torch.Tensor, gt: torch.Tensor) -> object:
                 algo.pair.overlap_branches, algo.pair.overlap_memory = overlap, memory
                 return algo.pair.step_both(l1(lq, gt), algo.precision)
             return step
-        timed_steps = {'FT': steps['FT'], 'dual': dual_step(False)}
-        # the overlapped dual steps measured: name -> (label, ldt.overlap_memory)
-        variants: Dict[str, Tuple[str, Optional[float]]] = {}
-        if args.overlap_branches:
-            variants['overlapped'] = ('overlapped branches', None)
-            if on_cuda(device):    # the bound reads the GPU's allocator: nothing to bound elsewhere
-                for i, factor in enumerate(args.overlap_memory):
-                    name = 'bounded' if i == 0 else f'bounded x{factor:g}'
-                    variants[name] = (f'overlapped branches within x{factor:g} memory', factor)
-            else:
-                print('overlapped branches within a memory bound: CUDA only (ldt.overlap_memory reads the GPU\'s '
-                      'allocator), not measured')
-        for name, (_, bound) in variants.items():
-            timed_steps[name] = dual_step(True, bound)
+        algo.pair.overlap_branches, algo.pair.overlap_memory = DEFAULT_SCHEDULE
+        print(f"dual step: as LDT's defaults run it here (ldt.overlap_branches '{DEFAULT_SCHEDULE[0]}', overlap_memory "
+              f'{DEFAULT_SCHEDULE[1]:g}): {algo.pair.schedule()}')
+        timed_steps = {'FT': steps['FT'], 'dual': dual_step(*DEFAULT_SCHEDULE)}
+        variants = schedule_variants(args)
+        for name, (_, overlap, bound) in variants.items():
+            timed_steps[name] = dual_step(overlap, bound)
         wall = {name: [] for name in timed_steps}
         cpu = {name: [] for name in timed_steps}
 
@@ -482,7 +485,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                   f'ratios {[round(r, 2) for r in ratios]}; target <= 1.7)')
             if label == 'wall':
                 summary.update(ft_ms=statistics.median(t['FT']) * 1e3, time=statistics.median(ratios))
-            for name, (text, _) in variants.items():
+            for name, (text, _, _) in variants.items():
                 overlapped = [o + ema_per_step for o in t[name]]
                 ratios = [o / f for o, f in zip(overlapped, t['FT'])]
                 print(f'  {text}: dual {statistics.median(overlapped) * 1e3:.1f} ms, step ratio '
@@ -500,16 +503,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                    'RSS high-water (VmHWM, reset via clear_refs; else ru_maxrss) growth over the RSS '
                    'before the model is built, fresh subprocess per configuration')
             runs = {'FT': worker_runs(args, 'ft'),
-                    'dual': worker_runs(args, 'dual', partition=part_path, overlap_branches=False)}
-            for name, (_, bound) in variants.items():
-                runs[name] = worker_runs(args, 'dual', partition=part_path, overlap_branches=True, bound=bound)
+                    'dual': worker_runs(args, 'dual', partition=part_path, overlap=DEFAULT_SCHEDULE[0],
+                                        bound=DEFAULT_SCHEDULE[1])}
+            for name, (_, overlap, bound) in variants.items():
+                runs[name] = worker_runs(args, 'dual', partition=part_path, overlap=overlap, bound=bound)
             peaks = {name: peaks_of(configuration) for name, configuration in runs.items()}
             m_ft = peaks['FT']
             print(f'peak memory ({how}; median [min-max] of {len(m_ft)} runs): FT {mib(m_ft)} | '
                   f"dual {mib(peaks['dual'])}")
             summary['memory'] = statistics.median(peaks['dual']) / statistics.median(m_ft)
             print(f"  memory ratio dual/FT = {summary['memory']:.3f}  (target <= 1.05)")
-            for name, (text, _) in variants.items():
+            for name, (text, _, _) in variants.items():
                 summary[f'{name}_memory'] = statistics.median(peaks[name]) / statistics.median(m_ft)
                 print(f"  {text}: dual {mib(peaks[name])}, memory ratio dual/FT = {summary[f'{name}_memory']:.3f}")
             if on_cuda(device):
@@ -525,13 +529,33 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         f"{ratio_text(summary.get(f'{name}_memory'))}" for name in variants))
 
 
-def report_reserved(runs: Dict[str, List[dict]], variants: Dict[str, Tuple[str, Optional[float]]]) -> None:
+def schedule_variants(args: argparse.Namespace) -> Dict[str, Tuple[str, Union[bool, str], Optional[float]]]:
+    """With ``--overlap-branches``, the other ways of running the dual step measured beside the default
+    ('auto' within x1 memory): name -> (label, ldt.overlap_branches, ldt.overlap_memory). The sequential
+    step only where the default overlaps (CUDA), the bounds only where the allocator can be read."""
+    variants: Dict[str, Tuple[str, Union[bool, str], Optional[float]]] = {}
+    if not args.overlap_branches:
+        return variants
+    if on_cuda(args.device):
+        variants['sequential'] = ('branches one after the other', False, None)
+    variants['overlapped'] = ('overlapped branches', True, None)
+    if on_cuda(args.device):    # the bound reads the GPU's allocator: nothing to bound elsewhere
+        for factor in args.overlap_memory:
+            variants[f'bounded x{factor:g}'] = (f'overlapped branches within x{factor:g} memory', True, factor)
+    else:
+        print('overlapped branches within a memory bound: CUDA only (ldt.overlap_memory reads the GPU\'s '
+              'allocator), not measured')
+    return variants
+
+
+def report_reserved(runs: Dict[str, List[dict]],
+                    variants: Dict[str, Tuple[str, Union[bool, str], Optional[float]]]) -> None:
     """The peak of what the caching allocator took from the GPU per configuration (nvidia-smi's figure
     less the CUDA context; the goals are on allocated memory): a stream per branch keeps the blocks it
     freed for itself, so the overlapped steps may hold more than they allocate."""
     reserved = {name: statistics.median(run['reserved_bytes'] for run in configuration)
                 for name, configuration in runs.items()}
-    labels = {'FT': 'FT', 'dual': 'dual', **{name: text for name, (text, _) in variants.items()}}
+    labels = {'FT': 'FT', 'dual': 'dual', **{name: text for name, (text, _, _) in variants.items()}}
     print('  reserved (torch.cuda.max_memory_reserved after empty_cache; what the process holds on the GPU): '
           + ' | '.join(f'{labels[name]} {value / 2**20:.1f} MiB'
                        + ('' if name == 'FT' else f', ratio to FT {value / reserved["FT"]:.3f}')

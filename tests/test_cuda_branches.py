@@ -633,52 +633,60 @@ def test_bench_ldt_profile_worker_takes_its_sample_count_in_and_out_of_process(m
     assert bench.parse_args(commands[0][2:]).profile_samples == 3   # what the child process parses
 
 
-def test_bench_ldt_times_and_measures_the_overlapped_dual_step(fake_cuda_counters, monkeypatch, capsys):
-    """gpu_check.sh step 12 (bench_ldt.py --overlap-branches): the dual step as
-    ``ldt.overlap_branches`` runs it, timed beside the sequential branches, with its own memory run
-    (the sequential one without the option), and both ratios on the summary line."""
+def test_bench_ldt_times_and_measures_the_dual_step_as_the_defaults_run_it_and_its_other_schedules(
+        fake_cuda_counters, monkeypatch, capsys):
+    """gpu_check.sh's bench steps: the 'dual' figures are the dual step as LDT's defaults run it
+    (ldt.overlap_branches 'auto', overlap_memory 1.0), and --overlap-branches on CUDA adds the branches one
+    after the other, overlapped without a bound and within each --overlap-memory factor, timed in the same
+    iterations, each with its own memory run and its ratios on the summary line."""
     bench = load_script('bench_ldt')
     monkeypatch.setattr(bench, 'on_cuda', lambda device: True)
     monkeypatch.setattr(bench, 'build_network', lambda arch, scale: _Tiny(scale))
-    overlapped = []
+    workers = []
     real_worker = bench.worker
-    monkeypatch.setattr(bench, 'worker', lambda args: overlapped.append((args.worker, args.overlap_branches,
-                                                                         args.bound)) or real_worker(args))
+    monkeypatch.setattr(bench, 'worker', lambda args: workers.append((args.worker, args.overlap, args.bound))
+                        or real_worker(args))
     stepped, step_both = [], CrossFrozenPair.step_both
     monkeypatch.setattr(CrossFrozenPair, 'step_both', lambda pair, *a: stepped.append(
         (pair.overlap_branches, pair.overlap_memory)) or step_both(pair, *a))
     bench.main(['--device', 'cpu', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '2', '--warm', '1',
                 '--profile-passes', '2', '--mem-iters', '1', '--ldt-s-interval', '2', '--no-profile-memory',
-                '--overlap-branches', '--overlap-memory', '1', '1.05'])
+                '--overlap-branches', '--overlap-memory', '1.05', '2'])
     out = capsys.readouterr().out
-    assert len(re.findall(r'^  overlapped branches: dual [\d.]+ ms, step ratio dual/FT = \d+\.\d+', out, re.M)) == 2
-    assert len(re.findall(r'^  overlapped branches within x1 memory: dual [\d.]+ ms, step ratio', out, re.M)) == 2
-    assert len(re.findall(r'^  overlapped branches within x1.05 memory: dual [\d.]+ ms, step ratio', out, re.M)) == 2
-    assert 'overlapped branches: dual 3.0 MiB, memory ratio dual/FT = 3.000' in out   # FT 1, dual 2, overlapped 3
-    assert 'overlapped branches within x1 memory: dual 4.0 MiB, memory ratio dual/FT = 4.000' in out
+    # (the stand-in GPU's tensors are on the CPU, where 'auto' runs the branches one after the other)
+    assert "dual step: as LDT's defaults run it here (ldt.overlap_branches 'auto', overlap_memory 1): " \
+           'branches one after the other' in out.splitlines()
+    for label in ('branches one after the other', 'overlapped branches', 'overlapped branches within x1.05 memory',
+                  'overlapped branches within x2 memory'):       # wall and process time
+        assert len(re.findall(rf'^  {label}: dual [\d.]+ ms, step ratio dual/FT = \d+\.\d+', out, re.M)) == 2, label
+    assert 'memory ratio dual/FT = 2.000' in out                  # FT 1 MiB, the default 2, then 3, 4, 5, 6
+    assert 'branches one after the other: dual 3.0 MiB, memory ratio dual/FT = 3.000' in out
+    assert 'overlapped branches: dual 4.0 MiB, memory ratio dual/FT = 4.000' in out
     assert 'overlapped branches within x1.05 memory: dual 5.0 MiB, memory ratio dual/FT = 5.000' in out
-    assert [o for o in overlapped if o[0] == 'dual'] == [('dual', False, None), ('dual', True, None),
-                                                           ('dual', True, 1.0), ('dual', True, 1.05)]
-    # each timed iteration (1 warm-up + 2) steps the sequential, overlapped and bounded dual steps in turn
-    assert stepped[:12] == [(False, None), (True, None), (True, 1.0), (True, 1.05)] * 3
-    # what the allocator took from the GPU, beside each figure above (10, 20, 30, 40 MiB here)
+    assert 'overlapped branches within x2 memory: dual 6.0 MiB, memory ratio dual/FT = 6.000' in out
+    assert [w for w in workers if w[0] == 'dual'] == [('dual', 'auto', 1.0), ('dual', False, None), ('dual', True, None),
+                                                      ('dual', True, 1.05), ('dual', True, 2.0)]
+    # each timed iteration (1 warm-up + 2) steps the default, sequential, overlapped and bounded dual steps in turn
+    assert stepped[:15] == [('auto', 1.0), (False, None), (True, None), (True, 1.05), (True, 2.0)] * 3
+    # what the allocator took from the GPU, beside each figure above (10, 20, ... 60 MiB here)
     assert ('  reserved (torch.cuda.max_memory_reserved after empty_cache; what the process holds on the GPU): FT 10.0 '
-            'MiB | dual 20.0 MiB, ratio to FT 2.000 | overlapped branches 30.0 MiB, ratio to FT 3.000 | overlapped '
-            'branches within x1 memory 40.0 MiB, ratio to FT 4.000 | overlapped branches within x1.05 memory 50.0 MiB, '
-            'ratio to FT 5.000') in out.splitlines()
-    assert re.search(r'\| LDT overlapped/FT time \d+\.\d+ \| LDT overlapped/FT memory 3\.000 '
-                     r'\| LDT bounded/FT time \d+\.\d+ \| LDT bounded/FT memory 4\.000 '
-                     r'\| LDT bounded x1.05/FT time \d+\.\d+ \| LDT bounded x1.05/FT memory 5\.000$',
-                     out.splitlines()[-1])
+            'MiB | dual 20.0 MiB, ratio to FT 2.000 | branches one after the other 30.0 MiB, ratio to FT 3.000 | '
+            'overlapped branches 40.0 MiB, ratio to FT 4.000 | overlapped branches within x1.05 memory 50.0 MiB, '
+            'ratio to FT 5.000 | overlapped branches within x2 memory 60.0 MiB, ratio to FT 6.000') in out.splitlines()
+    assert re.search(r'\| LDT/FT memory 2\.000 .*\| LDT sequential/FT time \d+\.\d+ \| LDT sequential/FT memory 3\.000 '
+                     r'\| LDT overlapped/FT time \d+\.\d+ \| LDT overlapped/FT memory 4\.000 '
+                     r'\| LDT bounded x1.05/FT time \d+\.\d+ \| LDT bounded x1.05/FT memory 5\.000 '
+                     r'\| LDT bounded x2/FT time \d+\.\d+ \| LDT bounded x2/FT memory 6\.000$', out.splitlines()[-1])
     commands = []
     monkeypatch.setattr(bench.subprocess, 'run', lambda cmd, **kw: commands.append(cmd) or
                         types.SimpleNamespace(stdout='{"peak_bytes": 7}\n'))
     monkeypatch.setattr(bench, 'on_cuda', lambda device: False)
     args = bench.parse_args(['--device', 'cpu', '--overlap-branches'])
-    for overlap, bound in ((True, {'bound': 1.05}), (True, {'bound': None}), (False, {})):   # what the child parses
-        bench.run_worker(args, 'dual', partition='p.json', overlap_branches=overlap, **bound)
+    for overlap, bound in (('auto', 1.0), (True, 1.05), (True, None), (False, None)):   # what the child parses
+        bench.run_worker(args, 'dual', partition='p.json', overlap=overlap, bound=bound)
         child = bench.parse_args(commands[-1][2:])
-        assert child.overlap_branches is overlap and child.bound == bound.get('bound')
+        assert child.overlap == overlap and type(child.overlap) is type(overlap) and child.bound == bound
+    assert bench.parse_args([]).overlap == 'auto'             # a child given nothing runs LDT's default
     with pytest.raises(SystemExit):
         bench.parse_args(['--device', 'cpu', '--overlap-branches', '--overlap-memory', '1', '0.9'])
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
@@ -692,6 +700,7 @@ def test_bench_ldt_overlap_on_a_cpu_measures_no_memory_bound(monkeypatch, capsys
                 '--warm', '1', '--profile-passes', '2', '--ldt-s-interval', '2', '--overlap-branches'])
     out = capsys.readouterr().out
     assert 'overlapped branches within a memory bound: CUDA only' in out and 'LDT bounded' not in out
+    assert 'LDT sequential' not in out          # the default already runs the branches one after the other here
     assert re.search(r'\| LDT overlapped/FT time \d+\.\d+ \| LDT overlapped/FT memory n/a$', out.splitlines()[-1])
 
 

@@ -33,7 +33,7 @@ case "$*" in *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 m
   echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
   *bench_ldt.py*--overlap-branches*)   # with the overlapped dual step's ratios (none with FAKE_NO_SUMMARY=1)
   echo "  reserved (torch.cuda.max_memory_reserved after empty_cache; what the process holds on the GPU): FT 10.0 MiB"
-  [ "${FAKE_NO_SUMMARY:-0}" = 1 ] || echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.800 | LDT/FT memory 0.980 | LDT-S/FT time 0.900 | LDT-S/FT memory n/a | LDT overlapped/FT time 1.300 | LDT overlapped/FT memory 1.600 | LDT bounded/FT time 1.700 | LDT bounded/FT memory 1.010 | LDT bounded x1.05/FT time 1.450 | LDT bounded x1.05/FT memory 1.050"
+  [ "${FAKE_NO_SUMMARY:-0}" = 1 ] || echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.800 | LDT/FT memory 0.980 | LDT-S/FT time 0.900 | LDT-S/FT memory n/a | LDT sequential/FT time 1.700 | LDT sequential/FT memory 1.010 | LDT overlapped/FT time 1.300 | LDT overlapped/FT memory 1.600 | LDT bounded x1.05/FT time 1.450 | LDT bounded x1.05/FT memory 1.050"
   sleep "${FAKE_OVERLAP_SLEEP:-0}";;
   *bench_ldt.py*)   # bench_ldt's summary line
   echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.500 | LDT/FT memory 1.100 | LDT-S/FT time 1.020 | LDT-S/FT memory n/a";;
@@ -177,7 +177,7 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     assert report.count('\n      reserved (torch.cuda.max_memory_reserved after empty_cache') == 3   # in the report
     for arch in ('mambair', 'hat', 'safmn'):
         assert (f'scripts/bench_ldt.py --device cuda --arch {arch} --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 '
-                '--no-profile-memory --overlap-branches --overlap-memory 1 1.05'
+                '--no-profile-memory --overlap-branches --overlap-memory 1.05'
                 ) in (folder / f'overlap_{arch}.log').read_text()
     compile_log = (folder / 'scan_compile.log').read_text()
     assert 'fake-python scripts/scan_static_report.py --arch 90\n' in compile_log   # this GPU's architecture
@@ -205,10 +205,10 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
             f'  {arch} LDT/FT time: 1.500 (goal <= 1.7) met', f'  {arch} LDT/FT memory: 1.100 (goal <= 1.05) MISSED',
             f'  {arch} LDT-S/FT time: 1.020 (goal <= 1.05) met')],
         *[line for arch in ('mambair', 'hat', 'safmn') for line in (
+            f'  {arch} LDT/FT time, one after the other: 1.700 (goal <= 1.7) met',   # at a bound: met
+            f'  {arch} LDT/FT memory, one after the other: 1.010 (goal <= 1.05) met',
             f'  {arch} LDT/FT time, overlapped branches: 1.300 (goal <= 1.7) met',
             f'  {arch} LDT/FT memory, overlapped branches: 1.600 (goal <= 1.05) MISSED',
-            f'  {arch} LDT/FT time, overlapped within x1 memory: 1.700 (goal <= 1.7) met',   # at a bound: met
-            f'  {arch} LDT/FT memory, overlapped within x1 memory: 1.010 (goal <= 1.05) met',
             f'  {arch} LDT/FT time, overlapped within x1.05 memory: 1.450 (goal <= 1.7) met',
             f'  {arch} LDT/FT memory, overlapped within x1.05 memory: 1.050 (goal <= 1.05) met')],
         goals[29]]
@@ -218,9 +218,9 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
                         goals[29]), goals[29]
     # then which ways of running the dual step keep all three networks within both goals
     assert report.splitlines()[-2] == (
-        '  the dual step with every network within both LDT/FT goals: sequential: no (3 of 6 goals met) | overlapped '
-        'branches: no (3 of 6 goals met) | overlapped within x1 memory: yes (6 of 6 goals met) | overlapped within '
-        'x1.05 memory: yes (6 of 6 goals met)')
+        '  the dual step with every network within both LDT/FT goals: default: no (3 of 6 goals met) | one after the '
+        'other: yes (6 of 6 goals met) | overlapped branches: no (3 of 6 goals met) | overlapped within x1.05 memory: '
+        'yes (6 of 6 goals met)')
     assert report.splitlines()[-1].startswith('result: ')
 
 
@@ -577,8 +577,9 @@ def test_gpu_check_steps_runs_only_the_steps_named(tmp_path):
             '(GPU_CHECK_STEPS=bench_ldt_hat,versions,overlap_safmn)') in report.splitlines()
     assert '  hat LDT/FT time: 1.500 (goal <= 1.7) met' in report.splitlines()
     assert '  safmn LDT/FT time: not measured' in report.splitlines()
-    assert ('  the dual step with every network within both LDT/FT goals: sequential: no (1 of 6 goals met) | '
-            'overlapped branches: no (1 of 6 goals met)') == report.splitlines()[-2].split(' | overlapped within')[0]
+    assert ('  the dual step with every network within both LDT/FT goals: default: no (1 of 6 goals met) | one after the '
+            'other: no (2 of 6 goals met) | overlapped branches: no (1 of 6 goals met)'
+            ) == report.splitlines()[-2].split(' | overlapped within')[0]
     assert re.search(r'^result: 1 step\(s\) failed or skipped', report, re.M) and result.returncode != 0
     os.environ.update(GPU_CHECK_STEPS='overlap_hat', FAKE_NO_SUMMARY='1')   # no summary line: the step fails
     (tmp_path / 'again').mkdir()
