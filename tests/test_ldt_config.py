@@ -60,6 +60,7 @@ def test_presets_and_round_trip():
     {'overlap_branches': False, 'overlap_memory': 1.0},  # the defaults' bound, the overlap turned off
     {'overlap_branches': False, 'overlap_memory': None},
     {'overlap_branches': 'auto', 'overlap_memory': None},
+    {'overlap_branches': 'auto', 'overlap_memory': 1.05},   # a bound for wherever 'auto' overlaps
 ])
 def test_values_at_the_ends_of_their_ranges_are_accepted(options):
     """Each documented range includes its closed ends: a value exactly there is taken as given."""
