@@ -8,13 +8,13 @@
 #   1. versions      10 s  GPU, driver, CUDA, torch, triton, mamba-ssm
 #   2. scan_backends 60 s  the selective-scan backends side by side on CUDA (the scan issue's benchmark;
 #                          MambaIR's bf16-autocast call, bf16 read as it is, against float32 copies)
-#   3. demo_data     20 s  the demo cameras (LR 48) and a second set of larger images (LR 115) if absent
+#   3. demo_data     15 s  the demo cameras (LR 48) and a second set of larger images (LR 115) if absent
 #   4. train         65 s  small MambaIR, LDT in bf16 through every phase (head warm-up, profiling,
 #                          dual training with DPU), two validations (iterations 60 and 100) of both
 #                          sets with the official cutting in bf16, composite saved at 60 and 100
 #   5. test_bf16     30 s  test.py in bf16 on that composite, 32-pixel tiles, both sets
 #   6. torchrun      40 s  a 2-process torchrun run (NCCL with a GPU per rank; Gloo when they share one)
-#   7. bench_*   45/45/30 s  bench_ldt.py in bf16 for classic MambaIR, HAT and SAFMN x4 (LR 48, batch 4):
+#   7. bench_*   50/50/30 s  bench_ldt.py in bf16 for classic MambaIR, HAT and SAFMN x4 (LR 48, batch 4):
 #                          FT step, LDT dual step as the defaults run it (on CUDA the branches overlapped
 #                          within the sequential step's peak), LDT-S step, peak memory, ratios to FT of the run
 #   8. scan_mamba_ssm 110 s only when mamba-ssm's sdist was carried (GPU_CHECK_MAMBA_SDIST, default
@@ -353,7 +353,7 @@ print(f'torch {torch.__version__}, triton {triton_version}, mamba-ssm {mamba}, b
 EOF
 [ "$SWEEP" -eq 1 ] && run_step scan_compile 30 check_compile bash -c scan_compile
 run_step scan_backends 60 check_scan bash -c scan_backends
-run_step demo_data 20 check_data bash -c demo_data
+run_step demo_data 15 check_data bash -c demo_data
 run_step train_mambair_ldt_bf16 65 check_train "$PY" Train_pip.py -opt options/demo/train_demo_mambair_ldt_gpu.yml
 run_step test_bf16 30 check_test "$PY" test.py -opt options/demo/test_demo_mambair_gpu.yml
 run_step torchrun_ddp_2 40 check_ddp \
@@ -361,7 +361,7 @@ run_step torchrun_ddp_2 40 check_ddp \
   -opt options/demo/train_demo_mambair_ldt_gpu.yml --launcher pytorch --force_yml name=gpu_check_ddp \
   datasets:train:batch_size_per_gpu=2 train:total_iter=40 ldt:head_warmup_iters=10 ldt:profile_iters=10 \
   logger:save_checkpoint_freq=20 logger:print_freq=20 val:val_freq=40
-for arch in mambair:45 hat:45 safmn:30; do
+for arch in mambair:50 hat:50 safmn:30; do
   run_step "bench_ldt_${arch%%:*}" "${arch##*:}" check_bench "$PY" scripts/bench_ldt.py --device cuda --arch "${arch%%:*}" \
     --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory
 done
