@@ -247,7 +247,7 @@ goals() {
     goal "$arch LDT-S/FT time" "$(summary_ratio "$DIR/bench_ldt_$arch.log" 'LDT-S\/FT time')" 1.05
   done
   if [ "$SWEEP" -eq 1 ]; then   # ldt.overlap_branches: the same bounds, for the dual step that option runs
-    local mode modes bound key
+    local mode modes bound
     # each mode as 'its words in the goal|its name on the summary line'
     modes=('one after the other|sequential' 'overlapped branches|overlapped')
     for bound in $OVERLAP_BOUNDS; do

@@ -87,7 +87,7 @@ class LDTConfig:
     # When the branches overlap on CUDA: the auxiliary's forward waits while the GPU holds more than this
     # multiple of what it held when the primary's backward began (1.0: the sequential step's peak;
     # None: no bound, more activation memory at the peak).
-    overlap_memory: Optional[float] = 1.0
+    overlap_memory: Optional[float] = DEFAULT_OVERLAP_MEMORY
 
     def __post_init__(self) -> None:
         given = {k: v for k, v in dataclasses.asdict(self).items() if not (k in ('ratio_u', 'ratio_s') and v is None)}

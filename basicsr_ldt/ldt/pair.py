@@ -170,14 +170,17 @@ class CrossFrozenPair:
         """Whether :meth:`step_both` overlaps the branches. 'auto' does on a CUDA device, where the overlap
         was measured faster (docs/results.md); on a CPU both branches would share the same cores."""
         if self.overlap_branches == OVERLAP_AUTO:
-            return next(self.auxiliary.parameters()).device.type == 'cuda'
+            return self._on_cuda()
         return bool(self.overlap_branches)
+
+    def _on_cuda(self) -> bool:
+        return next(self.auxiliary.parameters()).device.type == 'cuda'
 
     def schedule(self) -> str:
         """How :meth:`step_both` runs the branches, in words for the training log (what 'auto' chose)."""
         if not self.overlaps():
             return 'branches one after the other'
-        if next(self.auxiliary.parameters()).device.type != 'cuda':
+        if not self._on_cuda():
             return 'branches overlapped (a helper thread; no memory bound off CUDA)'
         bound = ('no memory bound' if self.overlap_memory is None else
                  f'the auxiliary forward held while the GPU holds over x{self.overlap_memory:g} its memory at the '
