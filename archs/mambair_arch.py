@@ -21,7 +21,8 @@ from torch import nn
 
 from archs.arch_common import (PatchEmbed, PatchUnEmbed, UpsampleOneStep, drop_path_rates,
                                 init_transformer_weights, rgb_mean)
-from archs.scan.dispatch import log_configuration_once, resolve_backend, selective_scan
+from archs.scan.dispatch import (four_way_runs_in_triton, four_way_scan, log_configuration_once,
+                                 resolve_backend, selective_scan)
 
 SCAN_DIRECTIONS = 4  # row-major, column-major, and both reversed
 
@@ -111,7 +112,38 @@ class SS2D(nn.Module):
         return weight, dt + torch.log(-torch.expm1(-dt))
 
     def forward_core(self, x: torch.Tensor) -> torch.Tensor:
-        """(b, d_inner, h, w) -> (b, d_inner, h*w) in row-major token order."""
+        """(b, d_inner, h, w) -> (b, d_inner, h*w) in row-major token order (float32).
+
+        With the Triton kernels the four directions are read by index inside them
+        (:meth:`_scan_in_kernels`); the other kernels get today's direction copies
+        (:meth:`_scan_direction_copies`)."""
+        if four_way_runs_in_triton(self.scan_backend, x.device):
+            y = self._scan_in_kernels(x)
+            if y is not None:   # None: the Triton kernel failed its first call under 'auto'
+                return y
+        return self._scan_direction_copies(x)
+
+    def _scan_inputs(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A, D and delta_bias as every kernel takes them (float32, the 4 directions stacked)."""
+        return (-torch.exp(self.A_logs.float()), self.Ds.float(),
+                self.dt_projs_bias.float().reshape(-1))
+
+    def _scan_in_kernels(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """The four directions without copies: each direction's projections (dt, B, C) are taken
+        of x in row-major order (a projection is per position, so the order does not change
+        them) and the Triton kernels read position t of direction k where it lies."""
+        b, d, h, w = x.shape
+        flat = x.reshape(b, d, h * w)
+        x_dbl = torch.einsum('bdl,kcd->bkcl', flat, self.x_proj_weight)
+        dts, Bs, Cs = torch.split(x_dbl, [self.dt_rank, self.d_state, self.d_state], dim=2)
+        dts = torch.einsum('bkrl,kdr->bkdl', dts, self.dt_projs_weight)
+        A, D, bias = self._scan_inputs()
+        return four_way_scan(flat, dts.reshape(b, SCAN_DIRECTIONS * d, h * w), A, Bs, Cs, D, bias, h,
+                             delta_softplus=True, backend=self.scan_backend)
+
+    def _scan_direction_copies(self, x: torch.Tensor) -> torch.Tensor:
+        """Upstream's way: the four direction copies xs (b, 4, d, L), one grouped scan, the
+        outputs mapped back to row-major order and summed."""
         b, d, h, w = x.shape
         k, length = SCAN_DIRECTIONS, h * w
         rows = x.reshape(b, d, length)
@@ -124,10 +156,10 @@ class SS2D(nn.Module):
         # A float32 scan of the activations as autocast left them (upstream casts xs, dts, Bs and
         # Cs to float32 first: the same output, but the Triton kernels read bf16 as it is, so
         # under bf16 autocast the copies, their casts' backward and their memory are saved).
+        A, D, bias = self._scan_inputs()
         y = selective_scan(
-            xs.reshape(b, k * d, length), dts.reshape(b, k * d, length),
-            -torch.exp(self.A_logs.float()), Bs, Cs, self.Ds.float(),
-            delta_bias=self.dt_projs_bias.float().reshape(-1), delta_softplus=True,
+            xs.reshape(b, k * d, length), dts.reshape(b, k * d, length), A, Bs, Cs, D,
+            delta_bias=bias, delta_softplus=True,
             backend=self.scan_backend, out_dtype=torch.float32).view(b, k, d, length)
         back = y[:, 2:4].flip(-1)  # the two reversed scans, back in forward order
 

@@ -343,3 +343,40 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     if return_last_state:
         return result[0].to(out_dtype), result[1]
     return result.to(out_dtype)
+
+
+def four_way_runs_in_triton(backend: Optional[str], device: torch.device) -> bool:
+    """Whether SS2D on ``device`` should hand its four directions to the Triton kernels in one
+    call (:func:`four_way_scan`): the configured backend runs Triton there, and Triton has not
+    already failed there. Cheap: no kernel is compiled or run."""
+    return select_kernel(backend, device) == 'triton' and str(device) not in _triton_failed
+
+
+def four_way_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                  D: torch.Tensor, delta_bias: torch.Tensor, height: int, delta_softplus: bool = True,
+                  backend: Optional[str] = None) -> Optional[torch.Tensor]:
+    """SS2D's four scans summed in row-major order, by the Triton kernels
+    (:func:`archs.scan.triton_function.four_way_scan_triton` has the shapes), or None when the
+    kernel for ``x``'s device is not Triton: then the caller builds the four direction copies and
+    calls :func:`selective_scan`. The first call per device and variant runs the kernels once on
+    detached copies, as :func:`checked_kernel` describes (a failure under 'auto' returns None
+    from then on)."""
+    if not four_way_runs_in_triton(backend, x.device):
+        return None
+    args = (x, delta, A, B, C, D, delta_bias)
+    backward = torch.is_grad_enabled() and any(t.requires_grad for t in args)
+    variant = ('four_way', tuple(t.dtype for t in args), bool(delta_softplus))
+
+    def trial(bwd: bool) -> None:
+        with torch.set_grad_enabled(bwd):
+            copies = [t.detach().requires_grad_(bwd and t.requires_grad) for t in args]
+            out = _triton_module.four_way_scan_triton(*copies, height, delta_softplus)
+            if bwd:
+                leaves = [t for t in copies if t.requires_grad]
+                torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
+
+    kernel = checked_kernel(backend, x.device, backward, trial, variant)
+    _log_kernel_once(backend, kernel, x.device)
+    if kernel != 'triton':
+        return None
+    return _triton_module.four_way_scan_triton(x, delta, A, B, C, D, delta_bias, height, delta_softplus)

@@ -85,3 +85,86 @@ def interpreting() -> bool:
     triton was imported (its own library functions, such as ``tl.sum``, are decorated then) and
     still when this module was."""
     return not any(isinstance(f, triton.runtime.JITFunction) for f in (_scan_forward_kernel, tl.sum))
+
+
+# SS2D's four directions in one launch each way (:func:`four_way_scan_triton`), as custom operators:
+# torch.compile then keeps the kernels inside its graph as opaque calls (an autograd.Function would
+# break the graph), with shapes from the fake implementations below.
+_FOUR_WAY = 'basicsr_ldt::four_way_scan'
+
+
+@torch.library.custom_op(f'{_FOUR_WAY}_forward', mutates_args=())
+def _four_way_forward(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                      C: torch.Tensor, D: torch.Tensor, delta_bias: torch.Tensor, height: int,
+                      softplus: bool, save_states: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    launch = forward_launch(x, delta, A, B, C, D, None, delta_bias, softplus, save_states, height=height)
+    outputs = launch.run()
+    states = outputs['states']
+    return outputs['out'], (states if states is not None else x.new_empty(0, dtype=torch.float32))
+
+
+@_four_way_forward.register_fake
+def _(x, delta, A, B, C, D, delta_bias, height, softplus, save_states):
+    from archs.scan import triton_launches
+    batch, dim, length = delta.shape
+    chunks = -(-length // triton_launches.CHUNK)
+    states = (x.new_empty(batch, dim, chunks, A.shape[1], dtype=torch.float32) if save_states
+              else x.new_empty(0, dtype=torch.float32))
+    return x.new_empty(x.shape, dtype=torch.float32), states
+
+
+@torch.library.custom_op(f'{_FOUR_WAY}_backward', mutates_args=())
+def _four_way_backward(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                       C: torch.Tensor, D: torch.Tensor, delta_bias: torch.Tensor, states: torch.Tensor,
+                       dout: torch.Tensor, height: int, softplus: bool, chunk: int
+                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                  torch.Tensor, torch.Tensor]:
+    grads = backward_launch(x, delta, A, B, C, D, None, delta_bias, states, dout, None, softplus, chunk,
+                            height=height).run()
+    return (grads['du'].to(x.dtype), grads['ddelta'], grads['dA'].sum(0).to(A.dtype),
+            _input_grad(grads['dB'], B), _input_grad(grads['dC'], C), grads['dD'].sum(0).to(D.dtype),
+            grads['dbias'].sum(0).to(delta_bias.dtype))
+
+
+@_four_way_backward.register_fake
+def _(x, delta, A, B, C, D, delta_bias, states, dout, height, softplus, chunk):
+    # (contiguous, as the kernels' gradients are, whatever the strides of the views B and C)
+    return tuple(t.new_empty(t.shape) for t in (x, delta, A, B, C, D, delta_bias))
+
+
+def _four_way_setup(ctx, inputs, output) -> None:
+    x, delta, A, B, C, D, delta_bias, height, softplus, _ = inputs
+    from archs.scan import triton_launches
+    # the chunk the states were saved at (the launch settings may change before the backward)
+    ctx.height, ctx.softplus, ctx.chunk = height, softplus, triton_launches.CHUNK
+    ctx.save_for_backward(x, delta, A, B, C, D, delta_bias, output[1])
+
+
+def _four_way_grad(ctx, dout, _dstates):
+    x, delta, A, B, C, D, delta_bias, states = ctx.saved_tensors
+    if dout is None:
+        dout = x.new_zeros(x.shape, dtype=torch.float32)
+    grads = _four_way_backward(x, delta, A, B, C, D, delta_bias, states, dout.contiguous(), ctx.height,
+                               ctx.softplus, ctx.chunk)
+    return (*grads, None, None, None)
+
+
+_four_way_forward.register_autograd(_four_way_grad, setup_context=_four_way_setup)
+
+
+def four_way_scan_triton(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                         C: torch.Tensor, D: torch.Tensor, delta_bias: torch.Tensor, height: int,
+                         delta_softplus: bool = True) -> torch.Tensor:
+    """SS2D's four scans of one image, summed: the float32 (b, d, L) sum, in row-major order, of the
+    selective scans of x (b, d, L; L = height x width, row-major) read in row-major order, in
+    column-major order and both reversed. Direction k's delta is channels ``k d .. (k + 1) d - 1``
+    of ``delta`` (b, 4 d, L), its B and C group k of B, C (b, 4, n, L), its A, D and delta_bias
+    rows ``k d ..`` of A (4 d, n), D and delta_bias (4 d); every sequence is given in row-major
+    order and the kernels read each direction's order by index, so no direction copy of x, y or
+    their gradients is made. Inputs are read in their dtypes (bf16 too), computed in float32;
+    gradients come back in each input's dtype (x's four directions added up in float32 first).
+    The four directions' outputs (and x's gradients) are added with float32 atomics, so their
+    last bits can vary from run to run, as mamba-ssm's dB and dC do."""
+    save = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (x, delta, A, B, C, D, delta_bias))
+    return _four_way_forward(x, delta, A, B, C, D, delta_bias, int(height), bool(delta_softplus), save)[0]

@@ -71,7 +71,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 # The integer arguments that depend on the input's shape: never specialised on (see above).
 SHAPE_ARGS = ('dim', 'length', 'n_chunks', 'group_size', 'blocks_per_group', 'b_chans', 'c_chans',
               'b_stride_b', 'b_stride_g', 'b_stride_n', 'c_stride_b', 'c_stride_g', 'c_stride_n',
-              'flag')
+              'flag', 'x_dim', 'height')
 
 
 @triton.jit
@@ -116,12 +116,12 @@ def _adjoint_combine(u_later, v_later, lead_later, u_here, v_here, lead_here):
 
 
 @triton.jit
-def _chunk_inputs(u_ptr, delta_ptr, rows, t, mask, bias, HAS_BIAS: tl.constexpr,
+def _chunk_inputs(u_ptr, delta_ptr, u_offsets, offsets, mask, bias, HAS_BIAS: tl.constexpr,
                   SOFTPLUS: tl.constexpr):
     """u, delta after bias and softplus (0 where ``mask`` is off: decay 1, input 0), and delta
-    before the softplus, as float32 (T, BLOCK_D) tiles of one chunk."""
-    offsets = rows[None, :] + t[:, None]
-    u = tl.load(u_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    before the softplus, as float32 (T, BLOCK_D) tiles of one chunk (u at ``u_offsets``, delta at
+    ``offsets``: the same in a plain scan, x's and the direction's in the four-way one)."""
+    u = tl.load(u_ptr + u_offsets, mask=mask, other=0.0).to(tl.float32)
     raw = tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
         raw = raw + bias[None, :]
@@ -191,6 +191,33 @@ def _rows(bi, dim, d, length):
 
 
 @triton.jit
+def _positions(t, direction, length, height, FOUR_WAY: tl.constexpr):
+    """Where position ``t`` of the program's scan lies in its row-major sequence. A plain scan reads
+    its sequence in order; SS2D's four directions (:func:`archs.scan.triton_function.four_way_scan_triton`)
+    read one (height, width) image in row-major order (direction 0), column-major (1) and both
+    reversed (2, 3): position t of a column-major scan is row ``t % height`` of column ``t // height``."""
+    if FOUR_WAY:
+        along = tl.where(direction >= 2, length - 1 - t, t)
+        by_columns = (along % height) * (length // height) + along // height
+        pos = tl.where(direction % 2 == 1, by_columns, along)
+    else:
+        pos = t
+    return pos
+
+
+@triton.jit
+def _x_rows(bi, d, rows, x_dim, direction, length, FOUR_WAY: tl.constexpr):
+    """Offsets of position 0 of u (and of the output and their gradients) for channels ``d``: the
+    scan's own rows, or in the four-way scan the rows of x (b, x_dim, L), which all four
+    directions' channel ``direction * x_dim + c`` read as channel ``c``."""
+    if FOUR_WAY:
+        out = (bi * x_dim + (d - direction * x_dim)) * length
+    else:
+        out = rows
+    return out
+
+
+@triton.jit
 def _output(states, C, u, z, Dv, VAR_C: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
     """(y = sum_n C h + D u, y times silu(z) when there is z) of one chunk, (T, BLOCK_D)."""
     y = tl.sum(states * _per_update(C, VAR_C), axis=1)
@@ -207,14 +234,17 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
                          out_ptr, chunk_states_ptr, last_ptr,
                          dim, length, n_chunks, group_size, blocks_per_group, b_chans, c_chans,
                          b_stride_b, b_stride_g, b_stride_n, c_stride_b, c_stride_g, c_stride_n,
-                         flag, dstate,
+                         flag, x_dim, height, dstate,
                          VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                          HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, T: tl.constexpr,
-                         STAGES: tl.constexpr):
+                         STAGES: tl.constexpr, FOUR_WAY: tl.constexpr):
     """Output (u's dtype), last state and, when ``flag`` is 1, the state entering every chunk.
     u, delta, z and the output are contiguous (b, dim, L); B and C (b, G, n, L) with the given
-    strides (positions contiguous), or (dim, n) contiguous."""
+    strides (positions contiguous), or (dim, n) contiguous. ``FOUR_WAY``: SS2D's four directions
+    in one launch (B and C in 4 groups, the direction of a program is its group): u is x
+    (b, x_dim, L) with ``dim = 4 x_dim``, every sequence is read at :func:`_positions`, and each
+    direction's output is added into the zeroed float32 (b, x_dim, L) output in row-major order."""
     bi, d, mask_d, gb, gc = _program(dim, group_size, blocks_per_group, b_chans, c_chans, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     mask_n = n < dstate
@@ -224,6 +254,7 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
     bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0) if HAS_BIAS else None
     Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0) if HAS_D else None
     rows = _rows(bi, dim, d, length)
+    x_rows = _x_rows(bi, d, rows, x_dim, gb, length, FOUR_WAY)
     b_base = bi * b_stride_b + gb * b_stride_g
     c_base = bi * c_stride_b + gc * c_stride_g
     state_rows = (bi * dim + d) * n_chunks * dstate
@@ -233,17 +264,23 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
         t = c * T + steps
         mask_t = t < length
         mask = mask_t[:, None] & mask_d[None, :]
+        pos = _positions(t, gb, length, height, FOUR_WAY)
+        offsets = rows[None, :] + pos[:, None]
+        x_offsets = x_rows[None, :] + pos[:, None]
         if flag != 0:  # the state entering chunk c, for the backward
             tl.store(chunk_states_ptr + state_rows[None, :] + c * dstate + n[:, None], h, mask=mask_dn)
-        u, dt, _ = _chunk_inputs(u_ptr, delta_ptr, rows, t, mask, bias, HAS_BIAS, SOFTPLUS)
-        B = _bc_tile(B_ptr, b_base, b_stride_n, n, t, mask_n, mask_t, d, dstate, mask_d, VAR_B)
-        C = _bc_tile(C_ptr, c_base, c_stride_n, n, t, mask_n, mask_t, d, dstate, mask_d, VAR_C)
+        u, dt, _ = _chunk_inputs(u_ptr, delta_ptr, x_offsets, offsets, mask, bias, HAS_BIAS, SOFTPLUS)
+        B = _bc_tile(B_ptr, b_base, b_stride_n, n, pos, mask_n, mask_t, d, dstate, mask_d, VAR_B)
+        C = _bc_tile(C_ptr, c_base, c_stride_n, n, pos, mask_n, mask_t, d, dstate, mask_d, VAR_C)
         _, _, states = _chunk_states(u, dt, A2, B, h, steps == 0, VAR_B)
         z = None
         if HAS_Z:
-            z = tl.load(z_ptr + rows[None, :] + t[:, None], mask=mask, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
         _, out = _output(states, C, u, z, Dv, VAR_C, HAS_D, HAS_Z)
-        tl.store(out_ptr + rows[None, :] + t[:, None], out, mask=mask)
+        if FOUR_WAY:   # the four directions of a channel come from four programs
+            tl.atomic_add(out_ptr + x_offsets, out, mask=mask, sem='relaxed')
+        else:
+            tl.store(out_ptr + x_offsets, out, mask=mask)
         h = _at(states, steps == T - 1)
     tl.store(last_ptr + (bi * dim + d[None, :]) * dstate + n[:, None], h, mask=mask_dn)
 
@@ -254,16 +291,18 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
                           du_ptr, ddelta_ptr, dz_ptr, dB_ptr, dC_ptr, dA_ptr, dD_ptr, dbias_ptr,
                           dim, length, n_chunks, group_size, blocks_per_group, b_chans, c_chans,
                           b_stride_b, b_stride_g, b_stride_n, c_stride_b, c_stride_g, c_stride_n,
-                          flag, dstate,
+                          flag, x_dim, height, dstate,
                           VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                           HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, T: tl.constexpr,
-                          STAGES: tl.constexpr):
+                          STAGES: tl.constexpr, FOUR_WAY: tl.constexpr):
     """Every gradient, from the forward's inputs, its chunk states, the output's gradient and,
     when ``flag`` is 1, the last state's. du, ddelta, dz: contiguous (b, dim, L) in the inputs'
     dtypes. A varying B's (C's) gradient is added into the zeroed float32 (b, G, n, L) ``dB_ptr``
     (``dC_ptr``); a constant one's, and dA, are written to float32 (b, dim, n) per-batch sums,
-    dD and d(delta_bias) to float32 (b, dim) ones."""
+    dD and d(delta_bias) to float32 (b, dim) ones. ``FOUR_WAY`` (as in the forward): dout is the
+    gradient of the row-major sum (b, x_dim, L), and each direction's du is added into the zeroed
+    float32 (b, x_dim, L) ``du_ptr``."""
     bi, d, mask_d, gb, gc = _program(dim, group_size, blocks_per_group, b_chans, c_chans, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     mask_n = n < dstate
@@ -274,6 +313,7 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
     bias = tl.load(bias_ptr + d, mask=mask_d, other=0.0) if HAS_BIAS else None
     Dv = tl.load(D_ptr + d, mask=mask_d, other=0.0) if HAS_D else None
     rows = _rows(bi, dim, d, length)
+    x_rows = _x_rows(bi, d, rows, x_dim, gb, length, FOUR_WAY)
     b_base = bi * b_stride_b + gb * b_stride_g
     c_base = bi * c_stride_b + gc * c_stride_g
     state_rows = (bi * dim + d) * n_chunks * dstate
@@ -296,19 +336,21 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
         t = c * T + steps
         mask_t = t < length
         mask = mask_t[:, None] & mask_d[None, :]
-        offsets = rows[None, :] + t[:, None]
+        pos = _positions(t, gb, length, height, FOUR_WAY)
+        offsets = rows[None, :] + pos[:, None]
+        x_offsets = x_rows[None, :] + pos[:, None]
         h0 = tl.load(chunk_states_ptr + state_rows[None, :] + c * dstate + n[:, None], mask=mask_dn,
                      other=0.0)
-        u, dt, raw = _chunk_inputs(u_ptr, delta_ptr, rows, t, mask, bias, HAS_BIAS, SOFTPLUS)
-        B = _bc_tile(B_ptr, b_base, b_stride_n, n, t, mask_n, mask_t, d, dstate, mask_d, VAR_B)
-        C = _bc_tile(C_ptr, c_base, c_stride_n, n, t, mask_n, mask_t, d, dstate, mask_d, VAR_C)
+        u, dt, raw = _chunk_inputs(u_ptr, delta_ptr, x_offsets, offsets, mask, bias, HAS_BIAS, SOFTPLUS)
+        B = _bc_tile(B_ptr, b_base, b_stride_n, n, pos, mask_n, mask_t, d, dstate, mask_d, VAR_B)
+        C = _bc_tile(C_ptr, c_base, c_stride_n, n, pos, mask_n, mask_t, d, dstate, mask_d, VAR_C)
         a, b, states = _chunk_states(u, dt, A2, B, h0, first, VAR_B)
-        dy = tl.load(dout_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dout_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
         if HAS_Z:
-            z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
             y, _ = _output(states, C, u, z, Dv, VAR_C, HAS_D, False)
             sig = _sigmoid(z)
-            tl.store(dz_ptr + offsets, dy * y * sig * (1.0 + z * (1.0 - sig)), mask=mask)
+            tl.store(dz_ptr + x_offsets, dy * y * sig * (1.0 + z * (1.0 - sig)), mask=mask)
             dy = dy * z * sig
         Cx = _per_update(C, VAR_C)
         x = dy[:, None, :] * Cx
@@ -332,19 +374,22 @@ def _scan_backward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, b
         if SOFTPLUS:
             ddt = ddt * _sigmoid(raw)
         ddt = tl.where(mask, ddt, 0.0)
-        tl.store(du_ptr + offsets, du, mask=mask)
+        if FOUR_WAY:   # x's gradient: the four directions' du of a channel come from four programs
+            tl.atomic_add(du_ptr + x_offsets, du, mask=mask, sem='relaxed')
+        else:
+            tl.store(du_ptr + x_offsets, du, mask=mask)
         tl.store(ddelta_ptr + offsets, ddt, mask=mask)
         if HAS_BIAS:
             dbias += tl.sum(ddt, axis=0)
         gbu = g * (dt * u)[:, None, :]
         if VAR_B:
-            tl.atomic_add(dB_ptr + ((bi * (dim // b_chans) + gb) * dstate + n[None, :]) * length + t[:, None],
+            tl.atomic_add(dB_ptr + ((bi * (dim // b_chans) + gb) * dstate + n[None, :]) * length + pos[:, None],
                           tl.sum(gbu, axis=2), mask=mask_t[:, None] & mask_n[None, :], sem='relaxed')
         else:
             dB_const += tl.sum(gbu, axis=0)
         hdy = states * dy[:, None, :]
         if VAR_C:
-            tl.atomic_add(dC_ptr + ((bi * (dim // c_chans) + gc) * dstate + n[None, :]) * length + t[:, None],
+            tl.atomic_add(dC_ptr + ((bi * (dim // c_chans) + gc) * dstate + n[None, :]) * length + pos[:, None],
                           tl.sum(hdy, axis=2), mask=mask_t[:, None] & mask_n[None, :], sem='relaxed')
         else:
             dC_const += tl.sum(hdy, axis=0)

@@ -126,11 +126,12 @@ class _Layout:
                              f'(batch, dim, L): {self.grid[1]} channel blocks pass CUDA\'s grid '
                              f'limit of {MAX_GRID_Y}. Use scan_backend: torch.')
 
-    def args(self, B: torch.Tensor, C: torch.Tensor, flag: bool) -> Tuple[int, ...]:
+    def args(self, B: torch.Tensor, C: torch.Tensor, flag: bool, x_dim: int, height: int) -> Tuple[int, ...]:
         """The kernels' integer arguments after their tensors (every one but the last is in
         ``do_not_specialize``: they depend on the input's shape)."""
         return (self.dim, self.length, self.n_chunks, self.group_size, self.blocks_per_group,
-                self.b_chans, self.c_chans, *_bc_strides(B), *_bc_strides(C), int(flag), self.dstate)
+                self.b_chans, self.c_chans, *_bc_strides(B), *_bc_strides(C), int(flag), x_dim, height,
+                self.dstate)
 
 
 @functools.lru_cache(maxsize=256)
@@ -210,24 +211,52 @@ def _bc(m: torch.Tensor) -> torch.Tensor:
     return _aligned(m)
 
 
-def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d, stages):
+def _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk, block_d, stages, height):
     """The inputs in the kernels' argument order, the flags they are compiled for, and the
-    layout (``chunk`` None: :data:`CHUNK`, read at the call, as the kernel's own settings are)."""
+    layout (``chunk`` None: :data:`CHUNK`, read at the call, as the kernel's own settings are).
+    ``height`` (None: a plain scan): SS2D's four directions of a (height, L / height) image x = u
+    in one launch (:func:`check_four_way`)."""
     B, C = _bc(B), _bc(C)
-    lay = _layout(u, A, B, C, CHUNK if chunk is None else chunk, block_d)
+    if height is not None:
+        check_four_way(u, delta, B, C, z, height)
+    lay = _layout(delta, A, B, C, CHUNK if chunk is None else chunk, block_d)
     u, delta = _sequence(u), _sequence(delta)
     z = None if z is None else _sequence(z)
     A32, D32, bias32 = _float(A), _float(D), _float(delta_bias)
     inputs = (u, delta, A32, B, C, _or(D32, A32), _or(z, u), _or(bias32, A32))
     flags = dict(VAR_B=B.dim() == 4, VAR_C=C.dim() == 4, HAS_D=D is not None, HAS_Z=z is not None,
                  HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(softplus), BLOCK_D=lay.block_d,
-                 BLOCK_N=lay.block_n, T=lay.chunk, STAGES=stages)
+                 BLOCK_N=lay.block_n, T=lay.chunk, STAGES=stages, FOUR_WAY=height is not None)
     return inputs, flags, lay
+
+
+#: The scan directions of SS2D that one four-way launch runs (B and C have one group per direction).
+DIRECTIONS = 4
+
+
+def check_four_way(x: torch.Tensor, delta: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                   z: Optional[torch.Tensor], height: int) -> None:
+    """The shapes a four-way launch takes: x (b, d, L) with L a multiple of ``height``; delta
+    (b, 4 d, L), direction k's channels ``k d .. k d + d - 1``; B and C (b, 4, n, L); no z. Every
+    sequence in row-major order of the (height, L / height) image (the kernels read each
+    direction's order by index)."""
+    batch, dim, length = x.shape
+    if height < 1 or length % height:
+        raise ValueError(f'the four-way scan needs a height dividing L={length}; got {height}')
+    if delta.shape != (batch, DIRECTIONS * dim, length):
+        raise ValueError(f'the four-way scan needs delta of shape {(batch, DIRECTIONS * dim, length)} '
+                         f'for x {tuple(x.shape)}; got {tuple(delta.shape)}')
+    for name, m in (('B', B), ('C', C)):
+        if m.dim() != 4 or m.shape[:2] != (batch, DIRECTIONS) or m.shape[3] != length:
+            raise ValueError(f'the four-way scan needs {name} of shape ({batch}, {DIRECTIONS}, n, {length}); '
+                             f'got {tuple(m.shape)}')
+    if z is not None:
+        raise ValueError('the four-way scan takes no z')
 
 
 def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, save_states: bool = True,
                    chunk: Optional[int] = None, block_d: Optional[int] = None,
-                   out_dtype: Optional[torch.dtype] = None) -> ScanLaunch:
+                   out_dtype: Optional[torch.dtype] = None, height: Optional[int] = None) -> ScanLaunch:
     """The forward's launch for these inputs (shapes and dtypes as
     :func:`archs.scan.triton_function.selective_scan_triton`). Outputs: ``out`` (``out_dtype``,
     None: u's; the kernel rounds its float32 result once, to that dtype, as it stores it),
@@ -237,15 +266,20 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, save_sta
     This is the one description of the launch: :class:`SelectiveScanTriton` runs it, and
     ``scripts/scan_static_report.py`` compiles it for GPUs it does not have, by calling this
     with tensors on the ``meta`` device (shapes and dtypes only). So it must do nothing but
-    prepare inputs, allocate outputs and describe the launch; it must never read tensor values."""
+    prepare inputs, allocate outputs and describe the launch; it must never read tensor values.
+
+    ``height``: SS2D's four directions (:func:`check_four_way`); ``out`` is then the float32 sum
+    of the four directions' outputs, (b, d, L) in row-major order, whatever ``out_dtype``."""
     inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk,
-                                  FORWARD_BLOCK_D if block_d is None else block_d, FORWARD_STAGES)
+                                  FORWARD_BLOCK_D if block_d is None else block_d, FORWARD_STAGES, height)
     u = inputs[0]
-    out = torch.empty_like(u, dtype=out_dtype)
+    out = (u.new_zeros(u.shape, dtype=torch.float32) if height is not None
+           else torch.empty_like(u, dtype=out_dtype))
     last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
     states = (u.new_empty(lay.batch, lay.dim, lay.n_chunks, lay.dstate, dtype=torch.float32)
               if save_states else None)
-    args = (*inputs, out, _or(states, last), last, *lay.args(inputs[3], inputs[4], save_states))
+    args = (*inputs, out, _or(states, last), last,
+            *lay.args(inputs[3], inputs[4], save_states, u.shape[1], height or 1))
     traffic = (u, inputs[1], *_varying(inputs[3:5]), _or_none(z, inputs[6]), out, states, last)
     return ScanLaunch(KernelLaunch('forward', _scan_forward_kernel, lay.grid, args, flags,
                                    FORWARD_WARPS, traffic=traffic),
@@ -254,19 +288,22 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, save_sta
 
 def backward_launch(u, delta, A, B, C, D, z, delta_bias, states: torch.Tensor, dout: torch.Tensor,
                     dlast: Optional[torch.Tensor], softplus: bool, chunk: Optional[int] = None,
-                    block_d: Optional[int] = None) -> ScanLaunch:
+                    block_d: Optional[int] = None, height: Optional[int] = None) -> ScanLaunch:
     """The backward's launch (same contract as :func:`forward_launch`): the forward's inputs,
     its chunk ``states``, the output gradient ``dout`` and the last state's gradient ``dlast``
     (None: not needed). Outputs: ``du``, ``ddelta``, ``dz`` (or None) in the inputs' dtypes;
     float32 ``dB``/``dC`` ((b, G, n, L) sums over channels for a varying one, zeroed first and
     added to with atomics; (b, d, n) sums over positions for a constant one), ``dA`` (b, d, n),
-    ``dD`` and ``dbias`` (b, d) (or None): per-batch sums the caller adds up."""
+    ``dD`` and ``dbias`` (b, d) (or None): per-batch sums the caller adds up. ``height``: SS2D's
+    four directions, as :func:`forward_launch`; ``dout`` is the gradient of their row-major sum
+    and ``du`` x's float32 gradient, the four directions' added up."""
     inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk,
-                                  BACKWARD_BLOCK_D if block_d is None else block_d, BACKWARD_STAGES)
+                                  BACKWARD_BLOCK_D if block_d is None else block_d, BACKWARD_STAGES, height)
     u, delta, B, C = inputs[0], inputs[1], inputs[3], inputs[4]
     dout = _sequence(dout)
     dlast = None if dlast is None else _aligned(dlast.float().contiguous())
-    du, ddelta = torch.empty_like(u), torch.empty_like(delta)
+    du = u.new_zeros(u.shape, dtype=torch.float32) if height is not None else torch.empty_like(u)
+    ddelta = torch.empty_like(delta)
     dz = None if z is None else torch.empty_like(inputs[6])
     f32 = dict(dtype=torch.float32)
     per_batch = (lay.batch, lay.dim, lay.dstate)
@@ -276,7 +313,7 @@ def backward_launch(u, delta, A, B, C, D, z, delta_bias, states: torch.Tensor, d
     dD = None if D is None else u.new_empty(lay.batch, lay.dim, **f32)
     dbias = None if delta_bias is None else u.new_empty(lay.batch, lay.dim, **f32)
     args = (*inputs, states, dout, _or(dlast, dA), du, ddelta, _or(dz, du), dB, dC, dA,
-            _or(dD, dA), _or(dbias, dA), *lay.args(B, C, dlast is not None))
+            _or(dD, dA), _or(dbias, dA), *lay.args(B, C, dlast is not None, u.shape[1], height or 1))
     traffic = (u, delta, *_varying((B, C)), _or_none(z, inputs[6]), states, dout, du, ddelta, dz,
                *_varying((dB, dC)))
     return ScanLaunch(KernelLaunch('backward', _scan_backward_kernel, lay.grid, args, flags,
