@@ -347,6 +347,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--compare-scan', nargs=2, metavar=('A', 'B'), choices=SCAN_BACKENDS,
                    help='MambaIR only: FT steps with scan backend A against B, alternating per batch '
                         f'({", ".join(SCAN_BACKENDS)})')
+    p.add_argument('--compare-upstream', action='store_true',
+                   help="FT steps as upstream runs them (MambaIR: mamba-ssm's scan on float32 direction copies; "
+                        'foreach Adam; eager) against the defaults of this project, eager and compiled')
     p.add_argument('--count-ops', action='store_true',
                    help='count the aten operators of one FT, primary and auxiliary step instead of timing')
     p.add_argument('--kernel-time', action='store_true',
@@ -400,6 +403,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
           f'x{args.scale}, torch {torch.__version__}, {where}')
     if args.compare_scan:
         compare_scan(args)
+        return
+    if args.compare_upstream:
+        compare_upstream(args)
         return
     as_on_gpu = args.count_ops and not on_cuda(device)
     if as_on_gpu:
@@ -759,6 +765,108 @@ def compare_scan(args: argparse.Namespace) -> float:
             peaks[backend] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
         print(f'FT step peak memory above what stays allocated: {first} {peaks[first]:.0f} MiB, {second} '
               f'{peaks[second]:.0f} MiB: {first} / {second} {peaks[first] / peaks[second]:.3f}')
+    return ratio
+
+
+# --compare-upstream: the project's defaults beside the same network run the way upstream runs it
+#: name -> (MambaIR's scan backend, Adam fused, blocks compiled). Upstream MambaIR: mamba-ssm's scan
+#: on float32 copies of the four direction copies (scan_backend cuda), foreach Adam, eager.
+UPSTREAM_SETUPS = {
+    'upstream': ('cuda', False, False),
+    'ours eager': ('triton', True, False),
+    'ours compiled': ('triton', True, True),
+}
+
+
+def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
+    """FT steps of three copies of one network (same seed) on the same batches, the order of the
+    copies rotating from batch to batch: upstream's way, and the project's (the Triton scan with the
+    directions inside its kernels, fused Adam) eager and with its blocks compiled. For HAT and
+    SAFMN the scan does not apply: eager foreach Adam against fused Adam, eager and compiled.
+    Prints each one's median step, the median per-batch ratio to upstream, the first (compiling)
+    step's time and the FT step's peak memory above what stays allocated, as a ratio to
+    upstream's; returns the time ratios."""
+    from archs.compile import compile_blocks
+    steps = {}
+    for name, (scan, fused, compiled) in UPSTREAM_SETUPS.items():
+        torch.manual_seed(0)
+        net = build_network(args.arch, args.scale,
+                            scan_backend=scan if args.arch in MAMBAIR else None).to(args.device)
+        if compiled:
+            compile_blocks(net, 'inductor')
+        params = list(net.parameters())
+        opt = torch.optim.Adam(params, lr=1e-4, fused=True) if fused else \
+            torch.optim.Adam(params, lr=1e-4, foreach=True if on_cuda(args.device) else None)
+        steps[name] = (net, opt)
+    amp = precision(args)
+    names = list(steps)
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    first_step: Dict[str, float] = {}
+    for i, (lq, gt) in enumerate(batches(args, args.warm + args.iters, args.patch, args.batch, args.device)):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            net, opt = steps[name]
+            sync(args.device); start = time.perf_counter()
+            optimizer_step(net, opt, l1(lq, gt), amp, 'finetune')
+            sync(args.device)
+            took = time.perf_counter() - start
+            first_step.setdefault(name, took)
+            if i >= args.warm:
+                times[name].append(took)
+    ratios = {}
+    for name in names:
+        per_batch = [t / u for t, u in zip(times[name], times['upstream'])]
+        ratios[name] = statistics.median(per_batch)
+        print(f'FT step {name} / upstream: {ratios[name]:.3f} (median of {len(per_batch)} per-batch ratios '
+              f'{[round(r, 2) for r in per_batch]}, order rotating) | median {statistics.median(times[name]) * 1e3:.1f} ms, '
+              f'first step (compiles) {first_step[name]:.1f} s')
+    if on_cuda(args.device):
+        peaks = {}
+        for name, (net, opt) in steps.items():
+            sync(args.device)
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            optimizer_step(net, opt, l1(lq, gt), amp, 'finetune')
+            sync(args.device)
+            peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        print('FT step peak memory above what stays allocated: ' + ', '.join(
+            f'{name} {peaks[name]:.0f} MiB ({peaks[name] / peaks["upstream"]:.3f} of upstream)' for name in names))
+    if args.arch in MAMBAIR:
+        ratios['tile forward'] = tile_forward(args)
+    print('summary upstream: arch=' + args.arch + ' ' + ' | '.join(
+        f'{name}/upstream time {ratios[name]:.3f}' for name in ratios if name != 'upstream'))
+    return ratios
+
+
+def tile_forward(args: argparse.Namespace, side: int = 250, repeats: int = 20) -> float:
+    """The scan part of one SS2D forward (its core: the direction projections, the scans and their
+    sum) at a ``side`` x ``side`` validation tile of batch 1, MambaIR's classic width, under
+    ``--amp`` autocast, without gradients: the Triton kernels with the directions inside against
+    mamba-ssm on the four direction copies (float32), alternating; prints and returns the ratio of
+    the medians (triton / mamba-ssm)."""
+    from archs.mambair_arch import SS2D
+    config = MAMBAIR[args.arch]
+    torch.manual_seed(0)
+    blocks = {backend: SS2D(config['embed_dim'], d_state=config['d_state'], expand=config['mlp_ratio'],
+                            scan_backend=backend).to(args.device) for backend in ('triton', 'cuda')}
+    blocks['cuda'].load_state_dict(blocks['triton'].state_dict())
+    x = torch.randn(1, blocks['triton'].d_inner, side, side, device=args.device)
+    amp = precision(args)
+    times: Dict[str, List[float]] = {name: [] for name in blocks}
+    outs = {}
+    with torch.no_grad(), amp.autocast():
+        for i in range(repeats + 2):
+            for name in (('triton', 'cuda') if i % 2 == 0 else ('cuda', 'triton')):
+                sync(args.device); start = time.perf_counter()
+                outs[name] = blocks[name].forward_core(x)
+                sync(args.device)
+                if i >= 2:
+                    times[name].append(time.perf_counter() - start)
+    ratio = statistics.median(times['triton']) / statistics.median(times['cuda'])
+    diff = (outs['triton'].float() - outs['cuda'].float()).abs().max().item()
+    print(f'SS2D scan forward at a {side}x{side} tile, batch 1: triton (directions in the kernels) '
+          f'{statistics.median(times["triton"]) * 1e3:.2f} ms, mamba-ssm on direction copies '
+          f'{statistics.median(times["cuda"]) * 1e3:.2f} ms: triton / mamba-ssm {ratio:.3f} '
+          f'(max |diff| {diff:.2e})')
     return ratio
 
 

@@ -60,3 +60,103 @@ def test_four_directions_in_the_kernels_equal_the_direction_copies_in_float64(in
         got, ref = grads[name], ref_grads[name]
         assert got is not None and got.dtype == torch.float32, name
         torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-5, msg=f'gradient of {name}')
+
+
+def _aten_ops(fn) -> dict:
+    """The operators ``fn`` dispatches (their overload packets' names), each with the shapes of
+    the tensors it returned."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    seen = {}
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            seen.setdefault(func.overloadpacket.__name__, set()).update(
+                tuple(t.shape) for t in outs if isinstance(t, torch.Tensor))
+            return out
+
+    with Record():
+        fn()
+    return seen
+
+
+def test_no_direction_copy_of_x_y_or_their_gradients_is_made(interpreted):
+    """The in-kernel path builds none of the (b, 4, d, L) direction copies of x or of its gradient
+    (flip, stack, a cat of four d-channel maps) in the forward or the backward; its only cat is the
+    backward of the (dt, B, C) split, of dt_rank + 2 n = 7 channels per direction, not d = 8. The
+    copy path, for contrast, makes them."""
+    block = _ss2d()
+    b, d, length = 2, block.d_inner, 15
+    x = torch.randn(b, d, 3, 5, requires_grad=True)
+
+    def step():
+        block.forward_core(x).sum().backward()
+    ops = _aten_ops(step)
+    assert {'four_way_scan_forward', 'four_way_scan_backward'} <= set(ops)
+    assert not set(ops) & {'flip', 'stack'}, sorted(ops)
+    assert (b, 4, d, length) not in ops.get('cat', set()), ops['cat']
+    block.scan_backend = 'torch'
+    copies = _aten_ops(step)
+    assert {'flip', 'stack'} <= set(copies) and (b, 4, d, length) in copies['cat']
+
+
+def test_bf16_activations_are_read_as_they_are_and_sum_in_float32(interpreted):
+    """Under bf16 the kernels read x and the projections in bf16 and return the float32 sum: the
+    same as float32 copies of those bf16 tensors through the copy path (float32 rounding), and x's
+    gradient comes back in bf16."""
+    block = _ss2d()
+    x = torch.randn(1, block.d_inner, 5, 3).bfloat16().requires_grad_(True)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        y = block.forward_core(x)
+    assert y.dtype == torch.float32
+    y.sum().backward()
+    assert x.grad.dtype == torch.bfloat16
+    flat = x.detach().reshape(1, block.d_inner, 15)
+    with torch.autocast('cpu', dtype=torch.bfloat16):   # the projections exactly as the kernels got them
+        x_dbl = torch.einsum('bdl,kcd->bkcl', flat, block.x_proj_weight)
+        dts, Bs, Cs = torch.split(x_dbl, [block.dt_rank, block.d_state, block.d_state], dim=2)
+        dts = torch.einsum('bkrl,kdr->bkdl', dts, block.dt_projs_weight)
+    A, D, bias = block._scan_inputs()
+    got = interpreted.four_way_scan_triton(flat, dts.reshape(1, -1, 15), A, Bs, Cs, D, bias, 5)
+    ref = interpreted.four_way_scan_triton(flat.float(), dts.float().reshape(1, -1, 15), A, Bs.float(),
+                                           Cs.float(), D, bias, 5)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(y.detach(), got, rtol=1e-6, atol=1e-6)
+
+
+def test_a_failing_first_call_under_auto_falls_back_to_the_direction_copies(interpreted, monkeypatch):
+    """'auto' with a Triton kernel that fails to compile: one warning, and SS2D runs the copy path
+    with the torch scan from then on (the same output as the torch backend)."""
+    import archs.scan.dispatch as dispatch
+    monkeypatch.setattr(dispatch, '_triton_checked', set())
+    monkeypatch.setattr(dispatch, '_triton_failed', {})
+    monkeypatch.setattr(dispatch, '_on_gpu', lambda device: True)   # 'auto' picks Triton for "GPU" tensors
+    monkeypatch.setattr(dispatch, '_load_cuda_kernel', lambda: None)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError('ptxas fatal: fake failure')
+    monkeypatch.setattr(interpreted, 'four_way_scan_triton', broken)
+    block = _ss2d()
+    block.scan_backend = 'auto'
+    x = torch.randn(1, block.d_inner, 3, 4)
+    y = block.forward_core(x)
+    assert 'cpu' in dispatch._triton_failed and 'fake failure' in dispatch._triton_failed['cpu']
+    block.scan_backend = 'torch'
+    torch.testing.assert_close(y, block.forward_core(x))
+
+
+def test_four_way_launches_refuse_shapes_they_cannot_read():
+    """A height that does not divide L, a delta that is not 4 x x's channels, B or C not in 4
+    groups, a z: one line each, before any launch."""
+    x = torch.zeros(1, 2, 6)
+    bc = torch.zeros(1, 4, 3, 6)
+    A, D = torch.zeros(8, 3), torch.zeros(8)
+    cases = [(dict(height=4), 'height dividing'), (dict(delta=torch.zeros(1, 4, 6)), 'delta of shape'),
+             (dict(B=torch.zeros(1, 2, 3, 6)), 'B of shape'), (dict(z=torch.zeros(1, 2, 6)), 'no z')]
+    for change, message in cases:
+        kw = dict(u=x, delta=torch.zeros(1, 8, 6), A=A, B=bc, C=bc, D=D, z=None, delta_bias=D, softplus=True,
+                  height=2)
+        kw.update(change)
+        with pytest.raises(ValueError, match=message):
+            triton_launches.forward_launch(**kw)
