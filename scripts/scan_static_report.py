@@ -105,12 +105,13 @@ class Combo:
     bias: bool
     D: bool
     out: Optional[str] = None
+    four_way: bool = False   # SS2D's four directions in one launch (u = x, a quarter of the channels)
 
     @property
     def label(self) -> str:
         flags = [name for name, on in (('z', self.z), ('bias', self.bias), ('D', self.D)) if on]
         into = f' -> {self.out}' if self.out not in (None, self.dtype) else ''
-        return f"{self.dtype} {'+'.join(flags) or 'none'}{into}"
+        return f"{self.dtype} {'+'.join(flags) or 'none'}{into}{' four-way' if self.four_way else ''}"
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -118,10 +119,11 @@ class Combo:
 
 
 def combos(which: str, dtypes: Sequence[str]) -> List[Combo]:
-    """'mambair': the call MambaIR makes (D and bias, no z; its activations in their autocast
-    dtype, a float32 output); 'all': every z/bias/D combination, the output in the inputs' dtype."""
+    """'mambair': the call MambaIR makes (its four directions in one launch, D and bias, no z; its
+    activations in their autocast dtype, a float32 output); 'all': every z/bias/D combination of
+    the plain scan, the output in the inputs' dtype."""
     if which == 'mambair':
-        return [Combo(dt, False, True, True, 'fp32') for dt in dtypes]
+        return [Combo(dt, False, True, True, 'fp32', four_way=True) for dt in dtypes]
     return [Combo(dt, z, bias, D) for dt in dtypes
             for z in (False, True) for bias in (False, True) for D in (False, True)]
 
@@ -135,19 +137,26 @@ def meta_launches(shape: str, combo: Combo):
 
     def meta(*size, dtype=dtype):
         return torch.empty(*size, dtype=dtype, device='meta')
-    u = meta(batch, dim, length)
+    x_dim = dim // GROUPS if combo.four_way else dim
+    u = meta(batch, x_dim, length)
     A = meta(dim, DSTATE, dtype=torch.float32)
     projection = meta(batch, GROUPS, 12 + 2 * DSTATE, length)  # dt_rank 12: embed_dim 180 / 16
     B, C = projection[:, :, 12:12 + DSTATE], projection[:, :, 12 + DSTATE:]
     D = meta(dim, dtype=torch.float32) if combo.D else None
     z = meta(batch, dim, length) if combo.z else None
     bias = meta(dim, dtype=torch.float32) if combo.bias else None
+    height = image_height(length) if combo.four_way else None
     fwd = triton_launches.forward_launch(u, meta(batch, dim, length), A, B, C, D, z, bias, True,
-                                         out_dtype=combo.out_dtype)
+                                         out_dtype=combo.out_dtype, height=height)
     bwd = triton_launches.backward_launch(u, meta(batch, dim, length), A, B, C, D, z, bias,
-                                          fwd.outputs['states'], meta(batch, dim, length, dtype=combo.out_dtype),
-                                          None, True)
+                                          fwd.outputs['states'], meta(batch, x_dim, length, dtype=combo.out_dtype),
+                                          None, True, height=height)
     return [fwd.launch, bwd.launch]
+
+
+def image_height(length: int) -> int:
+    """The height of the most nearly square image of ``length`` pixels (57 for 57x86)."""
+    return next(h for h in range(math.isqrt(length), 0, -1) if length % h == 0)
 
 
 def needed_bytes(shape: str, combo: Combo) -> Dict[str, int]:
@@ -156,12 +165,13 @@ def needed_bytes(shape: str, combo: Combo) -> Dict[str, int]:
     batch, dim, length = SHAPES[shape]
     size = DTYPES[combo.dtype].itemsize
     seq = batch * dim * length * size
+    x = seq // GROUPS if combo.four_way else seq   # the four-way launch reads x once for its 4 directions
     bc = batch * GROUPS * DSTATE * length * size
     z = seq if combo.z else 0
-    out = batch * dim * length * combo.out_dtype.itemsize
+    out = x // size * combo.out_dtype.itemsize
     dbc = batch * GROUPS * DSTATE * length * 4   # summed over channels in float32 (so are mamba-ssm's)
-    return {'forward': 2 * seq + 2 * bc + z + out,                        # u, delta, B, C, z -> out
-            'backward': 2 * seq + 2 * bc + z + out + 2 * seq + 2 * dbc + z}  # + dout -> du, ddelta, dB, dC, dz
+    return {'forward': x + seq + 2 * bc + z + out,                        # u, delta, B, C, z -> out
+            'backward': x + seq + 2 * bc + z + out + x + seq + 2 * dbc + z}  # + dout -> du, ddelta, dB, dC, dz
 
 
 def specialisation(launch, arch: int):

@@ -58,6 +58,17 @@ group's channel blocks with float32 atomic adds into a zeroed (b, G, n, L) float
 per channel, the order of those adds, and so the last bits of dB and dC, can vary from run to
 run).
 
+SS2D's four directions (``FOUR_WAY``, :func:`archs.scan.triton_function.four_way_scan_triton`).
+MambaIR scans one (height, width) image x in four orders: rows, columns, and both reversed. One
+launch runs all four: the channels are the four directions' (``4 x_dim``; B and C in one group per
+direction, so a program's direction is its group), u is x itself, and every sequence (x, each
+direction's delta, B and C, the output and the gradients) lies in row-major order: position t of
+the program's direction is read at :func:`_positions` (for a column-major scan, row ``t % height``
+of column ``t // height``). The four directions of a channel are four programs, so each adds its
+output (and in the backward its du) into a zeroed float32 (b, x_dim, L) sum with float32 atomics;
+no (b, 4, d, L) copy of x, of the output or of their gradients exists. A column-major program
+reads its positions a row apart (scattered loads where a row-major one reads consecutive ones).
+
 Offsets: the batch index is int64, so every offset into a (b, ...) tensor is formed in 64 bits;
 channel and position indices are 32-bit. Every integer argument that depends on the input's
 shape (batch, channels, L, chunks, strides) is in ``do_not_specialize``: Triton would otherwise
