@@ -160,3 +160,19 @@ def test_four_way_launches_refuse_shapes_they_cannot_read():
         kw.update(change)
         with pytest.raises(ValueError, match=message):
             triton_launches.forward_launch(**kw)
+
+
+def test_the_four_way_scan_stays_inside_a_compiled_graph(interpreted):
+    """torch.compile (fullgraph: a graph break is an error) traces SS2D's scan as one custom
+    operator, its first call compiled too, with the output and gradients of the eager call."""
+    torch._dynamo.reset()
+    block = _ss2d(seed=1)
+    x = torch.randn(1, block.d_inner, 3, 4, requires_grad=True)
+    compiled = torch.compile(block.forward_core, backend='aot_eager', fullgraph=True, dynamic=False)
+    y = compiled(x)
+    (grad,) = torch.autograd.grad(y.square().sum(), x)
+    eager = block.forward_core(x)
+    (eager_grad,) = torch.autograd.grad(eager.square().sum(), x)
+    torch.testing.assert_close(y, eager)
+    torch.testing.assert_close(grad, eager_grad)
+    torch._dynamo.reset()

@@ -363,6 +363,11 @@ def four_way_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torc
     from then on)."""
     if not four_way_runs_in_triton(backend, x.device):
         return None
+    if torch.compiler.is_compiling():
+        # Traced by torch.compile (archs/compile.py): the kernels are one custom operator in the
+        # graph, and a trial run (a backward of its own) cannot be traced, so a compiled block
+        # skips the first-call check: a kernel that fails to compile then stops with its own error.
+        return _triton_module.four_way_scan_triton(x, delta, A, B, C, D, delta_bias, height, delta_softplus)
     args = (x, delta, A, B, C, D, delta_bias)
     backward = torch.is_grad_enabled() and any(t.requires_grad for t in args)
     variant = ('four_way', tuple(t.dtype for t in args), bool(delta_softplus))
