@@ -80,6 +80,7 @@ from torch.autograd import DeviceType  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from archs.scan.dispatch import BACKENDS as SCAN_BACKENDS  # noqa: E402
+from basicsr_ldt.models.optimizers import adam_kwargs  # noqa: E402
 from basicsr_ldt.ldt import (AMP_DTYPES, LDT, GradientStatistics, LDTConfig, MixedPrecision,  # noqa: E402
                              optimizer_step, preset, resolve_dtype)
 
@@ -127,8 +128,9 @@ def l1(lq: torch.Tensor, gt: torch.Tensor):
     return lambda net: (net(lq) - gt).abs().mean()
 
 
-# Adam's implementation: torch's default for the device (one kernel per tensor list on CUDA, a loop
-# over tensors on the CPU); --count-ops sets True, so that the CPU counts the optimizer as CUDA runs it.
+# Adam's implementation: the project's default for the device (fused on CUDA, torch's loop over the
+# tensors on the CPU); --count-ops sets foreach, so that the CPU counts the optimizer as a GPU's
+# multi-tensor kernels (fused Adam would count as one operator per group).
 ADAM_FOREACH: Optional[bool] = None
 # How LDT runs its dual step unless told otherwise (ldt.overlap_branches, ldt.overlap_memory): the
 # 'dual' figures and the summary's LDT/FT are that step's, on whatever device the run is on.
@@ -136,7 +138,10 @@ DEFAULT_SCHEDULE: Tuple[Union[bool, str], Optional[float]] = (LDTConfig().overla
 
 
 def adam(params, role):
-    return torch.optim.Adam(params, lr=1e-4, foreach=ADAM_FOREACH)
+    """Adam as the project's training builds it (fused on CUDA: basicsr_ldt.models.optimizers)."""
+    params = list(params)
+    options = {'lr': 1e-4} if ADAM_FOREACH is None else {'lr': 1e-4, 'foreach': ADAM_FOREACH}
+    return torch.optim.Adam(params, **adam_kwargs(options, params))
 
 
 def rss_bytes() -> int:
@@ -769,13 +774,17 @@ def compare_scan(args: argparse.Namespace) -> float:
 
 
 # --compare-upstream: the project's defaults beside the same network run the way upstream runs it
-#: name -> (MambaIR's scan backend, Adam fused, blocks compiled). Upstream MambaIR: mamba-ssm's scan
-#: on float32 copies of the four direction copies (scan_backend cuda), foreach Adam, eager.
+#: name -> (MambaIR's scan backend, the project's Adam (fused on CUDA) or foreach, blocks compiled).
+#: Upstream MambaIR: mamba-ssm's scan on float32 copies of the four direction copies (scan_backend
+#: cuda), foreach Adam, eager.
 UPSTREAM_SETUPS = {
     'upstream': ('cuda', False, False),
     'ours eager': ('triton', True, False),
     'ours compiled': ('triton', True, True),
 }
+COMPILE_BACKEND = 'inductor'     # what train.compile_backend defaults to
+#: The SS2D forward at a validation tile: (side, the backend timed, the backend it is timed against).
+TILE = (250, 'triton', 'cuda')
 
 
 def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
@@ -783,9 +792,10 @@ def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
     copies rotating from batch to batch: upstream's way, and the project's (the Triton scan with the
     directions inside its kernels, fused Adam) eager and with its blocks compiled. For HAT and
     SAFMN the scan does not apply: eager foreach Adam against fused Adam, eager and compiled.
-    Prints each one's median step, the median per-batch ratio to upstream, the first (compiling)
-    step's time and the FT step's peak memory above what stays allocated, as a ratio to
-    upstream's; returns the time ratios."""
+    Prints each one's median step, the median per-batch ratio to upstream, the time of its
+    ``--warm`` untimed steps (a compiled network's compile falls in them: archs/compile.py runs
+    a block's first training call eager and compiles at its second) and the FT step's peak memory
+    above what stays allocated, as a ratio to upstream's; returns the time ratios."""
     from archs.compile import compile_blocks
     steps = {}
     for name, (scan, fused, compiled) in UPSTREAM_SETUPS.items():
@@ -793,15 +803,15 @@ def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
         net = build_network(args.arch, args.scale,
                             scan_backend=scan if args.arch in MAMBAIR else None).to(args.device)
         if compiled:
-            compile_blocks(net, 'inductor')
+            compile_blocks(net, COMPILE_BACKEND)
         params = list(net.parameters())
-        opt = torch.optim.Adam(params, lr=1e-4, fused=True) if fused else \
-            torch.optim.Adam(params, lr=1e-4, foreach=True if on_cuda(args.device) else None)
+        opt = torch.optim.Adam(params, **adam_kwargs({'lr': 1e-4} if fused else
+                                                     {'lr': 1e-4, 'foreach': on_cuda(args.device) or None}, params))
         steps[name] = (net, opt)
     amp = precision(args)
     names = list(steps)
     times: Dict[str, List[float]] = {name: [] for name in names}
-    first_step: Dict[str, float] = {}
+    warm_up: Dict[str, float] = {name: 0.0 for name in names}
     for i, (lq, gt) in enumerate(batches(args, args.warm + args.iters, args.patch, args.batch, args.device)):
         for name in names[i % len(names):] + names[:i % len(names)]:
             net, opt = steps[name]
@@ -809,16 +819,17 @@ def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
             optimizer_step(net, opt, l1(lq, gt), amp, 'finetune')
             sync(args.device)
             took = time.perf_counter() - start
-            first_step.setdefault(name, took)
             if i >= args.warm:
                 times[name].append(took)
+            else:
+                warm_up[name] += took
     ratios = {}
     for name in names:
         per_batch = [t / u for t, u in zip(times[name], times['upstream'])]
         ratios[name] = statistics.median(per_batch)
         print(f'FT step {name} / upstream: {ratios[name]:.3f} (median of {len(per_batch)} per-batch ratios '
               f'{[round(r, 2) for r in per_batch]}, order rotating) | median {statistics.median(times[name]) * 1e3:.1f} ms, '
-              f'first step (compiles) {first_step[name]:.1f} s')
+              f'{args.warm} warm-up steps (a compile included) {warm_up[name]:.1f} s')
     if on_cuda(args.device):
         peaks = {}
         for name, (net, opt) in steps.items():
@@ -837,35 +848,35 @@ def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
     return ratios
 
 
-def tile_forward(args: argparse.Namespace, side: int = 250, repeats: int = 20) -> float:
+def tile_forward(args: argparse.Namespace, repeats: int = 20) -> float:
     """The scan part of one SS2D forward (its core: the direction projections, the scans and their
-    sum) at a ``side`` x ``side`` validation tile of batch 1, MambaIR's classic width, under
-    ``--amp`` autocast, without gradients: the Triton kernels with the directions inside against
-    mamba-ssm on the four direction copies (float32), alternating; prints and returns the ratio of
-    the medians (triton / mamba-ssm)."""
+    sum) at a validation tile of batch 1 (:data:`TILE`), MambaIR's classic width, under ``--amp``
+    autocast, without gradients: the Triton kernels with the directions inside against mamba-ssm on
+    the four direction copies (float32), alternating; prints and returns the ratio of the medians."""
     from archs.mambair_arch import SS2D
+    side, ours, theirs = TILE
     config = MAMBAIR[args.arch]
     torch.manual_seed(0)
     blocks = {backend: SS2D(config['embed_dim'], d_state=config['d_state'], expand=config['mlp_ratio'],
-                            scan_backend=backend).to(args.device) for backend in ('triton', 'cuda')}
-    blocks['cuda'].load_state_dict(blocks['triton'].state_dict())
-    x = torch.randn(1, blocks['triton'].d_inner, side, side, device=args.device)
+                            scan_backend=backend).to(args.device) for backend in (ours, theirs)}
+    blocks[theirs].load_state_dict(blocks[ours].state_dict())
+    x = torch.randn(1, blocks[ours].d_inner, side, side, device=args.device)
     amp = precision(args)
-    times: Dict[str, List[float]] = {name: [] for name in blocks}
+    times: Dict[str, List[float]] = {name: [] for name in (ours, theirs)}
     outs = {}
     with torch.no_grad(), amp.autocast():
         for i in range(repeats + 2):
-            for name in (('triton', 'cuda') if i % 2 == 0 else ('cuda', 'triton')):
+            for name in ((ours, theirs) if i % 2 == 0 else (theirs, ours)):
                 sync(args.device); start = time.perf_counter()
                 outs[name] = blocks[name].forward_core(x)
                 sync(args.device)
                 if i >= 2:
                     times[name].append(time.perf_counter() - start)
-    ratio = statistics.median(times['triton']) / statistics.median(times['cuda'])
-    diff = (outs['triton'].float() - outs['cuda'].float()).abs().max().item()
-    print(f'SS2D scan forward at a {side}x{side} tile, batch 1: triton (directions in the kernels) '
-          f'{statistics.median(times["triton"]) * 1e3:.2f} ms, mamba-ssm on direction copies '
-          f'{statistics.median(times["cuda"]) * 1e3:.2f} ms: triton / mamba-ssm {ratio:.3f} '
+    ratio = statistics.median(times[ours]) / statistics.median(times[theirs])
+    diff = (outs[ours].float() - outs[theirs].float()).abs().max().item()
+    print(f'SS2D scan forward at a {side}x{side} tile, batch 1: {ours} (directions in the kernels) '
+          f'{statistics.median(times[ours]) * 1e3:.2f} ms, {theirs} on direction copies '
+          f'{statistics.median(times[theirs]) * 1e3:.2f} ms: {ours} / {theirs} {ratio:.3f} '
           f'(max |diff| {diff:.2e})')
     return ratio
 

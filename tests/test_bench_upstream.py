@@ -1,0 +1,46 @@
+"""scripts/bench_ldt.py --compare-upstream on the CPU: three copies of one network stepped on the
+same batches in a rotating order (upstream's way, the project's eager and compiled), the per-batch
+ratios to upstream, the warm-up (compile) time, and the SS2D forward at a tile beside the other
+scan; the GPU run's figures (docs/results.md) come from these lines."""
+import re
+
+import torch
+
+from conftest import load_script
+
+
+def test_compare_upstream_rotates_three_setups_over_the_same_batches(monkeypatch, capsys):
+    bench = load_script('bench_ldt')
+    monkeypatch.setattr(bench, 'UPSTREAM_SETUPS', {'upstream': ('torch', False, False),
+                                                   'ours eager': ('torch', True, False),
+                                                   'ours compiled': ('torch', True, True)})
+    monkeypatch.setattr(bench, 'COMPILE_BACKEND', 'aot_eager')
+    monkeypatch.setattr(bench, 'TILE', (5, 'torch', 'torch'))
+    built, stepped = {}, []
+    build, step = bench.build_network, bench.optimizer_step
+
+    def build_and_note(arch, scale, scan_backend=None):
+        net = build(arch, scale, scan_backend=scan_backend)
+        built[id(net)] = (len(built), {k: v.clone() for k, v in net.state_dict().items()})
+        return net
+    monkeypatch.setattr(bench, 'build_network', build_and_note)
+    monkeypatch.setattr(bench, 'optimizer_step', lambda net, *a, **k: stepped.append(built[id(net)][0]) or step(net, *a, **k))
+    compiled = []
+    import archs.compile as compile_module
+    real_compile = compile_module.compile_blocks
+    monkeypatch.setattr(compile_module, 'compile_blocks',
+                        lambda net, backend: compiled.append((built[id(net)][0], backend)) or real_compile(net, backend))
+    bench.main(['--arch', 'mambair_small', '--device', 'cpu', '--patch', '4', '--batch', '1', '--iters', '2',
+                '--warm', '1', '--compare-upstream'])
+    out = capsys.readouterr().out
+    assert stepped == [0, 1, 2, 1, 2, 0, 2, 0, 1]          # 1 warm-up + 2 timed batches, the order rotating
+    assert compiled == [(2, 'aot_eager')]                   # only 'ours compiled' is compiled
+    states = [state for _, state in built.values()][:3]
+    assert all(torch.equal(states[0][k], s[k]) for s in states[1:] for k in states[0])   # one seed, one start
+    for name in ('upstream', 'ours eager', 'ours compiled'):
+        assert re.search(rf'^FT step {name} / upstream: \d+\.\d+ \(median of 2 per-batch ratios \[.*\], order '
+                         rf'rotating\) \| median [\d.]+ ms, 1 warm-up steps \(a compile included\) [\d.]+ s$', out, re.M), out
+    assert re.search(r'^SS2D scan forward at a 5x5 tile, batch 1: torch \(directions in the kernels\) [\d.]+ ms, '
+                     r'torch on direction copies [\d.]+ ms: torch / torch \d+\.\d+ \(max \|diff\| 0\.00e\+00\)$', out, re.M), out
+    assert re.search(r'^summary upstream: arch=mambair_small ours eager/upstream time \d+\.\d+ \| ours compiled/upstream '
+                     r'time \d+\.\d+ \| tile forward/upstream time \d+\.\d+$', out, re.M), out
