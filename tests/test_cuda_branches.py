@@ -31,6 +31,12 @@ Training and profiling precision (fp16 = torch's GradScaler, which runs on the C
   models/ldt_model.py fp16: the scalers inside the 'ldt' training state, resumed
       -> test_fp16_ldt_model_has_one_scaler_per_optimizer_and_resumes_them, test_fp16_ldt_s_steps_and_resumes
 
+Adam (models/optimizers.py):
+  _on_cuda -> fused Adam for every optimizer whose parameters are all on CUDA (train.optim_g.fused not set),
+  the log line, and GradScaler handing the fused kernel its scale under fp16
+      -> tests/test_optimizers.py (the resolution with CUDA faked, each model's optimizers,
+         test_fused_adam_under_fp16_loss_scaling_skips_overflows_and_trains_as_the_loop_adam)
+
 LDT-S host buffer (ldt/ldt_s.py):
   _on_cuda -> _host_copy(pin=True) only for a network on CUDA
       -> test_ldt_s_pins_only_when_cuda_is_there

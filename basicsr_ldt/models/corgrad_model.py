@@ -25,6 +25,7 @@ from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.ema_decay import rescale_ema_decay, scaled_ema_decay
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
+from basicsr_ldt.models.optimizers import AdamBuilderMixin
 from basicsr_ldt.models.resumable import ResumableMixin
 from basicsr_ldt.models.validation import ValidationMixin
 
@@ -47,7 +48,8 @@ def corgrad_config_from_options(opt: Dict) -> Tuple[CorGradConfig, List[str]]:
 
 
 @MODEL_REGISTRY.register()
-class CorGradSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
+class CorGradSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, ResumableMixin, AdamBuilderMixin,
+                     SRModel):
     """SR model whose every step is one CorGrad update over a batch holding every source camera."""
 
     #: read by the training loop (``basicsr_ldt.pipelines.train``): every batch must hold every camera

@@ -5,16 +5,18 @@ from basicsr.utils.registry import MODEL_REGISTRY
 from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.ema_decay import rescale_ema_decay, scaled_ema_decay
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
+from basicsr_ldt.models.optimizers import AdamBuilderMixin
 from basicsr_ldt.models.resumable import ResumableMixin
 from basicsr_ldt.models.validation import ValidationMixin
 
 
 @MODEL_REGISTRY.register()
-class FTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
+class FTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, ResumableMixin, AdamBuilderMixin, SRModel):
     """BasicSR's ``SRModel``, trained as BasicSR trains it, plus ``train: amp`` and skipping of
     non-finite losses; checkpoints and training states are written atomically and carry RNG
     state, so ``--auto_resume`` repeats the run, and ``val: save_best`` keeps the best-validating
-    weights. ``train.ema_reference_iters`` rescales ``ema_decay`` to the run's length."""
+    weights. ``train.ema_reference_iters`` rescales ``ema_decay`` to the run's length; Adam is fused on
+    CUDA unless ``train.optim_g.fused`` says otherwise (``optimizers``)."""
 
     def init_training_settings(self) -> None:
         scaled = scaled_ema_decay(self.opt['train'])   # refused before anything is built

@@ -26,6 +26,7 @@ from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, forced_layers, head_layers, preset
 from basicsr_ldt.models.best import BestCheckpointMixin, validated_network
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
+from basicsr_ldt.models.optimizers import adam_kwargs, build_adam
 from basicsr_ldt.models.partition_report import write_partition_report
 from basicsr_ldt.models.resumable import ResumableMixin
 from basicsr_ldt.models.validation import ValidationMixin
@@ -168,6 +169,8 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         if self.cri_pix is None:
             raise InputError('train.pixel_opt is required for LDTSRModel (the paper uses L1Loss)')
         self.config = ldt_config_from_options(self.opt)
+        # LDT builds its optimizers when each phase starts: check their options now, not mid-run.
+        adam_kwargs(train_opt['optim_g'], list(self.net_g.parameters()))
         self._lr_iter = 0
         self._schedulers: Dict[int, object] = {}
         self._phase: Optional[str] = None
@@ -212,8 +215,7 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
 
     # ------------------------------------------------------------------ optimizers/schedulers
     def _make_optimizer(self, params: List[torch.nn.Parameter], role: str) -> torch.optim.Optimizer:
-        options = dict(self.opt['train']['optim_g'])
-        optimizer = self.get_optimizer(options.pop('type'), params, **options)
+        optimizer = build_adam(params, self.opt['train']['optim_g'], role)
         scheduler = self._build_scheduler(optimizer)
         self._join_schedule(optimizer, scheduler, max(0, self._lr_iter - 1))
         self._schedulers[id(optimizer)] = scheduler

@@ -24,6 +24,7 @@ from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS
 from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
+from basicsr_ldt.models.optimizers import fused_choice
 from basicsr_ldt.models.validation import BEST_KEYS
 from basicsr_ldt.pipelines.evaluate import TEST_DEFAULTS
 from basicsr_ldt.weights.releases import fetch_hint, release_file
@@ -41,6 +42,7 @@ OPTIONAL_KEYS: Dict[str, Tuple[str, ...]] = {
     '': ('ldt', 'manual_seed', 'val', 'dist_params', 'find_unused_parameters', 'use_static_graph'),
     'train': ('ema_decay', 'warmup_iter', 'use_grad_clip', 'pixel_opt', 'perceptual_opt', 'prefetch_mode',
               'enlarge_ratio', 'amp', 'max_bad_steps', 'ema_reference_iters'),
+    'train.optim_g': ('fused',),
     'val': BEST_KEYS + tuple(INFERENCE_DEFAULTS),   # best-checkpoint selection; how validation cuts images
     'path': ('pretrain_network_g', 'param_key_g', 'strict_load_g', 'resume_state'),
     'ldt': tuple(['method'] + [f.name for f in dataclasses.fields(LDTConfig)]
@@ -229,7 +231,8 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
 
 
 def check_training_options(opt: Mapping[str, Any], where: str) -> None:
-    """What can be checked without data: registered types, the ``ldt:`` section, the budget."""
+    """What can be checked without data: registered types, the ``ldt:`` section, the budget, the
+    value of ``train.optim_g.fused``."""
     registered(MODEL_REGISTRY, opt.get('model_type'), f'{where}: model_type')
     registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), f'{where}: network_g.type')
     total = (opt.get('train') or {}).get('total_iter')
@@ -237,6 +240,10 @@ def check_training_options(opt: Mapping[str, Any], where: str) -> None:
         raise InputError(f'{where}: train.total_iter must be a positive number, got {total!r}')
     if 'train' not in (opt.get('datasets') or {}):
         raise InputError(f"{where}: the training options have no 'datasets: train' section")
+    try:
+        fused_choice((opt.get('train') or {}).get('optim_g') or {})
+    except InputError as err:
+        raise InputError(f'{where}: {err}') from None
     if opt.get('ldt') is not None or opt.get('model_type') == 'LDTSRModel':
         corgrad = (opt.get('ldt') or {}).get('method') == 'corgrad' or opt.get('model_type') == 'CorGradSRModel'
         try:
