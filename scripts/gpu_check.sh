@@ -177,7 +177,8 @@ check_bench() { grep -E 'bench_ldt:|^dual step:|step ratio|memory ratio|reserved
 # Scan backends (step 2): the torch scan, the Triton scan and mamba-ssm where it imports, at MambaIR's
 # training shape and a 250x250 validation tile, each against a float64 reference.
 scan_backends() { "$PY" scripts/bench_scan.py --device cuda --skip-loop --repeats 10; }
-check_scan() { grep -E '^device:|not run|first fwd\+bwd|fwd\+bwd: median|max \|diff\||triton / mamba-ssm|MambaIR scan_backend|MambaIR bf16 call|bf16 call fwd\+bwd|mamba-ssm (forward|backward)|warp-instructions per update|static report' "$1"; grep -q 'fwd+bwd: median' "$1"; }
+# A FAIL line is a quantity over its bound against the reference (bench_scan.py exits 1 then): the step fails.
+check_scan() { grep -E '^device:|not run|first fwd\+bwd|fwd\+bwd: median|max \|diff\||triton / mamba-ssm|MambaIR scan_backend|MambaIR bf16 call|bf16 call fwd\+bwd|mamba-ssm (forward|backward)|warp-instructions per update|static report|^FAIL|^reference check' "$1"; grep -q '^FAIL' "$1" && return 1; grep -q 'fwd+bwd: median' "$1"; }
 
 # mamba-ssm built in the background (step 8): MAMBA_BUILD holds the build; MAMBA_BUILD/rc its exit
 # status once it ends (the step runs in a child shell, which cannot wait for this shell's job).
@@ -211,7 +212,7 @@ scan_compile() {
 }
 check_compile() { grep -E '^static figures|^sm_|^cold compile' "$1"; grep -q '^cold compile of the whole set' "$1"; }
 scan_sweep() { with_mamba_ssm "$PY" scripts/bench_scan.py --device cuda --skip-loop --repeats 10 --sweep $SWEEP_CONFIGS; }
-check_sweep() { grep -E '^(mamba-ssm|sweep|fastest)' "$1"; grep -q '^fastest correct' "$1"; }
+check_sweep() { grep -E '^(mamba-ssm|sweep|fastest|FAIL|reference check)' "$1"; grep -q '^FAIL' "$1" && return 1; grep -q '^fastest correct' "$1"; }
 bench_mamba_ssm() {
   with_mamba_ssm "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 \
     --batch 4 --warm 2 --iters 10 --compare-scan triton cuda

@@ -24,6 +24,7 @@ STEPS = ['versions', 'scan_backends', 'demo_data', 'train_mambair_ldt_bf16', 'te
 FAKE_PYTHON = """#!/usr/bin/env bash
 case "$*" in *cuda.is_available*) exit 0;; *'import mamba_ssm'*) exit 1;; *get_device_capability*) echo 90; exit 0;; esac
 case "$*" in *find_spec*basicsr*) [ "${FAKE_NO_BASICSR:-0}" = 1 ] && exit 1; exit 0;; esac   # basicsr installed?
+case "$*" in *bench_scan.py*) [ -n "${FAKE_SCAN_LOG:-}" ] && { cat "$FAKE_SCAN_LOG"; exit "${FAKE_SCAN_RC:-0}"; };; esac
 case "$*" in *'-m pip install'*) case "$*" in *not-for-this-python*) exit 1;; esac; echo "pip $*"; exit 0;; esac
 echo "fake-python $*"
 case "${PYTHONPATH:-}" in *carried_site*) echo "carried site on PYTHONPATH";; esac
@@ -590,3 +591,62 @@ def test_gpu_check_steps_runs_only_the_steps_named(tmp_path):
     report = (folder / 'report.txt').read_text()
     assert re.search(r'^\[FAIL\] overlap_hat', report, re.M), report
     assert '  hat LDT/FT time, overlapped branches: not measured' in report.splitlines()
+
+
+SCAN_LOG = """device: NVIDIA H100 80GB HBM3; torch 2.11.0; shapes: u/delta (4, 1440, 2304), B/C (4, 4, 16, 2304)
+torch      fwd+bwd: median 359.38 ms, best 267.77 ms, peak memory 316 MB above the inputs
+           max |diff| / max |float64 reference|: output 1.7e-07, grads u 2.3e-07, delta 1.7e-07, A 1.3e-06, B 3.9e-07, C 3.1e-07, D 1.8e-07, delta_bias 2.8e-07
+triton     fwd+bwd: median 1.55 ms, best 1.50 ms, peak memory 413 MB above the inputs
+           max |diff| / max |float64 reference|: output 1.8e-07, grads u 2.3e-07, delta 1.7e-07, A 1.3e-06, B 3.1e-02, C 3.1e-07, D 1.8e-07, delta_bias 2.8e-07
+{fail}speed-up of triton over torch: 231.9x (medians)
+{summary}
+"""
+FAIL_LINE = 'FAIL: triton at batch 4, L 2304 grad B: max |diff| / max |float64 reference| 3.1e-02 > bound 1e-04'
+
+
+def _gpu_check_function(name):
+    """The one-line shell function ``name`` of gpu_check.sh, to run on a log of one's own."""
+    return next(l for l in (REPO / 'scripts' / 'gpu_check.sh').read_text().splitlines() if l.startswith(f'{name}() {{'))
+
+
+@pytest.mark.parametrize('check', ['check_scan', 'check_sweep'])
+def test_a_fail_line_of_bench_scan_fails_the_scan_checks_and_is_reported(tmp_path, check):
+    """bench_scan.py prints a FAIL line per quantity over its bound against the reference: the scan
+    steps' checks fail on one (whatever else the log holds) and show it; without one they pass."""
+    last = ('sweep 8,4,1,1,4,1,1: fwd+bwd median 1.284 ms, max rel diff 1.7e-06\n'
+            'fastest correct at chunk 8: forward 0.482 ms, backward 0.802 ms: 8,4,1,1,4,1,1')
+    results = {}
+    for failing in (False, True):
+        log = tmp_path / f'{failing}.log'
+        log.write_text(SCAN_LOG.format(fail=FAIL_LINE + '\n' if failing else '',
+                                       summary=('reference check: FAIL (1 of 16 quantities over their bounds)'
+                                                if failing else 'reference check: PASS (16 quantities)')) + last + '\n')
+        run = subprocess.run(['bash', '-c', f'{_gpu_check_function(check)}\n{check} "$1"', 'check', str(log)],
+                             capture_output=True, text=True, timeout=60)
+        results[failing] = run
+    assert results[False].returncode == 0, results[False].stdout
+    assert results[True].returncode == 1
+    assert FAIL_LINE in results[True].stdout.splitlines()
+    assert 'reference check: FAIL (1 of 16 quantities over their bounds)' in results[True].stdout.splitlines()
+
+
+@pytest.mark.parametrize('rc', [1, 0], ids=['bench_exits_1', 'fail_line_only'])
+def test_the_scan_step_fails_on_a_backend_over_its_bound(tmp_path, rc):
+    """The whole step, with the stand-in printing a scan log whose Triton dB is 3e-2 off: the step is
+    reported FAIL with what names the failure, whether the benchmark's exit status (1 with a FAIL line)
+    or only its FAIL line (a log the check reads alone) tells."""
+    log = tmp_path / 'scan.log'
+    summary = 'reference check: FAIL (1 of 16 quantities over their bounds: triton at batch 4, L 2304 grad B 3.1e-02)'
+    log.write_text(SCAN_LOG.format(fail=FAIL_LINE + '\n', summary=summary))
+    os.environ.update(GPU_CHECK_STEPS='scan_backends', FAKE_SCAN_LOG=str(log), FAKE_SCAN_RC=str(rc))
+    try:
+        result, _, folder = _run_with_fake_python(tmp_path, None, 0)
+    finally:
+        for key in ('GPU_CHECK_STEPS', 'FAKE_SCAN_LOG', 'FAKE_SCAN_RC'):
+            del os.environ[key]
+    report = (folder / 'report.txt').read_text()
+    assert re.search(rf'^\[FAIL\] scan_backends \(\d+ s, limit 60 s, exit {rc}; log: ', report, re.M), report
+    assert f'    {summary}' in report.splitlines()
+    if rc == 0:
+        assert f'    {FAIL_LINE}' in report.splitlines()
+    assert re.search(r'^result: 1 step\(s\) failed', report, re.M) and result.returncode != 0
