@@ -60,6 +60,10 @@ class SS2D(nn.Module):
     projections of (dt, B, C), one grouped selective scan runs all four, and the outputs are
     mapped back to image order and summed."""
 
+    #: Whether the Triton kernels read the four directions by index (False: the direction copies
+    #: with every kernel; scripts/bench_ldt.py --compare-upstream times both ways).
+    directions_in_kernels = True
+
     def __init__(self, d_model: int, d_state: int = 16, d_conv: int = 3, expand: float = 2.,
                  dt_rank='auto', dt_min: float = 0.001, dt_max: float = 0.1, dt_init: str = 'random',
                  dt_scale: float = 1.0, dt_init_floor: float = 1e-4, dropout: float = 0.,
@@ -117,7 +121,7 @@ class SS2D(nn.Module):
         With the Triton kernels the four directions are read by index inside them
         (:meth:`_scan_in_kernels`); the other kernels get today's direction copies
         (:meth:`_scan_direction_copies`)."""
-        if four_way_runs_in_triton(self.scan_backend, x.device):
+        if self.directions_in_kernels and four_way_runs_in_triton(self.scan_backend, x.device):
             y = self._scan_in_kernels(x)
             if y is not None:   # None: the Triton kernel failed its first call under 'auto'
                 return y

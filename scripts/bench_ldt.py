@@ -776,9 +776,11 @@ def compare_scan(args: argparse.Namespace) -> float:
 # --compare-upstream: the project's defaults beside the same network run the way upstream runs it
 #: name -> (MambaIR's scan backend, the project's Adam (fused on CUDA) or foreach, blocks compiled).
 #: Upstream MambaIR: mamba-ssm's scan on float32 copies of the four direction copies (scan_backend
-#: cuda), foreach Adam, eager.
+#: cuda), foreach Adam, eager. 'triton copies': the Triton kernels on the four direction copies
+#: (SS2D.directions_in_kernels False), what the directions inside the kernels gain over.
 UPSTREAM_SETUPS = {
     'upstream': ('cuda', False, False),
+    'triton copies': ('triton copies', True, False),
     'ours eager': ('triton', True, False),
     'ours compiled': ('triton', True, True),
 }
@@ -799,9 +801,15 @@ def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
     from archs.compile import compile_blocks
     steps = {}
     for name, (scan, fused, compiled) in UPSTREAM_SETUPS.items():
+        if scan.endswith(' copies') and args.arch not in MAMBAIR:
+            continue   # a network without a scan: the same as 'ours eager'
         torch.manual_seed(0)
+        copies = scan.endswith(' copies')
         net = build_network(args.arch, args.scale,
-                            scan_backend=scan if args.arch in MAMBAIR else None).to(args.device)
+                            scan_backend=scan.split()[0] if args.arch in MAMBAIR else None).to(args.device)
+        for module in net.modules():
+            if copies and hasattr(module, 'directions_in_kernels'):
+                module.directions_in_kernels = False
         if compiled:
             compile_blocks(net, COMPILE_BACKEND)
         params = list(net.parameters())

@@ -12,16 +12,18 @@ from conftest import load_script
 def test_compare_upstream_rotates_three_setups_over_the_same_batches(monkeypatch, capsys):
     bench = load_script('bench_ldt')
     monkeypatch.setattr(bench, 'UPSTREAM_SETUPS', {'upstream': ('torch', False, False),
+                                                   'torch copies': ('torch copies', True, False),
                                                    'ours eager': ('torch', True, False),
                                                    'ours compiled': ('torch', True, True)})
     monkeypatch.setattr(bench, 'COMPILE_BACKEND', 'aot_eager')
     monkeypatch.setattr(bench, 'TILE', (5, 'torch', 'torch'))
-    built, stepped = {}, []
+    built, stepped, nets = {}, [], []
     build, step = bench.build_network, bench.optimizer_step
 
     def build_and_note(arch, scale, scan_backend=None):
         net = build(arch, scale, scan_backend=scan_backend)
         built[id(net)] = (len(built), {k: v.clone() for k, v in net.state_dict().items()})
+        nets.append(net)
         return net
     monkeypatch.setattr(bench, 'build_network', build_and_note)
     monkeypatch.setattr(bench, 'optimizer_step', lambda net, *a, **k: stepped.append(built[id(net)][0]) or step(net, *a, **k))
@@ -33,14 +35,16 @@ def test_compare_upstream_rotates_three_setups_over_the_same_batches(monkeypatch
     bench.main(['--arch', 'mambair_small', '--device', 'cpu', '--patch', '4', '--batch', '1', '--iters', '2',
                 '--warm', '1', '--compare-upstream'])
     out = capsys.readouterr().out
-    assert stepped == [0, 1, 2, 1, 2, 0, 2, 0, 1]          # 1 warm-up + 2 timed batches, the order rotating
-    assert compiled == [(2, 'aot_eager')]                   # only 'ours compiled' is compiled
-    states = [state for _, state in built.values()][:3]
+    assert stepped == [0, 1, 2, 3, 1, 2, 3, 0, 2, 3, 0, 1]   # 1 warm-up + 2 timed batches, the order rotating
+    assert compiled == [(3, 'aot_eager')]                     # only 'ours compiled' is compiled
+    assert [sorted({m.directions_in_kernels for m in net.modules() if hasattr(m, 'directions_in_kernels')})
+            for net in nets] == [[True], [False], [True], [True]]   # 'torch copies': the direction copies
+    states = [state for _, state in built.values()][:4]
     assert all(torch.equal(states[0][k], s[k]) for s in states[1:] for k in states[0])   # one seed, one start
-    for name in ('upstream', 'ours eager', 'ours compiled'):
+    for name in ('upstream', 'torch copies', 'ours eager', 'ours compiled'):
         assert re.search(rf'^FT step {name} / upstream: \d+\.\d+ \(median of 2 per-batch ratios \[.*\], order '
                          rf'rotating\) \| median [\d.]+ ms, 1 warm-up steps \(a compile included\) [\d.]+ s$', out, re.M), out
     assert re.search(r'^SS2D scan forward at a 5x5 tile, batch 1: torch \(directions in the kernels\) [\d.]+ ms, '
                      r'torch on direction copies [\d.]+ ms: torch / torch \d+\.\d+ \(max \|diff\| 0\.00e\+00\)$', out, re.M), out
-    assert re.search(r'^summary upstream: arch=mambair_small ours eager/upstream time \d+\.\d+ \| ours compiled/upstream '
+    assert re.search(r'^summary upstream: arch=mambair_small torch copies/upstream time \d+\.\d+ \| ours eager/upstream time \d+\.\d+ \| ours compiled/upstream '
                      r'time \d+\.\d+ \| tile forward/upstream time \d+\.\d+$', out, re.M), out
