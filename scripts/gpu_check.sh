@@ -39,6 +39,16 @@
 #  11. scan_sweep   110 s  bench_scan.py --sweep over the Triton launch settings in SWEEP_CONFIGS (each
 #                          against the float64 reference, beside mamba-ssm when it was built), at the
 #                          training shape, then the forward alone at a 250x250 tile of batch 1
+# With --speed (the training-speed issue's GPU session, #59; budget 540 s unless GPU_CHECK_BUDGET_S is set) only
+# these run, so that the compiles fit:
+#   1, 2   versions, scan_backends (the four-way scan checked against its float64 reference there too)
+#   S1. upstream_mambair 200 s  bench_ldt.py --compare-upstream, classic MambaIR x4 bf16 (LR 48, batch 4): the FT
+#                          step as upstream runs it (mamba-ssm's scan on float32 direction copies, foreach Adam,
+#                          eager; waits for the mamba-ssm build) against the Triton kernels on the copies, the
+#                          defaults (the directions inside the kernels, fused Adam) and the defaults compiled,
+#                          rotating per batch; peak memory; the SS2D scan forward at a 250x250 tile
+#   S2. upstream_hat 120 s, upstream_safmn 60 s  the same for HAT and SAFMN (fused Adam, eager and compiled)
+#   7.  bench_ldt_mambair 50 s  LDT dual / FT with the defaults
 # The kernel time by kind (bench_ldt.py --kernel-time; the H200's figures are in docs/results.md) is no
 # longer a step: its budget went to the overlapped steps of HAT and SAFMN. Run it by hand when needed.
 # GPU_CHECK_STEPS=name,name,... runs only those steps (a second call that remeasures a few; the mamba-ssm
@@ -47,16 +57,19 @@
 # is skipped, and at once with one line on a machine without CUDA.
 #   bash scripts/gpu_check.sh            # PYTHON=... to pick the interpreter
 #   bash scripts/gpu_check.sh --scan-sweep
+#   bash scripts/gpu_check.sh --speed
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 SWEEP=0
+SPEED=0
 case "${1:-}" in
   --scan-sweep) SWEEP=1 ;;
+  --speed) SPEED=1 ;;
   '') ;;
-  *) echo "gpu_check: unknown argument '$1'; expected none or --scan-sweep" >&2; exit 2 ;;
+  *) echo "gpu_check: unknown argument '$1'; expected none, --scan-sweep or --speed" >&2; exit 2 ;;
 esac
-BUDGET_S="${GPU_CHECK_BUDGET_S:-$([ "$SWEEP" -eq 1 ] && echo 540 || echo 350)}"
+BUDGET_S="${GPU_CHECK_BUDGET_S:-$([ "$SWEEP" -eq 1 ] || [ "$SPEED" -eq 1 ] && echo 540 || echo 350)}"
 # The Triton launch settings the sweep times, CHUNK,FWD_BLOCK_D,FWD_WARPS,FWD_STAGES,BWD_BLOCK_D,BWD_WARPS,BWD_STAGES
 # (none spills when compiled for sm_90 with Triton 3.8); the first is the default. The H100 sweeps found
 # eight-position chunks fastest forward+backward at the training shape and sixteen-position forwards with
@@ -70,6 +83,8 @@ SWEEP_CONFIGS="${GPU_CHECK_SWEEP_CONFIGS:-8,4,1,1,4,1,1 8,4,1,1,8,2,1 8,8,2,1,4,
 OVERLAP_BOUNDS="1.05"
 KILL_S=5   # a step that ignores SIGTERM at its limit is killed this much later
 ONLY="${GPU_CHECK_STEPS:-}"   # comma-separated step names: run only these (the others are not reported)
+SPEED_STEPS="versions,scan_backends,upstream_mambair,upstream_hat,upstream_safmn,bench_ldt_mambair"
+[ "$SPEED" -eq 1 ] && [ -z "$ONLY" ] && ONLY="$SPEED_STEPS"
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
   echo "gpu_check: no CUDA device visible to PyTorch (torch.cuda.is_available() is False); run it on a machine with an NVIDIA GPU" >&2
@@ -227,6 +242,17 @@ check_bench_mamba_ssm() {
   return 0
 }
 
+# The FT step as upstream runs it against the project's defaults (--speed): MambaIR waits for mamba-ssm's build
+upstream_mambair() {
+  if [ "$BUILD_MAMBA" -eq 1 ]; then until [ -f "$MAMBA_BUILD/rc" ]; do sleep 2; done; fi
+  with_mamba_ssm "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 --batch 4 \
+    --warm 3 --iters 10 --compare-upstream
+}
+check_upstream() { grep -E '^FT step|^SS2D scan forward|^summary upstream' "$1"; grep -q '^summary upstream' "$1"; }
+# "<name> / upstream: <ratio>" of a --compare-upstream log; the peak memory of <name> as a fraction of upstream's
+upstream_ratio() { sed -n "s/^FT step $2 \/ upstream: \([0-9.]*\) .*/\1/p" "$1" 2>/dev/null | head -n 1; }
+upstream_memory() { sed -n "s/^FT step peak memory.* $2 [0-9]* MiB (\([0-9.]*\) of upstream).*/\1/p" "$1" 2>/dev/null | head -n 1; }
+
 # The issues' goals, each a ratio from this run's logs beside its bound (#38: the scan and the FT step
 # against mamba-ssm; #39: LDT/FT and LDT-S/FT for the three networks, the check's own time); "not
 # measured" where a step did not run or printed no figure.
@@ -247,6 +273,15 @@ goals() {
     goal "$arch LDT/FT memory" "$(summary_ratio "$DIR/bench_ldt_$arch.log" 'LDT\/FT memory')" 1.05
     goal "$arch LDT-S/FT time" "$(summary_ratio "$DIR/bench_ldt_$arch.log" 'LDT-S\/FT time')" 1.05
   done
+  if [ "$SPEED" -eq 1 ]; then   # #59: the defaults against upstream's way, and LDT/FT with the defaults
+    local log="$DIR/upstream_mambair.log"
+    goal 'MambaIR FT step, defaults / upstream' "$(upstream_ratio "$log" 'ours eager')" 0.75
+    goal 'MambaIR FT step, defaults compiled / upstream' "$(upstream_ratio "$log" 'ours compiled')" 0.75
+    goal 'MambaIR FT peak memory, defaults / upstream' "$(upstream_memory "$log" 'ours eager')" 1.0
+    goal 'SS2D scan forward at a 250x250 tile, Triton / mamba-ssm' \
+      "$(sed -n 's/^SS2D scan forward.*: triton \/ cuda \([0-9.]*\) .*/\1/p' "$log" 2>/dev/null | head -n 1)" 1.0
+    goal 'mambair LDT/FT time with the defaults' "$(summary_ratio "$DIR/bench_ldt_mambair.log" 'LDT\/FT time')" 1.5
+  fi
   if [ "$SWEEP" -eq 1 ]; then   # ldt.overlap_branches: the same bounds, for the dual step that option runs
     local mode modes bound
     # each mode as 'its words in the goal|its name on the summary line'
@@ -293,7 +328,8 @@ demo_data() {
 }
 
 export PY DIR MAMBA_SDIST MAMBA_BUILD SWEEP_CONFIGS
-export -f scan_backends scan_mamba_ssm with_mamba_ssm gpu_arch scan_compile scan_sweep bench_mamba_ssm demo_data   # run_step runs them under timeout, in a child bash
+export -f scan_backends scan_mamba_ssm with_mamba_ssm gpu_arch scan_compile scan_sweep bench_mamba_ssm demo_data \
+  upstream_mambair   # run_step runs them under timeout, in a child bash
 
 say "gpu_check $(date -u '+%Y-%m-%d %H:%M UTC') in $(pwd), budget ${BUDGET_S} s"
 # Packages the GPU image lacks: its python3 has torch, triton, einops, timm, OpenCV, scikit-image,
@@ -367,6 +403,14 @@ for arch in mambair:50 hat:50 safmn:30; do
     --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory
 done
 
+if [ "$SPEED" -eq 1 ]; then
+  export BUILD_MAMBA
+  run_step upstream_mambair 200 check_upstream bash -c upstream_mambair
+  for arch in hat:120 safmn:60; do
+    run_step "upstream_${arch%%:*}" "${arch##*:}" check_upstream "$PY" scripts/bench_ldt.py --device cuda \
+      --arch "${arch%%:*}" --amp bf16 --patch 48 --batch 4 --warm 3 --iters 10 --compare-upstream
+  done
+fi
 [ "$BUILD_MAMBA" -eq 1 ] && run_step scan_mamba_ssm 110 check_scan bash -c scan_mamba_ssm
 if [ "$SWEEP" -eq 1 ]; then
   # first the measurements no earlier run has made, then the goal the scan issue needs, so that a long step

@@ -30,7 +30,13 @@ echo "fake-python $*"
 case "${PYTHONPATH:-}" in *carried_site*) echo "carried site on PYTHONPATH";; esac
 case "$*" in *scan_static_report.py*) echo "TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-}";; esac
 case "${PYTHONPATH:-}" in *--print-path*) echo "on PYTHONPATH: $PYTHONPATH";; esac   # a mamba-ssm build's path
-case "$*" in *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 ms on Triton, 100 ms on mamba-ssm
+case "$*" in *bench_ldt.py*--compare-upstream*)   # the FT step against upstream's way, MambaIR's tile forward
+  echo "FT step ours eager / upstream: 0.700 (median of 10 per-batch ratios [0.7], order rotating) | median 70.0 ms, 3 warm-up steps (a compile included) 1.0 s"
+  echo "FT step ours compiled / upstream: 0.800 (median of 10 per-batch ratios [0.8], order rotating) | median 80.0 ms, 3 warm-up steps (a compile included) 30.0 s"
+  echo "FT step peak memory above what stays allocated: upstream 100 MiB (1.000 of upstream), ours eager 90 MiB (0.900 of upstream), ours compiled 95 MiB (0.950 of upstream)"
+  echo "SS2D scan forward at a 250x250 tile, batch 1: triton (directions in the kernels) 5.00 ms, cuda on direction copies 4.00 ms: triton / cuda 1.250 (max |diff| 1.00e-06)"
+  echo "summary upstream: arch=mambair ours eager/upstream time 0.700 | ours compiled/upstream time 0.800 | tile forward/upstream time 1.250";;
+  *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 ms on Triton, 100 ms on mamba-ssm
   echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
   *bench_ldt.py*--overlap-branches*)   # with the overlapped dual step's ratios (none with FAKE_NO_SUMMARY=1)
   echo "  reserved (torch.cuda.max_memory_reserved after empty_cache; what the process holds on the GPU): FT 10.0 MiB"
@@ -225,6 +231,37 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
     assert report.splitlines()[-1].startswith('result: ')
 
 
+def test_the_speed_session_times_the_defaults_against_upstreams_way_within_one_device_call(tmp_path):
+    """--speed (the training-speed issue's GPU session): only the versions, the scan check, LDT/FT
+    with the defaults and the three --compare-upstream steps (MambaIR's waits for the mamba-ssm build
+    and runs with it on the path), 540 s in all, and each goal read from their lines: the fake
+    MambaIR log meets the FT step and memory goals and misses the tile's."""
+    (tmp_path / 'gpu_carry').mkdir()
+    (tmp_path / 'gpu_carry' / 'mamba_ssm-2.3.2.post1.tar.gz').write_bytes(b'')
+    os.environ['GPU_CHECK_MAMBA_BUILD'] = str(tmp_path / 'mamba_build')
+    try:
+        result, _, folder = _run_with_fake_python(tmp_path, None, 0, '--speed')
+    finally:
+        del os.environ['GPU_CHECK_MAMBA_BUILD']
+    report = (folder / 'report.txt').read_text()
+    assert 'budget 540 s' in report.splitlines()[0]
+    steps = dict(re.findall(r'^\[(?:PASS|FAIL|SKIP)\] (\S+) \(\d+ s, limit (\d+) s', report, re.M))
+    assert list(steps) == ['versions', 'scan_backends', 'bench_ldt_mambair', 'upstream_mambair', 'upstream_hat',
+                           'upstream_safmn']
+    assert sum(map(int, steps.values())) <= 540
+    mambair = (folder / 'upstream_mambair.log').read_text()
+    assert '--arch mambair --amp bf16 --patch 48 --batch 4 --warm 3 --iters 10 --compare-upstream' in mambair
+    assert 'on PYTHONPATH' in mambair                        # mamba-ssm's build on the path
+    assert '--arch hat' in (folder / 'upstream_hat.log').read_text()
+    assert re.search(r'^\[PASS\] upstream_mambair', report, re.M)
+    for line in ('MambaIR FT step, defaults / upstream: 0.700 (goal <= 0.75) met',
+                 'MambaIR FT step, defaults compiled / upstream: 0.800 (goal <= 0.75) MISSED',
+                 'MambaIR FT peak memory, defaults / upstream: 0.900 (goal <= 1.0) met',
+                 'SS2D scan forward at a 250x250 tile, Triton / mamba-ssm: 1.250 (goal <= 1.0) MISSED',
+                 'mambair LDT/FT time with the defaults: 1.500 (goal <= 1.5) met'):
+        assert f'  {line}' in report.splitlines(), line
+
+
 def test_the_cold_compile_runs_on_an_empty_triton_cache_of_its_own(tmp_path, monkeypatch):
     """The compile figure is a cold one: the step gives the static report a fresh, empty Triton cache
     (never the user's ~/.triton, which would make it a cache load)."""
@@ -240,7 +277,7 @@ def test_an_unknown_argument_is_one_line():
     result = subprocess.run(['bash', str(REPO / 'scripts' / 'gpu_check.sh'), '--sweep'], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2 and result.stdout == ''
-    assert result.stderr.splitlines() == ["gpu_check: unknown argument '--sweep'; expected none or --scan-sweep"]
+    assert result.stderr.splitlines() == ["gpu_check: unknown argument '--sweep'; expected none, --scan-sweep or --speed"]
 
 
 def test_the_budget_cuts_a_step_short_and_skips_the_rest(tmp_path):
