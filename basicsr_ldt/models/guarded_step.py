@@ -1,5 +1,6 @@
-"""What every model type of this project adds to a training step: mixed precision and
-surviving a non-finite loss.
+"""What every model type of this project adds to a training step: mixed precision, surviving a
+non-finite loss, and the network's blocks compiled when ``train.compile`` says so
+(``compiled_blocks``, a base of the mixin).
 
 ``train: amp`` (none | bf16 | fp16) runs forward and loss under autocast; fp16 adds loss
 scaling (one GradScaler per optimizer, see ``basicsr_ldt.ldt.precision``). A NaN/inf loss
@@ -19,6 +20,7 @@ from basicsr.utils import get_root_logger
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.ldt.pair import optimizer_step
 from basicsr_ldt.ldt.precision import AMP_DTYPES, MixedPrecision, resolve_dtype
+from basicsr_ldt.models.compiled_blocks import CompiledBlocksMixin
 
 #: Defaults of the ``train:`` keys this mixin reads (documented in docs/options.md).
 STEP_DEFAULTS = {'amp': 'none', 'max_bad_steps': 10}
@@ -42,7 +44,7 @@ def max_bad_steps_from_options(train_opt: Dict) -> int:
     return value
 
 
-class GuardedStepMixin:
+class GuardedStepMixin(CompiledBlocksMixin):
     """Autocast/loss scaling and non-finite-loss skipping for BasicSR ``SRModel`` subclasses.
 
     Models that run their own step (``LDTSRModel``) call :meth:`setup_precision` in

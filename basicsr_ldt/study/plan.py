@@ -22,6 +22,7 @@ from basicsr_ldt.common.options import check_known_keys, closest_key_hint, regis
 from basicsr_ldt.corgrad import CorGradConfig
 from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS
 from basicsr_ldt.ldt import LDTConfig
+from basicsr_ldt.models.compiled_blocks import compile_setting
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
 from basicsr_ldt.models.optimizers import fused_choice
@@ -41,7 +42,7 @@ BICUBIC_KEY = 'bicubic'
 OPTIONAL_KEYS: Dict[str, Tuple[str, ...]] = {
     '': ('ldt', 'manual_seed', 'val', 'dist_params', 'find_unused_parameters', 'use_static_graph'),
     'train': ('ema_decay', 'warmup_iter', 'use_grad_clip', 'pixel_opt', 'perceptual_opt', 'prefetch_mode',
-              'enlarge_ratio', 'amp', 'max_bad_steps', 'ema_reference_iters'),
+              'enlarge_ratio', 'amp', 'max_bad_steps', 'ema_reference_iters', 'compile', 'compile_backend'),
     'train.optim_g': ('fused',),
     'val': BEST_KEYS + tuple(INFERENCE_DEFAULTS),   # best-checkpoint selection; how validation cuts images
     'path': ('pretrain_network_g', 'param_key_g', 'strict_load_g', 'resume_state'),
@@ -232,7 +233,7 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
 
 def check_training_options(opt: Mapping[str, Any], where: str) -> None:
     """What can be checked without data: registered types, the ``ldt:`` section, the budget, the
-    value of ``train.optim_g.fused``."""
+    values of ``train.compile``, ``train.compile_backend`` and ``train.optim_g.fused``."""
     registered(MODEL_REGISTRY, opt.get('model_type'), f'{where}: model_type')
     registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), f'{where}: network_g.type')
     total = (opt.get('train') or {}).get('total_iter')
@@ -240,6 +241,10 @@ def check_training_options(opt: Mapping[str, Any], where: str) -> None:
         raise InputError(f'{where}: train.total_iter must be a positive number, got {total!r}')
     if 'train' not in (opt.get('datasets') or {}):
         raise InputError(f"{where}: the training options have no 'datasets: train' section")
+    try:
+        compile_setting(opt.get('train') or {})
+    except InputError as err:
+        raise InputError(f'{where}: {err}') from None
     try:
         fused_choice((opt.get('train') or {}).get('optim_g') or {})
     except InputError as err:

@@ -1,0 +1,174 @@
+"""``torch.compile`` of a network's repeated blocks, for training forwards only.
+
+What is compiled, and why so:
+
+* **Blocks, not the network.** MambaIR's ``VSSBlock``, HAT's ``HAB`` and ``OCAB``, SAFMN's
+  ``AttBlock`` (:data:`BLOCK_CLASSES`). The elementwise chains worth fusing (LayerNorm, SiLU
+  gating, skip scales, residuals, channel-attention pooling and gating) all sit inside one block,
+  a block's graph is small, and every instance of a class runs the same code, so one compile
+  serves all blocks whose configuration agrees. A compiled network would be one large graph,
+  compiled again for each change anywhere in it.
+* **Nothing about the modules changes that a checkpoint or a copy sees.** A block gets an
+  instance attribute ``forward`` (a dispatcher bound to it) and two plain attributes; no wrapper
+  module, so ``state_dict`` keys stay those of plain BasicSR (no ``_orig_mod.``), and
+  ``copy.deepcopy`` (LDT's auxiliary branch, its composite network) rebinds the dispatcher to the
+  copy.
+* **Training forwards only.** The dispatcher runs the compiled code when the block is in training
+  mode with gradients enabled, and the block's own ``forward`` otherwise: validation, ``test.py``
+  and inference are eager, so no image size of theirs compiles anything.
+* **The first training call of each block is eager.** One-time Python work on a first call
+  (MambaIR's scan dispatch tries the Triton kernel and logs the kernel it runs) then happens
+  outside the graph; traced, it breaks the graph and its changed state forces a second compile.
+* **One compiled function per (block class, backend, trainable pattern).** ``requires_grad`` of
+  every parameter is part of a compiled graph (its backward computes exactly those gradients),
+  and LDT freezes different tensors in every block and branch. Each pattern gets its own copy of
+  the block's code object, so that dynamo's cache for it holds only the few variants of that
+  pattern (e.g. HAB's shifted and unshifted windows): a call checks the guards of a handful of
+  entries instead of scanning one list of every pattern of every block and branch, and dynamo's
+  per-function recompile limit (``torch._dynamo.config.recompile_limit``, 8) keeps its meaning, so
+  it is left as it is. The pattern only files a call under a function; dynamo's own guards decide
+  what runs, so a pattern computed from stale data costs a compile, never a wrong result.
+* **Stochastic depth stays one graph.** timm's ``DropPath`` passes its probability to
+  ``bernoulli_``, which makes dynamo compile once per distinct probability (every block of a
+  network has its own); :class:`TracedDropPath` draws the same per-sample mask as ``rand < keep``,
+  which dynamo can keep symbolic: the first rate it meets compiles as a constant, the next one once
+  more with the rate symbolic, and that graph serves every other rate. Same distribution, a
+  different random stream than eager timm.
+
+The selective scan inside a compiled ``VSSBlock``: the Triton kernels (SS2D's four-way call) are
+``torch.library`` custom operators with a fake and an autograd formula registered
+(``archs/scan/triton_function.py``): one opaque node of the block's graph, whose first-call check
+runs in the block's eager first call. With the torch kernel dynamo traces the scan's autograd
+function into the graph with its position loops unrolled: correct and one graph, but slow to
+compile and a large graph. mamba-ssm's kernel (``cuda``) is an unregistered autograd function
+around a C++ extension: not checked here (no GPU); expected to split the graph at the scan. A
+kernel registered like the Triton one stays inside the graph; nothing here needs to change for it.
+"""
+import threading
+import types
+from typing import Callable, Dict, FrozenSet, Iterator, List, Tuple
+
+import torch
+from timm.layers import DropPath
+from torch import nn
+
+from archs.hat_arch import HAB, OCAB
+from archs.mambair_arch import VSSBlock
+from archs.safmn_arch import AttBlock
+
+#: The repeated blocks compiled in each architecture (``network_g.type``).
+BLOCK_CLASSES: Dict[str, Tuple[type, ...]] = {'MambaIR': (VSSBlock,), 'HAT': (HAB, OCAB), 'SAFMN': (AttBlock,)}
+
+#: Architectures whose blocks ``train.compile: auto`` compiles on a CUDA device. An architecture
+#: enters only when a GPU run measured its FT training step faster compiled than eager
+#: (``scripts/bench_compile.py``; the compile time not counted, but reported beside it); empty
+#: until such a run.
+COMPILE_BY_DEFAULT: FrozenSet[str] = frozenset()
+
+_BACKEND = '_compile_backend'   # instance attribute: the backend its training forwards compile with
+_WARM = '_compile_warm'         # instance attribute: whether its first (eager) training call has run
+_compiled: Dict[Tuple[type, str, int], Callable] = {}
+_lock = threading.Lock()        # LDT may run the auxiliary branch's forward on a helper thread
+
+
+class TracedDropPath(DropPath):
+    """timm's ``DropPath`` (per-sample stochastic depth, kept samples scaled by 1 / keep) with the
+    mask drawn as ``rand < keep``: dynamo can keep the drop probability a symbolic float, so blocks
+    with different rates share a compiled graph (``bernoulli_(keep)`` fixes it, a graph per rate)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.drop_prob == 0. or not self.training:
+            return x
+        keep = 1. - self.drop_prob
+        shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+        mask = (torch.rand(shape, device=x.device) < keep).to(x.dtype)
+        if keep > 0. and self.scale_by_keep:
+            mask = mask / keep
+        return x * mask
+
+
+def block_classes(network: nn.Module) -> Tuple[type, ...]:
+    """The block classes :func:`compile_blocks` compiles in ``network`` (by its class name)."""
+    return BLOCK_CLASSES.get(type(network).__name__, ())
+
+
+def compiled_blocks(network: nn.Module) -> List[nn.Module]:
+    """The blocks of ``network`` that :func:`compile_blocks` has marked."""
+    return [m for m in network.modules() if _BACKEND in m.__dict__]
+
+
+def compile_blocks(network: nn.Module, backend: str = 'inductor') -> int:
+    """Mark every repeated block of ``network`` to run its training forwards compiled with
+    ``backend``; returns how many blocks were marked (0 for a network this module has no blocks
+    for). Marking again changes the backend. Compiling itself happens at the first compiled call."""
+    count = 0
+    for block in _blocks(network):
+        _trace_drop_paths(block)
+        block.__dict__[_BACKEND] = backend
+        block.__dict__.setdefault(_WARM, False)
+        block.forward = types.MethodType(_dispatch, block)
+        count += 1
+    return count
+
+
+def _blocks(network: nn.Module) -> Iterator[nn.Module]:
+    classes = block_classes(network)
+    if not classes:
+        return
+    # Activation checkpointing recomputes a block under saved-tensor hooks, which compiled graphs
+    # do not support: blocks inside a container with use_checkpoint stay eager.
+    checkpointed = {id(m) for c in network.modules() if getattr(c, 'use_checkpoint', False) for m in c.modules()}
+    for module in network.modules():
+        if type(module) in classes and id(module) not in checkpointed:
+            yield module
+
+
+def _trace_drop_paths(block: nn.Module) -> None:
+    for parent in list(block.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is DropPath:
+                traced = TracedDropPath(child.drop_prob, child.scale_by_keep)
+                traced.train(child.training)
+                setattr(parent, name, traced)
+
+
+def _dispatch(self: nn.Module, *args, **kwargs):
+    """A marked block's ``forward``: compiled in training with gradients, its own otherwise."""
+    forward = type(self).forward
+    if not (self.training and torch.is_grad_enabled()) or torch.compiler.is_compiling():
+        return forward(self, *args, **kwargs)
+    if not self.__dict__.get(_WARM, True):
+        self.__dict__[_WARM] = True
+        return forward(self, *args, **kwargs)
+    return _compiled_forward(type(self), self.__dict__[_BACKEND], _trainable_pattern(self))(self, *args, **kwargs)
+
+
+def _trainable_pattern(block: nn.Module) -> int:
+    """Which of the block's parameters require gradients, as the bits of an integer."""
+    pattern = 0
+    for i, parameter in enumerate(block.parameters()):
+        if parameter.requires_grad:
+            pattern |= 1 << i
+    return pattern
+
+
+def _compiled_forward(cls: type, backend: str, pattern: int) -> Callable:
+    """The compiled ``cls.forward`` for one trainable pattern: a copy of the function with its own
+    code object, because dynamo keeps one cache (and one recompile limit) per code object."""
+    key = (cls, backend, pattern)
+    compiled = _compiled.get(key)
+    if compiled is None:
+        with _lock:
+            compiled = _compiled.get(key)
+            if compiled is None:
+                original = cls.forward
+                index = sum(1 for k in _compiled if k[0] is cls)
+                name = f'{original.__name__}_{index}'
+                qualname = f'{cls.__qualname__}.{name}'
+                names = {'co_name': name, 'co_qualname': qualname} if hasattr(original.__code__, 'co_qualname') \
+                    else {'co_name': name}
+                clone = types.FunctionType(original.__code__.replace(**names), original.__globals__, name,
+                                           original.__defaults__, original.__closure__)
+                clone.__kwdefaults__, clone.__qualname__ = original.__kwdefaults__, qualname
+                compiled = _compiled[key] = torch.compile(clone, backend=backend)
+    return compiled

@@ -1,0 +1,101 @@
+"""``train.compile`` / ``train.compile_backend``: the network's repeated blocks compiled with
+``torch.compile`` for training steps (``archs.compile`` says what is compiled and why).
+
+One place serves every model type: :class:`CompiledBlocksMixin` (a base of ``GuardedStepMixin``,
+which FT, LP-FT, DeFT, LDT, LDT-S and CorGrad all use) marks the blocks once the model is built,
+its network on its device and its weights loaded, before the first step. LDT's auxiliary branch
+and its composite copies are deep copies of that network and keep the marks.
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, Tuple
+
+import torch
+from torch import nn
+
+from basicsr.utils import get_root_logger
+
+import archs.compile as arch_compile
+from basicsr_ldt.common.errors import InputError
+
+#: Defaults of the ``train:`` keys read here (documented in docs/options.md).
+COMPILE_DEFAULTS = {'compile': 'auto', 'compile_backend': 'inductor'}
+COMPILE_CHOICES = ('auto', 'true', 'false')
+
+
+@dataclass(frozen=True)
+class CompileSetting:
+    """``mode``: 'auto', 'true' or 'false'; ``backend``: a ``torch.compile`` backend name."""
+    mode: str
+    backend: str
+
+
+def compile_setting(train_opt: Dict[str, Any]) -> CompileSetting:
+    """The checked ``train.compile`` / ``train.compile_backend``; bad values are one-line errors
+    naming the key. A backend other than the default is looked up among torch's registered ones
+    (listing them imports every backend: seconds, so only when one is named)."""
+    value = train_opt.get('compile')
+    value = COMPILE_DEFAULTS['compile'] if value is None else value
+    mode = str(value).lower() if isinstance(value, (bool, str)) else None
+    if mode not in COMPILE_CHOICES:
+        raise InputError(f"train.compile: expected one of 'auto', true, false, got {value!r}")
+    backend = train_opt.get('compile_backend')
+    backend = COMPILE_DEFAULTS['compile_backend'] if backend is None else backend
+    if not isinstance(backend, str) or not backend:
+        raise InputError(f'train.compile_backend: expected the name of a torch.compile backend, got {backend!r}')
+    if backend != COMPILE_DEFAULTS['compile_backend']:
+        known = torch.compiler.list_backends(exclude_tags=())
+        if backend not in known:
+            raise InputError(f"train.compile_backend: '{backend}' is not a torch.compile backend of this torch "
+                             f"(known: {', '.join(known)})")
+    return CompileSetting(mode, backend)
+
+
+def compile_decision(setting: CompileSetting, network: nn.Module, device_type: str) -> Tuple[bool, str]:
+    """Whether ``network``'s blocks are compiled, and why not when they are not (for the log).
+
+    ``auto`` compiles only on CUDA and only architectures in ``archs.compile.COMPILE_BY_DEFAULT``;
+    ``true`` compiles on any device (so CPU runs and tests exercise it), and refuses a network
+    with no blocks to compile, since the user asked for something that cannot happen.
+    """
+    arch = type(network).__name__
+    if setting.mode == 'false':
+        return False, 'train.compile: false'
+    if setting.mode == 'true':
+        if not arch_compile.block_classes(network):
+            raise InputError(f"train.compile: true, but network_g type '{arch}' has no blocks to compile (only "
+                             f"{', '.join(sorted(arch_compile.BLOCK_CLASSES))} have); use auto or false")
+        return True, ''
+    if device_type != 'cuda':
+        return False, f'train.compile: auto compiles on CUDA only, this run is on {device_type}'
+    if arch not in arch_compile.COMPILE_BY_DEFAULT:
+        listed = ', '.join(sorted(arch_compile.COMPILE_BY_DEFAULT)) or 'empty'
+        return False, (f'train.compile: auto, and no GPU measurement put {arch} in '
+                       f'archs.compile.COMPILE_BY_DEFAULT ({listed})')
+    return True, ''
+
+
+class CompiledBlocksMixin:
+    """Compiles the blocks of ``net_g`` after a training model is built (``train.compile``)."""
+
+    def __init__(self, opt: Dict) -> None:
+        # checked before anything is built: a typo costs no model construction
+        setting = compile_setting(opt.get('train') or {}) if opt.get('is_train') else None
+        super().__init__(opt)
+        if setting is not None:
+            self.setup_compiled_blocks(setting)
+
+    def setup_compiled_blocks(self, setting: CompileSetting) -> int:
+        """Mark ``net_g``'s blocks per ``setting`` and log one line; returns how many were marked."""
+        network = self.get_bare_model(self.net_g)
+        compile_on, reason = compile_decision(setting, network, self.device.type)
+        logger = get_root_logger()
+        if not compile_on:
+            logger.info(f'torch.compile: off ({reason})')
+            return 0
+        count = arch_compile.compile_blocks(network, setting.backend)
+        names = '/'.join(c.__name__ for c in arch_compile.block_classes(network))
+        where = '' if count else ' (none found outside use_checkpoint containers: all stay eager)'
+        logger.info(f'torch.compile: on for {count} {type(network).__name__} {names} blocks{where}, backend '
+                    f'{setting.backend}; training forwards only (validation and inference run eager), the first '
+                    'training call of each block eager, then one compile per block variant and trainable pattern')
+        return count
