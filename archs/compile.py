@@ -73,16 +73,25 @@ _lock = threading.Lock()        # LDT may run the auxiliary branch's forward on 
 
 class TracedDropPath(DropPath):
     """timm's ``DropPath`` (per-sample stochastic depth, kept samples scaled by 1 / keep) with the
-    mask drawn as ``rand < keep``: dynamo can keep the drop probability a symbolic float, so blocks
-    with different rates share a compiled graph (``bernoulli_(keep)`` fixes it, a graph per rate)."""
+    keep probability held in a 0-d buffer and the mask drawn as ``rand < keep``, so that blocks
+    with different rates share one compiled graph. dynamo guards on the Python floats a forward
+    reads: timm's ``drop_prob == 0.`` and ``bernoulli_(keep)`` made torch 2.11 compile once per
+    rate (on an H200, classic MambaIR's 36 blocks hit the recompile limit); a buffer is a graph
+    input instead, and only whether the rate is zero (``active``) is a constant. Not persistent:
+    checkpoints are unchanged."""
+
+    def __init__(self, drop_prob: float = 0., scale_by_keep: bool = True):
+        super().__init__(drop_prob, scale_by_keep)
+        self.active = drop_prob > 0.
+        self.register_buffer('keep', torch.tensor(1. - drop_prob), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.drop_prob == 0. or not self.training:
+        if not self.active or not self.training:
             return x
-        keep = 1. - self.drop_prob
         shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+        keep = self.keep.to(x.dtype)
         mask = (torch.rand(shape, device=x.device) < keep).to(x.dtype)
-        if keep > 0. and self.scale_by_keep:
+        if self.scale_by_keep:
             mask = mask / keep
         return x * mask
 
@@ -129,7 +138,8 @@ def _trace_drop_paths(block: nn.Module) -> None:
             if type(child) is DropPath:
                 traced = TracedDropPath(child.drop_prob, child.scale_by_keep)
                 traced.train(child.training)
-                setattr(parent, name, traced)
+                device = next(block.parameters()).device
+                setattr(parent, name, traced.to(device))
 
 
 def _dispatch(self: nn.Module, *args, **kwargs):

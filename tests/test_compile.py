@@ -275,14 +275,15 @@ def test_traced_drop_path_drops_whole_samples_at_its_rate():
 
 def test_blocks_with_different_drop_rates_share_one_graph():
     """timm's DropPath compiles once per rate (MambaIR gives each of its blocks its own rate);
-    TracedDropPath once for the first rate and once more, the rate then symbolic, for all others."""
+    TracedDropPath once for all non-zero rates (the rate is a buffer, a graph input: torch 2.11 on an
+    H200 guarded on a float attribute read in the forward and compiled per rate)."""
     net = MambaIR(img_size=4, embed_dim=30, depths=(3,), d_state=2, mlp_ratio=1., upscale=2,
                   upsampler='pixelshuffledirect', scan_backend='torch', drop_path_rate=0.2)
     compile_blocks(net, 'eager')
     assert all(type(b.drop_path) is TracedDropPath for b in compiled_blocks(net))
     assert len({b.drop_path.drop_prob for b in compiled_blocks(net)}) == 3
     rates = (0.1, 0.2, 0.3, 0.4)
-    for kind, expected in ((DropPath, len(rates)), (TracedDropPath, 2)):
+    for kind, expected in ((DropPath, len(rates)), (TracedDropPath, 1)):
         torch._dynamo.reset()
         traced = torch.compile(lambda module, x: module(x), backend='eager')
         before = graphs()
