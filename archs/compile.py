@@ -61,7 +61,8 @@ BLOCK_CLASSES: Dict[str, Tuple[type, ...]] = {'MambaIR': (VSSBlock,), 'HAT': (HA
 
 #: Architectures whose blocks ``train.compile: auto`` compiles on a CUDA device. An architecture
 #: enters only when a GPU run measured its FT training step faster compiled than eager
-#: (``scripts/bench_compile.py``; the compile time not counted, but reported beside it); empty
+#: (``scripts/bench_ldt.py --compare-upstream``, 'ours compiled' against 'ours eager'; the
+#: compile time not counted, but reported beside it); empty
 #: until such a run.
 COMPILE_BY_DEFAULT: FrozenSet[str] = frozenset()
 

@@ -341,16 +341,3 @@ def test_bad_compile_value_stops_the_entry_point_in_one_line(project, demo_data)
     assert result.stderr.strip().splitlines()[-1] == ("error: train.compile: expected one of 'auto', true, false, "
                                                       "got 'sometimes'")
     assert not (project / 'experiments' / 'bad').exists()
-
-
-def test_bench_compile_times_both_ways_on_the_same_batches(capsys):
-    """scripts/bench_compile.py (what decides COMPILE_BY_DEFAULT on a GPU), on a CPU with aot_eager:
-    SAFMN has no stochastic depth, so both copies train to the same weights."""
-    from conftest import load_script
-    result = load_script('bench_compile').main(['--arch', 'safmn', '--backend', BACKEND, '--patch', '8', '--batch',
-                                                 '1', '--iters', '2', '--warm', '0'])['safmn']
-    assert result['blocks'] == 8 and result['graphs'] == 1
-    assert result['eager_ms'] > 0 and result['compiled_ms'] > 0 and result['ratio'] > 0 and result['first_s'] > 0
-    assert result['eager'] == pytest.approx(result['compiled'], rel=1e-5)
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith('compile: arch=safmn FT eager ') and ' | graphs 1' in last
