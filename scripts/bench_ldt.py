@@ -734,6 +734,21 @@ def report_kernel_time(steps: Dict[str, dict]) -> None:
           f'{(steps["primary"]["wall_ms"] + steps["auxiliary"]["wall_ms"]) / steps["FT"]["wall_ms"]:.3f}')
 
 
+def ft_step_peaks(args: argparse.Namespace, steps: Dict[str, tuple], batch_loss, amp: MixedPrecision
+                  ) -> Dict[str, float]:
+    """One more FT step of each (network, optimizer) of ``steps`` (CUDA): its peak allocated memory
+    above what stays allocated (every network and optimizer state), in MiB."""
+    peaks = {}
+    for name, (net, opt) in steps.items():
+        sync(args.device)
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        optimizer_step(net, opt, batch_loss, amp, 'finetune')
+        sync(args.device)
+        peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    return peaks
+
+
 def compare_scan(args: argparse.Namespace) -> float:
     """FT steps of MambaIR with its scan on ``args.compare_scan`` = (A, B): two copies from one
     seed, stepped on the same batches, A first on even batches and B first on odd ones; returns
@@ -759,15 +774,8 @@ def compare_scan(args: argparse.Namespace) -> float:
     print(f'FT step scan {first} / {second}: {ratio:.3f} (median of {len(ratios)} per-batch ratios '
           f'{[round(r, 2) for r in ratios]}, order alternating) | {first} {statistics.median(times[first]) * 1e3:.1f} ms, '
           f'{second} {statistics.median(times[second]) * 1e3:.1f} ms (medians)')
-    if on_cuda(args.device):   # one more step each: its peak above what stays allocated (both networks)
-        peaks = {}
-        for backend, (net, opt) in steps.items():
-            sync(args.device)
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            optimizer_step(net, opt, l1(lq, gt), amp, 'finetune')
-            sync(args.device)
-            peaks[backend] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    if on_cuda(args.device):
+        peaks = ft_step_peaks(args, steps, l1(lq, gt), amp)
         print(f'FT step peak memory above what stays allocated: {first} {peaks[first]:.0f} MiB, {second} '
               f'{peaks[second]:.0f} MiB: {first} / {second} {peaks[first] / peaks[second]:.3f}')
     return ratio
@@ -839,14 +847,7 @@ def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
               f'{[round(r, 2) for r in per_batch]}, order rotating) | median {statistics.median(times[name]) * 1e3:.1f} ms, '
               f'{args.warm} warm-up steps (a compile included) {warm_up[name]:.1f} s')
     if on_cuda(args.device):
-        peaks = {}
-        for name, (net, opt) in steps.items():
-            sync(args.device)
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            optimizer_step(net, opt, l1(lq, gt), amp, 'finetune')
-            sync(args.device)
-            peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        peaks = ft_step_peaks(args, steps, l1(lq, gt), amp)
         print('FT step peak memory above what stays allocated: ' + ', '.join(
             f'{name} {peaks[name]:.0f} MiB ({peaks[name] / peaks["upstream"]:.3f} of upstream)' for name in names))
     if args.arch in MAMBAIR:

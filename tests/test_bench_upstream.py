@@ -48,3 +48,31 @@ def test_compare_upstream_rotates_three_setups_over_the_same_batches(monkeypatch
                      r'torch on direction copies [\d.]+ ms: torch / torch \d+\.\d+ \(max \|diff\| 0\.00e\+00\)$', out, re.M), out
     assert re.search(r'^summary upstream: arch=mambair_small torch copies/upstream time \d+\.\d+ \| ours eager/upstream time \d+\.\d+ \| ours compiled/upstream '
                      r'time \d+\.\d+ \| tile forward/upstream time \d+\.\d+$', out, re.M), out
+
+
+def test_compare_upstream_reports_each_peak_as_a_fraction_of_upstreams(monkeypatch, capsys):
+    """On CUDA, one more step of each copy for its peak memory above what stays allocated, printed
+    beside upstream's (faked allocator counters: upstream peaks 400 MiB above, the others 300)."""
+    bench = load_script('bench_ldt')
+    monkeypatch.setattr(bench, 'UPSTREAM_SETUPS', {'upstream': ('torch', False, False),
+                                                   'ours eager': ('torch', True, False)})
+    monkeypatch.setattr(bench, 'TILE', (4, 'torch', 'torch'))
+    allocated = {'now': 0, 'peak': 0}
+    monkeypatch.setattr(bench, 'on_cuda', lambda device: True)
+    monkeypatch.setattr(torch.cuda, 'synchronize', lambda: None)
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'a GPU')
+    monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats', lambda: allocated.update(peak=allocated['now']))
+    monkeypatch.setattr(torch.cuda, 'memory_allocated', lambda: allocated['now'])
+    monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda: allocated['peak'])
+    owners, step = {}, bench.optimizer_step
+
+    def step_taking_memory(net, opt, *a, **k):
+        fused = bool(opt.defaults.get('fused'))
+        allocated['peak'] = allocated['now'] + (300 if fused else 400) * 2 ** 20
+        return step(net, opt, *a, **k)
+    monkeypatch.setattr(bench, 'optimizer_step', step_taking_memory)
+    monkeypatch.setattr(bench, 'adam_kwargs', lambda options, params: {**options, 'fused': 'foreach' not in options})
+    bench.main(['--arch', 'mambair_small', '--device', 'cpu', '--patch', '4', '--batch', '1', '--iters', '1',
+                '--warm', '0', '--compare-upstream'])
+    assert re.search(r'^FT step peak memory above what stays allocated: upstream 400 MiB \(1\.000 of upstream\), '
+                     r'ours eager 300 MiB \(0\.750 of upstream\)$', capsys.readouterr().out, re.M)
