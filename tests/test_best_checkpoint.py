@@ -200,3 +200,50 @@ def test_validation_measures_the_network_that_is_saved(tmp_path, monkeypatch, de
     assert all(torch.equal(v, best_weights[k]) for k, v in weights(files[f"composite{best['iter']}"]).items())
     for other in {'composite8', 'primary8', 'auxiliary8'} - {validated[-1]}:
         assert abs(measured[other] - measured[validated[-1]]) > 1e-3, f'{other} measures like {validated[-1]}: {measured}'
+
+
+@pytest.mark.parametrize('model_type', ['FTSRModel', 'CorGradSRModel'])
+def test_with_ema_decay_validation_measures_the_saved_params_ema(tmp_path, monkeypatch, demo_data, model_type):
+    """FT and CorGrad with ``train.ema_decay``: BasicSR evaluates ``net_g_ema``, the studies test
+    ``params_ema``, so the PSNR validation logs for an iteration must be what test.py reports for that
+    iteration's saved ``params_ema`` (not its ``params``), the images it saves must be that network's
+    output, and ``net_g_best.pth`` must hold the best iteration's ``params_ema`` with the value it was
+    selected on. A decay of 0.5 with a large learning rate keeps the two copies measurably apart, which
+    the test checks, so it tells them apart. Kills the slip that validates the raw ``net_g`` (the
+    logged numbers and the best-checkpoint choice then describe another network than the one
+    evaluated). The LDT model's counterpart: test_validation_measures_the_network_that_is_saved."""
+    from test_cli import NETWORK
+    opt = best_options(demo_data, f'ema_{model_type}', total_iter=5)
+    opt['model_type'] = model_type
+    opt['train']['ema_decay'] = 0.5
+    opt['val']['save_img'] = True
+    opt['datasets'] = {'train': opt['datasets']['train'], 'val_source': opt['datasets']['val_source']}
+    if model_type == 'CorGradSRModel':   # one gradient per source camera: every camera in every batch
+        opt['datasets']['train'].update(cameras=['Olympus', 'Sony', 'Canon'], batch_size_per_gpu=3)
+    lines = _in_process(monkeypatch, tmp_path, 'Train_pip.py', opt)
+    logged = [float(v) for v in re.findall(r'Validation Test_Olympus\n\t # psnr: ([0-9.]+)', '\n'.join(lines))]
+    assert len(logged) == 5
+    exp = tmp_path / 'experiments' / opt['name']
+    checkpoints = [{'label': f'{key}{i}', 'path': str(exp / 'models' / f'net_g_{i}.pth'), 'param_key': key}
+                   for i in range(1, 6) for key in ('params', 'params_ema')]
+    _in_process(monkeypatch, tmp_path, 'test.py', {
+        'name': f'eval_{model_type}', 'scale': 4, 'num_gpu': 0, 'network_g': NETWORK, 'path': {},
+        'datasets': {'test_1': opt['datasets']['val_source']}, 'test': {'save_img': True},
+        'checkpoints': checkpoints})
+    results = tmp_path / 'results' / f'eval_{model_type}'
+    table = json.loads((results / 'metrics.json').read_text())['summary']
+    measured = {e['label']: table[e['label']]['Mean']['psnr'] for e in checkpoints}
+    for i in range(1, 6):
+        assert abs(logged[i - 1] - measured[f'params_ema{i}']) < 6e-5, (i, logged, measured)
+    assert max(abs(measured[f'params{i}'] - measured[f'params_ema{i}']) for i in range(1, 6)) > 1e-2, measured
+    stem = os.path.splitext(os.path.basename(sorted((demo_data / 'Test_x4' / 'test_LR').glob('P*'))[0].name))[0]
+    for i in range(1, 6):   # val.save_img: the validated network's output
+        saved = cv2.imread(str(exp / 'visualization' / stem / f'{stem}_{i}.png'))
+        from_test = cv2.imread(str(results / 'visualization' / f'params_ema{i}' / 'Olympus' / f'{stem}.png'))
+        assert saved is not None and np.array_equal(saved, from_test), (stem, i)
+    best = torch.load(exp / 'training_states' / '5.state', weights_only=True)['extra']['best']
+    assert abs(best['value'] - measured[f"params_ema{best['iter']}"]) < 1e-9, (best, measured)
+    best_file = torch.load(exp / 'models' / 'net_g_best.pth', weights_only=True)
+    that_iteration = torch.load(exp / 'models' / f"net_g_{best['iter']}.pth", weights_only=True)
+    for key in ('params', 'params_ema'):
+        assert all(torch.equal(v, best_file[key][k]) for k, v in that_iteration[key].items())

@@ -1,6 +1,9 @@
 """scripts/demo_calibration.py: the three calibration checks read from test.py / study.py results."""
 import json
 
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
 from conftest import load_script
 
 cal = load_script('demo_calibration')
@@ -52,3 +55,54 @@ def test_the_regime_s_thresholds_a_small_start_gain_passes_a_still_ft_fails(tmp_
 def test_missing_results_are_one_clear_error(tmp_path, capsys):
     assert cal.main(['--pretrained', str(tmp_path / 'nope.json'), '--study', str(tmp_path / 's.json')]) == 2
     assert "nope.json' does not exist: run test.py -opt options/demo/test_demo_pretrained.yml first" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- one failing camera among passing ones (issue 58)
+
+def write_gains(tmp_path, gains):
+    """Results where the pretrained start beats bicubic (23.0 dB) by ``gains[camera]`` on each camera,
+    and checks 2 and 3 pass (FT +0.8 dB over the start on Olympus; every method > bicubic on Pan and
+    Sony)."""
+    metrics = {'summary': {'Bicubic': {c: {'psnr': 23.0, 'ssim': 0.6} for c in CAMERAS + ('Mean',)},
+                           'Pretrained': {c: {'psnr': 23.0 + gains[c], 'ssim': 0.7} for c in CAMERAS}}}
+    cams = {'Olympus': 23.0 + gains['Olympus'] + 0.8, 'Pan': 24.2, 'Sony': 24.5, 'Mean': 0.0}
+    study = {'summary': [{'method': m, 'sweep': {}, 'n': 5, 'sources': ['Olympus'],
+                          'cameras': {c: {'psnr': {'mean': v, 'std': 0.01}} for c, v in cams.items()}}
+                         for m in ('FT', 'LDT')]}
+    (tmp_path / 'metrics.json').write_text(json.dumps(metrics))
+    (tmp_path / 'study.json').write_text(json.dumps(study))
+    return ['--pretrained', str(tmp_path / 'metrics.json'), '--study', str(tmp_path / 'study.json')]
+
+
+@pytest.mark.parametrize('failing', CAMERAS)
+def test_one_failing_camera_in_check_1_leaves_the_summary_failing(tmp_path, capsys, failing):
+    """demo.sh users read the last line and CI reads ``--strict``'s exit status: with the start below
+    bicubic on one camera and above it on the others, the camera's line says FAIL, the summary says a
+    check fails and ``--strict`` exits 1, wherever the camera is in the list. Kills the slip that lets
+    a later camera's pass overwrite the earlier failure (``ok = ...`` for ``ok &= ...`` in check 1: the
+    summary then says "every check passes" under a FAIL line)."""
+    gains = {c: (-0.3 if c == failing else 0.5) for c in CAMERAS}
+    args = write_gains(tmp_path, gains)
+    assert cal.main(args + ['--strict']) == 1
+    out = capsys.readouterr().out
+    assert f'{failing:<8}  22.70 vs  23.00  -0.30 dB  FAIL' in out
+    assert out.count('FAIL') == 2 and out.rstrip().endswith('calibration: a check FAILS (see above)')
+    assert cal.main(args) == 0                        # without --strict it reports and does not stop demo.sh
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(gains=st.fixed_dictionaries({c: st.sampled_from([-1.0, -0.2, 0.0, 0.01, 0.3, 2.0]) for c in CAMERAS}))
+def test_the_summary_fails_exactly_when_some_camera_fails_check_1(tmp_path, capsys, gains):
+    """Property over the start's gain on each camera (checks 2 and 3 passing): the summary says every
+    check passes, and ``--strict`` exits 0, exactly when the start beats bicubic on every camera; each
+    camera's line says PASS or FAIL by its own gain. Kills any slip that lets one camera's result
+    stand for the others'."""
+    args = write_gains(tmp_path, gains)
+    passing = all(g > 0 for g in gains.values())
+    assert cal.main(args + ['--strict']) == (0 if passing else 1)
+    out = capsys.readouterr().out
+    for camera, gain in gains.items():
+        assert f"{gain:+.2f} dB  {'PASS' if gain > 0 else 'FAIL'}" in next(
+            line for line in out.splitlines() if line.startswith(f'   {camera:<8} '))
+    summary = 'calibration: every check passes' if passing else 'calibration: a check FAILS (see above)'
+    assert out.rstrip().endswith(summary)

@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 from torch import nn
 
 from basicsr_ldt.common.errors import InputError
@@ -207,3 +208,98 @@ def test_ft_with_ema_trains_with_the_rescaled_decay(tmp_path):
         _sr_model(tmp_path, 'FTSRModel', ema_decay=0.99, ema_reference_iters=200000)   # 1 - 4 < 0
     with pytest.raises(InputError, match=r'train\.ema_reference_iters: .*ldt\.ema_reference_iters'):
         _sr_model(tmp_path, 'LDTSRModel', ema_reference_iters=200000)
+
+
+# ---------------------------------------------------------------- LDT-S, either group first (issue 58)
+
+def exchanges_by_hand(train_iters: int, interval_iters: int, ema_every: int, first_group: str) -> dict:
+    """E_run of LDT-S counted iteration by iteration from the rule its docstring states: the groups
+    train in turn, ``first_group`` in the first interval; within an interval the EMA of the group that
+    trains moves every ``ema_every``-th iteration counted from the interval's start, and at the last
+    iteration of a full interval. Written here, not taken from ``ema_horizon``."""
+    other = {'stable': 'unstable', 'unstable': 'stable'}
+    counts = {'stable': 0, 'unstable': 0}
+    for t in range(1, train_iters + 1):
+        interval, within = divmod(t - 1, interval_iters)
+        group = first_group if interval % 2 == 0 else other[first_group]
+        within += 1
+        if within % ema_every == 0 or within == interval_iters:
+            counts[group] += 1
+    return counts
+
+
+def ldt_s_config(first_group: str, interval_iters: int = 7, ema_every: int = 3, **extra) -> LDTConfig:
+    return preset('ldt_s', profile_iters=0, criterion='random', first_group=first_group,
+                  interval_iters=interval_iters, ema_every=ema_every, ema_reference_iters=200000, **extra)
+
+
+def test_ldt_s_unstable_first_rescales_each_group_for_its_own_exchanges(monkeypatch):
+    """A user who starts LDT-S with the unstable group (``first_group: unstable``) and rescales the
+    paper's coefficients (``ema_reference_iters``) relies on each group's W' being rescaled for the
+    exchanges that group really gets in that order. 50 iterations in intervals of 7 from the unstable
+    group: u s u s u s u (7 full intervals, 3 exchanges each) then 1 iteration of s (none), so the
+    unstable EMA moves 12 times and the stable one 9 -- the reverse of the stable-first run.
+    Kills the slip that counts the exchanges as if the stable group trained first (both groups'
+    coefficients then use the other group's count)."""
+    expected_counts = exchanges_by_hand(50, 7, 3, 'unstable')
+    assert expected_counts == {'stable': 9, 'unstable': 12}
+    assert exchanges_by_hand(50, 7, 3, 'stable') == {'stable': 12, 'unstable': 9}   # the order matters here
+    ldt = run(ldt_s_config('unstable'), 50, monkeypatch)
+    assert ldt.counted_exchanges == expected_counts                      # the method really exchanges so
+    expected = reference_coefficients(ldt, 200000 / 10, expected_counts)
+    got = ldt.partition.dpu_coefficients
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, rel=0, abs=1e-12), name
+    assert ldt.alternation.partition.dpu_coefficients == got              # what LDT-S averages with
+
+
+def test_ldt_s_unstable_first_log_line_states_each_groups_coefficients_and_exchanges(tmp_path):
+    """The log line a user reads at the start of training ("LDT EMA coefficients rescaled from ...")
+    states, per group, the W range and the exchanges it was rescaled for; with ``first_group:
+    unstable`` both must be the unstable-first ones (12 unstable, 9 stable exchanges for 50 iterations
+    in intervals of 7, an exchange every 3), counted in the test. Kills the slip that counts the
+    exchanges as if the stable group trained first (the line then states 12 stable / 9 unstable and
+    the ranges rescaled for them)."""
+    from conftest import basicsr_log
+    from basicsr.models import build_model
+    from test_cli import train_options
+    opt = train_options(tmp_path / 'no_data', 'ldt_s_log', total_iter=50, model_type='LDTSRModel')
+    opt['ldt'] = {'method': 'ldt_s', 'profile_iters': 0, 'criterion': 'random', 'first_group': 'unstable',
+                  'interval_iters': 7, 'ema_every': 3, 'ema_reference_iters': 200000}
+    opt['path'].update(models=str(tmp_path / 'models'), training_states=str(tmp_path / 'states'))
+    opt.update(is_train=True, dist=False, rank=0, world_size=1)
+    model = build_model(opt)
+    with basicsr_log() as lines:
+        model.update_learning_rate(1)          # the training loop's first call: LDT-S starts here
+    line = next(m for m in lines if m.startswith('LDT EMA coefficients rescaled'))
+    counts = exchanges_by_hand(50, 7, 3, 'unstable')
+    k = {g: 20000 / counts[g] for g in counts}
+    for group, (w_base, r_base) in PAPER.items():
+        n = len(model.ldt.partition.coefficients(group))
+        low, high = 1 - k[group] * (1 - w_base), 1 - k[group] * (1 - w_base - r_base * (n - 1) / n)
+        stated = f'{group} W {max(0.0, low):.6g} .. {max(0.0, high):.6g} over {counts[group]} exchanges'
+        assert stated in line, (stated, line)
+
+
+@settings(max_examples=60, deadline=None)
+@given(train_iters=st.integers(1, 120), interval_iters=st.integers(1, 12), ema_every=st.integers(1, 12),
+       first_group=st.sampled_from(['stable', 'unstable']))
+def test_rescaled_coefficients_follow_the_exchanges_of_any_run(train_iters, interval_iters, ema_every, first_group):
+    """Property over run lengths, interval lengths, exchange intervals and ``first_group``: every
+    layer's W' = 1 - (1 - W) E_ref / E_run with E_run its group's exchanges counted by hand in the
+    order the groups really train; a run in which a group gets no exchange is refused naming
+    ``ldt.ema_reference_iters``. Kills any slip in the per-group count (the first group ignored, an
+    interval's closing exchange dropped or doubled, a partial interval counted as full)."""
+    config = ldt_s_config(first_group, interval_iters, ema_every)
+    counts = exchanges_by_hand(train_iters, interval_iters, ema_every, first_group)
+    if min(counts.values()) == 0:
+        with pytest.raises(ValueError, match=r'ldt\.ema_reference_iters: a run of'):
+            LDT(network(), config, lambda p, r: torch.optim.SGD(p, lr=0), total_iters=train_iters)
+        return
+    ldt = LDT(network(), config, lambda p, r: torch.optim.SGD(p, lr=0), total_iters=train_iters)
+    ldt.enter(1)
+    expected = reference_coefficients(ldt, 200000 / 10, counts)
+    got = ldt.partition.dpu_coefficients
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, rel=0, abs=1e-12), name

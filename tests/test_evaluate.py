@@ -134,3 +134,43 @@ def test_explicit_crop_border_zero_is_honoured(tmp_path, monkeypatch, demo_data)
         assert whole[k]['ssim'] == pytest.approx(calculate_ssim(sr, gt, 0, test_y_channel=True), abs=1e-9)
         assert default[k]['psnr'] == pytest.approx(calculate_psnr(sr, gt, 4, test_y_channel=True), abs=1e-9)
         assert whole[k]['psnr'] != pytest.approx(default[k]['psnr'], abs=1e-3)
+
+
+def test_checkpoint_without_param_key_evaluates_the_weights_path_param_key_g_names(tmp_path, monkeypatch, demo_data):
+    """test.py with ``path: {param_key_g: params_ema}`` and a ``checkpoints:`` entry that names no
+    ``param_key``: the user relies on the table row being the ``params_ema`` network's numbers (an
+    entry's own ``param_key`` still wins). The file holds two different networks; each row is checked
+    per image against PSNR/SSIM computed here from the network loaded with the expected weights.
+    Kills the slip that ignores ``path.param_key_g`` for listed entries (the row then measures
+    ``params`` under the label the user gave the EMA weights)."""
+    from basicsr.archs import build_network
+    from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
+    from basicsr_ldt.pipelines.evaluate import test_pipeline
+    from test_cli import NETWORK, dataset
+    torch.manual_seed(0)
+    raw = build_network(dict(NETWORK)).state_dict()
+    ema = {k: v + 0.05 * torch.randn_like(v) for k, v in raw.items()}   # another network, measurably so
+    torch.save({'params': raw, 'params_ema': ema}, tmp_path / 'both.pth')
+    test_set = dataset(demo_data, 'Test', ['Sony'])
+    opt = {'name': 'keys', 'scale': 4, 'num_gpu': 0, 'network_g': NETWORK, 'datasets': {'test_1': test_set},
+           'path': {'param_key_g': 'params_ema'}, 'test': {'tile_size': 0},
+           'checkpoints': [{'label': 'EMA', 'path': str(tmp_path / 'both.pth')},
+                           {'label': 'raw', 'path': str(tmp_path / 'both.pth'), 'param_key': 'params'}]}
+    yml = tmp_path / 'keys.yml'
+    yml.write_text(yaml.safe_dump(opt))
+    monkeypatch.setattr('sys.argv', ['test.py', '-opt', str(yml)])
+    test_pipeline(str(tmp_path))
+    images = json.loads((tmp_path / 'results' / 'keys' / 'metrics.json').read_text())['images']
+    items = DRealSRCameraDataset(test_set)
+    for label, weights in (('EMA', ema), ('raw', raw)):
+        network = build_network(dict(NETWORK))
+        network.load_state_dict(weights)
+        network.eval()
+        assert len(images[label]) == len(items) == 2
+        for k in range(len(items)):
+            with torch.no_grad():
+                sr = tensor2img(network(items[k]['lq'].unsqueeze(0)))
+            gt = tensor2img(items[k]['gt'].unsqueeze(0))
+            assert images[label][k]['psnr'] == pytest.approx(calculate_psnr(sr, gt, 4, test_y_channel=True), abs=1e-9)
+            assert images[label][k]['ssim'] == pytest.approx(calculate_ssim(sr, gt, 4, test_y_channel=True), abs=1e-9)
+    assert all(abs(a['psnr'] - b['psnr']) > 1e-3 for a, b in zip(images['EMA'], images['raw']))

@@ -1,15 +1,18 @@
 """Studies (scripts/study.py): expansion, validation before anything runs, skipping finished runs,
 aggregation against hand-computed values, and one tiny study end to end through the entry points."""
 import io
+import itertools
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.study import cli, plan, report, run as runner
@@ -422,3 +425,60 @@ def test_jobs_run_several_runs_at_a_time_each_with_its_share_of_the_cores(tmp_pa
     started = {p.name for p in record.iterdir()}     # the failure ends before the second run does
     assert started == {study.runs[0].name, study.runs[1].name}
     assert {p.read_text().split()[2] for p in record.iterdir()} == {'3'}
+
+
+# ---------------------------------------------------------------- sweeps over several keys (issue 58)
+
+#: Options every method of tiny_study has (FT and LDT), each with two values that pass the checks and
+#: differ from the base file's (lr 1e-3, 6 iterations, gamma 0.5, warmup -1, patch 32, batch 2), so a
+#: key that is not applied shows.
+SWEEPABLE = {'train.optim_g.lr': [5e-4, 2e-4], 'train.total_iter': [8, 10], 'train.scheduler.gamma': [0.1, 0.2],
+             'train.warmup_iter': [1, 2], 'datasets.train.gt_size': [48, 64],
+             'datasets.train.batch_size_per_gpu': [3, 4]}
+
+
+def dotted(opt, key):
+    for part in key.split('.'):
+        opt = opt[part]
+    return opt
+
+
+def assert_every_swept_key_applied(study, sweep):
+    """Every run's training options hold the value of every swept key at that run's point, and the
+    runs of each method and seed cover every combination once."""
+    for run in study.runs:
+        assert set(run.sweep) == set(sweep)
+        for key, value in run.sweep.items():
+            assert dotted(run.train_opt, key) == value, (run.name, key, dotted(run.train_opt, key), value)
+    expected = sorted(itertools.product(*sweep.values()))
+    for method in study.methods:
+        for seed in study.seeds:
+            points = sorted(tuple(r.sweep[k] for k in sweep) for r in study.runs
+                            if r.method == method and r.seed == seed)
+            assert points == expected, (method, seed)
+
+
+def test_a_sweep_over_two_keys_applies_both_to_every_run(tmp_path, demo_data):
+    """A study sweeping the learning rate and the run length: the user relies on run
+    'FT_lr=0.0005_total_iter=8_seed0' training with lr 5e-4 for 8 iterations, i.e. on every swept key
+    being in every point's options (else differently named runs train the same thing). Kills the slip
+    that merges each key into the method's options afresh (only the last key then survives)."""
+    sweep = {'train.optim_g.lr': [1e-3, 5e-4], 'train.total_iter': [6, 8]}
+    study = plan.load_study(tiny_study(tmp_path, demo_data, sweep=sweep), str(tmp_path))
+    assert len(study.runs) == 2 * 4 * 2
+    run = next(r for r in study.runs if r.name == 'FT_lr=0.0005_total_iter=8_seed0')
+    assert run.train_opt['train']['optim_g']['lr'] == 5e-4 and run.train_opt['train']['total_iter'] == 8
+    assert_every_swept_key_applied(study, sweep)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keys=st.lists(st.sampled_from(sorted(SWEEPABLE)), min_size=2, max_size=4, unique=True),
+       counts=st.lists(st.integers(1, 2), min_size=4, max_size=4))
+def test_every_swept_key_is_in_every_points_options(tmp_path, demo_data, keys, counts):
+    """Property over sets of swept keys (two to four, with one or two values each): every run's
+    options hold every swept key's value at its point, and each method and seed has every
+    combination once. Kills any slip that drops, restarts or reorders the merge of the sweep keys."""
+    sweep = {key: SWEEPABLE[key][:n] for key, n in zip(keys, counts)}
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))   # one folder per example (tmp_path is shared by all)
+    study = plan.load_study(tiny_study(folder, demo_data, sweep=sweep), str(folder))
+    assert_every_swept_key_applied(study, sweep)
