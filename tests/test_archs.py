@@ -160,7 +160,10 @@ def embedded(x: torch.Tensor, height: int, width: int, mode: str) -> torch.Tenso
 def test_a_small_input_gives_the_crop_of_the_padded_input(name, size, padded, mode):
     """What a user gets for an image smaller than the network's minimum (SAFMN) or not a window
     multiple (HAT): the top-left crop of the output for the image padded at the bottom/right the way
-    the network documents, so content stays where it was (not only the size)."""
+    the network documents, so content stays where it was (not only the size).
+    Mutation testing (issue #40): kills the ``SAFMN.forward`` mutants that padded at the top or left,
+    with zeros, by one row or column more than needed or far more, or padded only inputs small on both
+    sides (the old test checked the output's shape only)."""
     net = build(TINY[name]).eval()
     net.load_state_dict(seeded_weights(net, seed=3))
     scale = TINY[name].get('upscale', TINY[name].get('upscaling_factor'))

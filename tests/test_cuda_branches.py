@@ -438,7 +438,10 @@ def test_the_first_call_check_runs_the_kernel_the_call_runs(fake_gpu, monkeypatc
     """The trial compiles and launches what the call will: the same input dtypes, softplus and
     output dtype, with a backward only when the call will need one (an inference call with grad
     mode on, as in a validation without no_grad, compiles no backward kernel). A call that
-    differs only in softplus or in its output dtype is another compiled kernel, checked apart."""
+    differs only in softplus or in its output dtype is another compiled kernel, checked apart.
+    Mutation testing (issue #38): kills the mutants whose trial ran another kernel than the call
+    (without softplus, in another output dtype, on other inputs; a backward trial for an inference call
+    with grad mode on; a softplus-only change not checked again)."""
     seen = []
 
     def entry(*args, out_dtype=None):
@@ -960,6 +963,9 @@ def test_fp16_inference_runs_under_fp16_autocast_and_returns_fp32(monkeypatch):
 
 
 def test_asking_for_cuda_without_it_is_one_clear_error(tmp_path, monkeypatch):
+    """``device='cuda'`` where torch sees no GPU is one ``InputError`` line; by default the CPU.
+    Mutation testing (inference run of 2026-11-26): kills 7 of the 10 mutants of ``resolve_device``
+    that the inference tests left alive."""
     from basicsr_ldt.common.errors import InputError
     from basicsr_ldt.inference.api import load_network
     network = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscaling_factor': 2}
@@ -972,6 +978,8 @@ def test_asking_for_cuda_without_it_is_one_clear_error(tmp_path, monkeypatch):
 
 
 def test_the_default_device_is_the_gpu_when_torch_sees_one(monkeypatch):
+    """``resolve_device``: the GPU by default when torch sees one, a device asked for as asked. Mutation
+    testing (inference run of 2026-11-26): kills the mutants that defaulted to the CPU beside a GPU."""
     from basicsr_ldt.inference.api import resolve_device
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     assert resolve_device() == torch.device('cuda') and resolve_device('cuda:1') == torch.device('cuda:1')

@@ -272,7 +272,10 @@ def test_train_pip_stops_before_training_on_an_unknown_prefix(project, flat_rele
 
 def test_a_camera_named_by_its_own_prefix_in_another_folder_is_named(tmp_path):
     """DSC/IMG/Canon files need no alias (their prefix is the camera's name); a DSC file in the
-    Olympus folder P, after a correctly placed flat file (IMG_140 sorts first), still stops the run."""
+    Olympus folder P, after a correctly placed flat file (IMG_140 sorts first), still stops the run.
+    Mutation testing (issue #31): kills two ``cameras.py`` survivors, ``aliases.get(named, None)`` (a
+    DSC/IMG/Canon file in another camera's folder unnoticed) and ``continue`` -> ``break`` (a flat file
+    sorting first switched the folder check off)."""
     hr, lr = tmp_path / 'HR', tmp_path / 'LR'
     for folder, data, zoom in ((hr, HR_BYTES, '_x4'), (lr, LR_BYTES, '_x1')):
         (folder / 'P').mkdir(parents=True)

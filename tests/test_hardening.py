@@ -146,6 +146,10 @@ def free_port():
 
 @pytest.mark.parametrize('model', ['FTSRModel', 'LDTSRModel', 'LDTSRModel, overlapped branches'])
 def test_torchrun_two_cpu_processes(project, demo_data, model):
+    """Two CPU processes under torchrun (gloo) train, agree and save. The ranks are subprocesses that
+    mutmut cannot see; applied by hand, the mutants of ``check_replicas_agree``, ``model_to_device``,
+    ``pair._average_gradients`` and the ``synchronise`` defaults of ``optimizer_step`` and ``finish``
+    fail it."""
     opt = ldt_options(demo_data, 'ddp') if model.startswith('LDTSRModel') else train_options(demo_data, 'ddp')
     if model.endswith('overlapped branches'):   # gradients averaged after both backward passes, in order
         opt['ldt']['overlap_branches'] = True

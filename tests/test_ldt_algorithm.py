@@ -97,7 +97,9 @@ def test_resume_rejects_other_options():
 def test_resume_may_change_how_the_dual_step_runs():
     """ldt.overlap_branches and overlap_memory change how the two branches are scheduled, not what they
     compute: a run saved with the branches one after the other resumes overlapped (and back), and ends
-    with the weights of the run that never stopped."""
+    with the weights of the run that never stopped.
+    Hand-applied mutants (2026-11-27): kills the one that refused a resume after switching the overlap
+    on."""
     full = LDT(_net(), LDTConfig(**CFG), _factory)
     _run(full, 1, TOTAL)
     first = LDT(_net(), LDTConfig(**CFG), _factory)
@@ -210,7 +212,9 @@ def _trained_partition(network, **options):
 def test_every_partition_option_reaches_the_trained_partition():
     """What a user sets in the ``ldt:`` block decides the partition the pair trains with (and that
     partition.json shows): the share (ratio_u or ratio_s), forced layers, the DPU bases of each group
-    (eq. 9-10), the fixed coefficient without DPU, the criterion, and DeFT's official grouping."""
+    (eq. 9-10), the fixed coefficient without DPU, the criterion, and DeFT's official grouping.
+    Mutation testing (issue #33): kills the mutants of ``LDT._make_partition`` that dropped any one of
+    these on its way to ``build_partition`` (the ``ldt:`` option silently ignored)."""
     base = dict(head_warmup_iters=0, profile_iters=3, ema_every=2)
     assert len(_trained_partition(_net(), ratio_u=0.25, **base).unstable) == 2          # of 8 tensors
     assert len(_trained_partition(_net(), ratio_u=None, ratio_s=0.25, **base).unstable) == 6
@@ -236,7 +240,9 @@ def test_every_partition_option_reaches_the_trained_partition():
 def test_each_branch_is_a_standalone_copy_of_its_own_weights():
     """``network('primary' | 'auxiliary' | 'composite')`` (what ``val: network:`` validates and what is
     saved): each holds that branch's weights, is a copy that training does not move and that does not
-    move training, and a branch before dual training is the one network; other names are refused."""
+    move training, and a branch before dual training is the one network; other names are refused.
+    Mutation testing (issue #33): kills the mutants of ``LDT.network`` that returned a shallow copy
+    sharing the primary's tensors, or the composite for 'primary' / 'auxiliary'."""
     algo = LDT(_net(), LDTConfig(**CFG), _factory)
     early = algo.network('auxiliary')
     assert all(torch.equal(early.state_dict()[k], v) for k, v in algo.primary.state_dict().items())

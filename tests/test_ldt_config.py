@@ -63,7 +63,9 @@ def test_presets_and_round_trip():
     {'overlap_branches': 'auto', 'overlap_memory': 1.05},   # a bound for wherever 'auto' overlaps
 ])
 def test_values_at_the_ends_of_their_ranges_are_accepted(options):
-    """Each documented range includes its closed ends: a value exactly there is taken as given."""
+    """Each documented range includes its closed ends: a value exactly there is taken as given.
+    Mutation testing (issue #33): kills the range mutants that refused ``w_fixed: 0`` or
+    ``r_base_*: 1``."""
     config = LDTConfig.from_dict(options)
     assert {k: getattr(config, k) for k in options} == options
 
@@ -85,6 +87,9 @@ def test_values_at_the_ends_of_their_ranges_are_accepted(options):
     ({'overlap_branches': 'yes'}, r"^ldt\.overlap_branches: expected true or false, or one of 'auto', got 'yes'$"),
 ])
 def test_values_just_past_their_ranges_name_the_range(options, message):
+    """A value just past a range's end is refused, the error naming the range. Mutation testing (issue
+    #33): kills the mutants that accepted ``w_base_*: 1`` or ``ratio_u: 0`` / ``1``; the hand-applied
+    ones of 2026-11-27 that accepted ``overlap_memory`` just below 1."""
     with pytest.raises(ValueError, match=message):
         LDTConfig.from_dict(options)
 
@@ -98,6 +103,8 @@ def test_values_just_past_their_ranges_name_the_range(options, message):
     ({'profile_iters': 5}, True),                                        # LDT: the variance splits the layers
 ])
 def test_profiling_happens_exactly_when_something_needs_the_statistics(options, profiles):
+    """``LDTConfig.needs_profiling``: whether a run profiles at all. Mutation testing (issue #33): kills
+    its mutants, which no test reached before."""
     assert LDTConfig.from_dict(options).needs_profiling() is profiles
     if profiles:   # without profiling iterations such a configuration is refused, saying why
         with pytest.raises(ValueError, match=r"^ldt\.profile_iters: criterion 'var' \(or dpu\) needs gradient "

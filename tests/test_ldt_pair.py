@@ -246,7 +246,9 @@ def test_the_cuda_streams_order_each_branch_after_the_batch_and_the_updates_afte
 
 def test_each_branch_stream_is_made_once_on_the_branches_gpu(monkeypatch):
     """One stream per branch on the GPU the branches live on (a torchrun rank's own GPU), made at
-    the first overlapped step and kept; the caller's stream is that GPU's current one; none off CUDA."""
+    the first overlapped step and kept; the caller's stream is that GPU's current one; none off CUDA.
+    Mutation testing of pair.py (2026-11-27): kills the mutants that made the streams at every step, on
+    another GPU, or asked another GPU for the caller's stream or the helper thread's device."""
     made, asked = [], []
     monkeypatch.setattr(torch.cuda, 'Stream', lambda device: made.append(device) or object())
     monkeypatch.setattr(torch.cuda, 'current_stream', lambda device: asked.append(device) or 'current')
@@ -271,7 +273,8 @@ def _pair(overlap=None, factory=None, **options):
 
 def test_by_default_a_branch_finishes_before_the_other_starts():
     """Sequential unless asked: P's backward runs on the caller's thread, before A's forward, so only
-    one branch's activations are alive at a time (the memory goal)."""
+    one branch's activations are alive at a time (the memory goal).
+    Mutation testing of pair.py (2026-11-27): kills the mutant that overlapped the branches by default."""
     pair, events = _pair(), []
     pair.auxiliary.register_forward_pre_hook(lambda m, a: events.append('auxiliary forward'))
     next(p for p in pair.primary.parameters() if p.requires_grad).register_hook(
@@ -309,6 +312,9 @@ def test_by_default_ldt_overlaps_the_branches_on_cuda_within_the_sequential_peak
 
 @pytest.mark.parametrize('overlap', [False, True])
 def test_each_branch_gets_its_own_optimizer_role_and_runs_without_a_precision(overlap):
+    """Each branch's optimizer is built for its role ('primary', 'auxiliary'), and a pair steps in full
+    precision when given none. Mutation testing of pair.py (2026-11-27): kills the mutants of the
+    role names and of a step without a precision."""
     roles = []
     pair = _pair(overlap, factory=lambda ps, role: roles.append(role) or torch.optim.SGD(ps, lr=0.1))
     assert roles == ['primary', 'auxiliary']    # a caller attaches its schedulers by role
@@ -318,6 +324,8 @@ def test_each_branch_gets_its_own_optimizer_role_and_runs_without_a_precision(ov
 
 @pytest.mark.parametrize('overlap', [False, True])
 def test_the_auxiliary_runs_in_the_primarys_mode_when_overlapped_too(overlap):
+    """The auxiliary takes the primary's train/eval mode, overlapped or not. Mutation testing of pair.py
+    (2026-11-27): kills the mutant that left the mode out of the overlapped path."""
     pair, modes = _pair(overlap), []
     pair.auxiliary.register_forward_pre_hook(lambda m, a: modes.append(m.training))
     pair.primary.eval()
@@ -326,6 +334,8 @@ def test_the_auxiliary_runs_in_the_primarys_mode_when_overlapped_too(overlap):
 
 
 def test_the_composite_takes_its_buffers_from_the_branch_named():
+    """``buffers_from``: the composite's buffers (batch-norm statistics) come from the branch named.
+    Mutation testing of pair.py (2026-11-27): kills the mutant that took them from the other branch."""
     pair = _pair(buffers_from='auxiliary')
     for i in (1, 2):        # the branches' first layer differs after one step: their batch norms then part
         pair.step_both(_loss(i))
@@ -424,6 +434,9 @@ def test_without_a_memory_bound_the_auxiliary_has_no_gate(monkeypatch):
 
 
 def test_a_failing_primary_backward_releases_the_memory_bound(monkeypatch):
+    """A primary backward that fails (an out-of-memory error) releases the gate, with a memory figure
+    that is never within the bound. Mutation testing of overlap.py (2026-11-27): kills the mutant
+    that dropped the release on a failing backward."""
     reads = iter(range(10 ** 12))
     pair = _gated_pair(monkeypatch, lambda: next(reads))       # grows at every read: never within the bound
 
@@ -450,6 +463,10 @@ class _Allocator:
 
 
 def test_the_memory_gate_waits_exactly_while_over_its_limit_and_not_released(monkeypatch):
+    """``MemoryGate`` on its own with a settable memory figure: held exactly while over its limit and
+    not released, and every hold counted. Mutation testing of overlap.py (2026-11-27): kills the
+    gate's condition, wait and counter mutants (the loop's ``and`` as ``or`` and the release dropped
+    make this test hang rather than fail)."""
     monkeypatch.setattr(MemoryGate, 'READ_EVERY_S', 0.0)
     net, allocated = _dropout_net(), _Allocator()
     gate = MemoryGate(net, allocated)
@@ -482,6 +499,8 @@ def test_the_memory_gate_waits_exactly_while_over_its_limit_and_not_released(mon
 
 
 def test_the_bound_reads_the_allocator_of_the_branches_gpu(monkeypatch):
+    """The memory bound reads the allocator of the GPU the branches are on, and nothing on the CPU.
+    Mutation testing of overlap.py (2026-11-27): kills the allocator reader's device mutants."""
     asked = []
     monkeypatch.setattr(torch.cuda, 'memory_stats_as_nested_dict',
                         lambda device: asked.append(device) or {'allocated_bytes': {'all': {'current': 123}}})
@@ -492,6 +511,8 @@ def test_the_bound_reads_the_allocator_of_the_branches_gpu(monkeypatch):
 
 
 def test_a_branch_step_scales_its_loss_with_its_own_scaler():
+    """A single branch step under fp16 uses the scaler of its own key. Mutation testing of pair.py
+    (2026-11-27): kills the mutants of ``CrossFrozenPair.step``'s precision and key."""
     pair, precision = _pair(), MixedPrecision(torch.float16, 'cpu')
     pair.step('primary', _loss(1), precision)
     assert set(precision.state_dict()) == {'primary'}
@@ -546,7 +567,10 @@ def test_over_two_ranks_a_branch_steps_on_the_mean_gradient(tmp_path):
     """Under torchrun each branch averages its gradients over the ranks itself (a branch cannot be a
     DDP module): both ranks take the step of the two batches' mean gradient, the step of one process
     on both batches, not their sum. ``synchronise=False`` (fine-tuning, whose DDP wrapper has already
-    averaged) leaves each rank's gradient as it is."""
+    averaged) leaves each rank's gradient as it is.
+    Hand-applied mutants (2026-11-27): kills the ones that summed a branch's gradients over the ranks or
+    averaged them again after a DDP wrapper, and ``optimizer_step``'s ``synchronise`` default, which
+    mutmut cannot reach."""
     on_two_gloo_ranks(_two_rank_step_worker, str(tmp_path / 'rank'))
     ranks = [torch.load(tmp_path / f'rank{r}.pt', weights_only=True) for r in (0, 1)]
     both = _rank_step([_rank_batch(0), _rank_batch(1)])

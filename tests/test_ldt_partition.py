@@ -124,14 +124,17 @@ def test_json_round_trip_and_validation(tmp_path):
 
 def test_ratio_s_gives_the_stable_share():
     """``ratio_s`` (the official code's ``Par_ratio``) sets the stable share instead of ``ratio_u``:
-    the bottom 60% of 5 layers stable leaves the top 2 unstable, 80% leaves the top one."""
+    the bottom 60% of 5 layers stable leaves the top 2 unstable, 80% leaves the top one.
+    Mutation testing (issue #33): kills the ``build_partition`` mutant that ignored ``ratio_s``."""
     assert build_partition(NAMES, STATS, partition='criterion', ratio_s=0.6).unstable == ['c', 'e']
     assert build_partition(NAMES, STATS, partition='criterion', ratio_s=0.8).unstable == ['c']
 
 
 def test_the_partition_file_keeps_each_statistic_and_the_criterion(tmp_path):
     """What users plot from partition.json: every layer's statistic as measured, and the criterion
-    that produced it ('name' for a split by names, which has no statistic)."""
+    that produced it ('name' for a split by names, which has no statistic).
+    Mutation testing (issue #33): kills the mutants that left the statistics or the criterion out of
+    partition.json."""
     p = build_partition(NAMES, STATS, partition='criterion', ratio_u=0.4, criterion='mean')
     p.save(str(tmp_path / 'partition.json'))
     data = json.load(open(tmp_path / 'partition.json'))
@@ -156,6 +159,8 @@ def test_the_partition_file_keeps_each_statistic_and_the_criterion(tmp_path):
      r'^build_partition: statistics must be finite$'),
 ])
 def test_each_wrong_partition_request_says_what_is_wrong(kwargs, message):
+    """Each request ``build_partition`` cannot serve is a ValueError whose message says what is wrong.
+    Mutation testing (issue #33): kills the mutants that raised without the message."""
     with pytest.raises(ValueError, match=message):
         build_partition(NAMES, **kwargs)
 
@@ -168,7 +173,9 @@ def _write(path, layers, **extra):
 def test_an_edited_partition_file_is_read_as_written(tmp_path):
     """A partition file edited by hand (``partition_file:``): coefficients at both ends of [0, 1] are
     kept, a statistic may be null (a split by names has none), a file without a criterion reads as
-    'var', and a split by names saved and loaded again is the same partition."""
+    'var', and a split by names saved and loaded again is the same partition.
+    Mutation testing (issue #33): kills the mutants of ``Partition.from_dict`` / ``validate`` that
+    refused coefficients 0 or 1, could not read a null statistic, or read a missing criterion as 'None'."""
     layers = [dict(name='a', statistic=None, group='stable', coefficient=0.0),
               dict(name='b', statistic=0.5, group='unstable', coefficient=1.0)]
     p = Partition.load(_write(tmp_path / 'edited.json', layers), ['a', 'b'])
@@ -193,6 +200,9 @@ def test_an_edited_partition_file_is_read_as_written(tmp_path):
      r"does not match the model: duplicated names \['b'\]$"),
 ])
 def test_a_partition_file_that_cannot_be_trained_with_is_refused_by_name(tmp_path, layers, message):
+    """A hand-edited partition file with a coefficient outside [0, 1], an empty group or a duplicated
+    layer is refused, naming it. Mutation testing (issue #33): kills the mutants of
+    ``Partition.validate`` that accepted an empty group or a duplicated layer."""
     with pytest.raises(ValueError, match=message):
         Partition.load(_write(tmp_path / 'edited.json', layers), ['a', 'b'])
 
@@ -243,6 +253,9 @@ def under(prefix):
     ('SAFMN_x4', 'SR_HEAD_PATTERNS', ['to_img.0.weight', 'to_img.0.bias']),
 ])
 def test_a_pattern_selects_exactly_the_names_it_names(config, pattern, expected):
+    """Each pattern selects exactly the parameters it names on the released networks (a module prefix
+    stops at a dot). Pins issue #40's slip in ``partition.matches`` (``'*'`` for ``'.*'``:
+    ``layers.1`` also taking ``layers.10``), which mutmut does not generate."""
     from basicsr_ldt.ldt import SR_HEAD_PATTERNS, select
     names = released_names(config)
     patterns = SR_HEAD_PATTERNS if pattern == 'SR_HEAD_PATTERNS' else [pattern]
@@ -255,7 +268,8 @@ def test_a_pattern_selects_exactly_the_names_it_names(config, pattern, expected)
 def test_force_stable_takes_skip_scale_and_leaves_skip_scale2_to_the_statistic():
     """``force_stable: ['*.skip_scale']`` on the released MambaIR: every skip_scale is stable and
     only those are forced; the skip_scale2 tensors and conv_last, which the statistic ranks highest,
-    stay unstable."""
+    stay unstable.
+    With the test above it pins issue #40's ``partition.matches`` slip (``'*'`` for ``'.*'``)."""
     names = released_names('MambaIR_SR_x4')
     top = [n.endswith(('.skip_scale', '.skip_scale2')) or n.startswith('conv_last.') for n in names]
     stats = [10.0 + i if t else 1.0 / (1 + i) for i, t in enumerate(top)]

@@ -94,6 +94,9 @@ def test_state_of_an_older_version_without_the_new_options_still_resumes():
 
 
 def test_deft_non_layers_grouping_is_the_official_split():
+    """``ldt.deft_grouping: non_layers`` is the official code's split (``Get_DLDFT_name``: every
+    ``layers`` tensor in one group, the rest in the other). Outside the mutation selection: the
+    ``build_partition`` mutant that dropped this grouping survived mutmut only for that reason."""
     from archs.mambair_arch import MambaIR
     network = MambaIR(upscale=4, img_size=16, embed_dim=8, depths=[1, 1], d_state=4, mlp_ratio=1.0,
                       upsampler='pixelshuffle')

@@ -136,7 +136,11 @@ def test_each_kernel_parameter_gets_what_its_name_says(b_form, c_form, options):
     """The launches hand the kernels their arguments by position; read back by the kernels'
     parameter names, each carries its meaning for these inputs: sizes, the chunk count, the
     finest grouping of B and C, each one's channels per group and strides (zeros for a constant
-    one), the flags of the optional inputs, and outputs of the right shapes and dtypes."""
+    one), the flags of the optional inputs, and outputs of the right shapes and dtypes.
+    Mutation testing (issue #38): kills the mutants that passed a ``None`` pointer for an absent D, z,
+    bias or unsaved chunk states, dropped B's grouping or a stride, ignored the caller's chunk or
+    channel block, allocated the output in delta's dtype instead of u's, or counted the static report's
+    traffic wrong."""
     batch, dim, length, dstate, chunk, block_d = 2, 12, 37, 5, 4, 2   # not the defaults (8, 4 / 8)
     meta = dict(device='meta')
     u = torch.empty(batch, dim, length, **meta)
@@ -244,7 +248,9 @@ def test_the_backward_reads_the_last_states_gradient_only_when_given():
 
 def test_a_launch_runs_its_kernel_on_the_inputs_gpu_with_its_warps_options_and_flags(monkeypatch):
     """On a machine with several GPUs (a torchrun rank per GPU) a launch must target the GPU
-    its inputs are on, not the current one; warps, compile options and flags reach the kernel."""
+    its inputs are on, not the current one; warps, compile options and flags reach the kernel.
+    Mutation testing (issue #38): kills the mutants that launched on the current GPU or dropped the
+    warps or the compile options."""
     calls, selected = [], []
 
     class Kernel:
@@ -263,6 +269,8 @@ def test_a_launch_runs_its_kernel_on_the_inputs_gpu_with_its_warps_options_and_f
 
 
 def test_the_power_of_two_is_the_smallest_at_least_n():
+    """``_power_of_2_at_least(n)`` is the smallest power of two >= n. Mutation testing (issue #38):
+    kills the mutant one short of it."""
     for n in range(1, 300):
         p = launches._power_of_2_at_least(n)
         assert p >= n and p & (p - 1) == 0 and (p == 1 or p // 2 < n), n
@@ -270,7 +278,8 @@ def test_the_power_of_two_is_the_smallest_at_least_n():
 
 def test_the_grid_limit_is_the_largest_grid_cuda_takes():
     """CUDA's limit on a grid's second dimension is 65,535 blocks: exactly that many channel
-    blocks launch; one more is refused by name before any work."""
+    blocks launch; one more is refused by name before any work.
+    Mutation testing (issue #38): kills the mutant that refused exactly 65,535 channel blocks."""
     ok = launches._Layout(1, launches.MAX_GRID_Y, 16, 4, launches.MAX_GRID_Y, None, 8, 1)
     assert ok.grid == (1, 65535) and ok.block_d == 1
     with pytest.raises(ValueError, match=r"65536 channel blocks pass CUDA's grid limit of 65535\. Use scan_backend: torch"):
@@ -284,7 +293,8 @@ def test_the_grid_limit_is_the_largest_grid_cuda_takes():
 
 def test_a_program_takes_the_settings_channel_block_rounded_up_and_at_most_one_group():
     """BLOCK_D is the setting rounded up to a power of two, never more channels than share one
-    slice of B and C (one group), and never less than one."""
+    slice of B and C (one group), and never less than one.
+    Mutation testing (issue #38): kills the mutant that read a channel-block setting of 1 as 2."""
     for setting, group_size, expected in ((1, 8, 1), (3, 8, 4), (8, 8, 8), (16, 8, 8), (4, 3, 4), (4, 2, 2), (0, 8, 1)):
         lay = launches._Layout(2, group_size * 3, 16, 4, 3, None, 8, setting)
         assert (lay.group_size, lay.block_d) == (group_size, expected), (setting, group_size)

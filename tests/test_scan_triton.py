@@ -196,7 +196,9 @@ def test_row_offsets_past_2_31_are_exact(interpreted):
 
 def test_b_and_c_with_different_groupings_through_the_public_function(interpreted):
     """B with 2 groups, C with 3 (of 6 channels): programs follow the finer grouping and the
-    gradients are summed back to each tensor's own groups."""
+    gradients are summed back to each tensor's own groups.
+    With the bf16 MambaIR test below it kills the 22 mutants (issue #38) where ``selective_scan`` handed
+    the Triton call a wrong argument."""
     args, softplus = make_inputs('grouped', 23, 'D+z+bias+softplus', dim=6, groups=2)
     args['C'] = torch.randn(2, 3, 3, 23, generator=torch.Generator().manual_seed(9)).requires_grad_()
     out, last = selective_scan(**args, delta_softplus=softplus, return_last_state=True, backend='triton')
@@ -356,7 +358,9 @@ def test_mambair_under_bf16_autocast_hands_the_triton_scan_its_bf16_activations(
     """No float32 copies of x, dts, Bs, Cs (four casts forward and two backward per block, and
     the copies the scan would keep for its backward): the four-way Triton scan receives them in
     bf16 and returns a float32 output, and the network's output equals the torch kernel's on
-    float32 copies."""
+    float32 copies.
+    With the groupings test above it kills the 22 mutants (issue #38) where ``selective_scan`` handed
+    the Triton call a wrong argument."""
     seen = []
     real = interpreted.four_way_scan_triton
     monkeypatch.setattr(interpreted, 'four_way_scan_triton',

@@ -294,7 +294,9 @@ def _installed(monkeypatch, module_name: str, **attributes) -> list:
 def test_an_installed_mamba_ssm_is_found_once_and_runs_on_cuda_tensors(no_mamba, monkeypatch):
     """mamba-ssm's kernel is ``mamba_ssm.ops.selective_scan_interface.selective_scan_fn`` (mamba
     2.3.2, the module's own name for it); 'auto' picks it for CUDA tensors when it imports, and
-    the import is made once, not at every one of a step's calls."""
+    the import is made once, not at every one of a step's calls.
+    Mutation testing (issue #38): kills the mutants of an installed mamba-ssm never used
+    (``_load_cuda_kernel`` that does not import it, or forgets what it imported)."""
     def selective_scan_fn(*args):
         return 'from mamba-ssm'
     attempts = _installed(monkeypatch, 'mamba_ssm.ops.selective_scan_interface', selective_scan_fn=selective_scan_fn)
@@ -305,7 +307,9 @@ def test_an_installed_mamba_ssm_is_found_once_and_runs_on_cuda_tensors(no_mamba,
 
 def test_a_scan_package_that_fails_to_import_is_tried_once_and_its_error_is_named(no_mamba, monkeypatch):
     """The cause (the exception's type and text) reaches the one-line error of a forced backend,
-    and a missing package is not looked for again at every call."""
+    and a missing package is not looked for again at every call.
+    Mutation testing (issue #38): kills the mutants that retried a failed import at each of a step's 36
+    calls or dropped its cause from the error, for mamba-ssm and for Triton."""
     attempts = []
     real_import = builtins.__import__
 
@@ -326,7 +330,9 @@ def test_a_scan_package_that_fails_to_import_is_tried_once_and_its_error_is_name
 
 def test_b_and_c_with_one_group_are_accepted_and_with_none_refused():
     """(batch, 1, dstate, L) is a valid grouping (every channel reads the one group, as in the
-    (batch, dstate, L) form); zero groups is a shape error naming the tensor, not a division by zero."""
+    (batch, dstate, L) form); zero groups is a shape error naming the tensor, not a division by zero.
+    Mutation testing (issue #38): kills the mutants that refused a (b, 1, n, L) B or let a zero-group
+    one fail with a division by zero."""
     args, _ = make_inputs('shared', 5, '')
     args = {k: v.detach() for k, v in args.items()}
     one_group = dict(args, B=args['B'][:, None], C=args['C'][:, None])
@@ -338,7 +344,9 @@ def test_b_and_c_with_one_group_are_accepted_and_with_none_refused():
 
 def test_each_configuration_and_kernel_is_logged_once_by_the_name_it_was_given(monkeypatch):
     """The log names the backend the option chose (not the environment's), once per distinct
-    configuration and once per kernel actually run."""
+    configuration and once per kernel actually run.
+    Mutation testing (issue #38): kills the mutants that logged the environment's backend instead of the
+    option's, or did not log a second configuration or kernel."""
     monkeypatch.setattr(scan_module, '_logged', set())
     with basicsr_log() as logged:
         monkeypatch.setenv(BACKEND_ENV, 'triton')
@@ -362,6 +370,9 @@ def test_each_configuration_and_kernel_is_logged_once_by_the_name_it_was_given(m
 
 
 def test_a_kernel_failure_is_told_in_one_line_of_at_most_300_characters():
+    """A kernel failure is told in one line: the exception's first non-empty line, at most 300
+    characters. Mutation testing (issue #38): kills the mutants of ``_one_line``'s line choice and
+    length."""
     one_line = scan_module._one_line
     assert one_line(RuntimeError('\n  ptxas fatal: out of registers  \nsecond line')) == \
         'RuntimeError: ptxas fatal: out of registers'
@@ -373,7 +384,8 @@ def test_a_kernel_failure_is_told_in_one_line_of_at_most_300_characters():
 
 def test_an_interpreted_triton_failure_names_the_numpy_fix(monkeypatch):
     """Forced 'triton' on CPU tensors runs under Triton's interpreter; when it fails and this
-    Triton's interpreter cannot run with this numpy, the one-line error says how to fix that."""
+    Triton's interpreter cannot run with this numpy, the one-line error says how to fix that.
+    Mutation testing (issue #38): kills the mutant whose interpreted failure left the numpy fix out."""
     def failing(*args, **kwargs):
         raise RuntimeError('only 0-dimensional arrays can be converted to Python scalars')
     monkeypatch.setattr(scan_module, '_triton_module',
