@@ -233,7 +233,10 @@ def test_a_validation_set_runs_once_per_iteration_in_process(tmp_path, demo_data
     """What BasicSR's loop does when total_iter is a multiple of val_freq (each set at 4 inside the
     loop, then each again after it): the repeat of a set at the same iteration runs no image, logs
     one line, leaves that set's metric results as its run left them (not the other set's) and does
-    not reach the best-checkpoint selection; another iteration, or another set, runs."""
+    not reach the best-checkpoint selection; another iteration, or another set, runs.
+    In process, so that mutmut sees it: kills the mutants of ``ValidationMixin.validation`` that ran a
+    repeated set again, kept another set's metric results, selected a best checkpoint twice or dropped
+    the start-of-run line."""
     from conftest import basicsr_log
     val = {'save_best': True, 'best_dataset': 'Test_Sony_Canon'} if metrics else {'metrics': None}
     with basicsr_log() as built:
