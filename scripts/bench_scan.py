@@ -467,6 +467,49 @@ def compare_mambair(device: torch.device, backends: Sequence[str] = ('torch', 't
         CHECK.check(f'MambaIR scan_backend {LABELS[backend]} vs torch', names, diffs, NETWORK_BOUND, 'torch backend')
 
 
+def compare_four_way(device: torch.device, d_model: int = 60, d_state: int = 16,
+                     sizes: Sequence[Tuple[int, int]] = ((24, 20), (7, 33), (1, 40))) -> None:
+    """SS2D's four directions inside the Triton kernels (``SS2D._scan_in_kernels``) against the
+    direction copies on the torch scan in float64 (``SS2D._scan_direction_copies``): the sum's output
+    and the gradients of x and the scan's parameters, per image size (odd, unequal, one pixel high),
+    each held to :data:`FLOAT32_BOUND`."""
+    import copy
+    import archs.mambair_arch as mambair_arch
+    torch.manual_seed(0)
+    block = mambair_arch.SS2D(d_model=d_model, d_state=d_state, scan_backend='triton').to(device)
+    with torch.no_grad():   # off their init, so that the directions differ
+        for p in (block.A_logs, block.Ds, block.dt_projs_bias):
+            p.add_(0.3 * torch.randn_like(p))
+    reference = copy.deepcopy(block).double()
+    reference.scan_backend = 'torch'
+    reference.directions_in_kernels = False
+    names = ('x', 'x_proj_weight', 'dt_projs_weight', 'dt_projs_bias', 'A_logs', 'Ds')
+
+    def output_and_grads_of(module, x, weight):
+        x = x.detach().requires_grad_(True)
+        y = module.forward_core(x)
+        params = dict(module.named_parameters())
+        grads = torch.autograd.grad((y.double() * weight).sum(), [x] + [params[n] for n in names[1:]])
+        return [y.detach()] + list(grads)
+
+    scan = mambair_arch.selective_scan
+    for h, w in sizes:
+        x = torch.randn(2, block.d_inner, h, w, generator=torch.Generator().manual_seed(h * w)).to(device)
+        weight = torch.randn(2, block.d_inner, h * w, generator=torch.Generator().manual_seed(1)).to(device, torch.float64)
+        got = output_and_grads_of(block, x, weight)
+        # the copy path asks its scan for a float32 output: the float64 reference keeps float64
+        mambair_arch.selective_scan = lambda *a, out_dtype=None, **k: scan(*a, **k)
+        try:
+            ref = output_and_grads_of(reference, x.double(), weight)
+        finally:
+            mambair_arch.selective_scan = scan
+        diffs = relative_differences(got, ref)
+        print(f'four-way Triton scan vs float64 direction copies, {h}x{w}: output {diffs[0]:.1e}, largest gradient '
+              f'{max(diffs[1:]):.1e}', flush=True)
+        CHECK.check(f'four-way scan {h}x{w}', ('output',) + tuple(f'grad {n}' for n in names), diffs, FLOAT32_BOUND,
+                    'float64 reference')
+
+
 def compare_bf16_call(args: argparse.Namespace, device: torch.device) -> Optional[float]:
     """MambaIR's call under bf16 autocast, at the training shape: u, delta, B, C in bf16 and a float32
     output. On the Triton scan the kernels read the bf16 tensors as they are; upstream (and the
@@ -617,6 +660,7 @@ def main() -> None:
             # (the slowest part last, so that a step limit cuts the least).
             compare_backends(args, device)
             compare_mambair(device)
+            compare_four_way(device)
             compare_bf16_call(args, device)
             if not args.side_given:
                 compare_backends(argparse.Namespace(**dict(vars(args), batch=1, side=250)), device)

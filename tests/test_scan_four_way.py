@@ -176,3 +176,25 @@ def test_the_four_way_scan_stays_inside_a_compiled_graph(interpreted):
     torch.testing.assert_close(y, eager)
     torch.testing.assert_close(grad, eager_grad)
     torch._dynamo.reset()
+
+
+def test_the_scan_benchmark_checks_the_four_way_scan_against_float64(interpreted, capsys):
+    """scripts/bench_scan.py's GPU check of the four-way scan, run here on the interpreter at small
+    sizes: within FLOAT32_BOUND, no FAIL; with the kernel's output made wrong by 1e-3 of its scale,
+    one FAIL line per size for the output."""
+    from conftest import load_script
+    bench = load_script('bench_scan')
+    bench.CHECK = bench.ReferenceCheck()
+    bench.compare_four_way(torch.device('cpu'), d_model=4, d_state=3, sizes=((3, 5), (1, 4)))
+    out = capsys.readouterr().out
+    assert 'four-way Triton scan vs float64 direction copies, 3x5: output' in out and 'FAIL' not in out
+    assert bench.CHECK.checked == 14 and bench.CHECK.failures == []
+    real = interpreted.four_way_scan_triton
+    try:
+        interpreted.four_way_scan_triton = lambda *a: real(*a) * (1 + 1e-3)
+        bench.compare_four_way(torch.device('cpu'), d_model=4, d_state=3, sizes=((3, 5), (1, 4)))
+    finally:
+        interpreted.four_way_scan_triton = real
+    fails = [line for line in capsys.readouterr().out.splitlines() if line.startswith('FAIL')]
+    assert len(fails) >= 2 and all('output' in line or 'grad' in line for line in fails)
+    assert any(line.startswith('FAIL: four-way scan 3x5 output') for line in fails)
