@@ -170,8 +170,9 @@ def needed_bytes(shape: str, combo: Combo) -> Dict[str, int]:
     z = seq if combo.z else 0
     out = x // size * combo.out_dtype.itemsize
     dbc = batch * GROUPS * DSTATE * length * 4   # summed over channels in float32 (so are mamba-ssm's)
+    du = x // size * 4 if combo.four_way else x   # the four directions' du summed in float32
     return {'forward': x + seq + 2 * bc + z + out,                        # u, delta, B, C, z -> out
-            'backward': x + seq + 2 * bc + z + out + x + seq + 2 * dbc + z}  # + dout -> du, ddelta, dB, dC, dz
+            'backward': x + seq + 2 * bc + z + out + du + seq + 2 * dbc + z}  # + dout -> du, ddelta, dB, dC, dz
 
 
 def specialisation(launch, arch: int):

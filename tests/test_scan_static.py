@@ -48,9 +48,10 @@ def _report_rows(tmp_path, *args):
 
 
 def test_one_compiled_kernel_per_direction_serves_every_shape_and_compiles_in_seconds(tmp_path):
-    # MambaIR's two calls: float32 training, and bf16 autocast (bf16 activations, a float32 output)
+    # MambaIR's two calls, each SS2D's four directions in one launch: float32 training, and bf16 autocast
+    # (bf16 activations, a float32 output)
     rows, out = _report(tmp_path, '--arch', '90', '--dtype', 'fp32', 'bf16', '--combos', 'mambair', '--estimate')
-    assert set(rows) == {(90, combo, k) for combo in ('fp32 bias+D', 'bf16 bias+D -> fp32')
+    assert set(rows) == {(90, combo, k) for combo in ('fp32 bias+D four-way', 'bf16 bias+D -> fp32 four-way')
                          for k in ('forward', 'backward')}
     assert 'not timings' in out and 'no time estimate' in out and 'measured 5.28 ms' in out
     for row in rows.values():
@@ -260,7 +261,8 @@ def test_the_ratio_line_puts_both_kernels_per_update_of_a_pass_and_per_position(
     and only the every-pass blocks, then per position of the sequence (mamba-ssm's two full 2048-position
     passes for L = 2304 against Triton's exact tiling): the figures archs/README.md gives."""
     def ours(kernel, value):
-        return report.Row(90, 'fp32 bias+D', kernel, 1, ['train'], 0.8, 96, 0, 0, 1024, 2, 20, 1440, [], 0, 0,
+        return report.Row(90, report.combos('mambair', ['fp32'])[0].label, kernel, 1, ['train'], 0.8, 96, 0, 0, 1024,
+                          2, 20, 1440, [], 0, 0,
                           True, 0, value)
     theirs = [report.MambaSsmRow(90, 'fp32', kernel, 'f', 128, 16, 168, 0, 12, 5760, every, always, 4096 / 2304)
               for kernel, every, always in (('forward', 1.188, 1.090), ('backward', 2.351, 2.125))]
