@@ -1,29 +1,30 @@
-"""Every shipped option file is valid: registered types, known dataset keys, a valid ldt: section."""
+"""Every shipped option file passes the check the entry points run (basicsr_ldt.common.schema), so a
+key the code stops reading (and the schema drops) is found at once; the schema's key lists agree
+with the modules that read the keys, and docs/options.md explains every key."""
+import re
 from pathlib import Path
 
 import pytest
-import yaml
 
-from basicsr.utils.registry import ARCH_REGISTRY, MODEL_REGISTRY
+from basicsr.utils.registry import MODEL_REGISTRY
 
+from basicsr_ldt.common import schema
 from basicsr_ldt.common.errors import InputError
-from basicsr_ldt.common.options import check_known_keys
-from basicsr_ldt.data.drealsr_dataset import _BASICSR_KEYS, _OWN_KEYS
+from basicsr_ldt.common.option_file import read_checked_options
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
 
+REPO = Path(__file__).resolve().parents[1]
 # Study files (options/study/) are checked by their own --dry-run tests in test_study.py.
-OPTIONS = sorted(p for p in (Path(__file__).resolve().parents[1] / 'options').rglob('*.yml') if p.parent.name != 'study')
+OPTIONS = sorted(p for p in (REPO / 'options').rglob('*.yml') if p.parent.name != 'study')
 
 
 @pytest.mark.parametrize('path', OPTIONS, ids=[p.name for p in OPTIONS])
 def test_option_file_is_valid(path):
-    opt = yaml.safe_load(path.read_text())
-    assert opt['network_g']['type'] in ARCH_REGISTRY
-    for section in opt['datasets'].values():
-        assert section['type'] == 'DRealSRCameraDataset'
-        check_known_keys(path.name, section, _BASICSR_KEYS + _OWN_KEYS)
-    if path.name.startswith('train'):
+    role = schema.TEST if path.name.startswith('test') else schema.TRAIN
+    opt, defaults = read_checked_options(str(path), role)
+    assert defaults is None, f'{path.name} leaves out {defaults}: shipped files write every key they use'
+    if path.name.startswith('train') or path.name.startswith('pretrain'):
         assert opt['model_type'] in MODEL_REGISTRY
         assert set(opt['datasets']) - {'train'} and all(k == 'train' or k.startswith('val') for k in opt['datasets'])
     if opt.get('model_type') == 'LDTSRModel':
@@ -41,3 +42,33 @@ def test_ldt_section_errors_are_one_line():
         ldt_config_from_options({**base, 'ldt': {'head_warmup_iters': 50, 'profile_iters': 60}})
     with pytest.raises(InputError, match="ldt.method: expected one of 'ft', .*'corgrad', got 'dft'.*did you mean 'deft'"):
         ldt_config_from_options({**base, 'ldt': {'method': 'dft'}})
+
+
+def test_the_schema_agrees_with_the_modules_that_read_the_keys():
+    """Key lists that modules keep with their defaults are the schema's (one place decides)."""
+    from basicsr_ldt.inference.compare import COMPARE_DEFAULTS  # noqa: F401  (test.compare: its own keys)
+    from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS
+    from basicsr_ldt.models.compiled_blocks import COMPILE_DEFAULTS
+    from basicsr_ldt.models.guarded_step import STEP_DEFAULTS
+    from basicsr_ldt.models.validation import BASICSR_VAL_SPECS, VAL_KEYS
+    from basicsr_ldt.pipelines.evaluate import TEST_DEFAULTS, TEST_SPECS
+    assert tuple(INFERENCE_DEFAULTS) == schema.INFERENCE_KEYS
+    assert set(TEST_DEFAULTS) == set(schema.TEST_KEYS) and set(TEST_SPECS) - {'compare.crops', 'compare.size',
+                                                                              'compare.methods'} == set(TEST_DEFAULTS)
+    assert set(COMPILE_DEFAULTS) | set(STEP_DEFAULTS) <= {k for k, e in schema.TRAIN_KEYS.items()
+                                                          if e.models == schema.PROJECT_MODELS}
+    assert set(BASICSR_VAL_SPECS) <= set(VAL_KEYS) and set(VAL_KEYS) == set(schema.VAL_KEYS)
+    assert set(schema.MODEL_TYPES) <= {name for name, _ in MODEL_REGISTRY}
+
+
+def test_docs_explain_every_key_of_the_schema():
+    """docs/options.md names each key the schema accepts (in backticks), section by section."""
+    text = (REPO / 'docs' / 'options.md').read_text()
+    named = set(re.findall(r'`([A-Za-z_][A-Za-z0-9_.]*)`', text))
+    missing = [f'{path}.{key}' if path else key for path, section in schema.SECTIONS.items()
+               for key, entry in section.items() if entry.set_by is None and key not in named
+               and f'{path}.{key}' not in named]
+    loader = {k for keys in schema.DATASET_LOADER.values() for k in keys}
+    missing += sorted(k for k in loader | set(schema.DATASET_COMMON) if k not in named)
+    assert not missing, f'docs/options.md does not explain: {", ".join(missing)}'
+    assert len(text.splitlines()) < 300

@@ -149,7 +149,7 @@ def test_bad_val_options_are_one_line_naming_the_key(section, message):
 
 
 def test_val_keys_of_basicsr_and_best_selection_are_accepted():
-    val = {'val_freq': 5e3, 'save_img': False, 'suffix': None, 'pbar': True, 'metrics': {'psnr': {'type': 'x'}},
+    val = {'val_freq': 5e3, 'save_img': False, 'pbar': True, 'metrics': {'psnr': {'type': 'x'}},
            'save_best': True, 'best_metric': 'psnr', 'best_dataset': 'a', 'best_network': 'composite',
            'tile_mode': 'official', 'precision': 'bf16'}
     settings = validation_settings({'scale': 4, 'num_gpu': 0, 'val': val})

@@ -18,15 +18,13 @@ from basicsr.utils.registry import DATASET_REGISTRY
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import check_known_keys
+from basicsr_ldt.common.schema import dataset_keys
 from basicsr_ldt.data.cameras import CameraRule, camera_counts, list_images, pair_keys, select_cameras
 from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, mapping, string, strings
 
-# Keys BasicSR itself reads or injects into a dataset section.
-_BASICSR_KEYS = ('name', 'type', 'phase', 'scale', 'num_worker_per_gpu', 'batch_size_per_gpu',
-                 'dataset_enlarge_ratio', 'prefetch_mode', 'num_prefetch_queue', 'pin_memory',
-                 'persistent_workers')
-_OWN_KEYS = ('dataroot_gt', 'dataroot_lq', 'io_backend', 'cameras', 'camera_rule', 'filename_tmpl_gt',
-             'filename_tmpl_lq', 'subset', 'gt_size', 'use_hflip', 'use_rot', 'seed')
+#: Every key a section of this dataset may hold in some phase (BasicSR's loader keys and this
+#: dataset's own; which phase reads which: ``DATASET_TYPES`` in basicsr_ldt/common/schema.py).
+OPTION_KEYS = dataset_keys('DRealSRCameraDataset')
 #: Types and ranges of the keys this dataset adds (checked before any folder is read).
 OPTION_SPECS = {
     'dataroot_gt': string(), 'dataroot_lq': string(),
@@ -42,7 +40,7 @@ OPTION_SPECS = {
 
 def check_dataset_options(section: str, opt: Dict) -> None:
     """Unknown keys and wrong types of a dataset section, named by its path (``datasets.train``)."""
-    check_known_keys(section, opt, _BASICSR_KEYS + _OWN_KEYS)
+    check_known_keys(section, opt, OPTION_KEYS)
     check_options(section, opt, OPTION_SPECS, InputError)
 
 

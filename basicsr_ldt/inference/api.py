@@ -10,14 +10,15 @@ from typing import Any, Dict, Mapping, Optional, Union
 
 import numpy as np
 import torch
-import yaml
 from torch import nn
 
 from basicsr.archs import build_network
 from basicsr.utils.registry import ARCH_REGISTRY
 
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.option_file import load_option_file
 from basicsr_ldt.common.options import registered
+from basicsr_ldt.common.schema import check_network, describe_file
 from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, InferenceSettings, inference_settings
 from basicsr_ldt.inference.tiling import run_inference
 from basicsr_ldt.weights.checkpoint import load_weights
@@ -33,16 +34,12 @@ def network_options(arch: Optional[str] = None, opt: Union[str, Mapping, None] =
     if (arch is None) == (opt is None):
         raise InputError('give exactly one of arch (MambaIR, HAT, SAFMN) or opt (an option file or dict)')
     if opt is not None:
-        if isinstance(opt, str):
-            try:
-                with open(opt) as handle:
-                    opt = yaml.safe_load(handle)
-            except OSError as err:
-                raise InputError(f"cannot read option file '{opt}': {err.strerror}") from None
-            except yaml.YAMLError as err:
-                raise InputError(f"option file is not valid YAML: {str(err).splitlines()[0]}") from None
+        where = 'options'
+        if isinstance(opt, str):   # plain YAML only: a Python tag in the file is refused, not run
+            where, opt = describe_file(opt), load_option_file(opt)
         if not isinstance(opt, Mapping) or not isinstance(opt.get('network_g'), Mapping):
-            raise InputError("the options have no 'network_g' section naming the network to build")
+            raise InputError(f"{where}: no 'network_g' section naming the network to build")
+        check_network(opt['network_g'], 'network_g', where)
         section = dict(opt['network_g'])
     else:
         if arch not in ARCH_DEFAULTS:

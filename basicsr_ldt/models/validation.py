@@ -24,16 +24,15 @@ from basicsr.utils import get_root_logger
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import check_known_keys
-from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, InferenceSettings, inference_settings
+from basicsr_ldt.common.schema import section_keys
+from basicsr_ldt.inference.settings import InferenceSettings, inference_settings
 from basicsr_ldt.inference.tiling import run_inference
-from basicsr_ldt.ldt.typed import boolean, check_options, mapping, number, optional, string
+from basicsr_ldt.ldt.typed import boolean, check_options, mapping, number, optional
 
-#: ``val:`` keys BasicSR 1.4.2 reads, with their types.
-BASICSR_VAL_SPECS = {'val_freq': number(0, float('inf')), 'save_img': boolean(), 'suffix': optional(string()),
-                     'pbar': boolean(), 'metrics': optional(mapping(mapping()))}
-#: ``val:`` keys of val: save_best (basicsr_ldt.models.best checks their values).
-BEST_KEYS = ('save_best', 'best_metric', 'best_dataset', 'best_network')
-VAL_KEYS = tuple(BASICSR_VAL_SPECS) + BEST_KEYS + tuple(INFERENCE_DEFAULTS)
+#: Types of the ``val:`` keys BasicSR 1.4.2 reads in training (which keys ``val:`` takes: the schema).
+BASICSR_VAL_SPECS = {'val_freq': number(0, float('inf')), 'save_img': boolean(), 'pbar': boolean(),
+                     'metrics': optional(mapping(mapping()))}
+VAL_KEYS = section_keys('val')
 
 
 def validation_settings(opt: Dict) -> InferenceSettings:

@@ -20,12 +20,14 @@ from basicsr.archs import build_network
 from basicsr.metrics.psnr_ssim import calculate_psnr, calculate_ssim
 from basicsr.utils import get_root_logger, get_time_str, imwrite, tensor2img
 from basicsr.utils.dist_util import get_dist_info
-from basicsr.utils.options import dict2str, parse_options
+from basicsr.utils.options import dict2str
 from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY
 
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.option_file import parse_options
 from basicsr_ldt.common.options import check_known_keys, registered, validate_dataset_options
 from basicsr_ldt.common.outputs import OutputFolder, fail
+from basicsr_ldt.common.schema import section_keys
 from basicsr_ldt.inference.compare import COMPARE_SPECS, Comparison, compare_settings
 from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, INFERENCE_SPECS, inference_settings
 from basicsr_ldt.inference.tiling import bicubic_upscale, run_inference
@@ -137,7 +139,7 @@ def write_results(folder: str, tables: 'OrderedDict[str, OrderedDict]', per_imag
 def _build(opt: Dict, device: torch.device):
     """Validate options, datasets and the network type; checkpoints are loaded before a folder is created."""
     test_opt = dict(TEST_DEFAULTS)
-    check_known_keys('test', opt.get('test') or {}, TEST_DEFAULTS)
+    check_known_keys('test', opt.get('test') or {}, section_keys('test'))
     check_options('test', opt.get('test') or {}, TEST_SPECS, InputError)
     test_opt.update(opt.get('test') or {})
     test_opt['inference'] = inference_settings('test', opt.get('test'), device.type)
@@ -176,7 +178,7 @@ def test_logger(log_file: str) -> logging.Logger:
 
 def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
     """Evaluate every checkpoint on every test dataset; print and write the per-camera table."""
-    opt, _ = parse_options(root_path, is_train=False)
+    opt, args = parse_options(root_path, is_train=False)
     outputs = OutputFolder()
     try:
         device = torch.device('cuda' if opt['num_gpu'] and torch.cuda.is_available() else 'cpu')
@@ -195,6 +197,8 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
         outputs.rollback()
         fail(str(err))
     logger = test_logger(osp.join(opt['path']['log'], f"test_{opt['name'].replace('/', '_')}_{get_time_str()}.log"))
+    if args.option_defaults:
+        logger.info(args.option_defaults)
     logger.info(dict2str(opt))
     logger.info(f"Inference: {test_opt['inference'].describe()}")
     scale = opt.get('scale', 4)

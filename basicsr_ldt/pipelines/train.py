@@ -32,7 +32,8 @@ from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY, MODEL_REGIST
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import registered, validate_dataset_options
 from basicsr_ldt.common.outputs import OutputFolder, fail
-from basicsr_ldt.common.process_group import end_process_group, parse_training_options
+from basicsr_ldt.common.option_file import parse_options
+from basicsr_ldt.common.process_group import end_process_group
 from basicsr_ldt.data.sampler import training_sampler
 from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.weights.checkpoint import UnreadableCheckpoint, load_safe
@@ -129,7 +130,7 @@ def _build_model(opt: Dict):
 
 def train_pipeline(root_path: str) -> None:
     """Run training as ``python Train_pip.py -opt X.yml [--auto_resume] [--launcher ...]``."""
-    opt, args = parse_training_options(root_path, is_train=True)
+    opt, args = parse_options(root_path, is_train=True)
     opt['root_path'] = root_path
     torch.backends.cudnn.benchmark = True
 
@@ -145,6 +146,8 @@ def train_pipeline(root_path: str) -> None:
         log_file = osp.join(opt['path']['log'], f"train_{opt['name'].replace('/', '_')}_{get_time_str()}.log")
         logger = get_root_logger(logger_name='basicsr', log_level=logging.INFO, log_file=log_file)
         logger.info(get_env_info())
+        if args.option_defaults:
+            logger.info(args.option_defaults)
         logger.info(dict2str(opt))
         model = _build_model(opt)
         if (opt.get('val') or {}).get('save_best') and not isinstance(model, BestCheckpointMixin):

@@ -13,21 +13,18 @@ import re
 from os import path as osp
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-import yaml
-
 from basicsr.utils.registry import ARCH_REGISTRY, MODEL_REGISTRY
 
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.option_file import load_option_file
 from basicsr_ldt.common.options import check_known_keys, closest_key_hint, registered
+from basicsr_ldt.common.schema import TEST, TRAIN, check_options, section_keys
 from basicsr_ldt.corgrad import CorGradConfig
-from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS
 from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.models.compiled_blocks import compile_setting
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
 from basicsr_ldt.models.optimizers import fused_choice
-from basicsr_ldt.models.validation import BEST_KEYS
-from basicsr_ldt.pipelines.evaluate import TEST_DEFAULTS
 from basicsr_ldt.weights.releases import fetch_hint, release_file
 
 #: Keys of a study file. ``overrides`` applies to every method (before the method's own).
@@ -37,18 +34,10 @@ METHOD_BASE_KEY = 'base'
 #: ``Bicubic: {bicubic: true}``: a method that trains nothing, the LR image upscaled bicubically.
 #: It is deterministic, so it is tested once (run name = its label) and paired with every seed.
 BICUBIC_KEY = 'bicubic'
-#: Options that BasicSR or this project reads but an option file may leave out, by section
-#: (``''`` = top level). A key that is neither in the base file nor here is refused.
-OPTIONAL_KEYS: Dict[str, Tuple[str, ...]] = {
-    '': ('ldt', 'manual_seed', 'val', 'dist_params', 'find_unused_parameters', 'use_static_graph'),
-    'train': ('ema_decay', 'warmup_iter', 'use_grad_clip', 'pixel_opt', 'perceptual_opt', 'prefetch_mode',
-              'enlarge_ratio', 'amp', 'max_bad_steps', 'ema_reference_iters', 'compile', 'compile_backend'),
-    'train.optim_g': ('fused',),
-    'val': BEST_KEYS + tuple(INFERENCE_DEFAULTS),   # best-checkpoint selection; how validation cuts images
-    'path': ('pretrain_network_g', 'param_key_g', 'strict_load_g', 'resume_state'),
-    'ldt': tuple(['method'] + [f.name for f in dataclasses.fields(LDTConfig)]
-                 + [f.name for f in dataclasses.fields(CorGradConfig)]),
-}
+#: ``ldt:`` keys: ``method`` and the fields of LDT's and CorGrad's configurations, which check the
+#: block's values (the schema leaves the block to them).
+LDT_BLOCK_KEYS = tuple(dict.fromkeys(['method'] + [f.name for cls in (LDTConfig, CorGradConfig)
+                                                   for f in dataclasses.fields(cls)]))
 RUN_NAME_CHARS = re.compile(r'[^A-Za-z0-9._+=-]+')
 
 
@@ -116,32 +105,27 @@ def train_cameras(opt: Mapping[str, Any]) -> List[str]:
 
 
 def read_yaml(path: str, what: str) -> Dict[str, Any]:
-    """A YAML mapping from ``path``; a missing file or a non-mapping is bad input naming ``what``."""
-    if not osp.isfile(path):
-        raise InputError(f"{what} '{path}' does not exist")
-    with open(path, encoding='utf-8') as handle:
-        try:
-            data = yaml.safe_load(handle)
-        except yaml.YAMLError as err:
-            raise InputError(f"{what} '{path}' is not valid YAML: {err}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{what} '{path}' must hold a YAML mapping, got {type(data).__name__}")
-    return data
+    """A YAML mapping from ``path``, read as the entry points read option files (plain values only:
+    a Python tag, a key given twice, an empty file or a non-mapping is bad input naming ``what``)."""
+    return load_option_file(path, what)
 
 
 def merge_options(base: Dict[str, Any], overrides: Mapping[str, Any], where: str, prefix: str = '') -> Dict[str, Any]:
     """``base`` with ``overrides`` merged in; an override key that is not an option raises.
 
-    A key is an option when the base has it or when ``OPTIONAL_KEYS`` lists it for its section;
-    a section that the base lacks (e.g. ``ldt`` on an FT base) is checked against that list too.
+    A key is an option when the base has it or when the schema (basicsr_ldt.common.schema) lists
+    it for its section; a section that the base lacks (e.g. ``ldt`` on an FT base) is checked against
+    that list too. Sections of constructor arguments and datasets take any key here: the options
+    of each run are checked as a whole afterwards (:func:`check_training_options`).
     """
     merged = copy.deepcopy(base)
     for key, value in overrides.items():
         dotted = f'{prefix}{key}'
         section = prefix[:-1]
-        known = key in merged or key in OPTIONAL_KEYS.get(section, ()) or _in_dataset_section(prefix)
+        listed = LDT_BLOCK_KEYS if section == 'ldt' else section_keys(section)
+        known = key in merged or listed is None or key in listed
         if not known:
-            valid = list(merged) + list(OPTIONAL_KEYS.get(section, ()))
+            valid = list(merged) + list(listed)
             hint = closest_key_hint(str(key), valid)
             raise InputError(f"{where}: '{dotted}' is not an option of the base file{hint}")
         if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
@@ -151,12 +135,6 @@ def merge_options(base: Dict[str, Any], overrides: Mapping[str, Any], where: str
         else:
             merged[key] = copy.deepcopy(value)
     return merged
-
-
-def _in_dataset_section(prefix: str) -> bool:
-    """Dataset sections take whatever their dataset type reads; their types check them when built."""
-    parts = prefix.split('.')
-    return len(parts) >= 3 and parts[0] == 'datasets'
 
 
 def _check_sweep_section(opt: Mapping[str, Any], dotted: str, where: str) -> None:
@@ -236,6 +214,7 @@ def check_training_options(opt: Mapping[str, Any], where: str) -> None:
     values of ``train.compile``, ``train.compile_backend`` and ``train.optim_g.fused``."""
     registered(MODEL_REGISTRY, opt.get('model_type'), f'{where}: model_type')
     registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), f'{where}: network_g.type')
+    check_options(opt, TRAIN, where, required=False)
     total = (opt.get('train') or {}).get('total_iter')
     if not isinstance(total, (int, float)) or int(total) < 1:
         raise InputError(f'{where}: train.total_iter must be a positive number, got {total!r}')
@@ -258,9 +237,7 @@ def check_training_options(opt: Mapping[str, Any], where: str) -> None:
 
 
 def check_test_options(opt: Mapping[str, Any], where: str) -> None:
-    if not opt.get('datasets'):
-        raise InputError(f"{where}: the test file has no 'datasets' section")
-    check_known_keys(f'{where}: test', opt.get('test') or {}, TEST_DEFAULTS)
+    check_options(opt, TEST, where)
 
 
 def evaluation_options(base: Dict[str, Any], study: str, name: str, train_opt: Mapping[str, Any], root: str,

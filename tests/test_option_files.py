@@ -1,0 +1,290 @@
+"""Option files that cannot mislead (issue 56), through the real entry points: an empty file, a file
+without num_gpu or datasets, ``vall:`` for ``val:``, an ``ldt:`` block on an FT file and a Python tag
+each stop with one line (or, for num_gpu, get BasicSR's default and say so), and leave no
+experiment or results folder behind and no existing one archived."""
+import copy
+import re
+
+import pytest
+import yaml
+
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.option_file import force_options, load_option_file, parse_yaml
+from basicsr_ldt.common.schema import check_network, check_options
+from conftest import REPO, run_entry
+from test_cli import NETWORK, dataset, train_options, write
+
+DEMO = REPO / 'options' / 'demo'
+#: A shell command an option file must never run: it would create this file.
+MARKER = 'pwned.txt'
+
+
+def one_line_failure(project, result, name, kind='experiments'):
+    """The last stderr line; exit status 2, no traceback, nothing of ``name`` written or moved aside."""
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert 'Traceback' not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith('error: '), result.stderr
+    for folder in ('experiments', 'results', 'tb_logger'):
+        assert not (project / folder / name).exists(), f'{folder}/{name} was written'
+        assert not list((project / folder).glob(f'{name}_archived_*')), f'{folder}/{name} was archived'
+    return line
+
+
+def bicubic_test_options(data, name):
+    return {'name': name, 'scale': 4, 'num_gpu': 0, 'path': {}, 'checkpoints': [{'bicubic': True}],
+            'datasets': {'test_1': dataset(data, 'Test', ['Sony'])}}
+
+
+@pytest.mark.parametrize('script', ['Train_pip.py', 'test.py'])
+def test_empty_file_is_one_line(project, script):
+    (project / 'empty.yml').write_text('# nothing but a comment\n')
+    result = run_entry(project, script, '-opt', 'empty.yml', check=False)
+    line = one_line_failure(project, result, 'empty')
+    assert line == ("error: option file 'empty.yml' is empty: expected a YAML mapping of options (name, model_type, "
+                    'datasets, network_g, ...)')
+
+
+@pytest.mark.parametrize('script', ['Train_pip.py', 'test.py'])
+def test_python_tag_runs_nothing_and_names_the_file_and_line(project, demo_data, script):
+    opt = train_options(demo_data, 'tagged') if script == 'Train_pip.py' else bicubic_test_options(demo_data, 'tagged')
+    text = yaml.safe_dump(opt, sort_keys=False) + f'extra: !!python/object/apply:os.system ["touch {MARKER}"]\n'
+    (project / 'tagged.yml').write_text(text)
+    line_number = text.count('\n')
+    result = run_entry(project, script, '-opt', 'tagged.yml', check=False)
+    line = one_line_failure(project, result, 'tagged')
+    assert not (project / MARKER).exists(), 'the option file ran a command'
+    assert line == (f"error: option file 'tagged.yml', line {line_number}: tag '!!python/object/apply:os.system' would "
+                    "build a Python object (BasicSR's loader runs it); option files hold plain YAML values only "
+                    '(mappings, lists, strings, numbers, true/false, null)')
+
+
+def test_python_tag_in_inference_and_study_files_runs_nothing(project, tmp_path):
+    import numpy as np
+    from PIL import Image
+    (project / 'in').mkdir()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(project / 'in' / 'a.png')
+    (project / 'net.yml').write_text(f'network_g: !!python/object/apply:os.system ["touch {MARKER}"]\n')
+    result = run_entry(project, str(REPO / 'inference.py'), '--input', 'in', '--output', 'out', '--checkpoint',
+                       'x.pth', '--opt', 'net.yml', check=False)
+    assert result.returncode == 2 and not (project / MARKER).exists() and not (project / 'out').exists()
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: option file 'net.yml', line 1: tag '!!python/object/apply:os.system' would build a Python object")
+    from basicsr_ldt.study import plan
+    (tmp_path / 'study.yml').write_text(f'name: s\ntrain: !!python/object/apply:os.system ["touch {MARKER}"]\n')
+    with pytest.raises(InputError, match=r"^study file '.*study.yml', line 2: tag '!!python/object/apply:os.system'"):
+        plan.load_study(str(tmp_path / 'study.yml'), str(tmp_path))
+    assert not (tmp_path / MARKER).exists()
+
+
+def test_missing_datasets_is_one_line_from_both_commands(project, demo_data):
+    opt = train_options(demo_data, 'nodata')
+    del opt['datasets']
+    (project / 'experiments' / 'nodata').mkdir(parents=True)   # an earlier run: neither archived nor touched
+    (project / 'experiments' / 'nodata' / 'keep').write_text('x')
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'nodata.yml', opt), check=False)
+    assert result.returncode == 2 and 'Traceback' not in result.stderr
+    assert (project / 'experiments' / 'nodata' / 'keep').read_text() == 'x'
+    assert [p.name for p in (project / 'experiments').iterdir()] == ['nodata']
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: option file '{project / 'nodata.yml'}': datasets: required, missing (training (Train_pip.py) "
+        "needs a 'datasets' mapping with a 'train' section)")
+    opt = bicubic_test_options(demo_data, 'nodata_test')
+    del opt['datasets']
+    result = run_entry(project, 'test.py', '-opt', write(project / 'nodata_test.yml', opt), check=False)
+    assert one_line_failure(project, result, 'nodata_test').endswith(
+        "datasets: required, missing (test.py needs a 'datasets' mapping of test sets)")
+
+
+def test_without_num_gpu_and_path_the_defaults_are_used_and_logged(project, demo_data):
+    """BasicSR reads ``opt['num_gpu']`` and ``opt['path']`` unconditionally (a KeyError traceback);
+    its own option files write ``num_gpu: auto``, which is what a file without the key now gets."""
+    opt = train_options(demo_data, 'nogpu', total_iter=1)
+    del opt['num_gpu'], opt['path']
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'nogpu.yml', opt))
+    log = next((project / 'experiments' / 'nogpu').glob('train_nogpu_*.log')).read_text()
+    assert 'Defaults for keys the option file leaves out: num_gpu: auto, path: {}' in log
+    assert (project / 'experiments' / 'nogpu' / 'models' / 'net_g_latest.pth').is_file()
+    opt = bicubic_test_options(demo_data, 'nogpu_test')
+    del opt['num_gpu'], opt['path']
+    run_entry(project, 'test.py', '-opt', write(project / 'nogpu_test.yml', opt))
+    log = next((project / 'results' / 'nogpu_test').glob('test_nogpu_test_*.log')).read_text()
+    assert 'Defaults for keys the option file leaves out: num_gpu: auto, path: {}' in log
+
+
+def _demo_variant(project, name, change):
+    """A shipped demo option file with one slip written into its text (comments kept)."""
+    text = (DEMO / name).read_text()
+    slipped = change(text)
+    assert slipped != text
+    (project / name).write_text(slipped)
+    return yaml.safe_load(slipped)['name']
+
+
+@pytest.mark.parametrize('name, change, message', [
+    ('train_demo_ldt.yml', lambda t: t.replace('\nval:\n', '\nvall:\n'),
+     "unknown key 'vall' (did you mean 'val'?); the top level takes: datasets, dist_params, ldt, logger, "),
+    ('train_demo_ft.yml', lambda t: t + '\nldt: {method: ldt, ratio_u: 0.4}\n',
+     'the ldt: block needs a model type of this project that reads it (LDTSRModel, CorGradSRModel); model_type '
+     'FTSRModel ignores it: set model_type: LDTSRModel, or remove it'),
+    ('train_demo_ft.yml', lambda t: t + '\nldt: {method: corgrad}\n',
+     'the ldt: block needs a model type of this project that reads it (LDTSRModel, CorGradSRModel); model_type '
+     'FTSRModel ignores it: set model_type: CorGradSRModel, or remove it'),
+    ('train_demo_ft.yml', lambda t: t + '\ncorgrad: {slices: 5}\n',
+     "unknown key 'corgrad' (CorGrad's options go in the ldt: block with method: corgrad"),
+    ('train_demo_corgrad.yml',
+     lambda t: t.replace('model_type: LDTSRModel', 'model_type: CorGradSRModel').replace('method: corgrad', 'method: ldt'),
+     "ldt.method 'ldt' is not CorGrad, and model_type CorGradSRModel trains CorGrad whatever the block says: set "
+     'model_type: LDTSRModel (or ldt.method: corgrad)'),
+], ids=['vall', 'ldt_on_ft', 'corgrad_method_on_ft', 'corgrad_block', 'ldt_method_on_corgrad'])
+def test_slips_in_shipped_demo_files_are_one_line(project, name, change, message):
+    experiment = _demo_variant(project, name, change)
+    result = run_entry(project, 'Train_pip.py', '-opt', name, check=False)
+    line = one_line_failure(project, result, experiment)
+    assert line.startswith(f"error: option file '{name}': {message}"), line
+
+
+# ------------------------------------------------------------------------------ the schema, in-process
+def _train(data, **changes):
+    opt = copy.deepcopy(train_options(data, 'x'))   # train_options shares test_cli's NETWORK dict
+    for path, value in changes.items():
+        *parents, key = path.split('.')
+        section = opt
+        for part in parents:
+            section = section.setdefault(part, {})
+        if value is None:
+            section.pop(key, None)
+        else:
+            section[key] = value
+    return opt
+
+
+@pytest.mark.parametrize('changes, message', [
+    ({'val.metrics': {'psnr': {'type': 'calculate_psnr', 'crop_bordr': 4}}},
+     "unknown key 'val.metrics.psnr.crop_bordr' (did you mean 'crop_border'?); calculate_psnr takes: type, "
+     'crop_border, input_order, test_y_channel, better'),
+    ({'val.metrics': {'psnr': {'type': 'calculate_psnr'}}}, 'val.metrics.psnr.crop_border: required by calculate_psnr, missing'),
+    ({'network_g.num_feet': 8}, "unknown key 'network_g.num_feet' (did you mean 'num_feat'?); network_g type MSRResNet "
+                                'takes: type, num_in_ch, num_out_ch, num_feat, num_block, upscale'),
+    ({'train.optim_g.learning_rate': 1e-3}, "unknown key 'train.optim_g.learning_rate'; Adam takes: type, lr, "),
+    ({'train.optim_g.type': 'SGD'}, "train.optim_g.type: expected 'Adam' (the optimizer BasicSR 1.4.2 builds), got 'SGD'"),
+    ({'train.scheduler.milestone': [2]}, "unknown key 'train.scheduler.milestone' (did you mean 'milestones'?)"),
+    ({'train.pixel_opt.weight': 1}, "unknown key 'train.pixel_opt.weight' (did you mean 'loss_weight'?)"),
+    ({'train.pixel_opt': None}, 'train.pixel_opt: required, missing (FTSRModel needs a loss'),
+    ({'train.total_iters': 5}, "unknown key 'train.total_iters' (did you mean 'total_iter'?)"),
+    ({'logger.print_freq': None}, 'logger.print_freq: required, missing'),
+    ({'val.val_freq': None}, 'val.val_freq: required, missing'),
+    ({'val.suffix': 'x'}, "unknown key 'val.suffix'; val takes: "),
+    ({'path.resume': 'x'}, "unknown key 'path.resume' (did you mean 'resume_state'?)"),
+    ({'path.models': 'x'}, 'path.models: set by the entry point'),
+    ({'rank': 0}, 'rank: set by the entry point'),
+    ({'dist_params.backnd': 'gloo'}, "unknown key 'dist_params.backnd' (did you mean 'backend'?)"),
+    ({'test': {'save_img': True}}, 'test: read by test.py only, not by training (Train_pip.py); remove it'),
+    ({'prefetch_mode': 'cpu'}, "unknown key 'prefetch_mode' (a key of datasets.train)"),
+    ({'train.prefetch_mode': 'cpu'}, "unknown key 'train.prefetch_mode' (a key of datasets.train)"),
+    ({'val.print_freq': 1}, "unknown key 'val.print_freq' (a key of logger)"),
+    ({'datasets.train.batch_size_per_gpu': None}, 'datasets.train.batch_size_per_gpu: required, missing'),
+    ({'datasets.val_targets.batch_size_per_gpu': 4},
+     "unknown key 'datasets.val_targets.batch_size_per_gpu' (read for training sections only)"),
+    ({'datasets.val_targets.phase': 'val'}, 'datasets.val_targets.phase: set by the entry point'),
+    ({'datasets.test_1': {'type': 'DRealSRCameraDataset'}}, "datasets.test_1: training (Train_pip.py) accepts 'train' "
+                                                            "and 'val*' sections"),
+    ({'datasets.train.type': 'PairedImageDataset'}, "datasets.train.type: 'PairedImageDataset' is registered, but its "
+                                                    'keys are not listed'),
+    ({'model_type': 'SRModel', 'val.tile_mode': 'official'},
+     'val.tile_mode needs a model type of this project that reads it (FTSRModel, LDTSRModel, CorGradSRModel); '
+     'model_type SRModel ignores it: set model_type: FTSRModel, or remove it'),
+    ({'model_type': 'LDTSRModel', 'train.perceptual_opt': {'type': 'L1Loss'}},
+     'train.perceptual_opt needs a model type that reads it'),
+    ({'model_type': 'VideoBaseModel'}, "model_type 'VideoBaseModel' is registered, but the training pipeline"),
+    ({'model_type': 'FTModel'}, "model_type 'FTModel' is not registered (did you mean 'FTSRModel'?)"),
+    ({'num_gpu': 'two'}, "num_gpu: expected 'auto' or an integer >= 0, got 'two'"),
+    ({'logger.wandb': {'project': 'p'}}, 'logger.wandb.project: needs logger.use_tb_logger: true'),
+])
+def test_every_section_is_checked_with_one_line_naming_the_key(demo_data, changes, message):
+    with pytest.raises(InputError) as caught:
+        check_options(_train(demo_data, **changes), 'train', "option file 'x.yml'")
+    assert str(caught.value).startswith(f"option file 'x.yml': {message}"), str(caught.value)
+    assert '\n' not in str(caught.value)
+
+
+@pytest.mark.parametrize('changes, message', [
+    ({'model_type': 'FTSRModel'}, 'model_type: read by training (Train_pip.py) only, not by test.py'),
+    ({'ldt': {'ratio_u': 0.4}}, 'ldt: read by training (Train_pip.py) only'),
+    ({'path': {'resume_state': 'x'}}, 'path.resume_state: read by training (Train_pip.py) only'),
+    ({'datasets': {'train': dataset(REPO, 'Test', ['Sony'])}}, "datasets.train: test.py accepts 'test*' and 'val*'"),
+    ({'checkpoints': [{'path': 'x.pth'}]}, 'network_g: required, missing'),
+    ({'tset': {}}, "unknown key 'tset' (did you mean 'test'?)"),
+])
+def test_test_files_are_checked_for_test_py(demo_data, changes, message):
+    opt = {**bicubic_test_options(demo_data, 't'), **changes}
+    with pytest.raises(InputError, match='^' + re.escape(f't.yml: {message}')):
+        check_options(opt, 'test', 't.yml')
+
+
+def test_a_file_with_only_bicubic_entries_needs_no_network(demo_data):
+    assert check_options(bicubic_test_options(demo_data, 't'), 'test', 't.yml') == []
+    opt = {**bicubic_test_options(demo_data, 't'), 'network_g': dict(NETWORK)}
+    assert check_options(opt, 'test', 't.yml') == []
+
+
+def test_keys_given_twice_and_broken_yaml_are_one_line(tmp_path):
+    with pytest.raises(InputError, match=r"^o.yml, line 4: key 'val' is given twice in the same mapping$"):
+        parse_yaml('name: a\nval: {val_freq: 1}\ntrain: {}\nval: {val_freq: 2}\n', 'o.yml')
+    with pytest.raises(InputError, match=r'^o.yml, line 2: ') as caught:
+        parse_yaml('name: a\n  b: [1\n', 'o.yml')
+    assert '\n' not in str(caught.value)
+    assert parse_yaml('a: &x {b: 1}\nc:\n  <<: *x\n  d: !!float 1e-4\n', 'o.yml') == {'a': {'b': 1}, 'c': {'b': 1, 'd': 1e-4}}
+    assert list(parse_yaml('z: 1\na: 2\nm: 3\n', 'o.yml')) == ['z', 'a', 'm']   # the file's order, as BasicSR
+    (tmp_path / 'l.yml').write_text('[1, 2]\n')
+    with pytest.raises(InputError, match=r"^option file '.*l.yml' holds a list, expected a YAML mapping"):
+        load_option_file(str(tmp_path / 'l.yml'))
+    with pytest.raises(InputError, match=r"^option file 'nope.yml' does not exist$"):
+        load_option_file('nope.yml')
+
+
+def test_network_keys_are_the_constructors_arguments():
+    """MambaIR and HAT take ``**kwargs`` and drop what they do not name: a misspelt argument would
+    build the default network without a word, so only named arguments count."""
+    check_network({'type': 'MambaIR', 'embed_dim': 30, 'depths': [1]})
+    with pytest.raises(InputError, match=r"^o: unknown key 'network_g.embed_dims' \(did you mean 'embed_dim'\?\)"):
+        check_network({'type': 'MambaIR', 'embed_dims': 30}, where='o')
+    with pytest.raises(InputError, match=r'^o: network_g.dim: required by network_g type SAFMN, missing$'):
+        check_network({'type': 'SAFMN', 'n_blocks': 1}, where='o')
+    with pytest.raises(InputError, match=r"^o: network_g.type: 'SAFMNN' is not registered \(did you mean 'SAFMN'\?\)"):
+        check_network({'type': 'SAFMNN'}, where='o')
+
+
+def test_inference_opt_checks_the_network_section(tmp_path):
+    from basicsr_ldt.inference.api import network_options
+    (tmp_path / 'n.yml').write_text(yaml.safe_dump({'network_g': {**NETWORK, 'num_feet': 4}}))
+    with pytest.raises(InputError, match=r"^option file '.*n.yml': unknown key 'network_g.num_feet'"):
+        network_options(opt=str(tmp_path / 'n.yml'))
+
+
+def test_study_runs_are_checked_against_the_schema(tmp_path, demo_data):
+    """A method that adds an ldt: block without the model type that reads it stops the study before
+    anything runs (the merged options of each run go through the same check)."""
+    from basicsr_ldt.study import plan
+    base = train_options(demo_data, total_iter=6, val=None)
+    test = {**bicubic_test_options(demo_data, 'test'), 'network_g': dict(NETWORK)}
+    study = {'name': 's', 'train': write(tmp_path / 'b.yml', base), 'test': write(tmp_path / 't.yml', test),
+             'seeds': [0], 'methods': {'FT': {}, 'LDT?': {'ldt': {'method': 'ldt', 'profile_iters': 2}}}}
+    with pytest.raises(InputError, match=r"^run 'LDT-_seed0': the ldt: block needs a model type .*set model_type: "
+                                         'LDTSRModel, or remove it$'):
+        plan.load_study(write(tmp_path / 's.yml', study), str(tmp_path))
+    assert not (tmp_path / 'experiments').exists()
+
+
+def test_force_yml_sets_plain_values_without_running_code():
+    """BasicSR applies ``--force_yml`` with ``exec`` and reads ``[...]`` values with ``eval``; here the
+    same values are set as data (and then checked with the rest of the file)."""
+    opt = {'train': {'scheduler': {'milestones': [1]}, 'total_iter': 5}, 'val': {'save_img': True}}
+    force_options(opt, ['train:total_iter=10', 'train:scheduler:milestones=[2, 4]', 'val:save_img=false',
+                        'train:ema_decay=!!float 0.9', 'name=run'])
+    assert opt == {'train': {'scheduler': {'milestones': [2, 4]}, 'total_iter': 10, 'ema_decay': 0.9},
+                   'val': {'save_img': False}, 'name': 'run'}
+    with pytest.raises(InputError, match=r"^--force_yml: '\[__import__\(\"os\"\)\]' is not a list of plain values$"):
+        force_options(opt, ['train:x=[__import__("os")]'])
+    with pytest.raises(InputError, match=r"^--force_yml logger:print_freq=1: the option file has no section 'logger'$"):
+        force_options(opt, ['logger:print_freq=1'])
