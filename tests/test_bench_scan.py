@@ -42,6 +42,7 @@ def bench(monkeypatch):
     monkeypatch.setattr(module, 'compare_backends',
                         lambda args, device: real['compare_backends'](args, torch.device('cpu')))
     monkeypatch.setattr(module, 'compare_mambair', lambda device: None)
+    monkeypatch.setattr(module, 'compare_four_way', lambda device: None)   # tests/test_scan_four_way.py runs it
     monkeypatch.setattr(module, 'compare_bf16_call', lambda args, device: None)
     monkeypatch.setattr(module, 'sweep_triton',
                         lambda args, device, configs: real['sweep_triton'](args, torch.device('cpu'), configs))

@@ -652,14 +652,15 @@ def test_benchmark_times_torch_once_at_a_tile_and_checks_mambair_before_the_tile
     monkeypatch.setattr(bench, 'versions', lambda device: 'versions')
     monkeypatch.setattr(bench, 'compare_backends', lambda a, device: order.append((a.batch, a.side)))
     monkeypatch.setattr(bench, 'compare_mambair', lambda device: order.append('mambair'))
+    monkeypatch.setattr(bench, 'compare_four_way', lambda device: order.append('four-way'))
     monkeypatch.setattr(bench, 'compare_bf16_call', lambda a, device: order.append(('bf16', a.batch, a.side)))
     monkeypatch.setattr(sys, 'argv', ['bench_scan.py', '--device', 'cuda'])
     bench.main()
-    assert order == [(4, 48), 'mambair', ('bf16', 4, 48), (1, 250)]
+    assert order == [(4, 48), 'mambair', 'four-way', ('bf16', 4, 48), (1, 250)]
     order.clear()                                 # a shape of one's own: that shape alone, no tile
     monkeypatch.setattr(sys, 'argv', ['bench_scan.py', '--device', 'cuda', '--side', '24', '--batch', '2'])
     bench.main()
-    assert order == [(2, 24), 'mambair', ('bf16', 2, 24)]
+    assert order == [(2, 24), 'mambair', 'four-way', ('bf16', 2, 24)]
 
 
 def test_the_sweep_marks_a_wrong_configuration_and_times_each_beside_mamba_ssm(monkeypatch, capsys):
