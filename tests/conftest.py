@@ -82,6 +82,20 @@ def _gloo_rank(rank: int, port: int, worker, args: tuple) -> None:
         dist.destroy_process_group()
 
 
+def fake_cuda_allocator(monkeypatch, bench) -> dict:
+    """A benchmark script's CUDA-only branches on a CPU: ``bench.on_cuda`` says yes, synchronising
+    does nothing, and the allocator counters read the returned dict (``now``: allocated, ``peak``:
+    the peak since the last reset), which a faked step sets."""
+    allocated = {'now': 0, 'peak': 0}
+    monkeypatch.setattr(bench, 'on_cuda', lambda device: True)
+    monkeypatch.setattr(torch.cuda, 'synchronize', lambda: None)
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'a GPU')
+    monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats', lambda: allocated.update(peak=allocated['now']))
+    monkeypatch.setattr(torch.cuda, 'memory_allocated', lambda: allocated['now'])
+    monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda: allocated['peak'])
+    return allocated
+
+
 def run_entry(project: Path, script: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run ``python <script> ...`` in ``project`` the way a user would."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''),

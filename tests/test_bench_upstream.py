@@ -6,7 +6,7 @@ import re
 
 import torch
 
-from conftest import load_script
+from conftest import fake_cuda_allocator, load_script
 
 
 def test_compare_upstream_rotates_three_setups_over_the_same_batches(monkeypatch, capsys):
@@ -57,14 +57,8 @@ def test_compare_upstream_reports_each_peak_as_a_fraction_of_upstreams(monkeypat
     monkeypatch.setattr(bench, 'UPSTREAM_SETUPS', {'upstream': ('torch', False, False),
                                                    'ours eager': ('torch', True, False)})
     monkeypatch.setattr(bench, 'TILE', (4, 'torch', 'torch'))
-    allocated = {'now': 0, 'peak': 0}
-    monkeypatch.setattr(bench, 'on_cuda', lambda device: True)
-    monkeypatch.setattr(torch.cuda, 'synchronize', lambda: None)
-    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'a GPU')
-    monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats', lambda: allocated.update(peak=allocated['now']))
-    monkeypatch.setattr(torch.cuda, 'memory_allocated', lambda: allocated['now'])
-    monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda: allocated['peak'])
-    owners, step = {}, bench.optimizer_step
+    allocated = fake_cuda_allocator(monkeypatch, bench)
+    step = bench.optimizer_step
 
     def step_taking_memory(net, opt, *a, **k):
         fused = bool(opt.defaults.get('fused'))

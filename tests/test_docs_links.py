@@ -143,12 +143,19 @@ def path_problems(files, root=REPO):
         for number, line in enumerate(md.read_text(encoding='utf-8').split('\n'), 1):
             for match in NAMED_PATH.finditer(line):
                 named = match.group(1)
-                for candidate in expand_braces(named):
-                    pattern = re.sub(r'<[^<>/]*>', '*', candidate)
-                    if not glob.glob(str(root / pattern)):
-                        what = 'no such file' if pattern == named else f'no file matches {pattern!r}'
-                        problems.append(f'{where}:{number}: {named!r}: {what}')
+                problems += [f'{where}:{number}: {named!r}: {what}' for what in missing_paths(named, root)]
     return problems
+
+
+def missing_paths(named, root=REPO):
+    """What is missing of the repository path ``named``, one line per alternative that matches no
+    file: ``<x>`` stands for any part of a name, ``{a,b}`` for each of a and b; [] when all exist."""
+    missing = []
+    for candidate in expand_braces(named):
+        pattern = re.sub(r'<[^<>/]*>', '*', candidate)
+        if not glob.glob(str(root / pattern)):
+            missing.append('no such file' if pattern == named else f'no file matches {pattern!r}')
+    return missing
 
 
 def test_doc_files_are_there():

@@ -28,14 +28,13 @@ file checks, anywhere in the text (prose, code spans, code blocks):
 And: the README's test command is the one ``.ci/run`` runs, and the size limits of issue 55 hold.
 """
 import ast
-import glob
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from test_docs_links import REPO, expand_braces, link_problems, prose_lines
+from test_docs_links import REPO, link_problems, missing_paths, prose_lines
 
 # --------------------------------------------------------------------------------------- the files
 HISTORY = 'CHANGELOG.md'
@@ -70,14 +69,6 @@ EXTERNAL_FILES = {
 }
 
 
-def _exists(named, root):
-    for candidate in expand_braces(named):
-        pattern = re.sub(r'<[^<>/]*>', '*', candidate)
-        if not glob.glob(str(root / pattern)):
-            return f'no file matches {pattern!r}' if pattern != named else 'no such file or folder'
-    return None
-
-
 def _test_names(path):
     tree = ast.parse(path.read_text(encoding='utf-8'))
     return {node.name for node in ast.walk(tree)
@@ -93,9 +84,7 @@ def path_problems(files, root=REPO, tracked_files=None):
         for number, line in enumerate(md.read_text(encoding='utf-8').split('\n'), 1):
             for match in PATH.finditer(line):
                 named = match.group(1).rstrip('.,;:')
-                missing = _exists(named, root)
-                if missing:
-                    problems.append(f'{where}:{number}: {named!r}: {missing}')
+                problems += [f'{where}:{number}: {named!r}: {what}' for what in missing_paths(named, root)]
             for match in TEST_ID.finditer(line):
                 test_file = root / match.group(1)
                 if test_file.exists() and match.group(2) not in _test_names(test_file):

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import REPO, load_script, run_entry
+from conftest import REPO, fake_cuda_allocator, load_script, run_entry
 from test_cli import write
 
 STEPS = ['versions', 'scan_backends', 'demo_data', 'train_mambair_ldt_bf16', 'test_bf16', 'torchrun_ddp_2',
@@ -381,13 +381,7 @@ def test_bench_ldt_compares_two_scan_backends_batch_by_batch(monkeypatch, capsys
     assert line and 0 < float(line.group(1)) < 0.5, out     # torch / auto: the first over the second
     assert 'peak memory' not in out                               # a CPU has no allocator peak to read
     # on CUDA, one more step on each network for its peak memory above what stays allocated
-    allocated = {'now': 0, 'peak': 0}
-    monkeypatch.setattr(bench, 'on_cuda', lambda device: True)
-    monkeypatch.setattr(torch.cuda, 'synchronize', lambda: None)
-    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'a GPU')
-    monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats', lambda: allocated.update(peak=allocated['now']))
-    monkeypatch.setattr(torch.cuda, 'memory_allocated', lambda: allocated['now'])
-    monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda: allocated['peak'])
+    allocated = fake_cuda_allocator(monkeypatch, bench)
 
     def step_taking_memory(net, *a, **k):       # 'torch' peaks 300 MiB above what is allocated, 'auto' 200
         stepped.append(backend_of[id(net)][0])
