@@ -734,6 +734,28 @@ def report_kernel_time(steps: Dict[str, dict]) -> None:
           f'{(steps["primary"]["wall_ms"] + steps["auxiliary"]["wall_ms"]) / steps["FT"]["wall_ms"]:.3f}')
 
 
+def rotating_ft_steps(args: argparse.Namespace, steps: Dict[str, tuple], amp: MixedPrecision):
+    """FT steps of every (network, optimizer) of ``steps`` on the same ``--warm`` + ``--iters``
+    batches, the order rotating by one from batch to batch (with two: alternating), so that drift
+    of the machine hits each alike. Returns each one's timed step times (s), the total of its
+    warm-up steps (s; a compile falls there) and the last batch's loss (for :func:`ft_step_peaks`)."""
+    names = list(steps)
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    warm_up: Dict[str, float] = {name: 0.0 for name in names}
+    for i, (lq, gt) in enumerate(batches(args, args.warm + args.iters, args.patch, args.batch, args.device)):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            net, opt = steps[name]
+            sync(args.device); start = time.perf_counter()
+            optimizer_step(net, opt, l1(lq, gt), amp, 'finetune')
+            sync(args.device)
+            took = time.perf_counter() - start
+            if i >= args.warm:
+                times[name].append(took)
+            else:
+                warm_up[name] += took
+    return times, warm_up, l1(lq, gt)
+
+
 def ft_step_peaks(args: argparse.Namespace, steps: Dict[str, tuple], batch_loss, amp: MixedPrecision
                   ) -> Dict[str, float]:
     """One more FT step of each (network, optimizer) of ``steps`` (CUDA): its peak allocated memory
@@ -760,22 +782,14 @@ def compare_scan(args: argparse.Namespace) -> float:
         net = build_network(args.arch, args.scale, scan_backend=backend).to(args.device)
         steps[backend] = (net, adam(list(net.parameters()), 'finetune'))
     amp = precision(args)
-    times = {first: [], second: []}
-    for i, (lq, gt) in enumerate(batches(args, args.warm + args.iters, args.patch, args.batch, args.device)):
-        for backend in ((first, second) if i % 2 == 0 else (second, first)):
-            net, opt = steps[backend]
-            sync(args.device); start = time.perf_counter()
-            optimizer_step(net, opt, l1(lq, gt), amp, 'finetune')
-            sync(args.device)
-            if i >= args.warm:
-                times[backend].append(time.perf_counter() - start)
+    times, _, last_loss = rotating_ft_steps(args, steps, amp)
     ratios = [a / b for a, b in zip(times[first], times[second])]
     ratio = statistics.median(ratios)
     print(f'FT step scan {first} / {second}: {ratio:.3f} (median of {len(ratios)} per-batch ratios '
           f'{[round(r, 2) for r in ratios]}, order alternating) | {first} {statistics.median(times[first]) * 1e3:.1f} ms, '
           f'{second} {statistics.median(times[second]) * 1e3:.1f} ms (medians)')
     if on_cuda(args.device):
-        peaks = ft_step_peaks(args, steps, l1(lq, gt), amp)
+        peaks = ft_step_peaks(args, steps, last_loss, amp)
         print(f'FT step peak memory above what stays allocated: {first} {peaks[first]:.0f} MiB, {second} '
               f'{peaks[second]:.0f} MiB: {first} / {second} {peaks[first] / peaks[second]:.3f}')
     return ratio
@@ -826,19 +840,7 @@ def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
         steps[name] = (net, opt)
     amp = precision(args)
     names = list(steps)
-    times: Dict[str, List[float]] = {name: [] for name in names}
-    warm_up: Dict[str, float] = {name: 0.0 for name in names}
-    for i, (lq, gt) in enumerate(batches(args, args.warm + args.iters, args.patch, args.batch, args.device)):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            net, opt = steps[name]
-            sync(args.device); start = time.perf_counter()
-            optimizer_step(net, opt, l1(lq, gt), amp, 'finetune')
-            sync(args.device)
-            took = time.perf_counter() - start
-            if i >= args.warm:
-                times[name].append(took)
-            else:
-                warm_up[name] += took
+    times, warm_up, last_loss = rotating_ft_steps(args, steps, amp)
     ratios = {}
     for name in names:
         per_batch = [t / u for t, u in zip(times[name], times['upstream'])]
@@ -847,7 +849,7 @@ def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
               f'{[round(r, 2) for r in per_batch]}, order rotating) | median {statistics.median(times[name]) * 1e3:.1f} ms, '
               f'{args.warm} warm-up steps (a compile included) {warm_up[name]:.1f} s')
     if on_cuda(args.device):
-        peaks = ft_step_peaks(args, steps, l1(lq, gt), amp)
+        peaks = ft_step_peaks(args, steps, last_loss, amp)
         print('FT step peak memory above what stays allocated: ' + ', '.join(
             f'{name} {peaks[name]:.0f} MiB ({peaks[name] / peaks["upstream"]:.3f} of upstream)' for name in names))
     if args.arch in MAMBAIR:

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from archs.scan.triton_kernels import _scan_forward_kernel
+from archs.scan import triton_launches
 from archs.scan.triton_launches import backward_launch, forward_launch
 
 
@@ -105,7 +106,6 @@ def _four_way_forward(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: 
 
 @_four_way_forward.register_fake
 def _(x, delta, A, B, C, D, delta_bias, height, softplus, save_states):
-    from archs.scan import triton_launches
     batch, dim, length = delta.shape
     chunks = -(-length // triton_launches.CHUNK)
     states = (x.new_empty(batch, dim, chunks, A.shape[1], dtype=torch.float32) if save_states
@@ -134,7 +134,6 @@ def _(x, delta, A, B, C, D, delta_bias, states, dout, height, softplus, chunk):
 
 def _four_way_setup(ctx, inputs, output) -> None:
     x, delta, A, B, C, D, delta_bias, height, softplus, _ = inputs
-    from archs.scan import triton_launches
     # the chunk the states were saved at (the launch settings may change before the backward)
     ctx.height, ctx.softplus, ctx.chunk = height, softplus, triton_launches.CHUNK
     ctx.save_for_backward(x, delta, A, B, C, D, delta_bias, output[1])
