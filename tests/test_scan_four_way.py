@@ -12,9 +12,9 @@ pytest.importorskip('triton', reason='triton is not installed (it ships with the
 import archs  # noqa: E402,F401
 import archs.mambair_arch as mambair_arch  # noqa: E402
 from archs.mambair_arch import SS2D  # noqa: E402
-from archs.scan.dispatch import selective_scan  # noqa: E402
 from archs.scan import triton_launches  # noqa: E402
 from test_scan_triton import interpreted  # noqa: E402,F401  (the interpreter fixture)
+from test_selective_scan import sequential_reference  # noqa: E402
 
 
 def _ss2d(d_model: int = 4, d_state: int = 3, seed: int = 0) -> SS2D:
@@ -40,16 +40,20 @@ def _core_and_grads(block: SS2D, x: torch.Tensor, weight: torch.Tensor):
 def test_four_directions_in_the_kernels_equal_the_direction_copies_in_float64(interpreted, height, width,
                                                                              monkeypatch):
     """Output and every gradient (x, the projections, A, D, dt bias) of the in-kernel path against
-    the direction-copy path in float64 (torch scan), over chunk boundaries (T = 8 < L for most)."""
+    the direction-copy path in float64 with a step-by-step reference scan, over chunk boundaries
+    (T = 8 < L for most)."""
     block = _ss2d()
     reference = copy.deepcopy(block).double()
     reference.scan_backend = 'torch'
     x = torch.randn(2, block.d_inner, height, width)
     weight = torch.randn(2, block.d_inner, height * width, dtype=torch.float64)
     y, grads = _core_and_grads(block, x, weight)
-    # today's path asks for a float32 output (float32 copies of the inputs): here, float64 throughout
+    # today's path (the four direction copies, their outputs mapped back and summed), its scan the
+    # float64 step-by-step reference written in tests/test_selective_scan.py (not a kernel of ours)
     monkeypatch.setattr(mambair_arch, 'selective_scan',
-                        lambda *args, out_dtype=None, **kwargs: selective_scan(*args, **kwargs))
+                        lambda u, delta, A, B, C, D, delta_bias=None, delta_softplus=False, **kwargs:
+                        sequential_reference(u, delta, A, B, C, D, delta_bias=delta_bias,
+                                             delta_softplus=delta_softplus)[0])
     ref_y, ref_grads = _core_and_grads(reference, x.double(), weight)
     assert ref_y.dtype == torch.float64
     assert y.dtype == torch.float32 and y.shape == (2, block.d_inner, height * width)
