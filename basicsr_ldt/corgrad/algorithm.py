@@ -254,9 +254,12 @@ class CorGrad:
         return torch.randperm(n_cameras, generator=generator).tolist()
 
     def step(self, camera_losses: Sequence[CameraLoss], iteration: int,
-             precision: Optional[MixedPrecision] = None) -> Dict[str, float]:
+             precision: Optional[MixedPrecision] = None, penalty: Optional[CameraLoss] = None) -> Dict[str, float]:
         """One update from one loss closure per camera; returns the mean loss, the modification
         frequency f_m (eq. 3) and alpha.
+
+        ``penalty`` (a regulariser of the weights, e.g. L2-SP) is no camera's loss: its gradient is
+        added to the combined update after the surgery, so it neither conflicts nor is projected.
 
         ``precision`` runs the forward passes under autocast (bf16; fp16 loss scaling is refused:
         the surgery compares raw per-camera gradients). A non-finite loss of any camera skips the
@@ -302,7 +305,12 @@ class CorGrad:
                 param.grad = torch.stack(corrected).mean(dim=0)            # combined update
                 del corrected
             del layer
+        logs = {'l_corgrad': sum(losses) / len(losses),
+                'corgrad_fm': projected / compared if compared else 0.0, 'corgrad_alpha': alpha}
+        if penalty is not None:
+            value = penalty(self.network)
+            value.backward()                                              # adds to the combined gradient
+            logs['l_penalty'] = float(value.detach())
         self.optimizer.step()                                             # one optimizer step
         self.optimizer.zero_grad(set_to_none=True)
-        return {'l_corgrad': sum(losses) / len(losses),
-                'corgrad_fm': projected / compared if compared else 0.0, 'corgrad_alpha': alpha}
+        return logs

@@ -97,7 +97,10 @@ class CorGradSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Res
             raise RuntimeError(f'iteration {current_iter}: the batch holds cameras {sorted(set(self.batch_cameras))}, '
                                f'CorGrad needs each of {self.source_cameras} (camera-balanced sampler not used?)')
         losses = [self._camera_loss(torch.tensor(g, device=self.lq.device)) for g in groups]
-        logs = self.corgrad.step(losses, current_iter, self.precision)
+        penalty = (lambda network: self.l2_sp(self.get_bare_model(network))) if self.l2_sp is not None else None
+        logs = self.corgrad.step(losses, current_iter, self.precision, penalty)
+        if 'l_penalty' in logs:
+            logs['l_l2sp'] = logs.pop('l_penalty')
         self.log_dict = self.reduce_loss_dict(OrderedDict((k, torch.tensor(v)) for k, v in logs.items()))
         stepped = math.isfinite(logs['l_corgrad'])
         if stepped and self.ema_decay > 0:

@@ -21,6 +21,7 @@ from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.ldt.pair import optimizer_step
 from basicsr_ldt.ldt.precision import AMP_DTYPES, MixedPrecision, resolve_dtype
 from basicsr_ldt.models.compiled_blocks import CompiledBlocksMixin
+from basicsr_ldt.models.l2_sp import build_l2_sp
 
 #: Defaults of the ``train:`` keys this mixin reads (documented in docs/options.md).
 STEP_DEFAULTS = {'amp': 'none', 'max_bad_steps': 10}
@@ -61,9 +62,24 @@ class GuardedStepMixin(CompiledBlocksMixin):
             get_root_logger().info(f"Mixed precision: autocast {train_opt['amp']}{scaling}; weights, gradients and "
                                    'optimizer state stay fp32')
 
+    def setup_l2_sp(self, trained_networks: int = 1) -> None:
+        """``train.l2_sp_weight``: the L2-SP penalty toward the run's start (``l2_sp``), or None."""
+        self.l2_sp = build_l2_sp(self.get_bare_model(self.net_g), self.opt, trained_networks)
+        if self.l2_sp is not None:
+            get_root_logger().info(f'L2-SP: (lambda / 2) ||theta - theta_start||^2 with lambda {self.l2_sp.weight:g} over '
+                                   f'{len(self.l2_sp.names)} parameters of the start (logged as l_l2sp)')
+
+    def penalised(self, loss: torch.Tensor, network: torch.nn.Module, terms: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """``loss`` plus the L2-SP penalty of ``network`` when the run has one (added to ``terms``)."""
+        if getattr(self, 'l2_sp', None) is None:
+            return loss
+        terms['l_l2sp'] = self.l2_sp(self.get_bare_model(network))
+        return loss + terms['l_l2sp']
+
     def init_training_settings(self) -> None:
         self.setup_precision()
         super().init_training_settings()
+        self.setup_l2_sp()
 
     def optimize_parameters(self, current_iter: int) -> None:
         """BasicSR 1.4.2 ``SRModel.optimize_parameters`` under autocast, skipping non-finite losses."""
@@ -72,7 +88,7 @@ class GuardedStepMixin(CompiledBlocksMixin):
         def batch_loss(network):
             self.output = network(self.lq)
             loss_dict.update(self.sr_losses(self.output, self.gt))
-            return sum(loss_dict.values())
+            return self.penalised(sum(loss_dict.values()), network, loss_dict)
 
         # DDP (when running) averages gradients inside backward.
         loss = optimizer_step(self.net_g, self.optimizer_g, batch_loss, self.precision, 'net_g', synchronise=False)

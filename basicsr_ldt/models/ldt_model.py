@@ -169,6 +169,7 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         if self.cri_pix is None:
             raise InputError('train.pixel_opt is required for LDTSRModel (the paper uses L1Loss)')
         self.config = ldt_config_from_options(self.opt)
+        self.setup_l2_sp(2 if self.config.mode == 'dual' else 1)
         # LDT builds its optimizers when each phase starts: check their options now, not mid-run.
         adam_kwargs(train_opt['optim_g'], list(self.net_g.parameters()))
         self._lr_iter = 0
@@ -342,7 +343,14 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
             lq, gt = batch['lq'], batch['gt']
         else:
             lq, gt = self.lq, self.gt
-        losses = self.ldt.update(lambda network: self.cri_pix(network(lq), gt), current_iter)
+        penalty: Dict[str, torch.Tensor] = {}
+
+        def batch_loss(network: torch.nn.Module) -> torch.Tensor:
+            loss = self.cri_pix(network(lq), gt)
+            return loss if phase == 'profile' else self.penalised(loss, network, penalty)  # profile data gradients
+
+        losses = self.ldt.update(batch_loss, current_iter)
+        losses.update((k, float(v)) for k, v in penalty.items())
         losses = OrderedDict((k, torch.tensor(v)) for k, v in losses.items())
         self.log_dict = self.reduce_loss_dict(losses) if losses else losses  # profiling has no loss to log
         skipped = self.ldt.last_skipped

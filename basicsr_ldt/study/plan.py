@@ -23,6 +23,7 @@ from basicsr_ldt.corgrad import CorGradConfig
 from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.models.compiled_blocks import compile_setting
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
+from basicsr_ldt.models.l2_sp import l2_sp_setting
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
 from basicsr_ldt.models.optimizers import fused_choice
 from basicsr_ldt.weights.releases import fetch_hint, release_file
@@ -211,7 +212,8 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
 
 def check_training_options(opt: Mapping[str, Any], where: str) -> None:
     """What can be checked without data: registered types, the ``ldt:`` section, the budget, the
-    values of ``train.compile``, ``train.compile_backend`` and ``train.optim_g.fused``."""
+    values of ``train.compile``, ``train.compile_backend``, ``train.optim_g.fused`` and
+    ``train.l2_sp_weight``."""
     registered(MODEL_REGISTRY, opt.get('model_type'), f'{where}: model_type')
     registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), f'{where}: network_g.type')
     check_options(opt, TRAIN, where, required=False)
@@ -228,12 +230,18 @@ def check_training_options(opt: Mapping[str, Any], where: str) -> None:
         fused_choice((opt.get('train') or {}).get('optim_g') or {})
     except InputError as err:
         raise InputError(f'{where}: {err}') from None
+    trained_networks = 1
     if opt.get('ldt') is not None or opt.get('model_type') == 'LDTSRModel':
         corgrad = (opt.get('ldt') or {}).get('method') == 'corgrad' or opt.get('model_type') == 'CorGradSRModel'
         try:
-            (corgrad_config_from_options if corgrad else ldt_config_from_options)(opt)
+            config = (corgrad_config_from_options if corgrad else ldt_config_from_options)(opt)
         except InputError as err:
             raise InputError(f'{where}: {err}') from None
+        trained_networks = 2 if not corgrad and config.mode == 'dual' else 1
+    try:
+        l2_sp_setting(opt, trained_networks)
+    except InputError as err:
+        raise InputError(f'{where}: {err}') from None
 
 
 def check_test_options(opt: Mapping[str, Any], where: str) -> None:
