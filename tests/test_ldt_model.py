@@ -202,6 +202,8 @@ def test_the_check_before_training_and_the_partition_agree_on_force_patterns(tmp
     lines = _built(tmp_path, demo_data, **ldt)
     later.enter(1)
     groups = {'force_stable': later.partition.stable, 'force_unstable': later.partition.unstable}
+    forced = {n for patterns in force.values() for pattern in patterns for n in _selected(names, pattern)}
+    assert later.partition.forced == [n for n in names if n in forced]   # what the picture hatches
     for option, patterns in force.items():
         for pattern in patterns:
             chosen = _selected(names, pattern)
@@ -209,3 +211,45 @@ def test_the_check_before_training_and_the_partition_agree_on_force_patterns(tmp
             shown = ', '.join(chosen[:12]) + (f' and {len(chosen) - 12} more' if len(chosen) > 12 else '')
             plural = 's' if len(chosen) > 1 else ''
             assert f"ldt.{option} '{pattern}' selects {len(chosen)} parameter{plural}: {shown}" in lines
+
+
+def _picture_partition():
+    """Six layers, the upsampler forced unstable, W rescaled to a 450-exchange run as LDT-scaled does:
+    every statistic and every W differ, so a panel drawn in another order shows."""
+    from basicsr_ldt.ldt import build_partition
+    from basicsr_ldt.ldt.ema_horizon import scale_partition
+    names = ['to_feat.weight', 'feats.0.weight', 'feats.0.bias', 'feats.1.weight', 'to_img.0.weight', 'to_img.0.bias']
+    statistics = [3e-6, 1e-4, 2e-8, 5e-5, 1e-7, 4e-7]
+    built = build_partition(names, statistics, partition='criterion', ratio_u=0.4, force_unstable=['to_img'])
+    return scale_partition(built, 20000, {'stable': 450, 'unstable': 450}), statistics
+
+
+def test_the_partition_picture_shows_each_layers_statistic_and_the_w_the_run_uses(tmp_path):
+    """ldt_partition.png (the paper's Figure 2a for one run): on top the statistic per layer, log
+    scale, coloured by group, as before; below, on the same layer axis, each layer's EMA coefficient
+    W as the run uses it (here rescaled by ema_reference_iters) in layer order; the layers a force
+    pattern put into their group are hatched in both panels and named in the legend."""
+    from matplotlib import pyplot as plt
+    from matplotlib.colors import to_rgba
+    from basicsr_ldt.models.partition_report import partition_figure, write_partition_report
+    partition, statistics = _picture_partition()
+    assert len(set(partition.dpu_coefficients.values())) == 6 and max(partition.dpu_coefficients.values()) < 0.99
+    figure = partition_figure(partition)
+    try:
+        statistic_axis, coefficient_axis = figure.axes
+        top, bottom = statistic_axis.containers[0], coefficient_axis.containers[0]
+        assert [bar.get_height() for bar in top] == statistics
+        assert statistic_axis.get_yscale() == 'log' and statistic_axis.get_ylabel() == 'gradient var'
+        assert [bar.get_height() for bar in bottom] == [partition.dpu_coefficients[n] for n in partition.names]
+        assert [bar.get_x() for bar in bottom] == [bar.get_x() for bar in top]   # one layer axis
+        colour = {'stable': to_rgba('tab:blue'), 'unstable': to_rgba('tab:red')}
+        for bars in (top, bottom):
+            assert [bar.get_facecolor() for bar in bars] == [colour[r.group] for r in partition.layers]
+            assert [bool(bar.get_hatch()) for bar in bars] == [False] * 4 + [True] * 2   # to_img.*: forced
+        labels = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+        assert labels == ['stable', 'unstable', 'forced (ldt.force_stable / force_unstable)']
+    finally:
+        plt.close(figure)
+    write_partition_report(partition, str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['ldt_partition.json', 'ldt_partition.png']
+    assert json.loads((tmp_path / 'ldt_partition.json').read_text())['layers'][4]['forced'] is True

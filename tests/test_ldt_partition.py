@@ -187,6 +187,25 @@ def test_an_edited_partition_file_is_read_as_written(tmp_path):
     assert Partition.load(str(tmp_path / 'by_name.json'), by_name.names) == by_name
 
 
+def test_the_partition_file_says_which_layers_a_force_pattern_placed(tmp_path):
+    """``forced`` in partition.json marks the layers a force pattern, not their statistic, put into
+    their group (the picture hatches them); it survives saving, loading and rescaling, a file written
+    before the field existed reads as nothing forced, and a value that is not true/false is refused."""
+    from basicsr_ldt.ldt.ema_horizon import scale_partition
+    p = build_partition(NAMES, STATS, partition='criterion', ratio_u=0.4, force_stable=['c'], force_unstable=['b'])
+    assert p.forced == ['b', 'c']   # layer order; 'e' is unstable by its statistic alone
+    p.save(str(tmp_path / 'partition.json'))
+    assert [layer['forced'] for layer in json.load(open(tmp_path / 'partition.json'))['layers']] == [
+        False, True, True, False, False]
+    assert Partition.load(str(tmp_path / 'partition.json'), NAMES) == p
+    assert scale_partition(p, 20000, {'stable': 450, 'unstable': 450}).forced == ['b', 'c']
+    older = [dict(name='a', statistic=1.0, group='stable', coefficient=0.9),
+             dict(name='b', statistic=2.0, group='unstable', coefficient=0.9)]
+    assert Partition.load(_write(tmp_path / 'older.json', older), ['a', 'b']).forced == []
+    with pytest.raises(ValueError, match=r"layer 'b' has forced 'yes', expected true or false$"):
+        Partition.load(_write(tmp_path / 'edited.json', [older[0], dict(older[1], forced='yes')]), ['a', 'b'])
+
+
 @pytest.mark.parametrize('layers, message', [
     ([dict(name='a', statistic=1.0, group='stable', coefficient=1.01),
       dict(name='b', statistic=2.0, group='unstable', coefficient=0.9)],

@@ -30,10 +30,11 @@ group's count is its own. Plain PyTorch, no BasicSR.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Dict, List, Mapping, Optional
 
 from basicsr_ldt.ldt.equations import STABLE, UNSTABLE
-from basicsr_ldt.ldt.partition import LayerRecord, Partition
+from basicsr_ldt.ldt.partition import Partition
 
 GROUPS = (STABLE, UNSTABLE)
 
@@ -90,8 +91,8 @@ def run_exchanges(mode: str, train_iters: int, ema_every: int, interval_iters: i
 
 
 def scale_partition(partition: Partition, reference: int, run: Mapping[str, int]) -> Partition:
-    """The partition with every layer's W rescaled for its group's E_run (groups, statistics kept)."""
-    layers = tuple(LayerRecord(r.name, r.statistic, r.group, scaled_coefficient(r.coefficient, reference, run[r.group]))
+    """The partition with every layer's W rescaled for its group's E_run (groups, statistics, forced marks kept)."""
+    layers = tuple(replace(r, coefficient=scaled_coefficient(r.coefficient, reference, run[r.group]))
                    for r in partition.layers)
     return Partition(layers, partition.criterion)
 

@@ -1,7 +1,7 @@
 """Stable/unstable layer partitions: built from statistics or names, saved as JSON.
 
-A layer is one named parameter tensor. The JSON file (layer, statistic, group, coefficient) is
-what users inspect and plot, and can be edited and fed back (``partition_file``); loading
+A layer is one named parameter tensor. The JSON file (layer, statistic, group, coefficient, forced)
+is what users inspect and plot, and can be edited and fed back (``partition_file``); loading
 checks it against the model's parameter names so a partition from another network fails at
 once instead of silently freezing the wrong tensors.
 """
@@ -78,10 +78,18 @@ def forced_layers(names: Sequence[str], force_stable: Sequence[str] = (), force_
 
 @dataclass(frozen=True)
 class LayerRecord:
+    """One layer of the partition.
+
+    ``forced`` says that a ``force_stable``/``force_unstable`` pattern, not the layer's statistic,
+    put it into its group: the statistic ranking of such a layer does not explain its group, so
+    the report marks it. Files written before the field existed read as not forced.
+    """
+
     name: str
     statistic: Optional[float]
     group: str
     coefficient: float
+    forced: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,22 +123,29 @@ class Partition:
     def dpu_coefficients(self) -> Dict[str, float]:
         return {r.name: r.coefficient for r in self.layers}
 
+    @property
+    def forced(self) -> List[str]:
+        """The layers a force pattern put into their group, in layer order."""
+        return [r.name for r in self.layers if r.forced]
+
     def to_dict(self) -> dict:
         return {'version': FORMAT_VERSION, 'criterion': self.criterion,
                 'layers': [{'name': r.name, 'statistic': r.statistic, 'group': r.group,
-                            'coefficient': r.coefficient} for r in self.layers]}
+                            'coefficient': r.coefficient, 'forced': r.forced} for r in self.layers]}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = 'partition') -> 'Partition':
         try:
             layers = tuple(LayerRecord(str(d['name']), None if d.get('statistic') is None
                                        else float(d['statistic']), str(d['group']),
-                                       float(d['coefficient'])) for d in data['layers'])
+                                       float(d['coefficient']), d.get('forced', False)) for d in data['layers'])
             criterion = str(data.get('criterion', 'var'))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f'{where}: malformed partition ({err!r}); expected {{"layers": '
-                             '[{"name", "statistic", "group", "coefficient"}, ...]}') from err
+                             '[{"name", "statistic", "group", "coefficient", "forced" (optional)}, ...]}') from err
         for r in layers:
+            if not isinstance(r.forced, bool):
+                raise ValueError(f"{where}: layer '{r.name}' has forced {r.forced!r}, expected true or false")
             if r.group not in (STABLE, UNSTABLE):
                 raise ValueError(f"{where}: layer '{r.name}' has group '{r.group}', expected "
                                  f"'{STABLE}' or '{UNSTABLE}'")
@@ -196,7 +211,7 @@ def build_partition(names: Sequence[str], statistics: Optional[Sequence[float]],
 
     Force patterns are applied after the ratio, so the unstable share can differ from
     ``ratio_u``; they are selected and checked by :func:`forced_layers` (``network`` names the
-    model in its errors).
+    model in its errors), and every layer they select is recorded as ``forced``.
     """
     names = list(names)
     if statistics is not None and len(statistics) != len(names):
@@ -235,7 +250,7 @@ def build_partition(names: Sequence[str], statistics: Optional[Sequence[float]],
     stat = [None if statistics is None else float(s) for s in (statistics or [None] * len(names))]
     if any(s is not None and not math.isfinite(s) for s in stat):
         raise ValueError('build_partition: statistics must be finite')
-    result = Partition(tuple(LayerRecord(n, s, g, c) for n, s, g, c in
+    result = Partition(tuple(LayerRecord(n, s, g, c, n in forced_s or n in forced_u) for n, s, g, c in
                              zip(names, stat, groups, coefficients)),
                        criterion if partition == 'criterion' else 'name')
     result.validate(names)
