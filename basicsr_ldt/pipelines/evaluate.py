@@ -31,8 +31,9 @@ from basicsr_ldt.common.schema import section_keys
 from basicsr_ldt.inference.compare import COMPARE_SPECS, Comparison, compare_settings
 from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, INFERENCE_SPECS, inference_settings
 from basicsr_ldt.inference.tiling import bicubic_upscale, run_inference
-from basicsr_ldt.ldt.typed import boolean, check_options, integer, optional, string
+from basicsr_ldt.ldt.typed import boolean, check_options, integer, number, optional, string
 from basicsr_ldt.weights.checkpoint import load_weights
+from basicsr_ldt.weights.interpolate import wise_ft_state
 
 #: The ``test:`` section and its defaults (documented in docs/options.md).
 #: (``tile_mode``, ``tile_size``, ``tile_overlap``, ``precision``: basicsr_ldt.inference.settings.)
@@ -42,6 +43,8 @@ TEST_DEFAULTS = {**INFERENCE_DEFAULTS, 'save_img': False, 'crop_border': None, '
 TEST_SPECS = {**INFERENCE_SPECS, 'save_img': boolean(), 'crop_border': optional(integer(0)),
               'test_y_channel': boolean(), **COMPARE_SPECS}
 CHECKPOINT_SPECS = {'label': string(), 'path': string(), 'param_key': string(), 'bicubic': boolean()}
+#: ``wise_ft:`` of a checkpoint entry: test (1 - alpha) start + alpha <path> (basicsr_ldt.weights.interpolate).
+WISE_FT_SPECS = {'start': string(), 'alpha': number(0.0, 1.0, '[]'), 'start_param_key': string()}
 #: The label of a ``{bicubic: true}`` entry when it gives none.
 BICUBIC_LABEL = 'Bicubic'
 
@@ -61,8 +64,12 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
     for i, entry in enumerate(entries):
         if isinstance(entry, str):
             entry = {'path': entry}
+        entry = dict(entry)
+        wise_ft = entry.pop('wise_ft', None)
         check_known_keys(f'checkpoints[{i}]', entry, CHECKPOINT_SPECS)
         check_options(f'checkpoints[{i}]', entry, CHECKPOINT_SPECS, InputError)
+        if wise_ft is not None:
+            entry['wise_ft'] = _wise_ft_entry(wise_ft, f'checkpoints[{i}]', entry)
         if entry.get('bicubic'):
             extra = [key for key in ('path', 'param_key') if key in entry]
             if extra:
@@ -75,10 +82,26 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
         label = entry.get('label') or osp.splitext(osp.basename(entry['path']))[0]
         result.append({'label': label, 'path': entry['path'], 'bicubic': False,
                        'param_key': entry.get('param_key', opt.get('path', {}).get('param_key_g', 'params'))})
+        if 'wise_ft' in entry:
+            result[-1]['wise_ft'] = entry['wise_ft']
     labels = [e['label'] for e in result]
     if len(set(labels)) != len(labels):
         raise InputError(f'checkpoint labels must be unique, got {labels}')
     return result
+
+
+def _wise_ft_entry(spec, where: str, entry: Mapping) -> Dict:
+    """A checked ``wise_ft: {start, alpha[, start_param_key]}`` block (the start's key: ``params``)."""
+    if not isinstance(spec, Mapping):
+        raise InputError(f'{where}.wise_ft: expected a mapping {{start, alpha[, start_param_key]}}, got {spec!r}')
+    check_known_keys(f'{where}.wise_ft', spec, WISE_FT_SPECS)
+    for key in ('start', 'alpha'):
+        if key not in spec:
+            raise InputError(f'{where}.wise_ft.{key}: required (WiSE-FT tests (1 - alpha) start + alpha <path>)')
+    check_options(f'{where}.wise_ft', spec, WISE_FT_SPECS, InputError)
+    if entry.get('bicubic'):
+        raise InputError(f"{where}: an entry with 'bicubic: true' loads no weights to interpolate (wise_ft)")
+    return {'start': spec['start'], 'alpha': float(spec['alpha']), 'start_param_key': spec.get('start_param_key', 'params')}
 
 
 def evaluate_image(sr: torch.Tensor, gt: torch.Tensor, crop_border: int, test_y_channel: bool) -> Dict[str, float]:
@@ -189,7 +212,13 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
                 networks.append(None)
                 continue
             network = build_network(dict(opt['network_g']))
-            load_weights(network, entry['path'], entry['param_key'], strict=opt['path'].get('strict_load_g', True))
+            if 'wise_ft' in entry:
+                wise = entry['wise_ft']
+                where = f'checkpoints[{checkpoints.index(entry)}]'
+                network.load_state_dict(wise_ft_state(network, entry['path'], entry['param_key'], wise['start'],
+                                                      wise['start_param_key'], wise['alpha'], where))
+            else:
+                load_weights(network, entry['path'], entry['param_key'], strict=opt['path'].get('strict_load_g', True))
             networks.append(network.to(device).eval())
         comparison = Comparison(test_opt['compare'], opt, checkpoints, datasets, device) if test_opt['compare'] else None
         outputs.create(opt['path']['results_root'])

@@ -41,8 +41,7 @@ def describe(root: str, study: Study) -> List[str]:
     for run in study.runs:
         sweep = ''.join(f' {k}={v}' for k, v in run.sweep.items())
         ema = ' (tests params_ema)' if run.uses_ema else ''
-        what = (f"{run.train_opt['model_type']}{sweep} seed {run.seed}{ema}" if run.trained
-                else 'no training: bicubic upscaling of the LR image, tested once, paired with every seed')
+        what = f"{run.train_opt['model_type']}{sweep} seed {run.seed}{ema}" if run.trained else run.description
         lines.append(f'  [{run.index + 1}/{len(study.runs)}] {run.name}: {run_state(root, study, run)}; {what}')
     return lines
 

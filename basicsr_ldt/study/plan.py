@@ -9,6 +9,7 @@ silently train the base method several times over and the study would compare a 
 import copy
 import dataclasses
 import itertools
+import json
 import re
 from os import path as osp
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -35,6 +36,16 @@ METHOD_BASE_KEY = 'base'
 #: ``Bicubic: {bicubic: true}``: a method that trains nothing, the LR image upscaled bicubically.
 #: It is deterministic, so it is tested once (run name = its label) and paired with every seed.
 BICUBIC_KEY = 'bicubic'
+#: ``Start: {start: true}``: the weights every run starts from (the base training options'
+#: ``path.pretrain_network_g``), tested once like Bicubic. Gains over the start, and the trade-off
+#: picture (``report.tradeoff``), are measured from it.
+START_KEY = 'start'
+#: ``WiSE-FT: {wise_ft: {of: FT, alphas: [0.25, 0.5, 0.75]}}``: no training; per seed and alpha the
+#: weights (1 - alpha) theta_start + alpha theta_run of the named method's run are tested
+#: (Wortsman et al., CVPR 2022; ``basicsr_ldt.weights.interpolate``).
+WISE_FT_KEY = 'wise_ft'
+#: The sweep key under which a WiSE-FT run's alpha is recorded (run names show ``alpha=<value>``).
+ALPHA = 'wise_ft.alpha'
 #: ``ldt:`` keys: ``method`` and the fields of LDT's and CorGrad's configurations, which check the
 #: block's values (the schema leaves the block to them).
 LDT_BLOCK_KEYS = tuple(dict.fromkeys(['method'] + [f.name for cls in (LDTConfig, CorGradConfig)
@@ -56,6 +67,12 @@ class Run:
     #: Without training: the study's source cameras (the base training file's), marked and left
     #: out of the Mean like the trained methods' sources.
     untrained_sources: List[str] = dataclasses.field(default_factory=list)
+    #: The run whose final checkpoint this test reads (WiSE-FT), which must finish first.
+    after: Optional[str] = None
+    #: Files of other runs this test reads: results older than any of them are stale.
+    inputs: List[str] = dataclasses.field(default_factory=list)
+    #: What a run without training tests, for ``--dry-run``.
+    description: str = ''
 
     @property
     def trained(self) -> bool:
@@ -84,8 +101,22 @@ class Study:
     sweep: Dict[str, List[Any]]
     reference: str
     runs: List[Run]
-    #: Methods without training (``bicubic: true``): one seed-less run each.
+    #: Methods without training and seed (``bicubic: true``, ``start: true``): one run each.
     untrained: List[str] = dataclasses.field(default_factory=list)
+    #: The ``start: true`` method, if any: what gains are measured from.
+    start: Optional[str] = None
+    #: WiSE-FT methods: label -> (the method interpolated, its alphas).
+    interpolations: Dict[str, Tuple[str, List[float]]] = dataclasses.field(default_factory=dict)
+
+    def method_points(self, method: str) -> List[Dict[str, Any]]:
+        """The sweep points a method has results at: one for a method without training and seed,
+        every (sweep point, alpha) for WiSE-FT, else the study's sweep points."""
+        if method in self.untrained:
+            return [{}]
+        if method in self.interpolations:
+            return [{**point, ALPHA: alpha} for point in self.sweep_points()
+                    for alpha in self.interpolations[method][1]]
+        return self.sweep_points()
 
     def sweep_points(self) -> List[Dict[str, Any]]:
         return sweep_points(self.sweep)
@@ -189,14 +220,17 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
     for label, overrides in study['methods'].items():
         if not isinstance(overrides, (dict, type(None))):
             raise InputError(f"study file '{path}': method '{label}' must map to option overrides (a mapping)")
-        if overrides and BICUBIC_KEY in overrides:
-            if not isinstance(overrides[BICUBIC_KEY], bool):
-                raise InputError(f"study file '{path}': method '{label}': {BICUBIC_KEY}: expected true or false, "
-                                 f"got {overrides[BICUBIC_KEY]!r}")
-            extra = [str(k) for k in overrides if k != BICUBIC_KEY]
-            if overrides[BICUBIC_KEY] and extra:
-                raise InputError(f"study file '{path}': method '{label}' has 'bicubic: true' (it upscales the LR "
-                                 f"image, nothing is trained), so it takes no other key, got {', '.join(extra)}")
+        for key, what in ((BICUBIC_KEY, 'it upscales the LR image'), (START_KEY, 'it tests the starting weights')):
+            if overrides and key in overrides:
+                if not isinstance(overrides[key], bool):
+                    raise InputError(f"study file '{path}': method '{label}': {key}: expected true or false, "
+                                     f'got {overrides[key]!r}')
+                extra = [str(k) for k in overrides if k != key]
+                if overrides[key] and extra:
+                    raise InputError(f"study file '{path}': method '{label}' has '{key}: true' ({what}, nothing "
+                                     f"is trained), so it takes no other key, got {', '.join(extra)}")
+        if overrides and WISE_FT_KEY in overrides:
+            _check_wise_ft(study, path, str(label), overrides)
     sweep = study.get('sweep') or {}
     if not isinstance(sweep, dict):
         raise InputError(f"study file '{path}': sweep must map a dotted option key to a list of values")
@@ -208,6 +242,29 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
         hint = closest_key_hint(str(reference), study['methods'])
         raise InputError(f"study file '{path}': reference '{reference}' is not one of the methods "
                          f"({', '.join(map(str, study['methods']))}){hint}")
+
+
+def _check_wise_ft(study: Mapping[str, Any], path: str, label: str, overrides: Mapping[str, Any]) -> None:
+    where = f"study file '{path}': method '{label}'"
+    extra = [str(k) for k in overrides if k != WISE_FT_KEY]
+    if extra:
+        raise InputError(f"{where} has '{WISE_FT_KEY}' (it interpolates another method's runs, nothing is trained), "
+                         f"so it takes no other key, got {', '.join(extra)}")
+    spec = overrides[WISE_FT_KEY]
+    if not isinstance(spec, Mapping) or set(spec) != {'of', 'alphas'}:
+        raise InputError(f"{where}: {WISE_FT_KEY}: expected {{of: <method>, alphas: [numbers in [0, 1]]}}, got {spec!r}")
+    of = spec['of']
+    others = study['methods']
+    if of not in others or of == label:
+        hint = closest_key_hint(str(of), [str(m) for m in others if m != label])
+        raise InputError(f"{where}: {WISE_FT_KEY}.of '{of}' is not another method of the study{hint}")
+    if any(k in (others[of] or {}) for k in (BICUBIC_KEY, START_KEY, WISE_FT_KEY)):
+        raise InputError(f"{where}: {WISE_FT_KEY}.of '{of}' trains nothing; WiSE-FT interpolates a trained method")
+    alphas = spec['alphas']
+    if not isinstance(alphas, list) or not alphas or len(set(map(str, alphas))) != len(alphas) or not all(
+            isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in alphas):
+        raise InputError(f"{where}: {WISE_FT_KEY}.alphas: expected a non-empty list of distinct numbers in [0, 1], "
+                         f'got {alphas!r}')
 
 
 def check_training_options(opt: Mapping[str, Any], where: str) -> None:
@@ -257,6 +314,38 @@ def evaluation_options(base: Dict[str, Any], study: str, name: str, train_opt: M
     return opt
 
 
+def start_evaluation_options(base: Dict[str, Any], study: str, name: str, train_opt: Mapping[str, Any],
+                             where: str) -> Dict[str, Any]:
+    """The test file of ``start: true``: the weights the training options start from."""
+    path = train_opt.get('path') or {}
+    if not path.get('pretrain_network_g'):
+        raise InputError(f"{where}: '{START_KEY}: true' tests the weights the runs start from, and the base training "
+                         'options name none (path.pretrain_network_g)')
+    opt = _single_entry_test(base, study, name, train_opt.get('scale', base.get('scale', 4)),
+                             {'path': path['pretrain_network_g'], 'param_key': path.get('param_key_g', 'params')})
+    opt['network_g'] = copy.deepcopy(train_opt['network_g'])
+    return opt
+
+
+def wise_ft_run(base: Dict[str, Any], study: str, label: str, of: Run, alpha: float, root: str) -> Run:
+    """The WiSE-FT test of ``of``'s final weights at ``alpha``: same seed, sweep point and start."""
+    start = (of.train_opt.get('path') or {})
+    if not start.get('pretrain_network_g'):
+        raise InputError(f"method '{label}': {WISE_FT_KEY}.of '{of.method}' starts from no weights "
+                         '(path.pretrain_network_g); WiSE-FT interpolates between a start and a run')
+    point = {**of.sweep, ALPHA: alpha}
+    name = run_name(label, point, of.seed)
+    checkpoint = final_checkpoint(root, study, of.name)
+    entry = {'path': checkpoint, 'param_key': 'params_ema' if of.uses_ema else 'params',
+             'wise_ft': {'start': start['pretrain_network_g'], 'start_param_key': start.get('param_key_g', 'params'),
+                         'alpha': alpha}}
+    opt = _single_entry_test(base, study, name, of.train_opt.get('scale', base.get('scale', 4)), entry)
+    opt['network_g'] = copy.deepcopy(of.train_opt['network_g'])
+    return Run(0, name, label, of.seed, point, None, opt, untrained_sources=of.source_cameras(), after=of.name,
+               inputs=[checkpoint], description=f"no training: WiSE-FT of {of.name}{' (params_ema)' if of.uses_ema else ''}"
+                                                f' at alpha {alpha}')
+
+
 def bicubic_evaluation_options(base: Dict[str, Any], study: str, name: str, scale: int) -> Dict[str, Any]:
     """The test file of a method without training: one ``{bicubic: true}`` entry, no network."""
     opt = _single_entry_test(base, study, name, scale, {'bicubic': True})
@@ -297,10 +386,16 @@ def load_study(path: str, root: str) -> Study:
     common = raw.get('overrides') or {}
     sweep = raw.get('sweep') or {}
     methods = {str(label): dict(overrides or {}) for label, overrides in raw['methods'].items()}
-    untrained = [label for label, overrides in methods.items() if overrides.pop(BICUBIC_KEY, False)]
+    bicubic = [label for label, overrides in methods.items() if overrides.pop(BICUBIC_KEY, False)]
+    starts = [label for label, overrides in methods.items() if overrides.pop(START_KEY, False)]
+    if len(starts) > 1:
+        raise InputError(f"study file '{path}': methods {', '.join(starts)} all have '{START_KEY}: true'; give one")
+    interpolations = {label: (str(overrides[WISE_FT_KEY]['of']), [float(a) for a in overrides[WISE_FT_KEY]['alphas']])
+                      for label, overrides in methods.items() if WISE_FT_KEY in overrides}
+    untrained = [label for label in methods if label in bicubic or label in starts]
     points: List[Tuple[str, Dict[str, Any], Dict[str, Any]]] = []   # (method, sweep point, options)
     for label, overrides in methods.items():
-        if label in untrained:
+        if label in untrained or label in interpolations:
             continue
         overrides = dict(overrides)
         base_file = overrides.pop(METHOD_BASE_KEY, None)
@@ -321,9 +416,14 @@ def load_study(path: str, root: str) -> Study:
     for label in untrained:
         run = run_name(label, {}, None)
         names.add(run)
-        runs.append(Run(len(runs), run, label, None, {}, None,
-                        bicubic_evaluation_options(base_test, name, run, merged.get('scale', base_test.get('scale', 4))),
-                        untrained_sources=train_cameras(merged)))
+        if label in starts:
+            test_opt = start_evaluation_options(base_test, name, run, merged, f"study file '{path}': method '{label}'")
+            what = f"no training: the starting weights {merged['path']['pretrain_network_g']}, tested once"
+        else:
+            test_opt = bicubic_evaluation_options(base_test, name, run, merged.get('scale', base_test.get('scale', 4)))
+            what = 'no training: bicubic upscaling of the LR image, tested once'
+        runs.append(Run(len(runs), run, label, None, {}, None, test_opt, untrained_sources=train_cameras(merged),
+                        description=what + ', paired with every seed'))
     # Seed-major order: a study stopped half-way has every method for its first seeds (paired data).
     for seed in raw['seeds']:
         for label, point, opt in points:
@@ -339,9 +439,23 @@ def load_study(path: str, root: str) -> Study:
             ema = bool((train_opt.get('train') or {}).get('ema_decay', 0))
             runs.append(Run(len(runs), run, label, seed, dict(point), train_opt,
                             evaluation_options(base_test, name, run, train_opt, root, ema)))
+    # WiSE-FT tests read finished runs' weights: after every trained run (execute runs them last).
+    by_point = {(r.method, json.dumps(r.sweep, sort_keys=True), r.seed): r for r in runs if r.trained}
+    for seed in raw['seeds']:
+        for label, (of, alphas) in interpolations.items():
+            for point in sweep_points(sweep):
+                for alpha in alphas:
+                    run = wise_ft_run(base_test, name, label, by_point[(of, json.dumps(point, sort_keys=True), seed)],
+                                      alpha, root)
+                    if run.name in names:
+                        raise InputError(f"study '{name}': two runs would share the folder name '{run.name}'; "
+                                         'rename a method')
+                    names.add(run.name)
+                    run.index = len(runs)
+                    runs.append(run)
     reference = raw.get('reference') or next(iter(methods))
     return Study(path, name, raw['train'], raw['test'], list(raw['seeds']), methods, dict(sweep), reference, runs,
-                 untrained)
+                 untrained, starts[0] if starts else None, interpolations)
 
 
 def missing_inputs(study: Study, root: str) -> List[str]:
@@ -362,5 +476,5 @@ def missing_inputs(study: Study, root: str) -> List[str]:
     return list(dict.fromkeys(missing))
 
 
-__all__ = ['Run', 'Study', 'load_study', 'merge_options', 'missing_inputs', 'sweep_points', 'run_name',
+__all__ = ['ALPHA', 'Run', 'Study', 'load_study', 'merge_options', 'missing_inputs', 'sweep_points', 'run_name',
            'final_checkpoint', 'results_file', 'read_yaml']

@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from basicsr_ldt.study.plan import Run, Study, results_file
+from basicsr_ldt.study import tradeoff
+from basicsr_ldt.study.plan import ALPHA, Run, Study, results_file
 
 METRICS = ('psnr', 'ssim')
 MEAN = 'Mean'
@@ -65,17 +66,12 @@ def point_key(method: str, sweep: Mapping[str, Any]) -> str:
     return f"{method} ({', '.join(f'{k}={v}' for k, v in sweep.items())})"
 
 
-def method_points(study: Study, method: str) -> List[Dict[str, Any]]:
-    """The sweep points a method has results for: one (no sweep) for a method without training."""
-    return [{}] if method in study.untrained else study.sweep_points()
-
-
 def summarise(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Per method and sweep point: mean and sample std over seeds, per camera and for the mean
     (a method without training has one seed-less run: n = 1, no std)."""
     rows = []
     for method in study.methods:
-        for point in method_points(study, method):
+        for point in study.method_points(method):
             runs = [with_mean(r) for r in records if r['method'] == method and r['sweep'] == point]
             if not runs:
                 continue
@@ -104,9 +100,11 @@ def differences(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, A
     for method in study.methods:
         if method == study.reference:
             continue
-        for point in study.sweep_points():
+        # WiSE-FT's points are (sweep point, alpha), each paired with the reference at its sweep point.
+        for point in study.method_points(method) if method in study.interpolations else study.sweep_points():
             sweep = json.dumps(point, sort_keys=True)
-            seeds = [s for s in study.seeds if result(method, sweep, s) and result(study.reference, sweep, s)]
+            paired = json.dumps({k: v for k, v in point.items() if k != ALPHA}, sort_keys=True)
+            seeds = [s for s in study.seeds if result(method, sweep, s) and result(study.reference, paired, s)]
             if not seeds:
                 continue
             cameras = list(result(method, sweep, seeds[0]))
@@ -114,7 +112,7 @@ def differences(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, A
             for cam in cameras:
                 table[cam] = {}
                 for m in METRICS:
-                    diffs = [result(method, sweep, s)[cam][m] - result(study.reference, sweep, s)[cam][m]
+                    diffs = [result(method, sweep, s)[cam][m] - result(study.reference, paired, s)[cam][m]
                              for s in seeds]
                     low, high = bootstrap_ci(diffs)
                     table[cam][m] = {'mean': float(np.mean(diffs)), 'ci_low': low, 'ci_high': high}
@@ -130,7 +128,8 @@ def aggregate(study: Study, records: List[Dict[str, Any]]) -> Dict[str, Any]:
             'reference': study.reference, 'untrained': list(study.untrained),
             'cameras': ordered_cameras(study, records),
             'planned_runs': len(study.runs), 'runs': records, 'summary': summarise(study, records),
-            'differences': differences(study, records), 'bootstrap': dict(BOOTSTRAP)}
+            'differences': differences(study, records), 'bootstrap': dict(BOOTSTRAP),
+            'tradeoff': tradeoff.tradeoff(study, records, bootstrap_ci)}
 
 
 def ordered_cameras(study: Study, records: List[Dict[str, Any]]) -> List[str]:
@@ -191,6 +190,10 @@ def markdown(result: Mapping[str, Any]) -> str:
             cells = [_diff_cell(row['cameras'][c][metric], digits) if c in row['cameras'] else '-' for c in columns]
             lines.append(f"| {point_key(row['method'], row['sweep'])} | " + ' | '.join(cells) + f" | {row['n']} |")
         lines.append('')
+    if result.get('tradeoff'):
+        lines += tradeoff.markdown_lines(result['tradeoff'], point_key)
+    else:
+        lines += ['No trade-off picture: it needs the start tested (a method `Start: {start: true}`) with results.', '']
     return '\n'.join(lines)
 
 
@@ -245,21 +248,26 @@ def plot(path: str, result: Mapping[str, Any]) -> None:
 
 
 def write_report(folder: str, result: Mapping[str, Any]) -> List[str]:
-    """``study.json``, ``study.md``, ``study.csv`` and ``study.png`` in ``folder``; each file is
-    written under a temporary name and renamed, so a reader never sees half a report."""
+    """``study.json``, ``study.md``, ``study.csv``, ``study.png`` and, with a start row,
+    ``tradeoff.png`` in ``folder``; each file is written under a temporary name and renamed, so a
+    reader never sees half a report."""
     os.makedirs(folder, exist_ok=True)
-    paths = {ext: osp.join(folder, f'study.{ext}') for ext in ('json', 'md', 'csv', 'png')}
     writers = {
-        'json': lambda p: _write_text(p, json.dumps(result, indent=2, allow_nan=False) + '\n'),
-        'md': lambda p: _write_text(p, markdown(result) + '\n'),
-        'csv': lambda p: write_csv(p, result),
-        'png': lambda p: plot(p, result),
+        'study.json': lambda p: _write_text(p, json.dumps(result, indent=2, allow_nan=False) + '\n'),
+        'study.md': lambda p: _write_text(p, markdown(result) + '\n'),
+        'study.csv': lambda p: write_csv(p, result),
+        'study.png': lambda p: plot(p, result),
     }
-    for ext, path in paths.items():
-        tmp = osp.join(folder, f'.study.tmp.{ext}')
-        writers[ext](tmp)
+    if result.get('tradeoff'):
+        writers['tradeoff.png'] = lambda p: tradeoff.plot(p, result['tradeoff'], point_key,
+                                                          f"{result['name']}: gains over the start")
+    paths = []
+    for name, write in writers.items():
+        path, tmp = osp.join(folder, name), osp.join(folder, f'.tmp.{name}')
+        write(tmp)
         os.replace(tmp, path)
-    return list(paths.values())
+        paths.append(path)
+    return paths
 
 
 def _write_text(path: str, text: str) -> None:

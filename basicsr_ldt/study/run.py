@@ -55,8 +55,10 @@ def run_state(root: str, study: Study, run: Run) -> str:
     without training is ``finished`` once it has test results, else ``test only``."""
     checkpoint = final_checkpoint(root, study.name, run.name)
     results = results_file(root, study.name, run.name)
-    if not run.trained:
-        return DONE if osp.isfile(results) else TEST
+    if not run.trained:   # WiSE-FT's results are stale once the run it interpolates changed
+        fresh = osp.isfile(results) and all(osp.getmtime(results) >= osp.getmtime(f) for f in run.inputs
+                                            if osp.isfile(f))
+        return DONE if fresh else TEST
     if osp.isfile(checkpoint):
         if osp.isfile(results) and osp.getmtime(results) >= osp.getmtime(checkpoint):
             return DONE
@@ -126,6 +128,7 @@ def execute(root: str, study: Study, runs: List[Run], say: Callable[[str], None]
     one 2-thread run after another. With one job, a live line shows the training run (on ``live``;
     default: stderr when it is a terminal); with several, their lines would interleave, so there is
     none. After a failure no new run starts; the runs under way finish, then the failure is raised.
+    Runs that read another run's weights (WiSE-FT) start after every run that reads none.
     """
     start = time.time()
     durations: List[float] = []
@@ -158,15 +161,17 @@ def execute(root: str, study: Study, runs: List[Run], say: Callable[[str], None]
             say(f'[{position}/{total}] {run.name}: {state}, done in {_clock(durations[-1])} | elapsed '
                 f'{_clock(time.time() - start)} | about {_clock(eta)} left for {left} run(s)')
 
-    if jobs == 1:
-        for position, run in enumerate(runs, 1):
-            bring(position, run)
-        return
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(bring, position, run) for position, run in enumerate(runs, 1)]
-    for future in futures:
-        if future.exception() is not None:
-            raise future.exception()
+    numbered = list(enumerate(runs, 1))
+    for wave in ([p for p in numbered if p[1].after is None], [p for p in numbered if p[1].after is not None]):
+        if jobs == 1:
+            for position, run in wave:
+                bring(position, run)
+            continue
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(bring, position, run) for position, run in wave]
+        for future in futures:
+            if future.exception() is not None:
+                raise future.exception()
 
 
 def _call(root: str, study: Study, run: Run, step: List[str], live: Optional[TextIO] = None,
