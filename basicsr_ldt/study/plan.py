@@ -256,8 +256,9 @@ def _check_wise_ft(study: Mapping[str, Any], path: str, label: str, overrides: M
     of = spec['of']
     others = study['methods']
     if of not in others or of == label:
-        hint = closest_key_hint(str(of), [str(m) for m in others if m != label])
-        raise InputError(f"{where}: {WISE_FT_KEY}.of '{of}' is not another method of the study{hint}")
+        names = [str(m) for m in others if m != label]
+        raise InputError(f"{where}: {WISE_FT_KEY}.of '{of}' is not another method of the study "
+                         f"({', '.join(names)}){closest_key_hint(str(of), names)}")
     if any(k in (others[of] or {}) for k in (BICUBIC_KEY, START_KEY, WISE_FT_KEY)):
         raise InputError(f"{where}: {WISE_FT_KEY}.of '{of}' trains nothing; WiSE-FT interpolates a trained method")
     alphas = spec['alphas']
