@@ -2,9 +2,10 @@
 # Quick start: install, build the mini DRealSR (six cameras of one family + the Mix and Clean
 # pretraining cameras), check the shipped pretrained small SAFMN (trained on Clean: classic SR pairs
 # without degradation, as the paper's start is trained on bicubic DF2K) against bicubic, then run the
-# demo study: FT, FT+EMA, LP-FT, DeFT, LDT (the paper's EMA coefficients, and rescaled to the run)
-# and LDT-S fine-tuned on the Olympus camera from that start, 5 seeds each, plus Bicubic, tested per
-# camera and compared (results/demo/study.md), and print the calibration checks
+# demo study: FT, FT+EMA, LP-FT, DeFT, LDT (the paper's EMA coefficients, and rescaled to the run),
+# LDT-S and the retention controls L2-SP (three lambdas) and WiSE-FT (FT interpolated with the start)
+# fine-tuned on the Olympus camera from that start, 5 seeds each, plus Bicubic and the start, tested
+# per camera and compared (results/demo/study.md, tradeoff.png), and print the calibration checks
 # (scripts/demo_calibration.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,5 +29,5 @@ fi
 "$PY" test.py -opt options/demo/test_demo.yml               # seed 0 side by side + comparison grids
 "$PY" scripts/demo_calibration.py                          # start vs bicubic, FT vs start, methods vs bicubic
 echo "Pretrained start vs Bicubic: results/demo_pretrained/metrics.md"
-echo "Study tables: results/demo/study.md (also study.json, study.csv, study.png)"
+echo "Study tables: results/demo/study.md (also study.json, study.csv, study.png, tradeoff.png)"
 echo "Seed-0 networks side by side: results/demo_test/metrics.md, grids in results/demo_test/compare/"

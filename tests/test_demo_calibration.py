@@ -106,3 +106,20 @@ def test_the_summary_fails_exactly_when_some_camera_fails_check_1(tmp_path, caps
             line for line in out.splitlines() if line.startswith(f'   {camera:<8} '))
     summary = 'calibration: every check passes' if passing else 'calibration: a check FAILS (see above)'
     assert out.rstrip().endswith(summary)
+
+
+def test_each_wise_ft_point_is_checked_and_another_sweep_is_refused(tmp_path, capsys):
+    """The demo study has WiSE-FT rows (sweep key wise_ft.alpha): each is a network checked against
+    bicubic like the methods; a study swept over anything else is not the demo study."""
+    args = write(tmp_path)
+    study = json.loads((tmp_path / 'study.json').read_text())
+    wise = json.loads(json.dumps(study['summary'][0]))
+    wise.update(method='WiSE-FT', sweep={'wise_ft.alpha': 0.5})
+    wise['cameras']['Pan']['psnr']['mean'] = 22.5                       # below bicubic's 23.0
+    study['summary'].append(wise)
+    (tmp_path / 'study.json').write_text(json.dumps(study))
+    assert cal.main(args + ['--strict']) == 1
+    assert 'WiSE-FT alpha=0.5 worst Pan -0.50 dB over 2 targets  FAIL: Pan' in capsys.readouterr().out
+    wise['sweep'] = {'ldt.ratio_u': 0.3}
+    (tmp_path / 'study.json').write_text(json.dumps(study))
+    assert cal.main(args) == 2 and 'is a sweep study' in capsys.readouterr().err

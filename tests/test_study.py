@@ -226,30 +226,46 @@ def test_paper_study_files_validate_without_data(name, capsys):
     assert before == {p for p in ('experiments', 'results') if (REPO / p).exists() and any((REPO / p).iterdir())}
 
 
-DEMO_METHODS = ['Bicubic', 'FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT-paper', 'LDT-scaled', 'LDT-S-scaled']
+RETENTION = ['WiSE-FT']
+DEMO_METHODS = ['Bicubic', 'Start', 'FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT-paper', 'LDT-scaled', 'LDT-S-scaled',
+                'WiSE-FT', 'L2-SP-0.002', 'L2-SP-0.02', 'L2-SP-0.2']
 SECOND_METHODS = ['Bicubic', 'FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT', 'LDT-S']
+DISTORTION_METHODS = ['Start', 'FT', 'FT+EMA', 'LP-FT', 'DeFT', 'LDT-paper', 'LDT-scaled', 'LDT-S-scaled', 'WiSE-FT',
+                      'L2-SP-0.001', 'L2-SP-0.01', 'L2-SP-0.1']
+CLEAN_START = 'pretrained/demo/SAFMN_demo_Clean_x4.pth'
 
 
-@pytest.mark.parametrize('name, seeds, sources, methods, start', [
-    ('demo', [0, 1, 2, 3, 4], ['Olympus'], DEMO_METHODS, 'pretrained/demo/SAFMN_demo_Clean_x4.pth'),
-    ('demo_olympus_pan', [0, 1, 2], ['Olympus', 'Pan'], SECOND_METHODS, 'pretrained/demo/SAFMN_demo_Mix_x4.pth')])
-def test_demo_study_files_validate(name, seeds, sources, methods, start):
+@pytest.mark.parametrize('name, seeds, sources, methods, start, budget', [
+    ('demo', [0, 1, 2, 3, 4], ['Olympus'], DEMO_METHODS, CLEAN_START, 500),
+    ('demo_olympus_pan', [0, 1, 2], ['Olympus', 'Pan'], SECOND_METHODS, 'pretrained/demo/SAFMN_demo_Mix_x4.pth', 500),
+    ('distortion', [0, 1, 2, 3, 4], ['Pan'], DISTORTION_METHODS, CLEAN_START, 1500)])
+def test_demo_study_files_validate(name, seeds, sources, methods, start, budget):
     study = plan.load_study(str(REPO / 'options' / 'study' / f'{name}.yml'), str(REPO))
-    assert list(study.methods) == methods
-    trained = len(methods) - 1
-    assert study.seeds == seeds and study.untrained == ['Bicubic'] and len(study.runs) == 1 + trained * len(seeds)
-    assert study.runs[0].name == 'Bicubic' and not study.runs[0].trained
-    first = study.runs[1:1 + trained]
-    assert [r.uses_ema for r in first] == [False, True] + [False] * (trained - 2)
-    assert first[-1].train_opt['ldt']['method'] == 'ldt_s'
-    for run in study.runs[1:]:     # one budget and one start for every method, as the study file's rules say
-        assert run.train_opt['train']['total_iter'] == 500
-        assert run.train_opt['datasets']['train']['cameras'] == sources
-        assert run.train_opt['path']['pretrain_network_g'] == start
-    if name == 'demo':             # the EMA rule: paper coefficients rescaled to the run, one unscaled control
+    assert list(study.methods) == methods and study.seeds == seeds
+    untrained = [m for m in methods if m in ('Bicubic', 'Start')]
+    trained = [m for m in methods if m not in untrained and m not in RETENTION]
+    alphas = [0.25, 0.5, 0.75] if 'WiSE-FT' in methods else []
+    assert study.untrained == untrained and study.interpolations == ({'WiSE-FT': ('FT', alphas)} if alphas else {})
+    assert len(study.runs) == len(untrained) + (len(trained) + len(alphas)) * len(seeds)
+    assert [r.name for r in study.runs[:len(untrained)]] == untrained and not any(r.trained for r in study.runs[:len(untrained)])
+    first = [r for r in study.runs if r.seed == seeds[0] and r.trained]
+    assert [r.method for r in first] == trained
+    assert [r.uses_ema for r in first] == [m == 'FT+EMA' for m in trained]
+    assert next(r for r in first if r.method.startswith('LDT-S')).train_opt['ldt']['method'] == 'ldt_s'
+    for run in study.runs:        # one budget and one start for every method, as the study file's rules say
+        if run.trained:
+            assert run.train_opt['train']['total_iter'] == budget
+            assert run.train_opt['datasets']['train']['cameras'] == sources
+            assert run.train_opt['path']['pretrain_network_g'] == start
+        elif run.after is not None:
+            assert run.test_opt['checkpoints'][0]['wise_ft']['start'] == start
+    if name != 'demo_olympus_pan':  # the EMA rule: paper coefficients rescaled to the run, one unscaled control
         references = {r.method: (r.train_opt.get('ldt') or {}).get('ema_reference_iters') for r in first}
-        assert references == {'FT': None, 'FT+EMA': None, 'LP-FT': None, 'DeFT': 40000, 'LDT-paper': None,
-                              'LDT-scaled': 200000, 'LDT-S-scaled': 200000}
+        assert {m: references[m] for m in ('DeFT', 'LDT-paper', 'LDT-scaled', 'LDT-S-scaled')} == {
+            'DeFT': 40000, 'LDT-paper': None, 'LDT-scaled': 200000, 'LDT-S-scaled': 200000}
+        lambdas = {r.method: r.train_opt['train'].get('l2_sp_weight') for r in first if r.method.startswith('L2-SP')}
+        assert lambdas == {m: float(m.split('-')[-1]) for m in methods if m.startswith('L2-SP')}   # the file's rule
+        assert [lambdas[m] for m in sorted(lambdas, key=lambdas.get)][1] * 10 == max(lambdas.values())
 
 
 def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
