@@ -202,7 +202,7 @@ def _record(method, seed, source, target, sweep=None):
 
 def _tradeoff_records():
     start = {**_record('Start', None, 30.0, 30.0), 'seed': None}
-    records = [start]
+    records = [start, {**_record('Bicubic', None, 29.0, 29.0), 'seed': None}]   # not fine-tuned: not a point
     # Seed 0's curve: (0, 0) -> alpha 0.5 (0.2, 0.3) -> FT (0.4, -0.1). Seed 1's: (0, 0) -> (0.2, 0.1) -> (0.6, 0.1).
     curves = {0: [(0.2, 0.3), (0.4, -0.1)], 1: [(0.2, 0.1), (0.6, 0.1)]}
     for seed, ((wx, wy), (fx, fy)) in curves.items():
@@ -218,9 +218,9 @@ def _tradeoff_records():
 class FakeStudy:
     seeds = [0, 1]
     start = 'Start'
-    untrained = ['Start']
+    untrained = ['Start', 'Bicubic']
     interpolations = {'WiSE': ('FT', [0.5])}
-    methods = {'Start': {}, 'FT': {}, 'WiSE': {}, 'LDT': {}, 'Far': {}}
+    methods = {'Start': {}, 'Bicubic': {}, 'FT': {}, 'WiSE': {}, 'LDT': {}, 'Far': {}}
 
     def sweep_points(self):
         return [{}]

@@ -23,6 +23,7 @@ import numpy as np
 from basicsr_ldt.study.plan import ALPHA, Study
 
 Point = Tuple[float, float]
+MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '<', '>', 'h', 'p', '*')
 
 
 def run_gains(record: Mapping[str, Any], start: Mapping[str, Any]) -> Optional[Point]:
@@ -85,7 +86,7 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
                 curves[_key('', point, seed)] = [g for _, g in sorted(ends, key=lambda e: e[0])]
     rows = []
     for method in study.methods:
-        if method == study.start:
+        if method in study.untrained:     # the start, and Bicubic: no network fine-tuned from the start
             continue
         for point in study.method_points(method):
             runs = [r for r in records if r['method'] == method and r['sweep'] == point]
@@ -195,12 +196,12 @@ def plot(path: str, table: Mapping[str, Any], point_key, title: str) -> None:
         for alpha, x, y in zip(curve['alphas'], xs, ys):
             ax.annotate(f'{alpha:g}', (x, y), textcoords='offset points', xytext=(4, -10), fontsize=7, color='0.35')
     ax.plot([0.0], [0.0], 'k*', ms=10, label=f"{table['start']} (0, 0)", zorder=3)
-    for row in table['rows']:
-        if row['method'] == table['wise_ft']:
-            continue
+    points = [row for row in table['rows'] if row['method'] != table['wise_ft']]
+    for number, row in enumerate(points):     # colours repeat after ten: the marker tells them apart
         sx, sy = row['source_gain'], row['target_gain']
-        ax.errorbar([sx['mean']], [sy['mean']], xerr=[sx['std'] or 0.0], yerr=[sy['std'] or 0.0], fmt='o',
-                    capsize=3, zorder=2, label=f"{point_key(row['method'], row['sweep'])} (n={row['n']})")
+        ax.errorbar([sx['mean']], [sy['mean']], xerr=[sx['std'] or 0.0], yerr=[sy['std'] or 0.0],
+                    fmt=MARKERS[number % len(MARKERS)], capsize=3, zorder=2,
+                    label=f"{point_key(row['method'], row['sweep'])} (n={row['n']})")
     ax.set_xlabel('source gain over the start (dB PSNR)')
     ax.set_ylabel("targets' Mean gain over the start (dB PSNR)")
     ax.set_title(title)
