@@ -63,6 +63,12 @@ SUBPROCESS_TESTS=(
   tests/test_ldt_model.py::test_resume_in_each_phase_reproduces_the_uninterrupted_run
   tests/test_ldt_model.py::test_baselines_run_as_configurations
   tests/test_ldt_model.py::test_run_prints_no_warning_and_branches_join_the_global_schedule
+  tests/test_study.py::test_run_state_skips_finished_runs_and_resumes_started_ones
+  tests/test_study.py::test_tiny_study_end_to_end_then_skips_and_collects
+  tests/test_study.py::test_live_line_follows_a_training_process
+  tests/test_study.py::test_bicubic_method_is_one_untrained_run_paired_with_every_seed
+  tests/test_retention_controls.py::test_test_py_refuses_a_bad_wise_ft_entry_in_one_line_and_writes_nothing
+  tests/test_compare.py::test_test_py_writes_one_grid_per_image
 )
 
 if ! "$PYTHON" -c 'import mutmut' 2>/dev/null; then

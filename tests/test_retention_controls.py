@@ -275,3 +275,52 @@ class FakeStudyForReport(FakeStudy):
 
     def cameras(self):
         return ['Olympus', 'Sony']
+
+
+def test_start_and_wise_ft_tests_write_where_a_user_looks_at_the_trained_scale(tmp_path, demo_data):
+    """The results of every test-only run land in results/<study>/<run>/ (the test file's name), at
+    the scale the runs were trained for, reading the final weights BasicSR saves; written out here,
+    not through the planner's own helpers (mutation testing: a survivor compared a path with itself)."""
+    path = _wise_study(tmp_path, demo_data, seeds=[1])
+    base = plan.read_yaml(str(tmp_path / 'base.yml'), 'base')
+    base['scale'] = 2                                              # the test file says 4
+    write(tmp_path / 'base.yml', base)
+    study = plan.load_study(path, str(tmp_path))
+    runs = {r.name: r for r in study.runs}
+    assert runs['Start'].test_opt['name'] == 'tiny/Start' and runs['Start'].test_opt['scale'] == 2
+    wise = runs['WiSE-EMA_alpha=0.5_seed1']
+    assert wise.test_opt['name'] == 'tiny/WiSE-EMA_alpha=0.5_seed1' and wise.test_opt['scale'] == 2
+    checkpoint = str(tmp_path / 'experiments' / 'tiny' / 'FT+EMA_seed1' / 'models' / 'net_g_latest.pth')
+    assert wise.inputs == [checkpoint] and wise.test_opt['checkpoints'][0]['path'] == checkpoint
+    assert wise.test_opt['checkpoints'][0]['label'] == wise.name and wise.after == 'FT+EMA_seed1'
+    assert wise.test_opt['network_g'] == runs['FT+EMA_seed1'].train_opt['network_g']
+    assert plan.results_file(str(tmp_path), 'tiny', wise.name) == str(
+        tmp_path / 'results' / 'tiny' / 'WiSE-EMA_alpha=0.5_seed1' / 'metrics.json')
+    assert 'compare' not in (wise.test_opt.get('test') or {}) and wise.test_opt['path'] == {}
+    assert runs['Start'].untrained_sources == ['Olympus'] and 'network_g' in runs['Start'].test_opt
+
+
+def test_test_py_reads_each_checkpoint_entry_as_written():
+    """``checkpoints_of`` in-process (the test.py runs above are subprocesses mutmut cannot see):
+    defaults from ``path``, a bare string entry, a WiSE-FT entry beside a plain one, and what a
+    Bicubic entry refuses."""
+    from basicsr_ldt.pipelines.evaluate import checkpoints_of
+    assert checkpoints_of({'path': {'pretrain_network_g': 'w/net_g_5.pth'}}) == [
+        {'label': 'net_g_5', 'path': 'w/net_g_5.pth', 'bicubic': False, 'param_key': 'params'}]
+    assert checkpoints_of({'path': {'pretrain_network_g': 'w/a.pth', 'param_key_g': 'params_ema'}})[0][
+        'param_key'] == 'params_ema'
+    entries = checkpoints_of({'path': {'param_key_g': 'params_ema'}, 'checkpoints': [
+        'runs/ft.pth', {'label': 'W', 'path': 'runs/ft.pth', 'wise_ft': {'start': 's.pth', 'alpha': 1}}]})
+    assert entries == [
+        {'label': 'ft', 'path': 'runs/ft.pth', 'bicubic': False, 'param_key': 'params_ema'},
+        {'label': 'W', 'path': 'runs/ft.pth', 'bicubic': False, 'param_key': 'params_ema',
+         'wise_ft': {'start': 's.pth', 'alpha': 1.0, 'start_param_key': 'params'}}]
+    assert isinstance(entries[1]['wise_ft']['alpha'], float)
+    with pytest.raises(InputError, match=r"^checkpoints\[0\]: an entry with 'bicubic: true' upscales the LR image "
+                                         r'and loads no weights, so it takes no path or param_key$'):
+        checkpoints_of({'checkpoints': [{'bicubic': True, 'path': 'a.pth', 'param_key': 'params'}]})
+    with pytest.raises(InputError, match=r"^checkpoints\[1\]: an entry with 'bicubic: true' loads no weights to "
+                                         r'interpolate \(wise_ft\)$'):
+        checkpoints_of({'checkpoints': ['a.pth', {'bicubic': True, 'wise_ft': {'start': 's', 'alpha': 0.5}}]})
+    with pytest.raises(InputError, match=r'^checkpoints\[0\]\.wise_ft: expected a mapping'):
+        checkpoints_of({'checkpoints': [{'path': 'a.pth', 'wise_ft': 0.5}]})
