@@ -174,3 +174,23 @@ def test_a_start_of_another_network_stops_training_in_one_line_before_anything_i
     assert_one_line_failure(project, result, 'bad')
     assert last_line(result).startswith("error: train.l2_sp_weight: path.pretrain_network_g '")
     assert "holds none of network MSRResNet's parameters" in last_line(result)
+
+
+@pytest.mark.parametrize('method, refused', [('ldt', True), ('deft', True), ('ldt_s', False), ('lp_ft', False),
+                                             ('corgrad', False)])
+def test_a_study_refuses_l2_sp_on_the_pair_when_planned(demo_data, tmp_path, method, refused):
+    """Planned, not at iteration 1 of the run (mutation testing: the pair check survived)."""
+    from basicsr_ldt.study.plan import check_training_options
+    from test_ldt_model import ldt_options
+    opt = ldt_options(demo_data, 'plan', total_iter=8, method=method)
+    if method == 'lp_ft':
+        opt['ldt'].update(profile_iters=0, head_warmup_iters=2)
+    if method == 'corgrad':
+        opt['ldt'] = {'method': 'corgrad'}
+        opt['datasets']['train']['cameras'] = ['Olympus', 'Pan']
+    opt = _with_l2_sp(opt, 'start.pth', 0.1)
+    if refused:
+        with pytest.raises(InputError, match=r'^study: train\.l2_sp_weight: .*cross-frozen pair'):
+            check_training_options(opt, 'study')
+    else:
+        check_training_options(opt, 'study')

@@ -324,3 +324,13 @@ def test_test_py_reads_each_checkpoint_entry_as_written():
         checkpoints_of({'checkpoints': ['a.pth', {'bicubic': True, 'wise_ft': {'start': 's', 'alpha': 0.5}}]})
     with pytest.raises(InputError, match=r'^checkpoints\[0\]\.wise_ft: expected a mapping'):
         checkpoints_of({'checkpoints': [{'path': 'a.pth', 'wise_ft': 0.5}]})
+
+
+def test_a_bicubic_row_is_planned_as_one_seedless_test_of_the_lr_upscaled(tmp_path, demo_data):
+    """In-process (the end-to-end Bicubic test runs test.py in a subprocess)."""
+    study = plan.load_study(tiny_study(tmp_path, demo_data, methods={'FT': {}, 'B': {'bicubic': True}}), str(tmp_path))
+    bicubic = study.runs[0]
+    assert bicubic.name == 'B' and bicubic.seed is None and not bicubic.trained and study.untrained == ['B']
+    assert bicubic.test_opt['checkpoints'] == [{'label': 'B', 'bicubic': True}]
+    assert bicubic.test_opt['name'] == 'tiny/B' and bicubic.test_opt['scale'] == 4 and 'network_g' not in bicubic.test_opt
+    assert bicubic.description.startswith('no training: bicubic upscaling')
