@@ -23,8 +23,7 @@ import torch
 from torch import nn
 
 from basicsr_ldt.common.errors import InputError
-from basicsr_ldt.weights.checkpoint import extract_state_dict, load_safe
-from basicsr_ldt.weights.releases import resolve_checkpoint
+from basicsr_ldt.weights.checkpoint import read_state
 
 OPTION = 'train.l2_sp_weight'
 
@@ -77,8 +76,7 @@ class L2SPPenalty(nn.Module):
 def start_values(network: nn.Module, path_opt: Mapping) -> Dict[str, torch.Tensor]:
     """The start's values of the network's parameters it holds (``path.pretrain_network_g``)."""
     start = path_opt['pretrain_network_g']
-    path = resolve_checkpoint(start)
-    state = extract_state_dict(load_safe(path), path, path_opt.get('param_key_g', 'params'))
+    _, state = read_state(start, path_opt.get('param_key_g', 'params'))
     params = dict(network.named_parameters())
     wrong = sorted(k for k in set(params) & set(state) if params[k].shape != state[k].shape)
     if wrong:

@@ -309,10 +309,8 @@ def check_test_options(opt: Mapping[str, Any], where: str) -> None:
 def evaluation_options(base: Dict[str, Any], study: str, name: str, train_opt: Mapping[str, Any], root: str,
                  ema: bool) -> Dict[str, Any]:
     """The test file evaluating this run's final weights (the EMA copy when the run keeps one)."""
-    opt = _single_entry_test(base, study, name, train_opt.get('scale', base.get('scale', 4)),
-                             {'path': final_checkpoint(root, study, name), 'param_key': 'params_ema' if ema else 'params'})
-    opt['network_g'] = copy.deepcopy(train_opt['network_g'])
-    return opt
+    return _network_test(base, study, name, train_opt,
+                         {'path': final_checkpoint(root, study, name), 'param_key': 'params_ema' if ema else 'params'})
 
 
 def start_evaluation_options(base: Dict[str, Any], study: str, name: str, train_opt: Mapping[str, Any],
@@ -322,10 +320,8 @@ def start_evaluation_options(base: Dict[str, Any], study: str, name: str, train_
     if not path.get('pretrain_network_g'):
         raise InputError(f"{where}: '{START_KEY}: true' tests the weights the runs start from, and the base training "
                          'options name none (path.pretrain_network_g)')
-    opt = _single_entry_test(base, study, name, train_opt.get('scale', base.get('scale', 4)),
-                             {'path': path['pretrain_network_g'], 'param_key': path.get('param_key_g', 'params')})
-    opt['network_g'] = copy.deepcopy(train_opt['network_g'])
-    return opt
+    return _network_test(base, study, name, train_opt,
+                         {'path': path['pretrain_network_g'], 'param_key': path.get('param_key_g', 'params')})
 
 
 def wise_ft_run(base: Dict[str, Any], study: str, label: str, of: Run, alpha: float, root: str) -> Run:
@@ -340,8 +336,7 @@ def wise_ft_run(base: Dict[str, Any], study: str, label: str, of: Run, alpha: fl
     entry = {'path': checkpoint, 'param_key': 'params_ema' if of.uses_ema else 'params',
              'wise_ft': {'start': start['pretrain_network_g'], 'start_param_key': start.get('param_key_g', 'params'),
                          'alpha': alpha}}
-    opt = _single_entry_test(base, study, name, of.train_opt.get('scale', base.get('scale', 4)), entry)
-    opt['network_g'] = copy.deepcopy(of.train_opt['network_g'])
+    opt = _network_test(base, study, name, of.train_opt, entry)
     return Run(0, name, label, of.seed, point, None, opt, untrained_sources=of.source_cameras(), after=of.name,
                inputs=[checkpoint], description=f"no training: WiSE-FT of {of.name}{' (params_ema)' if of.uses_ema else ''}"
                                                 f' at alpha {alpha}')
@@ -351,6 +346,14 @@ def bicubic_evaluation_options(base: Dict[str, Any], study: str, name: str, scal
     """The test file of a method without training: one ``{bicubic: true}`` entry, no network."""
     opt = _single_entry_test(base, study, name, scale, {'bicubic': True})
     opt.pop('network_g', None)
+    return opt
+
+
+def _network_test(base: Dict[str, Any], study: str, name: str, train_opt: Mapping[str, Any],
+                  entry: Dict[str, Any]) -> Dict[str, Any]:
+    """A one-entry test file for weights of the training options' network, at their scale."""
+    opt = _single_entry_test(base, study, name, train_opt.get('scale', base.get('scale', 4)), entry)
+    opt['network_g'] = copy.deepcopy(train_opt['network_g'])
     return opt
 
 

@@ -8,7 +8,7 @@ import logging
 import os
 import pickle
 import tempfile
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -73,13 +73,17 @@ def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'p
     return {k[7:] if k.startswith('module.') else k: v for k, v in state.items()}
 
 
-def load_weights(network: torch.nn.Module, path: str, param_key: Optional[str] = 'params',
-                 strict: bool = True) -> None:
-    """Load weights into ``network``, naming a few mismatched keys instead of a wall of text.
-
-    ``path`` may be a release name (``HAT_SRx4``: ``pretrained/HAT_SRx4.pth``, see ``releases``)."""
+def read_state(path: str, param_key: Optional[str] = 'params') -> Tuple[str, dict]:
+    """The resolved file and its network weights (``path`` may be a release name, see ``releases``)."""
     path = resolve_checkpoint(path)
-    state = extract_state_dict(load_safe(path), path, param_key)
+    return path, extract_state_dict(load_safe(path), path, param_key)
+
+
+def fitting_state(network: torch.nn.Module, path: str, param_key: Optional[str] = 'params', strict: bool = True,
+                  what: str = 'checkpoint') -> dict:
+    """The file's weights, refused in one line naming a few mismatched keys when they do not fit
+    ``network`` (``what`` names the file's option in that line)."""
+    path, state = read_state(path, param_key)
     own = network.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -94,6 +98,14 @@ def load_weights(network: torch.nn.Module, path: str, param_key: Optional[str] =
         problems.append(f'{len(wrong_shape)} with another shape (e.g. {k}: checkpoint {tuple(state[k].shape)}, '
                         f'network {tuple(own[k].shape)})')
     if problems:
-        raise InputError(f"checkpoint '{path}' does not fit network {type(network).__name__}: keys "
+        raise InputError(f"{what} '{path}' does not fit network {type(network).__name__}: keys "
                          + '; '.join(problems))
-    network.load_state_dict(state, strict=strict)
+    return state
+
+
+def load_weights(network: torch.nn.Module, path: str, param_key: Optional[str] = 'params',
+                 strict: bool = True) -> None:
+    """Load weights into ``network``, naming a few mismatched keys instead of a wall of text.
+
+    ``path`` may be a release name (``HAT_SRx4``: ``pretrained/HAT_SRx4.pth``, see ``releases``)."""
+    network.load_state_dict(fitting_state(network, path, param_key, strict), strict=strict)

@@ -14,8 +14,7 @@ from typing import Dict, Mapping, Optional
 import torch
 
 from basicsr_ldt.common.errors import InputError
-from basicsr_ldt.weights.checkpoint import extract_state_dict, load_safe
-from basicsr_ldt.weights.releases import resolve_checkpoint
+from basicsr_ldt.weights.checkpoint import fitting_state
 
 
 def interpolate_states(start: Mapping[str, torch.Tensor], run: Mapping[str, torch.Tensor],
@@ -33,30 +32,14 @@ def interpolate_states(start: Mapping[str, torch.Tensor], run: Mapping[str, torc
     return mixed
 
 
-def _fitting_state(network: torch.nn.Module, path: str, param_key: Optional[str], option: str) -> Dict[str, torch.Tensor]:
-    """The checkpoint's weights, which must hold exactly the network's keys with its shapes."""
-    resolved = resolve_checkpoint(path)
-    state = extract_state_dict(load_safe(resolved), resolved, param_key)
-    own = network.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
-    problems = ([f"{len(missing)} missing (e.g. {', '.join(missing[:3])})"] if missing else []) + \
-               ([f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})"] if unexpected else []) + \
-               ([f'{len(wrong)} with another shape (e.g. {wrong[0]})'] if wrong else [])
-    if problems:
-        raise InputError(f"{option} '{path}' does not fit network {type(network).__name__}: keys "
-                         + '; '.join(problems))
-    return state
-
-
 def wise_ft_state(network: torch.nn.Module, run_path: str, run_key: Optional[str], start_path: str,
                   start_key: Optional[str], alpha: float, where: str) -> Dict[str, torch.Tensor]:
     """The interpolated state dict for ``network``; ``where`` names the option in errors
     (``checkpoints[2]``): a start or run that does not fit the network, or alpha outside [0, 1]."""
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
         raise InputError(f'{where}.wise_ft.alpha: expected a number in [0, 1], got {alpha!r}')
-    run = _fitting_state(network, run_path, run_key, f'{where}.path')
-    start = _fitting_state(network, start_path, start_key, f'{where}.wise_ft.start')
+    run = fitting_state(network, run_path, run_key, what=f'{where}.path')
+    start = fitting_state(network, start_path, start_key, what=f'{where}.wise_ft.start')
     return interpolate_states(start, run, float(alpha))
 
 
