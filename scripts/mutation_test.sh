@@ -82,6 +82,16 @@ copy_tree() {  # files git knows or would add (not ignored), from the working tr
      | tar --null -T - -cf -) | tar -xf - -C "$1"
 }
 
+clean_mutants_folder() {
+  # A mutant that changes an output path can leave a run's files (experiments/, results/, metrics.*)
+  # in mutants/, where the clean run's tests of a later --resume/--retest find them and fail
+  # ("Failed to run clean test"): everything there but the copied code, tests and mutmut's files goes.
+  [[ -d "$WORK/mutants" ]] || return 0
+  find "$WORK/mutants" -mindepth 1 -maxdepth 1 ! -name basicsr_ldt ! -name archs ! -name tests \
+    ! -name scripts ! -name options ! -name pytest.ini ! -name Train_pip.py ! -name inference.py \
+    ! -name test.py ! -name setup.cfg ! -name 'mutmut-*.json' -exec rm -rf {} +
+}
+
 write_config() {
   {
     echo '[mutmut]'
@@ -111,7 +121,7 @@ rerun=("${NAMES[@]}")
 case "$mode" in
   fresh)
     rm -rf "$WORK"; mkdir -p "$WORK"; copy_tree "$WORK" ;;
-  --resume) ;;
+  --resume) clean_mutants_folder ;;
   --retest)
     # Adding tests cannot let a killed mutant survive, so only the others run again; their new
     # verdicts are laid over the previous ones (mutmut forgets the rest when the test selection changes,
@@ -131,7 +141,7 @@ case "$mode" in
       rerun=("${kept[@]}")
     fi
     if (( ${#rerun[@]} == 0 )); then echo 'no mutant survived or lacked a test: nothing to rerun'; exit 0; fi
-    rm -rf "$WORK/tests"; copy_tree "$WORK" tests
+    rm -rf "$WORK/tests"; copy_tree "$WORK" tests; clean_mutants_folder
     echo "rerunning ${#rerun[@]} mutants that survived or had no test" ;;
   *) echo "usage: $0 [--resume|--retest]" >&2; exit 2 ;;
 esac

@@ -110,3 +110,81 @@ def test_profiling_happens_exactly_when_something_needs_the_statistics(options, 
         with pytest.raises(ValueError, match=r"^ldt\.profile_iters: criterion 'var' \(or dpu\) needs gradient "
                                              r'statistics: expected >= 2 \(got 0\)'):
             LDTConfig.from_dict({**options, 'profile_iters': 0})
+
+
+def test_ratio_s_alone_is_the_stable_share_and_both_shares_are_refused():
+    """A YAML ``ratio_s`` (the official code's ``Par_ratio``) replaces the default ``ratio_u``. Mutation
+    testing (issue #58): kills the ``from_dict`` mutants that misread the key or left ``ratio_u`` set."""
+    cfg = LDTConfig.from_dict({'ratio_s': 0.6})
+    assert (cfg.ratio_u, cfg.ratio_s) == (None, 0.6)
+    assert LDTConfig.from_dict({'ratio_s': None}).ratio_u == LDTConfig().ratio_u   # null = not given
+    with pytest.raises(ValueError, match=r'^ldt\.ratio_s: expected either ratio_u \(unstable share\) or '
+                                         r'ratio_s \(stable share\), not both$'):
+        LDTConfig.from_dict({'ratio_s': 0.6, 'ratio_u': 0.4})
+    with pytest.raises(ValueError, match=r'^ldt\.ratio_s: expected exactly one of ratio_u \(unstable share\) '
+                                         r'and ratio_s \(stable share\), got ratio_u=None, ratio_s=None$'):
+        LDTConfig(ratio_u=None)
+
+
+def test_a_single_pattern_string_is_one_pattern_and_to_dict_is_plain_yaml():
+    """``head_patterns: upsample`` in YAML is one pattern, and ``to_dict`` (written into partition files and
+    checkpoints) holds lists, not tuples, so ``yaml.safe_dump`` accepts it. Mutation testing (issue #58)."""
+    import yaml
+    cfg = LDTConfig.from_dict({'head_patterns': 'upsample', 'force_stable': 'conv_first'})
+    assert (cfg.head_patterns, cfg.force_stable) == (('upsample',), ('conv_first',))
+    plain = cfg.to_dict()
+    assert plain['head_patterns'] == ['upsample'] and isinstance(plain['force_unstable'], list)
+    assert LDTConfig.from_dict(yaml.safe_load(yaml.safe_dump(plain))) == cfg
+
+
+@pytest.mark.parametrize('options, profiles', [
+    ({'partition': 'criterion', 'dpu': False, 'profile_iters': 5}, True),   # the split alone needs them
+    ({'partition': 'name', 'dpu': False, 'deft_grouping': 'non_layers', 'head_patterns': []}, False),
+])
+def test_profiling_without_dpu_follows_the_partition(options, profiles):
+    """Mutation testing (issue #58): kills ``needs_profiling``'s misspelt ``'criterion'`` (every other case
+    had DPU on) and the ``deft_grouping`` / ``head_patterns`` rule read the other way round."""
+    assert LDTConfig.from_dict(options).needs_profiling() is profiles
+
+
+def test_rules_that_join_several_keys():
+    """Mutation testing (issue #58): each rule at the edge where it starts to refuse."""
+    # LDT-S profiles like the pair: no profiling iterations is refused for 'alternating' too
+    with pytest.raises(ValueError, match=r"^ldt\.profile_iters: criterion 'var' \(or dpu\) needs"):
+        LDTConfig.from_dict({'mode': 'alternating', 'profile_iters': 0})
+    # one exchange is enough to rescale for
+    assert LDTConfig.from_dict({'ema_reference_iters': 10, 'ema_every': 10}).ema_reference_iters == 10
+    with pytest.raises(ValueError, match=r'^ldt\.ema_reference_iters: expected at least ema_reference_every '
+                                         r'\(10\) iterations, i\.e\. one exchange, got 9$'):
+        LDTConfig.from_dict({'ema_reference_iters': 9, 'ema_reference_every': 10})
+    # the head patterns are needed by partition 'name' with the head grouping only
+    assert LDTConfig.from_dict({'head_patterns': [], 'head_warmup_iters': 0}).head_patterns == ()
+    with pytest.raises(ValueError, match=r"^ldt\.head_patterns: expected patterns naming the head's parameters "
+                                         r"with partition 'name', got \[\]$"):
+        LDTConfig.from_dict({'partition': 'name', 'dpu': False, 'profile_iters': 0, 'head_patterns': [],
+                             'head_warmup_iters': 0})
+
+
+def test_run_length_message_names_the_interval_for_ldt_s_only():
+    """The refusal of a run too short to rescale for says which setting to change. Mutation testing
+    (issue #58): kills the mutants of its ``interval_iters`` clause and wording."""
+    pair = LDTConfig.from_dict({'ema_reference_iters': 1000, 'ema_every': 10, 'head_warmup_iters': 0})
+    with pytest.raises(ValueError, match=r'\(ema_every 10\): nothing to rescale for; train longer or exchange '
+                                         r'more often$'):
+        pair.check_run_length(pair.counted_profile_iters + 5)
+    ldt_s = LDTConfig.from_dict({'mode': 'alternating', 'ema_reference_iters': 1000, 'ema_every': 10,
+                                 'interval_iters': 50, 'head_warmup_iters': 0})
+    with pytest.raises(ValueError, match=r'\(ema_every 10, interval_iters 50\): nothing to rescale for'):
+        ldt_s.check_run_length(ldt_s.counted_profile_iters + 40)
+
+
+def test_unknown_names_list_what_is_known():
+    """Mutation testing (issue #58): kills the mutants of the 'valid keys' / 'known' lists and of the hint
+    shown when nothing is close."""
+    with pytest.raises(ValueError) as error:
+        LDTConfig.from_dict({'zzzz': 1})
+    assert str(error.value) == ("unknown LDT option 'zzzz'; valid keys: "
+                                + ', '.join(LDTConfig().to_dict()))
+    with pytest.raises(ValueError) as error:
+        preset('zzzz')
+    assert str(error.value) == f"unknown LDT preset 'zzzz' (known: {', '.join(PRESETS)})"
