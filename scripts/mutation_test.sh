@@ -82,14 +82,18 @@ copy_tree() {  # files git knows or would add (not ignored), from the working tr
      | tar --null -T - -cf -) | tar -xf - -C "$1"
 }
 
+# Besides the mutated packages, what the tests read: entry points, option files, and the docs that the
+# docs-consistency tests compare with the code.
+ALSO_COPY=(scripts options docs pytest.ini Train_pip.py inference.py test.py README.md CHANGELOG.md)
+
 clean_mutants_folder() {
   # A mutant that changes an output path can leave a run's files (experiments/, results/, metrics.*)
   # in mutants/, where the clean run's tests of a later --resume/--retest find them and fail
   # ("Failed to run clean test"): everything there but the copied code, tests and mutmut's files goes.
   [[ -d "$WORK/mutants" ]] || return 0
-  find "$WORK/mutants" -mindepth 1 -maxdepth 1 ! -name basicsr_ldt ! -name archs ! -name tests \
-    ! -name scripts ! -name options ! -name pytest.ini ! -name Train_pip.py ! -name inference.py \
-    ! -name test.py ! -name setup.cfg ! -name 'mutmut-*.json' -exec rm -rf {} +
+  local keep=() p
+  for p in basicsr_ldt archs tests setup.cfg 'mutmut-*.json' "${ALSO_COPY[@]}"; do keep+=(! -name "$p"); done
+  find "$WORK/mutants" -mindepth 1 -maxdepth 1 "${keep[@]}" -exec rm -rf {} +
 }
 
 write_config() {
@@ -101,7 +105,7 @@ write_config() {
     echo 'only_mutate ='
     for m in "${MODULES[@]}"; do echo "    $m"; done
     echo 'also_copy ='
-    for p in scripts options pytest.ini Train_pip.py inference.py; do echo "    $p"; done
+    for p in "${ALSO_COPY[@]}"; do echo "    $p"; done
     echo 'pytest_add_cli_args_test_selection ='
     for t in "${TESTS[@]}"; do [[ -e "$WORK/${t%%::*}" ]] && echo "    $t"; done
     echo 'pytest_add_cli_args ='

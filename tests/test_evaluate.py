@@ -174,3 +174,85 @@ def test_checkpoint_without_param_key_evaluates_the_weights_path_param_key_g_nam
             assert images[label][k]['psnr'] == pytest.approx(calculate_psnr(sr, gt, 4, test_y_channel=True), abs=1e-9)
             assert images[label][k]['ssim'] == pytest.approx(calculate_ssim(sr, gt, 4, test_y_channel=True), abs=1e-9)
     assert all(abs(a['psnr'] - b['psnr']) > 1e-3 for a, b in zip(images['EMA'], images['raw']))
+
+
+def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_of_entry(tmp_path, monkeypatch,
+                                                                                        demo_data):
+    """One test.py run over two cameras with a network entry, a WiSE-FT entry and the Bicubic row,
+    ``save_img: true``: what a user reads afterwards. Every row of metrics.json is PSNR/SSIM computed
+    here from the network (or interpolation, or bicubic) the entry names; the per-camera and Mean
+    rows are those images' means (cameras weigh the same); metrics.csv and metrics.md carry the same
+    numbers; the saved SR images are the measured ones, under visualization/<label>/<camera>/; the
+    log file holds the table. Kills the mutants of test_pipeline, write_results, _wise_ft_entry and
+    test_logger that the single-entry runs above pass (mutation testing, issue 58)."""
+    import csv
+    import cv2
+    from basicsr.archs import build_network
+    from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
+    from basicsr_ldt.pipelines.evaluate import test_pipeline
+    from test_cli import NETWORK, dataset
+    torch.manual_seed(3)
+    start = build_network(dict(NETWORK)).state_dict()
+    tuned = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in start.items()}
+    torch.save({'params': start}, tmp_path / 'start.pth')
+    torch.save({'params_ema': tuned}, tmp_path / 'tuned.pth')
+    alpha = 0.25
+    test_set = dataset(demo_data, 'Test', ['Sony', 'Olympus'])
+    opt = {'name': 'three', 'scale': 4, 'num_gpu': 0, 'network_g': NETWORK, 'datasets': {'test_1': test_set},
+           'path': {}, 'test': {'tile_size': 0, 'save_img': True},
+           'checkpoints': [{'label': 'tuned', 'path': str(tmp_path / 'tuned.pth'), 'param_key': 'params_ema'},
+                           {'label': 'wise', 'path': str(tmp_path / 'tuned.pth'), 'param_key': 'params_ema',
+                            'wise_ft': {'start': str(tmp_path / 'start.pth'), 'alpha': alpha}},
+                           {'bicubic': True}]}
+    yml = tmp_path / 'three.yml'
+    yml.write_text(yaml.safe_dump(opt))
+    monkeypatch.setattr('sys.argv', ['test.py', '-opt', str(yml)])
+    returned = test_pipeline(str(tmp_path))
+    folder = tmp_path / 'results' / 'three'
+    saved = json.loads((folder / 'metrics.json').read_text())
+    assert list(saved['summary']) == ['tuned', 'wise', 'Bicubic'] == list(returned)
+
+    def network_with(weights):
+        network = build_network(dict(NETWORK))
+        network.load_state_dict(weights)
+        return network.eval()
+
+    mixed = {k: (1 - alpha) * start[k] + alpha * tuned[k] if start[k].is_floating_point() else tuned[k] for k in start}
+    runs = {'tuned': network_with(tuned), 'wise': network_with(mixed), 'Bicubic': lambda lq: bicubic_upscale(lq, 4)}
+    items = DRealSRCameraDataset(test_set)
+    assert len(items) == 4 and {items[k]['camera'] for k in range(4)} == {'Sony', 'Olympus'}
+    for label, run in runs.items():
+        rows = saved['images'][label]
+        assert [(r['camera'], r['image']) for r in rows] == [
+            (items[k]['camera'], items[k]['lq_path'].rsplit('/', 1)[1].rsplit('.', 1)[0]) for k in range(4)]
+        for k, row in enumerate(rows):
+            with torch.no_grad():
+                sr = tensor2img(run(items[k]['lq'].unsqueeze(0)))
+            gt = tensor2img(items[k]['gt'].unsqueeze(0))
+            assert row['psnr'] == pytest.approx(calculate_psnr(sr, gt, 4, test_y_channel=True), abs=1e-9)
+            assert row['ssim'] == pytest.approx(calculate_ssim(sr, gt, 4, test_y_channel=True), abs=1e-9)
+            png = folder / 'visualization' / label / row['camera'] / f"{row['image']}.png"
+            assert np.array_equal(cv2.imread(str(png), cv2.IMREAD_UNCHANGED), sr), png
+        table = saved['summary'][label]
+        assert list(table) == ['Olympus', 'Sony', 'Mean']
+        for camera in ('Olympus', 'Sony'):
+            mine = [r for r in rows if r['camera'] == camera]
+            assert table[camera]['images'] == len(mine) == 2
+            for m in ('psnr', 'ssim'):
+                assert table[camera][m] == pytest.approx(sum(r[m] for r in mine) / 2, abs=1e-12)
+        assert table['Mean']['images'] == 4
+        for m in ('psnr', 'ssim'):
+            assert table['Mean'][m] == pytest.approx((table['Olympus'][m] + table['Sony'][m]) / 2, abs=1e-12)
+    with open(folder / 'metrics.csv', newline='') as handle:
+        csv_rows = list(csv.reader(handle))
+    assert csv_rows[0] == ['checkpoint', 'camera', 'images', 'psnr', 'ssim'] and len(csv_rows) == 1 + 3 * 3
+    for label, camera, images, psnr, ssim in csv_rows[1:]:
+        values = saved['summary'][label][camera]
+        assert (int(images), psnr, ssim) == (values['images'], f"{values['psnr']:.4f}", f"{values['ssim']:.6f}")
+    markdown = (folder / 'metrics.md').read_text()
+    assert markdown == format_table(saved['summary'], markdown=True) + '\n'
+    assert markdown.splitlines()[0].startswith('| Camera | Images | tuned PSNR | tuned SSIM | wise PSNR')
+    logs = list((folder).glob('test_three_*.log'))
+    assert len(logs) == 1
+    log = logs[0].read_text()
+    assert format_table(saved['summary'], markdown=False) in log and 'Results written to' in log
