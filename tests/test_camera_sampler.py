@@ -160,3 +160,56 @@ def test_any_two_seeds_draw_unrelated_orders_over_several_epochs(kind, seed, off
             assert_unrelated(order, other, (e, f))
         for f in range(e):
             assert order != ours[f], (e, f)
+
+
+# ---------------------------------------------------------------- the sampler the training loop builds (issue 58)
+
+def test_training_sampler_follows_the_options_and_the_models_request():
+    """What Train_pip.py's loader draws from: the plain resumable sampler with the run's world size,
+    rank, ``dataset_enlarge_ratio`` and ``manual_seed``, or, when the model asks for camera-balanced
+    batches (CorGrad), the balanced one with the per-GPU batch size. Kills mutants of
+    ``training_sampler`` that drop or swap one of these (mutation testing)."""
+    from basicsr_ldt.data.sampler import ResumableSampler, training_sampler
+    opt = {'world_size': 2, 'rank': 1, 'manual_seed': 17,
+           'datasets': {'train': {'dataset_enlarge_ratio': 3, 'batch_size_per_gpu': 4}}}
+    plain = training_sampler(DATA, opt, balance_cameras=False)
+    assert type(plain) is ResumableSampler
+    assert (plain.num_replicas, plain.rank, plain.seed, plain.total_size) == (2, 1, 17, 36)
+    assert list(plain) == list(ResumableSampler(DATA, 2, 1, 3, seed=17))
+    balanced = training_sampler(DATA, opt, balance_cameras=True)
+    assert type(balanced) is CameraBalancedSampler
+    assert (balanced.num_replicas, balanced.rank, balanced.seed, balanced.batch_size) == (2, 1, 17, 4)
+    assert list(balanced) == list(CameraBalancedSampler(DATA, 2, 1, 3, seed=17, batch_size=4))
+    del opt['datasets']['train']['dataset_enlarge_ratio']            # BasicSR's default ratio is 1
+    assert training_sampler(DATA, opt, balance_cameras=False).total_size == 12
+
+
+def test_without_draw_numbers_the_plain_sampler_yields_every_image_ratio_times_and_skips_on_resume():
+    """A dataset that takes plain indices gets each image ``ratio`` times per epoch (slot % len), in
+    an order fixed by seed and epoch; ``skip`` (resume mid-epoch) drops exactly the first draws."""
+    from basicsr_ldt.data.sampler import ResumableSampler
+    sampler = ResumableSampler(DATA, 1, 0, ratio=2, seed=5)
+    sampler.set_epoch(2)
+    order = list(sampler)
+    assert Counter(order) == Counter(list(range(12)) * 2)
+    again = ResumableSampler(DATA, 1, 0, ratio=2, seed=5)
+    again.set_epoch(2)
+    again.skip = 5
+    assert list(again) == order[5:]
+
+
+def test_a_dataset_that_does_not_name_its_cameras_is_refused_by_name():
+    """CorGrad's balanced batches need each item's camera: a dataset without ``item_cameras`` is
+    refused naming its class; a plain list attribute works like the method."""
+    from basicsr_ldt.data.sampler import dataset_cameras
+
+    class Plain:
+        def __len__(self):
+            return 3
+
+    with pytest.raises(ValueError, match=r'^Plain does not say which camera each image comes from .*DRealSRCameraDataset'):
+        CameraBalancedSampler(Plain(), 1, 0, batch_size=2)
+    listed = Plain()
+    listed.item_cameras = ('X', 'Y', 'X')
+    assert dataset_cameras(listed) == ['X', 'Y', 'X']
+    assert dataset_cameras(DATA) == DATA.cameras
