@@ -498,3 +498,35 @@ def test_every_swept_key_is_in_every_points_options(tmp_path, demo_data, keys, c
     folder = Path(tempfile.mkdtemp(dir=tmp_path))   # one folder per example (tmp_path is shared by all)
     study = plan.load_study(tiny_study(folder, demo_data, sweep=sweep), str(folder))
     assert_every_swept_key_applied(study, sweep)
+
+
+def test_missing_inputs_name_each_absent_folder_and_start_once_relative_to_the_root(tmp_path, demo_data):
+    """Before a study starts (and in --dry-run) the user is told every data folder and starting
+    weight file that is not there, each once however many runs need it, with the option that names
+    it; relative paths are read from the project root, and a file where a folder is expected is
+    missing. Kills mutants of ``missing_inputs`` (it had no in-process test: mutation testing, issue 58)."""
+    path = tiny_study(tmp_path, demo_data, methods={'FT': {}, 'B': {'bicubic': True}})
+    assert plan.missing_inputs(plan.load_study(path, str(tmp_path)), str(tmp_path)) == []
+    (tmp_path / 'here' / 'lr').mkdir(parents=True)
+    (tmp_path / 'here' / 'file').write_text('not a folder')
+    base = plan.read_yaml(str(tmp_path / 'base.yml'), 'base')
+    base['datasets']['train']['dataroot_lq'] = 'gone/train_LR'
+    base['datasets']['train']['dataroot_gt'] = 'here/file'
+    base['path']['pretrain_network_g'] = 'gone/start.pth'
+    write(tmp_path / 'base.yml', base)
+    test = plan.read_yaml(str(tmp_path / 'test.yml'), 'test')
+    test['datasets']['test_1']['dataroot_gt'] = 'gone/test_HR'
+    test['datasets']['test_1']['dataroot_lq'] = 'here/lr'
+    write(tmp_path / 'test.yml', test)
+    study = plan.load_study(path, str(tmp_path))
+    assert [r.trained for r in study.runs] == [False, True, True]
+    assert plan.missing_inputs(study, str(tmp_path)) == [
+        "test datasets.test_1.dataroot_gt 'gone/test_HR'",      # the Bicubic row's test comes first
+        "train datasets.train.dataroot_gt 'here/file'",
+        "train datasets.train.dataroot_lq 'gone/train_LR'",
+        "path.pretrain_network_g 'gone/start.pth'"]
+    (tmp_path / 'gone').mkdir()
+    (tmp_path / 'gone' / 'start.pth').write_bytes(b'')
+    assert plan.missing_inputs(study, str(tmp_path)) == [
+        "test datasets.test_1.dataroot_gt 'gone/test_HR'", "train datasets.train.dataroot_gt 'here/file'",
+        "train datasets.train.dataroot_lq 'gone/train_LR'"]
