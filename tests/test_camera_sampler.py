@@ -213,3 +213,35 @@ def test_a_dataset_that_does_not_name_its_cameras_is_refused_by_name():
     listed.item_cameras = ('X', 'Y', 'X')
     assert dataset_cameras(listed) == ['X', 'Y', 'X']
     assert dataset_cameras(DATA) == DATA.cameras
+
+
+def test_two_cameras_are_enough_and_each_rank_and_epoch_draws_its_own_block():
+    """CorGrad with two source cameras is the smallest valid case; under torchrun each (epoch, rank)
+    draws from its own block of draw numbers, none negative (a draw seeds the crop's generator, which
+    refuses negative seeds). Kills the balanced sampler's ``< 2`` spelt ``<= 2`` and the block start
+    ``(epoch * replicas - rank)``."""
+    data = Cameras(['A'] * 5 + ['B'] * 3)
+    data.accepts_draw_numbers = True
+    assert len(CameraBalancedSampler(data, 1, 0, ratio=1, seed=0, batch_size=2)) == 8
+    for epoch in range(3):
+        for rank in range(2):
+            sampler = CameraBalancedSampler(data, 2, rank, ratio=2, seed=4, batch_size=2)
+            sampler.set_epoch(epoch)
+            block = (epoch * 2 + rank) * len(sampler)
+            draws = list(sampler)
+            assert [d // len(data) for d in draws] == list(range(block, block + len(sampler))), (epoch, rank)
+
+
+def test_the_plain_sampler_defaults_and_a_dataset_without_draw_numbers():
+    """BasicSR's defaults (ratio 1, seed 0) and plain indices for a dataset that does not declare
+    ``accepts_draw_numbers`` (BasicSR's own datasets)."""
+    from basicsr_ldt.data.sampler import ResumableSampler
+
+    class Plain:
+        def __len__(self):
+            return 5
+
+    sampler = ResumableSampler(Plain(), 1, 0)
+    assert (sampler.total_size, sampler.seed, sampler.draw_numbers) == (5, 0, False)
+    assert sorted(sampler) == [0, 1, 2, 3, 4]
+    assert list(sampler) == list(ResumableSampler(Plain(), 1, 0, ratio=1, seed=0))

@@ -4,6 +4,7 @@ import shutil
 
 import cv2
 import numpy as np
+import torch
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -372,3 +373,227 @@ def test_every_subset_item_belongs_to_the_selected_cameras(six_cameras, cameras,
         assert not stems & seen
         seen |= stems
     assert seen == selected
+
+
+# ------------------------------------------- what the loader yields and says (mutation testing, issue 58)
+
+def synthetic(root, scale=2, size=(6, 5), names=('Canon_1', 'Canon_2', 'sony_3'), extra=(0, 0), seed=0,
+              gt_name='{}_x4.png', lq_name='{}_x1.png'):
+    """An HR/LR folder pair of random images: LR ``size`` (w, h), HR ``scale`` times that plus
+    ``extra`` (columns, rows); DRealSR's names unless told otherwise."""
+    rng = np.random.default_rng(seed)
+    for side in ('hr', 'lr'):
+        (root / side).mkdir(parents=True, exist_ok=True)
+    w, h = size
+    for name in names:
+        hr = rng.integers(0, 256, (h * scale + extra[1], w * scale + extra[0], 3), dtype=np.uint8)
+        lr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        cv2.imwrite(str(root / 'hr' / gt_name.format(name)), hr)
+        cv2.imwrite(str(root / 'lr' / lq_name.format(name)), lr)
+    return {'name': 'd', 'phase': 'val', 'scale': scale, 'dataroot_gt': str(root / 'hr'),
+            'dataroot_lq': str(root / 'lr'), 'io_backend': {'type': 'disk'}}
+
+
+def rgb(path):
+    return np.ascontiguousarray(cv2.imread(str(path))[:, :, ::-1].transpose(2, 0, 1)).astype(np.float32) / 255.0
+
+
+def test_items_are_the_files_pixels_in_rgb_at_the_datasets_scale(tmp_path):
+    """A validation item is the pair's pixels, RGB, in [0, 1], at the option file's ``scale`` (x2
+    here: an x4 reading would refuse every pair). Kills the dropped ``bgr2rgb`` and the scale read
+    from another key."""
+    opt = synthetic(tmp_path)
+    dataset = DRealSRCameraDataset(opt)
+    assert [it['stem'] for it in dataset.items] == ['Canon_1', 'Canon_2', 'sony_3'] and len(dataset) == 3
+    for k, item in enumerate(dataset.items):
+        got = dataset[k]
+        assert got['camera'] == item['camera'] == ('Sony' if k == 2 else 'Canon')
+        assert np.array_equal(got['gt'].numpy(), rgb(item['gt_path'])) and got['gt'].dtype == torch.float32
+        assert np.array_equal(got['lq'].numpy(), rgb(item['lq_path']))
+
+
+def window_of(image, patch):
+    """(top, left) of ``patch`` inside ``image`` (C, H, W) as an unflipped window, or None."""
+    _, ph, pw = patch.shape
+    for top in range(image.shape[1] - ph + 1):
+        for left in range(image.shape[2] - pw + 1):
+            if np.array_equal(image[:, top:top + ph, left:left + pw], patch):
+                return top, left
+    return None
+
+
+def test_training_crops_follow_use_hflip_use_rot_and_seed(tmp_path):
+    """``use_hflip: false, use_rot: false`` gives plain aligned windows (LR at the HR position /
+    scale); the flips are on by default, as in BasicSR; crops depend on ``seed`` (default 0). Kills
+    the mutants that read another key or default for use_hflip, use_rot or seed."""
+    base = dict(synthetic(tmp_path, size=(12, 10), names=('Canon_1',)), phase='train', gt_size=8)
+    plain = DRealSRCameraDataset({**base, 'use_hflip': False, 'use_rot': False})
+    hr, lr = rgb(plain.items[0]['gt_path']), rgb(plain.items[0]['lq_path'])
+    for draw in range(12):
+        item = plain[draw]
+        assert item['gt'].shape == (3, 8, 8) and item['lq'].shape == (3, 4, 4)
+        top, left = window_of(hr, item['gt'].numpy())
+        assert top % 2 == 0 and left % 2 == 0 and window_of(lr, item['lq'].numpy()) == (top // 2, left // 2)
+    default = DRealSRCameraDataset(base)
+    explicit = DRealSRCameraDataset({**base, 'use_hflip': True, 'use_rot': True, 'seed': 0})
+    draws = [default[d]['gt'].numpy() for d in range(12)]
+    assert all(np.array_equal(a, explicit[d]['gt'].numpy()) for d, a in enumerate(draws))
+    assert any(window_of(hr, a) is None for a in draws)                     # some draws are flipped
+    for key in ('use_hflip', 'use_rot'):   # one of the two off: the other still flips some draws
+        only = DRealSRCameraDataset({**base, key: False})
+        assert any(window_of(hr, only[d]['gt'].numpy()) is None for d in range(12)), key
+    other_seed = DRealSRCameraDataset({**base, 'seed': 1})
+    assert any(not np.array_equal(a, other_seed[d]['gt'].numpy()) for d, a in enumerate(draws))
+
+
+def test_training_needs_a_patch_size_that_the_scale_divides(tmp_path):
+    base = dict(synthetic(tmp_path, names=('Canon_1',)), phase='train')
+    with pytest.raises(InputError, match=r"^training dataset 'd' needs option 'gt_size' \(HR patch size\)$"):
+        DRealSRCameraDataset(base)
+    with pytest.raises(InputError, match=r"^dataset 'd': gt_size 9 is not a multiple of scale 2$"):
+        DRealSRCameraDataset({**base, 'gt_size': 9})
+    assert len(DRealSRCameraDataset({**base, 'phase': 'val'})) == 1         # outside training: whole images
+
+
+@pytest.mark.parametrize('extra', [(1, 0), (0, 1), (1, 1)])
+def test_an_hr_a_little_larger_is_cropped_outside_training_and_logged_once(tmp_path, extra):
+    """Outside training an HR up to scale - 1 pixels wider and/or taller than LR x scale is cropped
+    at the bottom/right (as the official code does) with one log line per image, in either
+    direction alone; an exact pair is not logged. Kills the mutants of ``_check_sizes`` that refuse a
+    pair larger in one direction only or log every pair as cropped."""
+    import logging
+    exact = DRealSRCameraDataset(synthetic(tmp_path / 'exact'))
+    larger = DRealSRCameraDataset(synthetic(tmp_path / 'larger', extra=extra))
+    records = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    logger = logging.getLogger('basicsr')          # BasicSR's logger does not propagate to caplog's
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        for _ in range(2):
+            assert exact[0]['gt'].shape == (3, 10, 12)
+        assert not [r for r in records if 'cropped' in r.getMessage()]
+        for _ in range(2):
+            item = larger[0]
+            assert item['gt'].shape == (3, 10, 12)
+            assert np.array_equal(item['gt'].numpy(), rgb(larger.items[0]['gt_path'])[:, :10, :12])
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    lines = [r.getMessage() for r in records if 'cropped' in r.getMessage()]
+    assert lines == [f"dataset 'd': HR of 'Canon_1' is {12 + extra[0]}x{10 + extra[1]}, LR 6x5 x 2 is 12x10: HR "
+                     'cropped at the bottom/right before the metric, as the official LDT code does']
+
+
+def test_a_size_mismatch_says_what_is_cropped_only_outside_training(tmp_path):
+    opt = synthetic(tmp_path, scale=4, extra=(4, 0))
+    message = (r"^size mismatch for 'Canon_1' in dataset 'd': LR 6x5 times scale 4 is 24x20, HR is 28x20")
+    with pytest.raises(InputError, match=message + r' \(outside training an HR up to 3 pixels wider or taller is '
+                                                   r'cropped; this one is not\)$'):
+        DRealSRCameraDataset(opt)
+    with pytest.raises(InputError, match=message + '$'):
+        DRealSRCameraDataset({**opt, 'phase': 'train', 'gt_size': 8})
+
+
+def test_naming_templates_pair_the_files_and_are_named_when_a_file_does_not_follow(tmp_path):
+    """``filename_tmpl_gt`` / ``filename_tmpl_lq`` pair ``<stem>_hr`` with ``<stem>_lr`` (each side by
+    its own template); a file that does not follow its side's template, or a pair missing a side, is
+    one error naming the side, the file, the dataset and the templates."""
+    opt = {**synthetic(tmp_path, gt_name='{}_hr.png', lq_name='{}_lr.png'),
+           'filename_tmpl_gt': '{}_hr', 'filename_tmpl_lq': '{}_lr'}
+    dataset = DRealSRCameraDataset(opt)
+    assert [(it['stem'], it['camera']) for it in dataset.items] == [('Canon_1', 'Canon'), ('Canon_2', 'Canon'),
+                                                                      ('sony_3', 'Sony')]
+    assert dataset.items[2]['lq_path'].endswith('sony_3_lr.png') and dataset.items[2]['gt_path'].endswith('sony_3_hr.png')
+    where = f"dataset 'd' ({tmp_path / 'hr'} | {tmp_path / 'lr'})"
+    cv2.imwrite(str(tmp_path / 'lr' / 'Canon_9_x1.png'), np.zeros((5, 6, 3), np.uint8))
+    with pytest.raises(InputError) as err:
+        DRealSRCameraDataset(opt)
+    assert str(err.value) == (f"LR image 'Canon_9_x1.png' in {where} does not follow the naming template '{{}}_lr' "
+                              '(e.g. Canon_10_lr.png)')
+    os.rename(tmp_path / 'lr' / 'Canon_9_x1.png', tmp_path / 'lr' / 'Canon_9_lr.png')
+    with pytest.raises(InputError) as err:
+        DRealSRCameraDataset(opt)
+    assert str(err.value) == (f"unpaired files in {where}: 1 LR image(s) without an HR partner, e.g. 'Canon_9_lr.png' "
+                              "(templates '{}_hr' / '{}_lr')")
+    with pytest.raises(InputError, match=r"^two LR images for one pair 'Canon_1' in dataset 'd': 'Canon_1_lr' and "
+                                         r"'Canon_1_lr\.jpg' \(expected one LR image per stem"):
+        pair_keys(['Canon_1_hr'], ['Canon_1_lr', 'Canon_1_lr.jpg'], '{}_hr', '{}_lr', "dataset 'd'")
+
+
+def test_an_empty_side_is_reported_as_unpaired_files_not_as_an_empty_folder(tmp_path):
+    opt = synthetic(tmp_path)
+    for path in (tmp_path / 'hr').iterdir():
+        path.unlink()
+    with pytest.raises(InputError, match=r"unpaired files in dataset 'd' .*: 3 LR image\(s\) without an HR partner"):
+        DRealSRCameraDataset(opt)
+
+
+def test_messages_name_the_dataset_and_what_was_selected(tmp_path):
+    """Each error names the dataset section it comes from ('?' / 'dataset' when it has no name) and
+    the selection: what a user with several datasets in one option file needs to find the line."""
+    opt = synthetic(tmp_path)
+    where = f"dataset 'd' ({tmp_path / 'hr'} | {tmp_path / 'lr'})"
+    with pytest.raises(InputError, match=r"^unknown option 'bogus' in dataset '\?';"):
+        DRealSRCameraDataset({k: v for k, v in {**opt, 'bogus': 1}.items() if k != 'name'})
+    with pytest.raises(InputError, match=r"^dataset 'dataset': folder '.*nope' does not exist$"):
+        DRealSRCameraDataset({k: v for k, v in {**opt, 'dataroot_gt': str(tmp_path / 'nope')}.items() if k != 'name'})
+    with pytest.raises(InputError) as err:
+        DRealSRCameraDataset({**opt, 'cameras': ['Nikon']})
+    assert str(err.value) == f"unknown camera(s) 'Nikon' in {where}; cameras found (images): Canon (2), Sony (1)"
+    with pytest.raises(InputError, match=r"^unknown option 'part' in dataset 'd' subset"):
+        DRealSRCameraDataset({**opt, 'subset': {'part': 2}})
+    with pytest.raises(InputError) as err:
+        DRealSRCameraDataset({**opt, 'cameras': ['Sony'], 'subset': {'parts': 2, 'index': 0}})
+    assert str(err.value) == f"{where}: the selection (cameras=['Sony'], subset={{'parts': 2, 'index': 0}}) is empty"
+    with pytest.raises(InputError) as err:
+        DRealSRCameraDataset({**opt, 'camera_rule': {'source': 'filename', 'pattern': '^Z'}})
+    assert str(err.value) == "cannot tell the camera of 'Canon_1': camera_rule.pattern '^Z' does not match its file name"
+    (tmp_path / 'hr' / 'Foo_7_x4.png').write_bytes((tmp_path / 'hr' / 'Canon_1_x4.png').read_bytes())
+    (tmp_path / 'lr' / 'Foo_7_x1.png').write_bytes((tmp_path / 'lr' / 'Canon_1_x1.png').read_bytes())
+    (tmp_path / 'hr' / 'Bar_8_x4.png').write_bytes((tmp_path / 'hr' / 'Canon_1_x4.png').read_bytes())
+    (tmp_path / 'lr' / 'Bar_8_x1.png').write_bytes((tmp_path / 'lr' / 'Canon_1_x1.png').read_bytes())
+    with pytest.raises(InputError, match=r"^unknown camera prefix\(es\) 'Bar', 'Foo' in dataset 'd' \(.*\(e\.g\. 'Bar_8'\); "
+                                         r'prefixes found \(images -> camera\): Bar \(1 -> \?\), Canon \(2 -> Canon\), '
+                                         r'Foo \(1 -> \?\), sony \(1 -> Sony\)\. Expected'):
+        DRealSRCameraDataset(opt)
+
+
+def test_a_file_gone_after_the_check_is_named_when_read(tmp_path):
+    dataset = DRealSRCameraDataset(synthetic(tmp_path))
+    os.remove(dataset.items[1]['lq_path'])
+    with pytest.raises(InputError, match=rf"^cannot read image '{dataset.items[1]['lq_path']}' of dataset 'd': "):
+        dataset[1]
+
+
+def test_subset_defaults_and_the_all_selection(tmp_path):
+    """``subset`` without ``index``/``seed`` is part 0 with seed 0, without ``parts`` the whole
+    selection; ``cameras: all`` (or ``[all]``, or absent) keeps every camera."""
+    opt = synthetic(tmp_path, names=[f'Canon_{k}' for k in range(6)] + ['sony_9'])
+    stems = lambda **o: [it['stem'] for it in DRealSRCameraDataset({**opt, **o}).items]  # noqa: E731
+    everything = stems()
+    assert len(everything) == 7 and stems(cameras='all') == stems(cameras=['all']) == everything
+    assert stems(subset={}) == everything
+    assert stems(subset={'parts': 2}) == stems(subset={'parts': 2, 'index': 0, 'seed': 0}) != everything
+    assert stems(subset={'parts': 2, 'seed': 3}) == stems(subset={'parts': 2, 'index': 0, 'seed': 3})
+    assert len({tuple(stems(subset={'parts': 2, 'seed': s})) for s in range(6)}) > 1   # the seed matters
+
+
+def test_camera_rule_edges_a_user_can_reach():
+    """source 'folder' with a flat file is refused (not read from the file name); a pattern without
+    a 'camera' group names the camera by its whole match; an unknown camera_rule key names the
+    section; a stem with a dot keeps it; a template whose prefix and suffix overlap the name
+    leaves no stem."""
+    from basicsr_ldt.data.cameras import split_extension
+    with pytest.raises(InputError, match=r"^camera_rule\.source is 'folder' but 'Canon_1' is not inside a camera "
+                                         r'subfolder$'):
+        CameraRule(source='folder').camera_of('Canon_1')
+    assert CameraRule(source='folder').camera_of('Mine/Canon_1') == 'Mine'
+    assert CameraRule(source='filename', pattern='[A-Za-z]+').camera_of('x/Canon_1') == 'Canon'
+    with pytest.raises(InputError, match=r"^unknown option 'patern' in camera_rule \(did you mean 'pattern'\?\)"):
+        CameraRule.from_options({'patern': 'x'})
+    assert split_extension('Canon_1.5_x4') == ('Canon_1.5_x4', '') and split_extension('a.PNG') == ('a', '.PNG')
+    assert strip_template('abba', 'ab{}ba') is None and strip_template('aba', 'ab{}ba') is None
+    assert strip_template('abxba', 'ab{}ba') == 'x'
