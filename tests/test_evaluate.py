@@ -186,6 +186,7 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
     log file holds the table. Kills the mutants of test_pipeline, write_results, _wise_ft_entry and
     test_logger that the single-entry runs above pass (mutation testing, issue 58)."""
     import csv
+    import logging
     import cv2
     from basicsr.archs import build_network
     from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
@@ -207,7 +208,13 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
     yml = tmp_path / 'three.yml'
     yml.write_text(yaml.safe_dump(opt))
     monkeypatch.setattr('sys.argv', ['test.py', '-opt', str(yml)])
+    # As in a fresh test.py process: BasicSR's logger without the log file of an earlier in-process run.
+    logger = logging.getLogger('basicsr')
+    monkeypatch.setattr(logger, 'handlers', [h for h in logger.handlers if not isinstance(h, logging.FileHandler)])
     returned = test_pipeline(str(tmp_path))
+    for handler in logger.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.close()
     folder = tmp_path / 'results' / 'three'
     saved = json.loads((folder / 'metrics.json').read_text())
     assert list(saved['summary']) == ['tuned', 'wise', 'Bicubic'] == list(returned)
