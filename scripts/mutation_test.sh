@@ -69,6 +69,8 @@ SUBPROCESS_TESTS=(
   tests/test_study.py::test_bicubic_method_is_one_untrained_run_paired_with_every_seed
   tests/test_retention_controls.py::test_test_py_refuses_a_bad_wise_ft_entry_in_one_line_and_writes_nothing
   tests/test_compare.py::test_test_py_writes_one_grid_per_image
+  tests/test_l2_sp.py::test_a_start_of_another_network_stops_training_in_one_line_before_anything_is_written
+  tests/test_optimizers.py::test_a_bad_value_stops_training_in_one_line_before_anything_is_written
 )
 
 if ! "$PYTHON" -c 'import mutmut' 2>/dev/null; then
