@@ -382,3 +382,24 @@ def test_validation_peak_memory_does_not_grow_with_the_image_under_tiling():
     assert whole > 150 * 2**20, mib
     assert tiled[192] - tiled[64] < 0.1 * whole, mib
     assert tiled[192] < 0.15 * whole, mib
+
+
+def test_val_section_shape_scale_and_device_rules():
+    """``val:`` that is not a mapping, and tiles without an integer top-level ``scale``, are one
+    whole line each; a run on a GPU (``num_gpu`` not 0, as BasicSR picks the device) may validate in
+    fp16, a CPU run (``num_gpu`` absent) may not; a missing or null ``val:`` validates whole images.
+    Kills the message and device mutants of ``validation_settings`` (mutation testing, issue 58)."""
+    with pytest.raises(InputError) as caught:
+        validation_settings({'scale': 4, 'val': 'yes'})
+    assert str(caught.value) == "val: expected a mapping of validation options, got 'yes'"
+    with pytest.raises(InputError) as caught:
+        validation_settings({'num_gpu': 0, 'val': {'tile_mode': 'official'}})
+    assert str(caught.value) == ("scale: val.tile_mode 'official' pastes tiles at the network's scale; give the "
+                                 "top-level 'scale' (an integer), got None")
+    with pytest.raises(InputError, match=r"^scale: val\.tile_mode 'fixed' .* got 4\.0$"):
+        validation_settings({'scale': 4.0, 'val': {'tile_mode': 'fixed', 'tile_size': 16, 'tile_overlap': 4}})
+    assert validation_settings({'scale': 4, 'num_gpu': 1, 'val': {'precision': 'fp16'}}).dtype == torch.float16
+    with pytest.raises(InputError, match='^val.precision: fp16 needs a CUDA device'):
+        validation_settings({'scale': 4, 'val': {'precision': 'fp16'}})
+    assert validation_settings({'scale': 4, 'val': None}).tile_mode == 'whole'
+    assert validation_settings({'val': {'tile_mode': 'whole'}}).tile_mode == 'whole'
