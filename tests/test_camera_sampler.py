@@ -207,7 +207,7 @@ def test_a_dataset_that_does_not_name_its_cameras_is_refused_by_name():
         def __len__(self):
             return 3
 
-    with pytest.raises(ValueError, match=r'^Plain does not say which camera each image comes from .*DRealSRCameraDataset'):
+    with pytest.raises(ValueError, match=r'^Plain does not say which camera each image comes from .*DRealSRCameraDataset\)$'):
         CameraBalancedSampler(Plain(), 1, 0, batch_size=2)
     listed = Plain()
     listed.item_cameras = ('X', 'Y', 'X')

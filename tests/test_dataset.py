@@ -597,3 +597,56 @@ def test_camera_rule_edges_a_user_can_reach():
     assert split_extension('Canon_1.5_x4') == ('Canon_1.5_x4', '') and split_extension('a.PNG') == ('a', '.PNG')
     assert strip_template('abba', 'ab{}ba') is None and strip_template('aba', 'ab{}ba') is None
     assert strip_template('abxba', 'ab{}ba') == 'x'
+
+
+def test_the_remaining_loader_messages_are_whole_lines(tmp_path):
+    """The rest of the loader's one-line errors, pinned whole: a named dataset's unknown key, a missing
+    data root, an invalid camera_rule.source, unpaired files
+    under DRealSR's naming (both sides, joined), unknown cameras in an empty folder, an lmdb folder
+    without meta_info.txt, the class of an unreadable image; and a template with a prefix matches
+    inside camera subfolders (mutation testing, issue 58)."""
+    from basicsr_ldt.data.cameras import select_cameras
+    opt = synthetic(tmp_path)
+    where = f"dataset 'd' ({tmp_path / 'hr'} | {tmp_path / 'lr'})"
+    with pytest.raises(InputError, match=r"^unknown option 'bogus' in dataset 'd';"):
+        DRealSRCameraDataset({**opt, 'bogus': 1})
+    with pytest.raises(InputError) as err:
+        DRealSRCameraDataset({k: v for k, v in opt.items() if k != 'dataroot_lq'})
+    assert str(err.value) == "dataset 'd' needs option 'dataroot_lq'"
+    with pytest.raises(InputError) as err:
+        CameraRule(source='name')
+    assert str(err.value) == "camera_rule.source must be one of auto, folder, filename; got 'name'"
+    os.remove(tmp_path / 'lr' / 'Canon_2_x1.png')
+    os.rename(tmp_path / 'hr' / 'sony_3_x4.png', tmp_path / 'hr' / 'sony_4_x4.png')
+    with pytest.raises(InputError) as err:
+        DRealSRCameraDataset(opt)
+    assert str(err.value) == (
+        f"unpaired files in {where}: 2 HR image(s) without an LR partner, e.g. 'Canon_2_x4.png'; 1 LR image(s) "
+        "without an HR partner, e.g. 'sony_3_x1.png' (pairs are matched by stem and patch index, whatever the zoom "
+        "token: HR 'Canon_10_x4' with LR 'Canon_10_x1', 'sony_26_x4_24' with 'sony_26_x1_24')")
+    with pytest.raises(InputError) as err:
+        select_cameras([], ['Sony', 'Canon'], 'here')
+    assert str(err.value) == "unknown camera(s) 'Sony', 'Canon' in here; cameras found (images): none"
+    (tmp_path / 'db').mkdir()
+    with pytest.raises(InputError) as err:
+        DRealSRCameraDataset({**opt, 'dataroot_gt': str(tmp_path / 'db'), 'dataroot_lq': str(tmp_path / 'db'),
+                              'io_backend': {'type': 'lmdb'}})
+    assert str(err.value) == f"lmdb folder '{tmp_path / 'db'}' has no meta_info.txt (expected BasicSR's lmdb layout)"
+    second = synthetic(tmp_path / 'second')
+    (tmp_path / 'second' / 'hr' / 'Canon_1_x4.png').write_bytes(b'not a png')
+    with pytest.raises(InputError, match=r"Canon_1_x4\.png' of dataset 'd' is corrupt or not an image "
+                                         r'\(UnidentifiedImageError\)$'):
+        DRealSRCameraDataset(second)
+    assert strip_template('Sony/hr_1', 'hr_{}') == 'Sony/1'
+
+
+def test_sampler_and_subset_defaults_are_basicsrs():
+    """Constructor defaults a caller may rely on: the balanced sampler's ratio 1 and seed 0 and its
+    batch of one (refused for two cameras); ``subset_indices``' seed 0."""
+    from basicsr_ldt.data.sampler import CameraBalancedSampler
+    from test_camera_sampler import DATA, Cameras
+    assert list(CameraBalancedSampler(DATA, 1, 0, batch_size=3)) == list(
+        CameraBalancedSampler(DATA, 1, 0, ratio=1, seed=0, batch_size=3))
+    with pytest.raises(ValueError, match='batch_size_per_gpu 1 is smaller than the number of source cameras'):
+        CameraBalancedSampler(Cameras(['A', 'B']), 1, 0)
+    assert subset_indices(10, 3, 1) == subset_indices(10, 3, 1, seed=0)
