@@ -178,8 +178,9 @@ def test_checkpoint_without_param_key_evaluates_the_weights_path_param_key_g_nam
 
 def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_of_entry(tmp_path, monkeypatch,
                                                                                         demo_data):
-    """One test.py run over two cameras with a network entry, a WiSE-FT entry and the Bicubic row,
-    ``save_img: true``: what a user reads afterwards. Every row of metrics.json is PSNR/SSIM computed
+    """One test.py run over two cameras with a network entry, the Bicubic row and a WiSE-FT entry,
+    ``save_img: true`` and comparison grids: what a user reads afterwards (each file holds the other
+    weights under the key an entry does not name). Every row of metrics.json is PSNR/SSIM computed
     here from the network (or interpolation, or bicubic) the entry names; the per-camera and Mean
     rows are those images' means (cameras weigh the same); metrics.csv and metrics.md carry the same
     numbers; the saved SR images are the measured ones, under visualization/<label>/<camera>/; the
@@ -187,6 +188,7 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
     test_logger that the single-entry runs above pass (mutation testing, issue 58)."""
     import csv
     import logging
+    import re
     import cv2
     from basicsr.archs import build_network
     from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
@@ -195,16 +197,17 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
     torch.manual_seed(3)
     start = build_network(dict(NETWORK)).state_dict()
     tuned = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in start.items()}
-    torch.save({'params': start}, tmp_path / 'start.pth')
-    torch.save({'params_ema': tuned}, tmp_path / 'tuned.pth')
+    decoy = {k: v + 0.1 for k, v in start.items()}          # under the key each entry does not name
+    torch.save({'params': start, 'params_ema': decoy}, tmp_path / 'start.pth')
+    torch.save({'params': tuned, 'params_ema': decoy}, tmp_path / 'tuned.pth')
     alpha = 0.25
     test_set = dataset(demo_data, 'Test', ['Sony', 'Olympus'])
     opt = {'name': 'three', 'scale': 4, 'num_gpu': 0, 'network_g': NETWORK, 'datasets': {'test_1': test_set},
-           'path': {}, 'test': {'tile_size': 0, 'save_img': True},
-           'checkpoints': [{'label': 'tuned', 'path': str(tmp_path / 'tuned.pth'), 'param_key': 'params_ema'},
-                           {'label': 'wise', 'path': str(tmp_path / 'tuned.pth'), 'param_key': 'params_ema',
-                            'wise_ft': {'start': str(tmp_path / 'start.pth'), 'alpha': alpha}},
-                           {'bicubic': True}]}
+           'path': {}, 'test': {'tile_size': 0, 'save_img': True, 'compare': {'crops': 1, 'size': 8}},
+           'checkpoints': [{'label': 'tuned', 'path': str(tmp_path / 'tuned.pth')},
+                           {'bicubic': True},
+                           {'label': 'wise', 'path': str(tmp_path / 'tuned.pth'), 'param_key': 'params',
+                            'wise_ft': {'start': str(tmp_path / 'start.pth'), 'alpha': alpha}}]}
     yml = tmp_path / 'three.yml'
     yml.write_text(yaml.safe_dump(opt))
     monkeypatch.setattr('sys.argv', ['test.py', '-opt', str(yml)])
@@ -217,7 +220,7 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
             handler.close()
     folder = tmp_path / 'results' / 'three'
     saved = json.loads((folder / 'metrics.json').read_text())
-    assert list(saved['summary']) == ['tuned', 'wise', 'Bicubic'] == list(returned)
+    assert list(saved['summary']) == ['tuned', 'Bicubic', 'wise'] == list(returned)
 
     def network_with(weights):
         network = build_network(dict(NETWORK))
@@ -225,7 +228,7 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
         return network.eval()
 
     mixed = {k: (1 - alpha) * start[k] + alpha * tuned[k] if start[k].is_floating_point() else tuned[k] for k in start}
-    runs = {'tuned': network_with(tuned), 'wise': network_with(mixed), 'Bicubic': lambda lq: bicubic_upscale(lq, 4)}
+    runs = {'tuned': network_with(tuned), 'Bicubic': lambda lq: bicubic_upscale(lq, 4), 'wise': network_with(mixed)}
     items = DRealSRCameraDataset(test_set)
     assert len(items) == 4 and {items[k]['camera'] for k in range(4)} == {'Sony', 'Olympus'}
     for label, run in runs.items():
@@ -258,8 +261,80 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
         assert (int(images), psnr, ssim) == (values['images'], f"{values['psnr']:.4f}", f"{values['ssim']:.6f}")
     markdown = (folder / 'metrics.md').read_text()
     assert markdown == format_table(saved['summary'], markdown=True) + '\n'
-    assert markdown.splitlines()[0].startswith('| Camera | Images | tuned PSNR | tuned SSIM | wise PSNR')
+    assert markdown.splitlines()[0].startswith('| Camera | Images | tuned PSNR | tuned SSIM | Bicubic PSNR')
+    grids = sorted(path.name for path in (folder / 'compare').iterdir())
+    assert len(grids) == 4 and all(any(g.endswith(f"{r['image']}.png") for g in grids) for r in saved['images']['tuned'])
     logs = list((folder).glob('test_three_*.log'))
     assert len(logs) == 1
     log = logs[0].read_text()
     assert format_table(saved['summary'], markdown=False) in log and 'Results written to' in log
+    assert re.match(r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO: ', log), log[:80]
+
+
+@pytest.mark.parametrize('wise_ft, message', [
+    ({'start': 's.pth'}, 'checkpoints[1].wise_ft.alpha: required (WiSE-FT tests (1 - alpha) start + alpha <path>)'),
+    ({'start': 's.pth', 'alpha': 2}, 'checkpoints[1].wise_ft.alpha: expected a number in [0, 1], got 2'),
+    ({'start': 's.pth', 'alpha': 0.5, 'beta': 1},
+     "unknown option 'beta' in checkpoints[1].wise_ft; valid keys: alpha, start, start_param_key"),
+    ('s.pth', "checkpoints[1].wise_ft: expected a mapping {start, alpha[, start_param_key]}, got 's.pth'"),
+])
+def test_a_bad_wise_ft_block_is_one_line_naming_its_entry(wise_ft, message):
+    """test.py's ``wise_ft:`` of the second entry, checked before any weights are read: the line
+    names ``checkpoints[1]`` and what was expected; a good block keeps its ``start_param_key``
+    (default ``params``). Kills the message and key mutants of ``_wise_ft_entry`` (issue 58)."""
+    with pytest.raises(InputError) as err:
+        checkpoints_of({'checkpoints': [{'label': 'A', 'path': 'a.pth'}, {'path': 'r.pth', 'wise_ft': wise_ft}]})
+    assert str(err.value) == message
+    entries = checkpoints_of({'checkpoints': [
+        {'path': 'r.pth', 'wise_ft': {'start': 's.pth', 'alpha': 1, 'start_param_key': 'params_ema'}},
+        {'path': 'q.pth', 'wise_ft': {'start': 's.pth', 'alpha': 0}}]})
+    assert [e['wise_ft'] for e in entries] == [{'start': 's.pth', 'alpha': 1.0, 'start_param_key': 'params_ema'},
+                                               {'start': 's.pth', 'alpha': 0.0, 'start_param_key': 'params'}]
+
+
+def test_the_test_log_gets_one_file_handler_however_often_it_is_asked(tmp_path, monkeypatch):
+    """Asking for test.py's logger twice (or after an earlier file) must not write every line twice."""
+    import logging
+    from basicsr_ldt.pipelines.evaluate import test_logger
+    logger = logging.getLogger('basicsr')
+    monkeypatch.setattr(logger, 'handlers', [h for h in logger.handlers if not isinstance(h, logging.FileHandler)])
+    test_logger(str(tmp_path / 'a.log'))
+    test_logger(str(tmp_path / 'a.log'))
+    files = [h for h in logger.handlers if isinstance(h, logging.FileHandler)]
+    try:
+        assert len(files) == 1 and logger.level == logging.INFO
+    finally:
+        for handler in files:
+            handler.close()
+
+
+def test_strict_load_g_decides_whether_a_partial_checkpoint_is_tested(tmp_path, monkeypatch, demo_data, capsys):
+    """A checkpoint missing some of the network's weights is refused in one line by default and
+    tested when ``path.strict_load_g: false`` (BasicSR's key); a WiSE-FT start that does not fit
+    names its entry. Kills the mutants of test_pipeline that drop or default strict_load_g or the
+    entry's name in the WiSE-FT message (issue 58)."""
+    from basicsr.archs import build_network
+    from basicsr_ldt.pipelines.evaluate import test_pipeline
+    from test_cli import NETWORK, dataset
+    full = build_network(dict(NETWORK)).state_dict()
+    torch.save({'params': {k: v for k, v in full.items() if not k.startswith('conv_last')}}, tmp_path / 'part.pth')
+    torch.save({'params': full}, tmp_path / 'full.pth')
+
+    def run(name, path, checkpoints):
+        opt = {'name': name, 'scale': 4, 'num_gpu': 0, 'network_g': NETWORK, 'path': path, 'test': {'tile_size': 0},
+               'datasets': {'test_1': dataset(demo_data, 'Test', ['Sony'])}, 'checkpoints': checkpoints}
+        yml = tmp_path / f'{name}.yml'
+        yml.write_text(yaml.safe_dump(opt))
+        monkeypatch.setattr('sys.argv', ['test.py', '-opt', str(yml)])
+        return test_pipeline(str(tmp_path))
+
+    part = {'label': 'part', 'path': str(tmp_path / 'part.pth')}
+    with pytest.raises(SystemExit):
+        run('strict', {}, [part])
+    assert "does not fit network MSRResNet: keys 2 missing (e.g. conv_last.bias, conv_last.weight)" in capsys.readouterr().err
+    assert not (tmp_path / 'results' / 'strict').exists()
+    assert list(run('loose', {'strict_load_g': False}, [part])) == ['part']
+    with pytest.raises(SystemExit):
+        run('wise', {}, [{'label': 'w', 'path': str(tmp_path / 'full.pth'),
+                          'wise_ft': {'start': str(tmp_path / 'part.pth'), 'alpha': 0.5}}])
+    assert "checkpoints[0].wise_ft.start '" in capsys.readouterr().err
