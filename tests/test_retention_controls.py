@@ -334,3 +334,47 @@ def test_a_bicubic_row_is_planned_as_one_seedless_test_of_the_lr_upscaled(tmp_pa
     assert bicubic.test_opt['checkpoints'] == [{'label': 'B', 'bicubic': True}]
     assert bicubic.test_opt['name'] == 'tiny/B' and bicubic.test_opt['scale'] == 4 and 'network_g' not in bicubic.test_opt
     assert bicubic.description.startswith('no training: bicubic upscaling')
+
+
+def test_retention_runs_carry_the_start_key_their_description_and_accept_the_ends_of_alpha(tmp_path, demo_data):
+    """With ``path.param_key_g: params_ema`` in the base file, the Start row and every WiSE-FT start
+    read that key; the plan (``--dry-run``) describes each WiSE-FT run by what it interpolates; alphas
+    0 and 1 (the start and the run) are accepted; a run without a start is one whole line. Kills the
+    key, description and bound mutants of ``wise_ft_run``, ``start_evaluation_options`` and
+    ``_check_wise_ft`` (mutation testing, issue 58)."""
+    methods = {'Start': {'start': True}, 'FT': {}, 'FT+EMA': {'train': {'ema_decay': 0.9}},
+               'WiSE-FT': {'wise_ft': {'of': 'FT', 'alphas': [0, 1]}},
+               'WiSE-EMA': {'wise_ft': {'of': 'FT+EMA', 'alphas': [0.5]}}}
+    path = _wise_study(tmp_path, demo_data, methods=methods, seeds=[0])
+    base = plan.read_yaml(str(tmp_path / 'base.yml'), 'base')
+    base['path']['param_key_g'] = 'params_ema'
+    write(tmp_path / 'base.yml', base)
+    study = plan.load_study(path, str(tmp_path))
+    runs = {r.name: r for r in study.runs}
+    assert runs['Start'].test_opt['checkpoints'][0]['param_key'] == 'params_ema'
+    wise = [r for r in study.runs if r.method in ('WiSE-FT', 'WiSE-EMA')]
+    assert [(r.name, r.method) for r in wise] == [('WiSE-FT_alpha=0.0_seed0', 'WiSE-FT'), ('WiSE-FT_alpha=1.0_seed0', 'WiSE-FT'),
+                                                   ('WiSE-EMA_alpha=0.5_seed0', 'WiSE-EMA')]
+    assert {r.test_opt['checkpoints'][0]['wise_ft']['start_param_key'] for r in wise} == {'params_ema'}
+    assert [r.description for r in wise] == ['no training: WiSE-FT of FT_seed0 at alpha 0.0',
+                                             'no training: WiSE-FT of FT_seed0 at alpha 1.0',
+                                             'no training: WiSE-FT of FT+EMA_seed0 (params_ema) at alpha 0.5']
+    bare = tiny_study(tmp_path, demo_data, methods={'FT': {}, 'W': {'wise_ft': {'of': 'FT', 'alphas': [0.5]}}})
+    with pytest.raises(InputError) as err:          # tiny_study's base file names no start
+        plan.load_study(bare, str(tmp_path))
+    assert str(err.value) == ("method 'W': wise_ft.of 'FT' starts from no weights (path.pretrain_network_g); WiSE-FT "
+                              'interpolates between a start and a run')
+
+
+@pytest.mark.parametrize('methods, message', [
+    ({'FT': {}, 'W': {'wise_ft': {'of': 'F', 'alphas': [0.5]}}, 'G': {}},
+     "study file '{path}': method 'W': wise_ft.of 'F' is not another method of the study (FT, G) (did you mean 'FT'?)"),
+    ({'FT': {}, 'W': {'wise_ft': {'of': 'FT', 'alphas': [0.5]}, 'train': {}, 'model_type': 'x'}},
+     "study file '{path}': method 'W' has 'wise_ft' (it interpolates another method's runs, nothing is trained), so "
+     'it takes no other key, got train, model_type'),
+])
+def test_wise_ft_spec_messages_are_whole_lines(tmp_path, demo_data, methods, message):
+    path = tiny_study(tmp_path, demo_data, methods=methods)
+    with pytest.raises(InputError) as err:
+        plan.load_study(path, str(tmp_path))
+    assert str(err.value) == message.format(path=path)

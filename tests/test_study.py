@@ -530,3 +530,36 @@ def test_missing_inputs_name_each_absent_folder_and_start_once_relative_to_the_r
     assert plan.missing_inputs(study, str(tmp_path)) == [
         "test datasets.test_1.dataroot_gt 'gone/test_HR'", "train datasets.train.dataroot_gt 'here/file'",
         "train datasets.train.dataroot_lq 'gone/train_LR'"]
+
+
+@pytest.mark.parametrize('key, message', [
+    ('train.optim_g.nope.lr', "the options have no section 'train.optim_g.nope' to set 'lr' in"),
+    ('train.total_iter.x', "the options have no section 'train.total_iter' to set 'x' in"),
+    ('nope.lr', "the options have no section 'nope' to set 'lr' in"),
+])
+def test_a_sweep_into_a_section_the_options_lack_is_one_line_naming_the_missing_part(tmp_path, demo_data, key,
+                                                                                    message):
+    """A sweep key must land in an existing section of every method (else the points would train the
+    same thing); the line names the first missing (or non-mapping) part at any depth and the key
+    that would be set. Kills the depth and message mutants of ``_check_sweep_section`` (issue 58)."""
+    path = tiny_study(tmp_path, demo_data, methods={'FT': {}}, sweep={key: [1, 2]})
+    with pytest.raises(InputError) as err:
+        plan.load_study(path, str(tmp_path))
+    assert str(err.value) == f"sweep '{key}' (method 'FT'): {message}"
+
+
+def test_a_start_named_like_a_release_is_looked_up_where_fetch_weights_puts_it(tmp_path, demo_data, monkeypatch):
+    """A start named like a released model counts as present when its file is where
+    ``fetch_weights.py`` puts it, not under the project root (mutation testing, issue 58)."""
+    path = tiny_study(tmp_path, demo_data, methods={'FT': {}})
+    fetched = tmp_path / 'pretrained' / 'Release_x4.pth'
+    fetched.parent.mkdir()
+    fetched.write_bytes(b'')
+    monkeypatch.setattr(plan, 'release_file', lambda name: str(fetched) if name == 'Release_x4' else None)
+    base = plan.read_yaml(str(tmp_path / 'base.yml'), 'base')
+    base['path']['pretrain_network_g'] = 'Release_x4'
+    write(tmp_path / 'base.yml', base)
+    assert plan.missing_inputs(plan.load_study(path, str(tmp_path)), str(tmp_path)) == []
+    fetched.unlink()
+    assert plan.missing_inputs(plan.load_study(path, str(tmp_path)), str(tmp_path)) == [
+        "path.pretrain_network_g 'Release_x4'"]
