@@ -338,3 +338,53 @@ def test_strict_load_g_decides_whether_a_partial_checkpoint_is_tested(tmp_path, 
         run('wise', {}, [{'label': 'w', 'path': str(tmp_path / 'full.pth'),
                           'wise_ft': {'start': str(tmp_path / 'part.pth'), 'alpha': 0.5}}])
     assert "checkpoints[0].wise_ft.start '" in capsys.readouterr().err
+
+
+def test_the_printed_table_and_the_markdown_copy_are_exactly_laid_out():
+    """The console table right-aligns numbers under left-aligned camera names, two spaces apart; the
+    Markdown copy has its separator row (mutation testing of ``format_table``, issue 58)."""
+    from collections import OrderedDict
+    table = OrderedDict([('Sony', {'psnr': 31.0, 'ssim': 0.8, 'images': 2}),
+                         ('Mean', {'psnr': 29.5, 'ssim': 0.65, 'images': 3})])
+    assert format_table({'FT': table, 'LDT-long': table}, markdown=False) == (
+        'Camera  Images  FT PSNR  FT SSIM  LDT-long PSNR  LDT-long SSIM\n'
+        'Sony         2    31.00   0.8000          31.00         0.8000\n'
+        'Mean         3    29.50   0.6500          29.50         0.6500')
+    assert format_table({'FT': table}, markdown=True) == ('| Camera | Images | FT PSNR | FT SSIM |\n|---|---|---|---|\n'
+                                                          '| Sony | 2 | 31.00 | 0.8000 |\n| Mean | 3 | 29.50 | 0.6500 |')
+
+
+@pytest.mark.parametrize('opt, message', [
+    ({}, "give the weights to test as 'path: pretrain_network_g' or a 'checkpoints' list"),
+    ({'checkpoints': 'x.pth'}, "'checkpoints' must be a non-empty list of {label, path[, param_key]} entries"),
+    ({'checkpoints': []}, "'checkpoints' must be a non-empty list of {label, path[, param_key]} entries"),
+    ({'checkpoints': [{'path': 'a.pth', 'lable': 'x'}]},
+     "unknown option 'lable' in checkpoints[0] (did you mean 'label'?); valid keys: bicubic, label, param_key, path"),
+    ({'checkpoints': [{'path': 'a/x.pth'}, {'path': 'b/x.pth'}]}, "checkpoint labels must be unique, got ['x', 'x']"),
+])
+def test_bad_checkpoint_lists_are_one_whole_line(opt, message):
+    with pytest.raises(InputError) as err:
+        checkpoints_of(opt)
+    assert str(err.value) == message
+
+
+def test_test_section_keys_datasets_and_crop_border_default_are_checked_before_anything_runs(demo_data):
+    """``_build`` (test.py before any weights are read): an unknown ``test:`` key, a file without
+    datasets, an unknown dataset or network type are whole lines naming the key; ``crop_border``
+    defaults to the file's ``scale`` (4 without one)."""
+    from basicsr_ldt.pipelines.evaluate import _build
+    from test_cli import NETWORK, dataset
+    cpu = torch.device('cpu')
+    base = {'scale': 2, 'network_g': NETWORK, 'datasets': {'test_1': dataset(demo_data, 'Test', ['Sony'])},
+            'checkpoints': [{'path': 'a.pth'}]}
+    assert _build(base, cpu)[0]['crop_border'] == 2
+    assert _build({k: v for k, v in base.items() if k != 'scale'}, cpu)[0]['crop_border'] == 4
+    for change, message in (
+            ({'test': {'tile_sise': 8}}, "unknown option 'tile_sise' in test (did you mean 'tile_size'?)"),
+            ({'datasets': {}}, "the option file has no 'datasets' section to test on"),
+            ({'datasets': {'test_1': {**base['datasets']['test_1'], 'type': 'DRealSRDataset'}}},
+             "datasets.test_1.type 'DRealSRDataset' is not registered (known: DRealSRCameraDataset,"),
+            ({'network_g': {'type': 'MSRResnet'}}, "network_g.type 'MSRResnet' is not registered (known: ")):
+        with pytest.raises(InputError) as err:
+            _build({**base, **change}, cpu)
+        assert str(err.value).startswith(message), str(err.value)
