@@ -177,7 +177,7 @@ def test_checkpoint_without_param_key_evaluates_the_weights_path_param_key_g_nam
 
 
 def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_of_entry(tmp_path, monkeypatch,
-                                                                                        demo_data):
+                                                                                        demo_data, capsys):
     """One test.py run over two cameras with a network entry, the Bicubic row and a WiSE-FT entry,
     ``save_img: true`` and comparison grids: what a user reads afterwards (each file holds the other
     weights under the key an entry does not name). Every row of metrics.json is PSNR/SSIM computed
@@ -269,6 +269,7 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
     log = logs[0].read_text()
     assert format_table(saved['summary'], markdown=False) in log and 'Results written to' in log
     assert re.match(r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO: ', log), log[:80]
+    assert format_table(saved['summary'], markdown=False) + '\n' in capsys.readouterr().out   # printed too
 
 
 @pytest.mark.parametrize('wise_ft, message', [
