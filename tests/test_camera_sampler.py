@@ -25,6 +25,16 @@ class Cameras:
 DATA = Cameras(['A'] * 7 + ['B'] * 3 + ['C'] * 2)
 
 
+class Plain:
+    """A dataset that says neither its items' cameras nor that it takes draw numbers (BasicSR's own)."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def __len__(self):
+        return self.size
+
+
 def batches(sampler, size):
     indices = list(sampler)
     return [indices[k:k + size] for k in range(0, len(indices), size)]
@@ -202,14 +212,9 @@ def test_a_dataset_that_does_not_name_its_cameras_is_refused_by_name():
     """CorGrad's balanced batches need each item's camera: a dataset without ``item_cameras`` is
     refused naming its class; a plain list attribute works like the method."""
     from basicsr_ldt.data.sampler import dataset_cameras
-
-    class Plain:
-        def __len__(self):
-            return 3
-
     with pytest.raises(ValueError, match=r'^Plain does not say which camera each image comes from .*DRealSRCameraDataset\)$'):
-        CameraBalancedSampler(Plain(), 1, 0, batch_size=2)
-    listed = Plain()
+        CameraBalancedSampler(Plain(3), 1, 0, batch_size=2)
+    listed = Plain(3)
     listed.item_cameras = ('X', 'Y', 'X')
     assert dataset_cameras(listed) == ['X', 'Y', 'X']
     assert dataset_cameras(DATA) == DATA.cameras
@@ -234,14 +239,14 @@ def test_two_cameras_are_enough_and_each_rank_and_epoch_draws_its_own_block():
 
 def test_the_plain_sampler_defaults_and_a_dataset_without_draw_numbers():
     """BasicSR's defaults (ratio 1, seed 0) and plain indices for a dataset that does not declare
-    ``accepts_draw_numbers`` (BasicSR's own datasets)."""
+    ``accepts_draw_numbers`` (BasicSR's own datasets); the balanced sampler's defaults too, whose
+    batch of one is refused for two cameras."""
     from basicsr_ldt.data.sampler import ResumableSampler
-
-    class Plain:
-        def __len__(self):
-            return 5
-
-    sampler = ResumableSampler(Plain(), 1, 0)
+    sampler = ResumableSampler(Plain(5), 1, 0)
     assert (sampler.total_size, sampler.seed, sampler.draw_numbers) == (5, 0, False)
     assert sorted(sampler) == [0, 1, 2, 3, 4]
-    assert list(sampler) == list(ResumableSampler(Plain(), 1, 0, ratio=1, seed=0))
+    assert list(sampler) == list(ResumableSampler(Plain(5), 1, 0, ratio=1, seed=0))
+    assert list(CameraBalancedSampler(DATA, 1, 0, batch_size=3)) == list(
+        CameraBalancedSampler(DATA, 1, 0, ratio=1, seed=0, batch_size=3))
+    with pytest.raises(ValueError, match='batch_size_per_gpu 1 is smaller than the number of source cameras'):
+        CameraBalancedSampler(Cameras(['A', 'B']), 1, 0)

@@ -461,28 +461,18 @@ def test_an_hr_a_little_larger_is_cropped_outside_training_and_logged_once(tmp_p
     at the bottom/right (as the official code does) with one log line per image, in either
     direction alone; an exact pair is not logged. Kills the mutants of ``_check_sizes`` that refuse a
     pair larger in one direction only or log every pair as cropped."""
-    import logging
+    from conftest import basicsr_log
     exact = DRealSRCameraDataset(synthetic(tmp_path / 'exact'))
     larger = DRealSRCameraDataset(synthetic(tmp_path / 'larger', extra=extra))
-    records = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = records.append
-    logger = logging.getLogger('basicsr')          # BasicSR's logger does not propagate to caplog's
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with basicsr_log() as messages:
         for _ in range(2):
             assert exact[0]['gt'].shape == (3, 10, 12)
-        assert not [r for r in records if 'cropped' in r.getMessage()]
+        assert not [m for m in messages if 'cropped' in m]
         for _ in range(2):
             item = larger[0]
             assert item['gt'].shape == (3, 10, 12)
             assert np.array_equal(item['gt'].numpy(), rgb(larger.items[0]['gt_path'])[:, :10, :12])
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    lines = [r.getMessage() for r in records if 'cropped' in r.getMessage()]
+    lines = [m for m in messages if 'cropped' in m]
     assert lines == [f"dataset 'd': HR of 'Canon_1' is {12 + extra[0]}x{10 + extra[1]}, LR 6x5 x 2 is 12x10: HR "
                      'cropped at the bottom/right before the metric, as the official LDT code does']
 
@@ -585,7 +575,7 @@ def test_camera_rule_edges_a_user_can_reach():
     """source 'folder' with a flat file is refused (not read from the file name); a pattern without
     a 'camera' group names the camera by its whole match; an unknown camera_rule key names the
     section; a stem with a dot keeps it; a template whose prefix and suffix overlap the name
-    leaves no stem."""
+    leaves no stem, and one with a prefix matches inside camera subfolders."""
     from basicsr_ldt.data.cameras import split_extension
     with pytest.raises(InputError, match=r"^camera_rule\.source is 'folder' but 'Canon_1' is not inside a camera "
                                          r'subfolder$'):
@@ -596,15 +586,14 @@ def test_camera_rule_edges_a_user_can_reach():
         CameraRule.from_options({'patern': 'x'})
     assert split_extension('Canon_1.5_x4') == ('Canon_1.5_x4', '') and split_extension('a.PNG') == ('a', '.PNG')
     assert strip_template('abba', 'ab{}ba') is None and strip_template('aba', 'ab{}ba') is None
-    assert strip_template('abxba', 'ab{}ba') == 'x'
+    assert strip_template('abxba', 'ab{}ba') == 'x' and strip_template('Sony/hr_1', 'hr_{}') == 'Sony/1'
 
 
 def test_the_remaining_loader_messages_are_whole_lines(tmp_path):
     """The rest of the loader's one-line errors, pinned whole: a named dataset's unknown key, a missing
     data root, an invalid camera_rule.source, unpaired files
     under DRealSR's naming (both sides, joined), unknown cameras in an empty folder, an lmdb folder
-    without meta_info.txt, the class of an unreadable image; and a template with a prefix matches
-    inside camera subfolders (mutation testing, issue 58)."""
+    without meta_info.txt, the class of an unreadable image (mutation testing, issue 58)."""
     from basicsr_ldt.data.cameras import select_cameras
     opt = synthetic(tmp_path)
     where = f"dataset 'd' ({tmp_path / 'hr'} | {tmp_path / 'lr'})"
@@ -637,16 +626,7 @@ def test_the_remaining_loader_messages_are_whole_lines(tmp_path):
     with pytest.raises(InputError, match=r"Canon_1_x4\.png' of dataset 'd' is corrupt or not an image "
                                          r'\(UnidentifiedImageError\)$'):
         DRealSRCameraDataset(second)
-    assert strip_template('Sony/hr_1', 'hr_{}') == 'Sony/1'
 
 
-def test_sampler_and_subset_defaults_are_basicsrs():
-    """Constructor defaults a caller may rely on: the balanced sampler's ratio 1 and seed 0 and its
-    batch of one (refused for two cameras); ``subset_indices``' seed 0."""
-    from basicsr_ldt.data.sampler import CameraBalancedSampler
-    from test_camera_sampler import DATA, Cameras
-    assert list(CameraBalancedSampler(DATA, 1, 0, batch_size=3)) == list(
-        CameraBalancedSampler(DATA, 1, 0, ratio=1, seed=0, batch_size=3))
-    with pytest.raises(ValueError, match='batch_size_per_gpu 1 is smaller than the number of source cameras'):
-        CameraBalancedSampler(Cameras(['A', 'B']), 1, 0)
+def test_subset_seed_defaults_to_0():
     assert subset_indices(10, 3, 1) == subset_indices(10, 3, 1, seed=0)

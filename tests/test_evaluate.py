@@ -104,6 +104,19 @@ def test_bicubic_checkpoint_entry():
         checkpoints_of({'checkpoints': [{'label': 'B', 'bicubic': False}]})
 
 
+@pytest.fixture
+def fresh_test_log(monkeypatch):
+    """BasicSR's logger as a fresh test.py process finds it: without the log file of an earlier
+    in-process run (test_logger adds a file only where there is none); files added are closed after."""
+    import logging
+    logger = logging.getLogger('basicsr')
+    monkeypatch.setattr(logger, 'handlers', [h for h in logger.handlers if not isinstance(h, logging.FileHandler)])
+    yield logger
+    for handler in logger.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.close()
+
+
 def _test_py(monkeypatch, folder, name, data, test_section):
     """Run test.py's pipeline in-process on the demo's Sony test pairs with the Bicubic entry; the
     per-image PSNR/SSIM it reports (metrics.json), in dataset order."""
@@ -177,7 +190,8 @@ def test_checkpoint_without_param_key_evaluates_the_weights_path_param_key_g_nam
 
 
 def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_of_entry(tmp_path, monkeypatch,
-                                                                                        demo_data, capsys):
+                                                                                        demo_data, capsys,
+                                                                                        fresh_test_log):
     """One test.py run over two cameras with a network entry, the Bicubic row and a WiSE-FT entry,
     ``save_img: true`` and comparison grids: what a user reads afterwards (each file holds the other
     weights under the key an entry does not name). Every row of metrics.json is PSNR/SSIM computed
@@ -187,7 +201,6 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
     log file holds the table. Kills the mutants of test_pipeline, write_results, _wise_ft_entry and
     test_logger that the single-entry runs above pass (mutation testing, issue 58)."""
     import csv
-    import logging
     import re
     import cv2
     from basicsr.archs import build_network
@@ -211,13 +224,7 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
     yml = tmp_path / 'three.yml'
     yml.write_text(yaml.safe_dump(opt))
     monkeypatch.setattr('sys.argv', ['test.py', '-opt', str(yml)])
-    # As in a fresh test.py process: BasicSR's logger without the log file of an earlier in-process run.
-    logger = logging.getLogger('basicsr')
-    monkeypatch.setattr(logger, 'handlers', [h for h in logger.handlers if not isinstance(h, logging.FileHandler)])
     returned = test_pipeline(str(tmp_path))
-    for handler in logger.handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.close()
     folder = tmp_path / 'results' / 'three'
     saved = json.loads((folder / 'metrics.json').read_text())
     assert list(saved['summary']) == ['tuned', 'Bicubic', 'wise'] == list(returned)
@@ -293,20 +300,14 @@ def test_a_bad_wise_ft_block_is_one_line_naming_its_entry(wise_ft, message):
                                                {'start': 's.pth', 'alpha': 0.0, 'start_param_key': 'params'}]
 
 
-def test_the_test_log_gets_one_file_handler_however_often_it_is_asked(tmp_path, monkeypatch):
+def test_the_test_log_gets_one_file_handler_however_often_it_is_asked(tmp_path, fresh_test_log):
     """Asking for test.py's logger twice (or after an earlier file) must not write every line twice."""
     import logging
     from basicsr_ldt.pipelines.evaluate import test_logger
-    logger = logging.getLogger('basicsr')
-    monkeypatch.setattr(logger, 'handlers', [h for h in logger.handlers if not isinstance(h, logging.FileHandler)])
     test_logger(str(tmp_path / 'a.log'))
     test_logger(str(tmp_path / 'a.log'))
-    files = [h for h in logger.handlers if isinstance(h, logging.FileHandler)]
-    try:
-        assert len(files) == 1 and logger.level == logging.INFO
-    finally:
-        for handler in files:
-            handler.close()
+    files = [h for h in fresh_test_log.handlers if isinstance(h, logging.FileHandler)]
+    assert len(files) == 1 and fresh_test_log.level == logging.INFO
 
 
 def test_strict_load_g_decides_whether_a_partial_checkpoint_is_tested(tmp_path, monkeypatch, demo_data, capsys):
