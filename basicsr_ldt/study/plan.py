@@ -262,8 +262,9 @@ def _check_wise_ft(study: Mapping[str, Any], path: str, label: str, overrides: M
     if any(k in (others[of] or {}) for k in (BICUBIC_KEY, START_KEY, WISE_FT_KEY)):
         raise InputError(f"{where}: {WISE_FT_KEY}.of '{of}' trains nothing; WiSE-FT interpolates a trained method")
     alphas = spec['alphas']
-    if not isinstance(alphas, list) or not alphas or len(set(map(str, alphas))) != len(alphas) or not all(
-            isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in alphas):
+    if not isinstance(alphas, list) or not alphas or not all(
+            isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in alphas) \
+            or len({float(a) for a in alphas}) != len(alphas):   # 1 and 1.0: one alpha, one folder
         raise InputError(f"{where}: {WISE_FT_KEY}.alphas: expected a non-empty list of distinct numbers in [0, 1], "
                          f'got {alphas!r}')
 
