@@ -118,10 +118,13 @@ class SS2D(nn.Module):
     def forward_core(self, x: torch.Tensor) -> torch.Tensor:
         """(b, d_inner, h, w) -> (b, d_inner, h*w) in row-major token order (float32).
 
-        With the Triton kernels the four directions are read by index inside them
-        (:meth:`_scan_in_kernels`); the other kernels get today's direction copies
-        (:meth:`_scan_direction_copies`)."""
-        if self.directions_in_kernels and four_way_runs_in_triton(self.scan_backend, x.device):
+        With the Triton kernels and gradients the four directions are read by index inside them
+        (:meth:`_scan_in_kernels`); without gradients (validation, test.py) and with the other
+        kernels, through the direction copies (:meth:`_scan_direction_copies`): at a 250x250 tile
+        the copies' contiguous reads took 5.29 ms against 10.14 for the directions in the kernels
+        (H200, 2026-11-28, both with the forward split along the sequence; mamba-ssm 5.37)."""
+        if self.directions_in_kernels and torch.is_grad_enabled() and \
+                four_way_runs_in_triton(self.scan_backend, x.device):
             y = self._scan_in_kernels(x)
             if y is not None:   # None: the Triton kernel failed its first call under 'auto'
                 return y

@@ -81,6 +81,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from archs.scan.dispatch import BACKENDS as SCAN_BACKENDS  # noqa: E402
 from basicsr_ldt.models.optimizers import adam_kwargs  # noqa: E402
+from basicsr_ldt.models.ldt_model import LDTSRModel as LDT_MODEL  # noqa: E402  (what train.compile: auto does for it)
 from basicsr_ldt.ldt import (AMP_DTYPES, LDT, GradientStatistics, LDTConfig, MixedPrecision,  # noqa: E402
                              optimizer_step, preset, resolve_dtype)
 
@@ -184,6 +185,19 @@ def make_ldt(args, partition_file: str | None, device: str) -> LDT:
                     overlap_branches=args.overlap, overlap_memory=args.bound)
     algo = LDT(net, cfg, adam, precision(args))
     return algo
+
+
+def compile_as_training(args: argparse.Namespace, networks: Sequence[nn.Module], auto_model: str = '') -> str:
+    """Compile the networks' blocks as ``train.compile: --compile`` would on this device (the
+    inductor backend) for a model type that ``auto`` leaves eager when ``auto_model`` names it;
+    says what was done, for the log."""
+    from archs.compile import compile_blocks
+    from basicsr_ldt.models.compiled_blocks import CompileSetting, compile_decision
+    setting = CompileSetting(args.compile, COMPILE_BACKEND)
+    on, reason = compile_decision(setting, networks[0], torch.device(args.device).type, auto_model)
+    if not on:
+        return f'none ({reason})'
+    return f'{sum(compile_blocks(net, COMPILE_BACKEND) for net in networks)} in {len(networks)} networks ({COMPILE_BACKEND})'
 
 
 def on_cuda(device: str) -> bool:
@@ -352,6 +366,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--compare-scan', nargs=2, metavar=('A', 'B'), choices=SCAN_BACKENDS,
                    help='MambaIR only: FT steps with scan backend A against B, alternating per batch '
                         f'({", ".join(SCAN_BACKENDS)})')
+    p.add_argument('--compile', choices=('auto', 'true', 'false'), default='auto',
+                   help="FT and LDT dual steps with the networks' blocks compiled as train.compile does "
+                        '(auto: on CUDA for the architectures in archs.compile.COMPILE_BY_DEFAULT)')
     p.add_argument('--compare-upstream', action='store_true',
                    help="FT steps as upstream runs them (MambaIR: mamba-ssm's scan on float32 direction copies; "
                         'foreach Adam; eager) against the defaults of this project, eager and compiled')
@@ -434,6 +451,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ft_net = build_network(args.arch, args.scale).to(device)
         ft_opt = adam(list(ft_net.parameters()), 'finetune')
         ft_amp = precision(args)
+        print(f'compiled blocks: FT {compile_as_training(args, (ft_net,))}; LDT '
+              f"{compile_as_training(args, (algo.primary, algo.auxiliary), auto_model=LDT_MODEL.compile_auto_untimed)}")
         data = batches(args, args.warm + args.iters, args.patch, args.batch, device)
         summary = {}
         # one step of each kind on a batch (the counted and profiled steps are these)
@@ -862,34 +881,48 @@ def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
 def tile_forward(args: argparse.Namespace, repeats: int = 20) -> float:
     """The scan part of one SS2D forward (its core: the direction projections, the scans and their
     sum) at a validation tile of batch 1 (:data:`TILE`), MambaIR's classic width, under ``--amp``
-    autocast, without gradients: the Triton kernels with the directions inside against mamba-ssm on
-    the four direction copies (float32), alternating; prints and returns the ratio of the medians."""
+    autocast, without gradients: as validation runs it (the Triton forward on the direction
+    copies, split along the sequence) and with the directions inside the Triton kernels, against
+    mamba-ssm on the copies (float32), in rotating order; prints both ratios of the medians and
+    returns the first."""
     from archs.mambair_arch import SS2D
     side, ours, theirs = TILE
     config = MAMBAIR[args.arch]
     torch.manual_seed(0)
-    blocks = {backend: SS2D(config['embed_dim'], d_state=config['d_state'], expand=config['mlp_ratio'],
-                            scan_backend=backend).to(args.device) for backend in (ours, theirs)}
-    blocks[theirs].load_state_dict(blocks[ours].state_dict())
-    x = torch.randn(1, blocks[ours].d_inner, side, side, device=args.device)
+    # name -> (scan backend, the SS2D method timed, how the line below names it)
+    setups = {'default': (ours, 'forward_core', f'{ours} (as validation runs it)'),
+              'in kernels': (ours, '_scan_in_kernels', f'{ours} (directions in the kernels)'),
+              'reference': (theirs, 'forward_core', f'{theirs} on direction copies')}
+    blocks = {}
+    for name, (backend, _, _) in setups.items():
+        blocks[name] = SS2D(config['embed_dim'], d_state=config['d_state'], expand=config['mlp_ratio'],
+                            scan_backend=backend).to(args.device)
+        if name != 'default':
+            blocks[name].load_state_dict(blocks['default'].state_dict())
+    x = torch.randn(1, blocks['default'].d_inner, side, side, device=args.device)
     amp = precision(args)
-    times: Dict[str, List[float]] = {name: [] for name in (ours, theirs)}
+    names = list(setups)
+    times: Dict[str, List[float]] = {name: [] for name in names}
     outs = {}
     with torch.no_grad(), amp.autocast():
         for i in range(repeats + 2):
-            for name in ((ours, theirs) if i % 2 == 0 else (theirs, ours)):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                run = getattr(blocks[name], setups[name][1])
                 sync(args.device); start = time.perf_counter()
-                outs[name] = blocks[name].forward_core(x)
+                outs[name] = run(x)
                 sync(args.device)
                 if i >= 2:
                     times[name].append(time.perf_counter() - start)
-    ratio = statistics.median(times[ours]) / statistics.median(times[theirs])
-    diff = (outs[ours].float() - outs[theirs].float()).abs().max().item()
-    print(f'SS2D scan forward at a {side}x{side} tile, batch 1: {ours} (directions in the kernels) '
-          f'{statistics.median(times[ours]) * 1e3:.2f} ms, {theirs} on direction copies '
-          f'{statistics.median(times[theirs]) * 1e3:.2f} ms: {ours} / {theirs} {ratio:.3f} '
-          f'(max |diff| {diff:.2e})')
-    return ratio
+    median = {name: statistics.median(times[name]) for name in names}
+    for name, label in (('default', ours), ('in kernels', f'{ours} in kernels')):
+        if outs[name] is None:   # SS2D._scan_in_kernels: the four-way kernels do not run for this backend
+            print(f'SS2D scan forward at a {side}x{side} tile, batch 1: {setups[name][2]}: not run on {ours}')
+            continue
+        diff = (outs[name].float() - outs['reference'].float()).abs().max().item()
+        print(f'SS2D scan forward at a {side}x{side} tile, batch 1: {setups[name][2]} {median[name] * 1e3:.2f} ms, '
+              f"{setups['reference'][2]} {median['reference'] * 1e3:.2f} ms: {label} / {theirs} "
+              f"{median[name] / median['reference']:.3f} (max |diff| {diff:.2e})")
+    return median['default'] / median['reference']
 
 
 def profiling_memory(args: argparse.Namespace) -> None:

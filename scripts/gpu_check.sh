@@ -14,7 +14,7 @@
 #                          sets with the official cutting in bf16, composite saved at 60 and 100
 #   5. test_bf16     30 s  test.py in bf16 on that composite, 32-pixel tiles, both sets
 #   6. torchrun      40 s  a 2-process torchrun run (NCCL with a GPU per rank; Gloo when they share one)
-#   7. bench_*   50/50/30 s  bench_ldt.py in bf16 for classic MambaIR, HAT and SAFMN x4 (LR 48, batch 4):
+#   7. bench_*   50/50/30 s  bench_ldt.py in bf16 for classic MambaIR, HAT and SAFMN x4 (LR 48, batch 4), eager:
 #                          FT step, LDT dual step as the defaults run it (on CUDA the branches overlapped
 #                          within the sequential step's peak), LDT-S step, peak memory, ratios to FT of the run
 #   8. scan_mamba_ssm 110 s only when mamba-ssm's sdist was carried (GPU_CHECK_MAMBA_SDIST, default
@@ -42,13 +42,13 @@
 # With --speed (the training-speed issue's GPU session, #59; budget 540 s unless GPU_CHECK_BUDGET_S is set) only
 # these run, so that the compiles fit:
 #   1, 2   versions, scan_backends (the four-way scan checked against its float64 reference there too)
-#   S1. upstream_mambair 200 s  bench_ldt.py --compare-upstream, classic MambaIR x4 bf16 (LR 48, batch 4): the FT
+#   S1. upstream_mambair 120 s  bench_ldt.py --compare-upstream, classic MambaIR x4 bf16 (LR 48, batch 4): the FT
 #                          step as upstream runs it (mamba-ssm's scan on float32 direction copies, foreach Adam,
 #                          eager; waits for the mamba-ssm build) against the Triton kernels on the copies, the
 #                          defaults (the directions inside the kernels, fused Adam) and the defaults compiled,
 #                          rotating per batch; peak memory; the SS2D scan forward at a 250x250 tile
 #   S2. upstream_hat 120 s, upstream_safmn 60 s  the same for HAT and SAFMN (fused Adam, eager and compiled)
-#   7.  bench_ldt_mambair 50 s  LDT dual / FT with the defaults
+#   7.  bench_ldt_mambair 150 s  LDT dual / FT with the defaults (blocks compiled: train.compile auto on CUDA)
 # The kernel time by kind (bench_ldt.py --kernel-time; the H200's figures are in docs/results.md) is no
 # longer a step: its budget went to the overlapped steps of HAT and SAFMN. Run it by hand when needed.
 # GPU_CHECK_STEPS=name,name,... runs only those steps (a second call that remeasures a few; the mamba-ssm
@@ -398,14 +398,17 @@ run_step torchrun_ddp_2 40 check_ddp \
   -opt options/demo/train_demo_mambair_ldt_gpu.yml --launcher pytorch --force_yml name=gpu_check_ddp \
   datasets:train:batch_size_per_gpu=2 train:total_iter=40 ldt:head_warmup_iters=10 ldt:profile_iters=10 \
   logger:save_checkpoint_freq=20 logger:print_freq=20 val:val_freq=40
+# eager, as every earlier run measured them; with --speed (#59: LDT/FT with the defaults) MambaIR's FT and dual
+# steps compiled as train.compile: auto does on CUDA (three compiles: FT's and each branch's trainable tensors)
 for arch in mambair:50 hat:50 safmn:30; do
-  run_step "bench_ldt_${arch%%:*}" "${arch##*:}" check_bench "$PY" scripts/bench_ldt.py --device cuda --arch "${arch%%:*}" \
-    --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory
+  if [ "$SPEED" -eq 1 ]; then compile=auto; limit=150; else compile=false; limit="${arch##*:}"; fi
+  run_step "bench_ldt_${arch%%:*}" "$limit" check_bench "$PY" scripts/bench_ldt.py --device cuda --arch "${arch%%:*}" \
+    --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile "$compile"
 done
 
 if [ "$SPEED" -eq 1 ]; then
   export BUILD_MAMBA
-  run_step upstream_mambair 200 check_upstream bash -c upstream_mambair
+  run_step upstream_mambair 120 check_upstream bash -c upstream_mambair
   for arch in hat:120 safmn:60; do
     run_step "upstream_${arch%%:*}" "${arch##*:}" check_upstream "$PY" scripts/bench_ldt.py --device cuda \
       --arch "${arch%%:*}" --amp bf16 --patch 48 --batch 4 --warm 3 --iters 10 --compare-upstream

@@ -81,6 +81,22 @@ def test_auto_compiles_listed_architectures_on_cuda_only(monkeypatch):
     assert compile_decision(auto, MambaIR(img_size=8, embed_dim=30, depths=(1,)), 'cuda')[0] is False
     assert compile_decision(CompileSetting('false', 'inductor'), net, 'cuda') == (False, 'train.compile: false')
     assert compile_decision(CompileSetting('true', 'inductor'), net, 'cpu') == (True, '')
+    # a model type whose compiled step no GPU run timed (LDT's, CorGrad's) stays eager under auto
+    assert compile_decision(auto, net, 'cuda', "LDT's steps") == (
+        False, "train.compile: auto compiles the FT step only (the one a GPU run timed compiled), not LDT's steps; "
+               'true compiles it')
+    assert compile_decision(CompileSetting('true', 'inductor'), net, 'cuda', "LDT's steps") == (True, '')
+
+
+def test_auto_compiles_mambair_and_safmn_ft_on_cuda_as_measured():
+    """The GPU run of 2026-11-28: MambaIR's and SAFMN's FT steps faster compiled with a cold compile
+    within 60 s; HAT's compile took 80 s; LDT's and CorGrad's compiled steps were not timed."""
+    from basicsr_ldt.models.corgrad_model import CorGradSRModel
+    from basicsr_ldt.models.ft_model import FTSRModel
+    from basicsr_ldt.models.ldt_model import LDTSRModel
+    assert arch_compile.COMPILE_BY_DEFAULT == {'MambaIR', 'SAFMN'}
+    assert (FTSRModel.compile_auto_untimed, bool(LDTSRModel.compile_auto_untimed),
+            bool(CorGradSRModel.compile_auto_untimed)) == ('', True, True)
 
 
 def test_true_refuses_a_network_without_blocks_to_compile():

@@ -470,8 +470,7 @@ def test_the_memory_gate_waits_exactly_while_over_its_limit_and_not_released(mon
     monkeypatch.setattr(MemoryGate, 'READ_EVERY_S', 0.0)
     net, allocated = _dropout_net(), _Allocator()
     gate = MemoryGate(net, allocated)
-    hooked = {name for name, m in net.named_modules() if m._forward_pre_hooks}
-    assert hooked == {name for name, m in net.named_modules() if not list(m.children())}   # the leaves only
+    assert all(m._forward_pre_hooks for m in net.modules())   # every module, containers (compiled blocks) too
     hold = next(iter(net[0]._forward_pre_hooks.values()))
     allocated.units = 10 ** 6
     hold(net[0], ())                                  # not armed: never held
@@ -496,6 +495,27 @@ def test_the_memory_gate_waits_exactly_while_over_its_limit_and_not_released(mon
     allocated.units = 10 ** 6
     hold(net[0], ())                                  # released: goes whatever the memory
     assert gate.waits == 2
+
+
+def test_the_memory_gate_leaves_a_compiled_block_one_graph(monkeypatch):
+    """Traced inside a compiled block the gate's hooks do nothing (no graph break at each module);
+    the block's own hook, outside its graph, still holds it while over the limit."""
+    monkeypatch.setattr(MemoryGate, 'READ_EVERY_S', 0.0)
+    net, allocated = _dropout_net(), _Allocator()
+    gate = MemoryGate(net, allocated)
+    gate.arm(100)
+    allocated.units = 100
+    explained = torch._dynamo.explain(net.forward)(torch.randn(1, 2, 5, 5))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    allocated.units = 101
+    threading.Timer(0.05, lambda: setattr(allocated, 'units', 100)).start()
+    compiled = torch.compile(net.forward, backend='eager')
+    net(torch.randn(1, 2, 5, 5))                      # held at its own hook, then its modules'
+    assert gate.waits >= 1
+    waits = gate.waits
+    allocated.units = 100
+    compiled(torch.randn(1, 2, 5, 5))
+    assert gate.waits == waits
 
 
 def test_the_bound_reads_the_allocator_of_the_branches_gpu(monkeypatch):

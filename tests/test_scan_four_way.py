@@ -202,3 +202,18 @@ def test_the_scan_benchmark_checks_the_four_way_scan_against_float64(interpreted
     fails = [line for line in capsys.readouterr().out.splitlines() if line.startswith('FAIL')]
     assert len(fails) >= 2 and all('output' in line or 'grad' in line for line in fails)
     assert any(line.startswith('FAIL: four-way scan 3x5 output') for line in fails)
+
+
+def test_without_gradients_the_direction_copies_run_split_along_the_sequence(interpreted, monkeypatch):
+    """Validation and test.py (no gradients) take the direction copies, whose Triton forward reads
+    contiguous sequences (a 250x250 tile on an H200: 5.29 ms against 10.14 with the directions in
+    the kernels); the same sum as the training path's."""
+    block = _ss2d()
+    x = torch.randn(1, block.d_inner, 5, 6)
+    with torch.no_grad():
+        trained_path = block._scan_in_kernels(x)
+        monkeypatch.setattr(SS2D, '_scan_in_kernels', lambda self, x: pytest.fail('four-way path without gradients'))
+        with triton_launches.launch_settings(CHUNK=2):   # 15 chunks: the split forward's segments
+            monkeypatch.setattr(triton_launches, 'SPLIT_MIN_CHUNKS', 4)
+            y = block.forward_core(x)
+    torch.testing.assert_close(y, trained_path, rtol=1e-5, atol=1e-5)

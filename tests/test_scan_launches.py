@@ -72,7 +72,7 @@ def test_changed_settings_reach_the_next_launch_and_are_restored():
         launch = forward_on_meta().launch
     assert (launch.constexprs['T'], launch.constexprs['BLOCK_D'], launch.num_warps, launch.constexprs['STAGES']) == \
         (8, 8, 4, 3)
-    assert launch.grid == (1, 32 // 8)
+    assert launch.grid == (1, 32 // 8, 1)
     assert current() == before
     again = forward_on_meta().launch
     assert (again.constexprs, again.num_warps, again.grid) == (default.constexprs, default.num_warps, default.grid)
@@ -176,7 +176,8 @@ def test_each_kernel_parameter_gets_what_its_name_says(b_form, c_form, options):
             (dim, length, dstate, _ceil(length, chunk), chunk)
         assert (args['group_size'], args['BLOCK_D'], args['blocks_per_group']) == \
             (group_size, block, _ceil(group_size, block))
-        assert launch.grid == (batch, finest * _ceil(group_size, block))
+        assert launch.grid[:2] == (batch, finest * _ceil(group_size, block))
+        assert launch.grid[2:] == ((1,) if launch is fwd.launch else ())   # one segment: a backward follows
         assert args['BLOCK_N'] == 8 and args['flag'] == 1 and args['SOFTPLUS'] is True
         assert (args['STAGES'], launch.num_warps) == (stages, warps)
         for name, m in (('b', B), ('c', C)):
@@ -299,3 +300,22 @@ def test_a_program_takes_the_settings_channel_block_rounded_up_and_at_most_one_g
         lay = launches._Layout(2, group_size * 3, 16, 4, 3, None, 8, setting)
         assert (lay.group_size, lay.block_d) == (group_size, expected), (setting, group_size)
         assert lay.blocks_per_group == _ceil(group_size, expected) and lay.grid == (2, 3 * lay.blocks_per_group)
+
+
+@pytest.mark.parametrize('batch, dim, length, save_states, segments', [
+    (1, 1440, 250 * 250, False, 12),   # a validation tile of batch 1: 360 programs, 12 segments
+    (1, 1440, 250 * 250, True, 1),     # the same with a backward to follow: its chunk states need one walk
+    (4, 1440, 48 * 48, False, 1),      # MambaIR's training batch: 1440 programs already
+    (1, 1440, 64 * 64, False, 8),      # a small image: segments of at least SPLIT_MIN_CHUNKS chunks
+    (1, 1440, 16 * 16, False, 1),
+])
+def test_a_forward_without_a_backward_splits_a_small_grid_along_the_sequence(batch, dim, length, save_states,
+                                                                             segments):
+    meta = dict(device='meta')
+    u = torch.empty(batch, dim, length, **meta)
+    bc = torch.empty(batch, 4, 16, length, **meta)
+    launch = launches.forward_launch(u, torch.empty_like(u), torch.empty(dim, 16, **meta), bc, bc, None, None,
+                                     None, True, save_states)
+    assert launch.launch.grid == (batch, dim // launches.FORWARD_BLOCK_D, segments)
+    assert [(b.grid, b.constexprs['SPLIT']) for b in launch.before] == ([] if segments == 1 else [(launch.launch.grid, 1)])
+    assert launch.launch.constexprs['SPLIT'] == (0 if segments == 1 else 2)

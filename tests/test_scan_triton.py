@@ -399,7 +399,7 @@ def test_backward_keeps_one_state_per_chunk_and_inference_none(interpreted, monk
     assert again.grad_fn is None
     torch.testing.assert_close(again, out.detach(), rtol=0, atol=0)
     assert [plan.outputs['states'] is None for plan in launches] == [False, True]
-    assert [plan.launch.args[-4] for plan in launches] == [1, 0]  # the kernel's ``flag``
+    assert [dict(zip(plan.launch.kernel.arg_names, plan.launch.args))['flag'] for plan in launches] == [1, 0]
 
 
 @pytest.mark.parametrize('used', ['output', 'last state', 'both'])
@@ -439,7 +439,7 @@ def test_shapes_past_the_grid_limit_are_refused_by_name_before_any_work(interpre
                                        meta(1, 1, 4, 3), None, None, None, True, block_d=4)
     plan = triton_launches.forward_launch(meta(1, dim - 8, 3), meta(1, dim - 8, 3), meta(dim - 8, 4),
                                           meta(1, 1, 4, 3), meta(1, 1, 4, 3), None, None, None, True, block_d=4)
-    assert plan.launch.grid == (1, 65535)
+    assert plan.launch.grid == (1, 65535, 1)
 
 
 def test_mambair_with_the_triton_backend_matches_the_torch_backend(interpreted):
@@ -711,3 +711,45 @@ def test_a_bad_sweep_configuration_is_refused_before_any_gpu_work(config, messag
     assert bench.parse_sweep(['16,4,2,1,4,2,3']) == [dict(zip(triton_launches.LAUNCH_SETTINGS, (16, 4, 2, 1, 4, 2, 3)))]
     with pytest.raises(ValueError, match=message):
         bench.parse_sweep(['16,4,2,1,4,2,1', config])
+
+
+# -- a forward without a backward, split along the sequence (the kernel's SPLIT) ------------------
+def _split_forward(args, softplus, segments, chunk=T, height=None):
+    launch = triton_launches.forward_launch(*(args.get(k) for k in ('u', 'delta', 'A', 'B', 'C', 'D', 'z',
+                                                                    'delta_bias')),
+                                            softplus, False, chunk, 4, torch.float32, height, segments)
+    outputs = launch.run()
+    return outputs['out'], outputs['last'], launch
+
+
+@pytest.mark.parametrize('length, segments, ran', [(5 * T - 3, 2, 2), (5 * T - 3, 3, 3), (5 * T - 3, 5, 5),
+                                                   (11 * T + 1, 4, 4), (11 * T + 1, 5, 4), (3, 4, 1)])
+def test_a_forward_split_along_the_sequence_equals_the_float64_reference(interpreted, length, segments, ran):
+    """Segments of whole chunks (the last one short, or past the sequence's chunks: fewer run),
+    each started from the earlier segments' end states composed through their delta sums:
+    output and last state of MambaIR's call against the float64 step-by-step reference."""
+    args, softplus = make_inputs('grouped', length, 'D+z+bias+softplus', batch=2, dim=8, dstate=3, groups=4)
+    with torch.no_grad():
+        out, last, launch = _split_forward(args, softplus, segments)
+        ref_out, ref_last = sequential_reference(**args, delta_softplus=softplus)
+    assert launch.launch.grid[2] == ran and len(launch.before) == (ran > 1)
+    torch.testing.assert_close(out, ref_out.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(last, ref_last.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_four_way_forward_split_along_the_sequence_equals_it_unsplit(interpreted):
+    """SS2D's four directions (reversed and column-major ones read by index) split into three
+    segments: the same sum as one program per sequence."""
+    height, width, dim, dstate = 5, 7, 3, 3
+    gen = torch.Generator().manual_seed(3)
+    length = height * width
+    x = torch.randn(2, dim, length, generator=gen)
+    delta = torch.randn(2, 4 * dim, length, generator=gen).abs() * 0.5
+    A = -torch.rand(4 * dim, dstate, generator=gen) * 3
+    B, C = (torch.randn(2, 4, dstate, length, generator=gen) for _ in range(2))
+    D, bias = torch.randn(4 * dim, generator=gen), torch.randn(4 * dim, generator=gen) * 0.5
+    args = dict(u=x, delta=delta, A=A, B=B, C=C, D=D, delta_bias=bias)
+    whole, _, _ = _split_forward(args, True, 1, height=height)
+    split, _, launch = _split_forward(args, True, 3, height=height)
+    assert launch.launch.grid[2] == 3
+    torch.testing.assert_close(split, whole, rtol=1e-6, atol=1e-6)

@@ -83,6 +83,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 SHAPE_ARGS = ('dim', 'length', 'n_chunks', 'group_size', 'blocks_per_group', 'b_chans', 'c_chans',
               'b_stride_b', 'b_stride_g', 'b_stride_n', 'c_stride_b', 'c_stride_g', 'c_stride_n',
               'flag', 'x_dim', 'height')
+FORWARD_SHAPE_ARGS = SHAPE_ARGS + ('seg_chunks',)
 
 
 @triton.jit
@@ -240,22 +241,30 @@ def _output(states, C, u, z, Dv, VAR_C: tl.constexpr, HAS_D: tl.constexpr, HAS_Z
     return y, gated
 
 
-@triton.jit(do_not_specialize=SHAPE_ARGS)
+@triton.jit(do_not_specialize=FORWARD_SHAPE_ARGS)
 def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr,
-                         out_ptr, chunk_states_ptr, last_ptr,
+                         out_ptr, chunk_states_ptr, last_ptr, seg_states_ptr, seg_dsum_ptr,
                          dim, length, n_chunks, group_size, blocks_per_group, b_chans, c_chans,
                          b_stride_b, b_stride_g, b_stride_n, c_stride_b, c_stride_g, c_stride_n,
-                         flag, x_dim, height, dstate,
+                         flag, x_dim, height, seg_chunks, dstate,
                          VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                          HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, T: tl.constexpr,
-                         STAGES: tl.constexpr, FOUR_WAY: tl.constexpr):
+                         STAGES: tl.constexpr, FOUR_WAY: tl.constexpr, SPLIT: tl.constexpr):
     """Output (u's dtype), last state and, when ``flag`` is 1, the state entering every chunk.
     u, delta, z and the output are contiguous (b, dim, L); B and C (b, G, n, L) with the given
     strides (positions contiguous), or (dim, n) contiguous. ``FOUR_WAY``: SS2D's four directions
     in one launch (B and C in 4 groups, the direction of a program is its group): u is x
     (b, x_dim, L) with ``dim = 4 x_dim``, every sequence is read at :func:`_positions`, and each
-    direction's output is added into the zeroed float32 (b, x_dim, L) output in row-major order."""
+    direction's output is added into the zeroed float32 (b, x_dim, L) output in row-major order.
+
+    ``SPLIT`` (a forward without a backward, grid axis 2 = the S segments of ``seg_chunks``
+    chunks): one program per segment instead of one per sequence, for grids too small to fill the
+    GPU (a validation tile of batch 1). Since ``h_end = exp(A sum(delta)) h_start + h_end|0`` over a
+    segment, pass 1 (``SPLIT`` 1) writes each segment's end state from zero and its delta sum
+    (float32 (b, dim, S, n) and (b, dim, S)); pass 2 (``SPLIT`` 2) starts segment s from the
+    states of segments 0..s-1 composed that way and writes the outputs; its last segment the
+    last state. 0: one program walks the whole sequence."""
     bi, d, mask_d, gb, gc = _program(dim, group_size, blocks_per_group, b_chans, c_chans, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     mask_n = n < dstate
@@ -270,8 +279,18 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
     c_base = bi * c_stride_b + gc * c_stride_g
     state_rows = (bi * dim + d) * n_chunks * dstate
     steps = tl.arange(0, T)
+    seg = tl.program_id(2)
+    segments = tl.num_programs(2)
+    seg_rows = (bi * dim + d) * segments   # (b, dim, S) offsets of segment 0
     h = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    for c in tl.range(0, n_chunks, num_stages=STAGES):
+    dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if SPLIT == 2:   # the state entering this segment, composed from the earlier segments'
+        for j in tl.range(0, seg):
+            h_j = tl.load(seg_states_ptr + (seg_rows[None, :] + j) * dstate + n[:, None], mask=mask_dn, other=0.0)
+            dsum_j = tl.load(seg_dsum_ptr + seg_rows + j, mask=mask_d, other=0.0)
+            h = tl.exp2(dsum_j[None, :] * A2) * h + h_j
+    first_chunk = seg * seg_chunks
+    for c in tl.range(first_chunk, tl.minimum(first_chunk + seg_chunks, n_chunks), num_stages=STAGES):
         t = c * T + steps
         mask_t = t < length
         mask = mask_t[:, None] & mask_d[None, :]
@@ -282,18 +301,25 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
             tl.store(chunk_states_ptr + state_rows[None, :] + c * dstate + n[:, None], h, mask=mask_dn)
         u, dt, _ = _chunk_inputs(u_ptr, delta_ptr, x_offsets, offsets, mask, bias, HAS_BIAS, SOFTPLUS)
         B = _bc_tile(B_ptr, b_base, b_stride_n, n, pos, mask_n, mask_t, d, dstate, mask_d, VAR_B)
-        C = _bc_tile(C_ptr, c_base, c_stride_n, n, pos, mask_n, mask_t, d, dstate, mask_d, VAR_C)
         _, _, states = _chunk_states(u, dt, A2, B, h, steps == 0, VAR_B)
-        z = None
-        if HAS_Z:
-            z = tl.load(z_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
-        _, out = _output(states, C, u, z, Dv, VAR_C, HAS_D, HAS_Z)
-        if FOUR_WAY:   # the four directions of a channel come from four programs
-            tl.atomic_add(out_ptr + x_offsets, out, mask=mask, sem='relaxed')
+        if SPLIT == 1:
+            dsum += tl.sum(dt, axis=0)
         else:
-            tl.store(out_ptr + x_offsets, out, mask=mask)
+            C = _bc_tile(C_ptr, c_base, c_stride_n, n, pos, mask_n, mask_t, d, dstate, mask_d, VAR_C)
+            z = None
+            if HAS_Z:
+                z = tl.load(z_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
+            _, out = _output(states, C, u, z, Dv, VAR_C, HAS_D, HAS_Z)
+            if FOUR_WAY:   # the four directions of a channel come from four programs
+                tl.atomic_add(out_ptr + x_offsets, out, mask=mask, sem='relaxed')
+            else:
+                tl.store(out_ptr + x_offsets, out, mask=mask)
         h = _at(states, steps == T - 1)
-    tl.store(last_ptr + (bi * dim + d[None, :]) * dstate + n[:, None], h, mask=mask_dn)
+    if SPLIT == 1:
+        tl.store(seg_states_ptr + (seg_rows[None, :] + seg) * dstate + n[:, None], h, mask=mask_dn)
+        tl.store(seg_dsum_ptr + seg_rows + seg, dsum, mask=mask_d)
+    else:
+        tl.store(last_ptr + (bi * dim + d[None, :]) * dstate + n[:, None], h, mask=mask_dn & (seg == segments - 1))
 
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)

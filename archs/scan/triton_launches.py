@@ -49,6 +49,13 @@ BACKWARD_STAGES = 1
 #: ``scan_static_report.py --sweep`` take them.
 LAUNCH_SETTINGS = ('CHUNK', 'FORWARD_BLOCK_D', 'FORWARD_WARPS', 'FORWARD_STAGES', 'BACKWARD_BLOCK_D',
                    'BACKWARD_WARPS', 'BACKWARD_STAGES')
+# A forward without a backward whose grid has fewer programs than SPLIT_BELOW_PROGRAMS (a 250x250
+# validation tile of batch 1: 360 programs of one warp, a few per SM, each walking 62,500 positions)
+# is split along the sequence into segments of at least SPLIT_MIN_CHUNKS chunks, about SPLIT_PROGRAMS
+# programs in all; the split reads u, delta and B twice (archs/README.md has its figures).
+SPLIT_BELOW_PROGRAMS = 1024
+SPLIT_PROGRAMS = 4096
+SPLIT_MIN_CHUNKS = 64
 # CUDA's grid limit along its second axis (the channel blocks; the batch is the first axis).
 MAX_GRID_Y = 65535
 
@@ -179,13 +186,17 @@ class KernelLaunch:
 
 @dataclass
 class ScanLaunch:
-    """A direction's one launch, the tensors it writes (``outputs``) and the shapes the caller
-    needs afterwards (``layout``)."""
+    """A direction's launch that writes the outputs, the launches it needs first (``before``: a
+    split forward's pass over the segments), the tensors it writes (``outputs``) and the shapes the
+    caller needs afterwards (``layout``)."""
     launch: KernelLaunch
     outputs: Dict[str, Optional[torch.Tensor]]
     layout: _Layout
+    before: Tuple[KernelLaunch, ...] = ()
 
     def run(self) -> Dict[str, Optional[torch.Tensor]]:
+        for launch in self.before:
+            launch.run()
         self.launch.run()
         return self.outputs
 
@@ -256,7 +267,8 @@ def check_four_way(x: torch.Tensor, delta: torch.Tensor, B: torch.Tensor, C: tor
 
 def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, save_states: bool = True,
                    chunk: Optional[int] = None, block_d: Optional[int] = None,
-                   out_dtype: Optional[torch.dtype] = None, height: Optional[int] = None) -> ScanLaunch:
+                   out_dtype: Optional[torch.dtype] = None, height: Optional[int] = None,
+                   segments: Optional[int] = None) -> ScanLaunch:
     """The forward's launch for these inputs (shapes and dtypes as
     :func:`archs.scan.triton_function.selective_scan_triton`). Outputs: ``out`` (``out_dtype``,
     None: u's; the kernel rounds its float32 result once, to that dtype, as it stores it),
@@ -269,7 +281,11 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, save_sta
     prepare inputs, allocate outputs and describe the launch; it must never read tensor values.
 
     ``height``: SS2D's four directions (:func:`check_four_way`); ``out`` is then the float32 sum
-    of the four directions' outputs, (b, d, L) in row-major order, whatever ``out_dtype``."""
+    of the four directions' outputs, (b, d, L) in row-major order, whatever ``out_dtype``.
+
+    Without ``save_states`` a grid too small for the GPU runs split along the sequence
+    (:func:`segment_chunks`; ``segments`` overrides the choice): two launches, ``before`` the
+    segments' summaries, then the outputs (the kernel's ``SPLIT``)."""
     inputs, flags, lay = _prepare(u, delta, A, B, C, D, z, delta_bias, softplus, chunk,
                                   FORWARD_BLOCK_D if block_d is None else block_d, FORWARD_STAGES, height)
     u = inputs[0]
@@ -278,12 +294,36 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, save_sta
     last = u.new_empty(lay.batch, lay.dim, lay.dstate, dtype=torch.float32)
     states = (u.new_empty(lay.batch, lay.dim, lay.n_chunks, lay.dstate, dtype=torch.float32)
               if save_states else None)
-    args = (*inputs, out, _or(states, last), last,
-            *lay.args(inputs[3], inputs[4], save_states, u.shape[1], height or 1))
+    seg_chunks = lay.n_chunks if save_states else segment_chunks(lay, segments)
+    n_segments = -(-lay.n_chunks // seg_chunks)
+    seg_states = seg_dsum = last   # (unread unless split)
+    if n_segments > 1:
+        seg_states = u.new_empty(lay.batch, lay.dim, n_segments, lay.dstate, dtype=torch.float32)
+        seg_dsum = u.new_empty(lay.batch, lay.dim, n_segments, dtype=torch.float32)
+    shape_args = lay.args(inputs[3], inputs[4], save_states, u.shape[1], height or 1)
+    args = (*inputs, out, _or(states, last), last, seg_states, seg_dsum, *shape_args[:-1], seg_chunks, shape_args[-1])
+    grid = (*lay.grid, n_segments)
     traffic = (u, inputs[1], *_varying(inputs[3:5]), _or_none(z, inputs[6]), out, states, last)
-    return ScanLaunch(KernelLaunch('forward', _scan_forward_kernel, lay.grid, args, flags,
-                                   FORWARD_WARPS, traffic=traffic),
-                      dict(out=out, last=last, states=states), lay)
+    if n_segments == 1:
+        return ScanLaunch(KernelLaunch('forward', _scan_forward_kernel, grid, args, dict(flags, SPLIT=0),
+                                       FORWARD_WARPS, traffic=traffic), dict(out=out, last=last, states=states), lay)
+    summaries = KernelLaunch('forward segments', _scan_forward_kernel, grid, args, dict(flags, SPLIT=1),
+                             FORWARD_WARPS, traffic=(u, inputs[1], *_varying(inputs[3:4]), seg_states, seg_dsum))
+    return ScanLaunch(KernelLaunch('forward', _scan_forward_kernel, grid, args, dict(flags, SPLIT=2), FORWARD_WARPS,
+                                   traffic=traffic + (seg_states, seg_dsum)),
+                      dict(out=out, last=last, states=states), lay, before=(summaries,))
+
+
+def segment_chunks(lay: _Layout, segments: Optional[int] = None) -> int:
+    """Chunks per segment of a forward without a backward (:func:`forward_launch`): the whole
+    sequence (one segment) when the grid has :data:`SPLIT_BELOW_PROGRAMS` programs or more, else
+    enough segments of at least :data:`SPLIT_MIN_CHUNKS` chunks to bring it near
+    :data:`SPLIT_PROGRAMS` programs (``segments``: that many instead, for tests and benchmarks)."""
+    programs = lay.grid[0] * lay.grid[1]
+    if segments is None:
+        segments = (1 if programs >= SPLIT_BELOW_PROGRAMS else
+                    min(-(-SPLIT_PROGRAMS // programs), lay.n_chunks // SPLIT_MIN_CHUNKS))
+    return -(-lay.n_chunks // max(1, min(int(segments), lay.n_chunks)))
 
 
 def backward_launch(u, delta, A, B, C, D, z, delta_bias, states: torch.Tensor, dout: torch.Tensor,

@@ -35,8 +35,13 @@ class Backward(Protocol):
 
 
 class MemoryGate:
-    """Forward pre-hooks on every leaf module of a network that hold its forward while
-    ``allocated()`` is above the armed limit and :meth:`release` has not been called.
+    """Forward pre-hooks on every module of a network that hold its forward while ``allocated()`` is
+    above the armed limit and :meth:`release` has not been called.
+
+    Inside a compiled block (``train.compile``) the hooks do nothing: traced, their clock, loop and
+    allocator reads would break the block's graph at every module (a GPU run compiled MambaIR's
+    dual step for over 150 s). The blocks' own hooks run outside their graphs, so the compiled
+    auxiliary is held block by block instead of module by module.
 
     Reading the CUDA allocator's figure builds a dictionary of all its statistics (not timed here; tens
     of microseconds is the expectation), too much before each of a MambaIR's 607 leaf modules: after a
@@ -52,8 +57,7 @@ class MemoryGate:
         self.waits = 0
         self._within_at = -math.inf
         for module in network.modules():
-            if not any(True for _ in module.children()):
-                module.register_forward_pre_hook(self._hold)
+            module.register_forward_pre_hook(self._hold)
 
     def arm(self, limit: Optional[int]) -> None:
         self.limit = limit
@@ -64,7 +68,7 @@ class MemoryGate:
         self.released.set()
 
     def _hold(self, module: nn.Module, args: tuple) -> None:
-        if self.limit is None or self.released.is_set():
+        if torch.compiler.is_compiling() or self.limit is None or self.released.is_set():
             return
         now = time.perf_counter()
         if now - self._within_at < self.READ_EVERY_S:

@@ -50,10 +50,12 @@ def compile_setting(train_opt: Dict[str, Any]) -> CompileSetting:
     return CompileSetting(mode, backend)
 
 
-def compile_decision(setting: CompileSetting, network: nn.Module, device_type: str) -> Tuple[bool, str]:
+def compile_decision(setting: CompileSetting, network: nn.Module, device_type: str,
+                     auto_model: str = '') -> Tuple[bool, str]:
     """Whether ``network``'s blocks are compiled, and why not when they are not (for the log).
 
-    ``auto`` compiles only on CUDA and only architectures in ``archs.compile.COMPILE_BY_DEFAULT``;
+    ``auto`` compiles only on CUDA, only architectures in ``archs.compile.COMPILE_BY_DEFAULT``, and
+    not for a model type named in ``auto_model`` (one whose compiled step no GPU run has timed);
     ``true`` compiles on any device (so CPU runs and tests exercise it), and refuses a network
     with no blocks to compile, since the user asked for something that cannot happen.
     """
@@ -67,6 +69,9 @@ def compile_decision(setting: CompileSetting, network: nn.Module, device_type: s
         return True, ''
     if device_type != 'cuda':
         return False, f'train.compile: auto compiles on CUDA only, this run is on {device_type}'
+    if auto_model:
+        return False, (f'train.compile: auto compiles the FT step only (the one a GPU run timed compiled), '
+                       f'not {auto_model}; true compiles it')
     if arch not in arch_compile.COMPILE_BY_DEFAULT:
         listed = ', '.join(sorted(arch_compile.COMPILE_BY_DEFAULT)) or 'empty'
         return False, (f'train.compile: auto, and no GPU measurement put {arch} in '
@@ -76,6 +81,10 @@ def compile_decision(setting: CompileSetting, network: nn.Module, device_type: s
 
 class CompiledBlocksMixin:
     """Compiles the blocks of ``net_g`` after a training model is built (``train.compile``)."""
+
+    #: Set by a model type whose compiled training step no GPU run has timed: ``auto`` leaves it
+    #: eager (docs/results.md); ``true`` still compiles it.
+    compile_auto_untimed = ''
 
     def __init__(self, opt: Dict) -> None:
         # checked before anything is built: a typo costs no model construction
@@ -87,7 +96,7 @@ class CompiledBlocksMixin:
     def setup_compiled_blocks(self, setting: CompileSetting) -> int:
         """Mark ``net_g``'s blocks per ``setting`` and log one line; returns how many were marked."""
         network = self.get_bare_model(self.net_g)
-        compile_on, reason = compile_decision(setting, network, self.device.type)
+        compile_on, reason = compile_decision(setting, network, self.device.type, self.compile_auto_untimed)
         logger = get_root_logger()
         if not compile_on:
             logger.info(f'torch.compile: off ({reason})')

@@ -52,6 +52,8 @@ class CorGradSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Res
                      SRModel):
     """SR model whose every step is one CorGrad update over a batch holding every source camera."""
 
+    compile_auto_untimed = "CorGrad's step"   # the GPU run of 2026-11-28 timed the FT step compiled, not this
+
     #: read by the training loop (``basicsr_ldt.pipelines.train``): every batch must hold every camera
     camera_balanced_batches = True
 

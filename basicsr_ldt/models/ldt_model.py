@@ -134,6 +134,8 @@ def _listing(names: List[str], shown: int = 12) -> str:
 class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, ResumableMixin, SRModel):
     """SR model trained with LDT; ``net_g`` checkpoints hold the composite network (eq. 12)."""
 
+    compile_auto_untimed = "LDT's steps"   # the GPU run of 2026-11-28 timed the FT step compiled, not this
+
     validated_networks = ('composite', 'primary', 'auxiliary')  # val.best_network; default first
 
     def __new__(cls, opt, *args, **kwargs):
