@@ -231,3 +231,11 @@ def test_a_runs_test_file_owns_its_network_options():
     assert not (containers(test_opt) & containers(train_opt))
     assert test_opt['checkpoints'] == [{'label': 'FT_seed0', 'path': plan.final_checkpoint('root', 'study', 'FT_seed0'),
                                         'param_key': 'params_ema'}]
+
+
+def test_a_base_training_file_without_a_path_section_gets_one_that_starts_fresh(tmp_path, demo_data):
+    """``path`` is optional in a training file; every run's options then get one with
+    ``resume_state: None`` (a study run never resumes another run's state)."""
+    path = study_with(tmp_path, demo_data, drop_train=('path',), seeds=[0], methods={'FT': {}})
+    (run,) = plan.load_study(path, str(tmp_path)).runs
+    assert run.train_opt['path'] == {'resume_state': None}
