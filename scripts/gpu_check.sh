@@ -47,8 +47,11 @@
 #                          eager; waits for the mamba-ssm build) against the Triton kernels on the copies, the
 #                          defaults (the directions inside the kernels, fused Adam) and the defaults compiled,
 #                          rotating per batch; peak memory; the SS2D scan forward at a 250x250 tile
-#   S2. upstream_hat 120 s, upstream_safmn 60 s  the same for HAT and SAFMN (fused Adam, eager and compiled)
-#   7.  bench_ldt_mambair 150 s  LDT dual / FT with the defaults (blocks compiled: train.compile auto on CUDA)
+#   7.  bench_ldt_mambair 150 s  LDT dual / FT with the defaults (train.compile auto on CUDA: FT compiled, LDT eager)
+#   S2. bench_ldt_mambair_compiled 180 s  the same with every network's blocks compiled (--compile true: whether
+#                          LDT's dual step gains as FT's did, and its compile time)
+# (upstream_hat 120 s and upstream_safmn 60 s, the same as S1 for HAT and SAFMN, run 9's figures in docs/results.md,
+# run only when GPU_CHECK_STEPS names them.)
 # The kernel time by kind (bench_ldt.py --kernel-time; the H200's figures are in docs/results.md) is no
 # longer a step: its budget went to the overlapped steps of HAT and SAFMN. Run it by hand when needed.
 # GPU_CHECK_STEPS=name,name,... runs only those steps (a second call that remeasures a few; the mamba-ssm
@@ -83,7 +86,7 @@ SWEEP_CONFIGS="${GPU_CHECK_SWEEP_CONFIGS:-8,4,1,1,4,1,1 8,4,1,1,8,2,1 8,8,2,1,4,
 OVERLAP_BOUNDS="1.05"
 KILL_S=5   # a step that ignores SIGTERM at its limit is killed this much later
 ONLY="${GPU_CHECK_STEPS:-}"   # comma-separated step names: run only these (the others are not reported)
-SPEED_STEPS="versions,scan_backends,upstream_mambair,upstream_hat,upstream_safmn,bench_ldt_mambair"
+SPEED_STEPS="versions,scan_backends,bench_ldt_mambair,bench_ldt_mambair_compiled,upstream_mambair"
 [ "$SPEED" -eq 1 ] && [ -z "$ONLY" ] && ONLY="$SPEED_STEPS"
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
@@ -281,6 +284,8 @@ goals() {
     goal 'SS2D scan forward at a 250x250 tile, Triton / mamba-ssm' \
       "$(sed -n 's/^SS2D scan forward.*: triton \/ cuda \([0-9.]*\) .*/\1/p' "$log" 2>/dev/null | head -n 1)" 1.0
     goal 'mambair LDT/FT time with the defaults' "$(summary_ratio "$DIR/bench_ldt_mambair.log" 'LDT\/FT time')" 1.5
+    goal 'mambair LDT/FT time, every network compiled' \
+      "$(summary_ratio "$DIR/bench_ldt_mambair_compiled.log" 'LDT\/FT time')" 1.5
   fi
   if [ "$SWEEP" -eq 1 ]; then   # ldt.overlap_branches: the same bounds, for the dual step that option runs
     local mode modes bound
@@ -405,6 +410,8 @@ for arch in mambair:50 hat:50 safmn:30; do
   run_step "bench_ldt_${arch%%:*}" "$limit" check_bench "$PY" scripts/bench_ldt.py --device cuda --arch "${arch%%:*}" \
     --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile "$compile"
 done
+[ "$SPEED" -eq 1 ] && run_step bench_ldt_mambair_compiled 180 check_bench "$PY" scripts/bench_ldt.py --device cuda \
+  --arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile true
 
 if [ "$SPEED" -eq 1 ]; then
   export BUILD_MAMBA

@@ -233,9 +233,9 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
 
 def test_the_speed_session_times_the_defaults_against_upstreams_way_within_one_device_call(tmp_path):
     """--speed (the training-speed issue's GPU session): only the versions, the scan check, LDT/FT
-    with the defaults and the three --compare-upstream steps (MambaIR's waits for the mamba-ssm build
-    and runs with it on the path), 540 s in all, and each goal read from their lines: the fake
-    MambaIR log meets the FT step and memory goals and misses the tile's."""
+    with the defaults and with every network compiled, and MambaIR's --compare-upstream step (it
+    waits for the mamba-ssm build and runs with it on the path), 540 s in all, and each goal read
+    from their lines: the fake MambaIR log meets the FT step and memory goals and misses the tile's."""
     (tmp_path / 'gpu_carry').mkdir()
     (tmp_path / 'gpu_carry' / 'mamba_ssm-2.3.2.post1.tar.gz').write_bytes(b'')
     os.environ['GPU_CHECK_MAMBA_BUILD'] = str(tmp_path / 'mamba_build')
@@ -246,19 +246,23 @@ def test_the_speed_session_times_the_defaults_against_upstreams_way_within_one_d
     report = (folder / 'report.txt').read_text()
     assert 'budget 540 s' in report.splitlines()[0]
     steps = dict(re.findall(r'^\[(?:PASS|FAIL|SKIP)\] (\S+) \(\d+ s, limit (\d+) s', report, re.M))
-    assert list(steps) == ['versions', 'scan_backends', 'bench_ldt_mambair', 'upstream_mambair', 'upstream_hat',
-                           'upstream_safmn']
+    assert list(steps) == ['versions', 'scan_backends', 'bench_ldt_mambair', 'bench_ldt_mambair_compiled',
+                           'upstream_mambair']
     assert sum(map(int, steps.values())) <= 540
     mambair = (folder / 'upstream_mambair.log').read_text()
     assert '--arch mambair --amp bf16 --patch 48 --batch 4 --warm 3 --iters 10 --compare-upstream' in mambair
     assert 'on PYTHONPATH' in mambair                        # mamba-ssm's build on the path
-    assert '--arch hat' in (folder / 'upstream_hat.log').read_text()
+    # LDT/FT as the defaults run it (FT compiled, LDT eager), then with every network compiled
+    assert '--no-profile-memory --compile auto' in (folder / 'bench_ldt_mambair.log').read_text()
+    assert '--arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile true' in \
+        (folder / 'bench_ldt_mambair_compiled.log').read_text()
     assert re.search(r'^\[PASS\] upstream_mambair', report, re.M)
     for line in ('MambaIR FT step, defaults / upstream: 0.700 (goal <= 0.75) met',
                  'MambaIR FT step, defaults compiled / upstream: 0.800 (goal <= 0.75) MISSED',
                  'MambaIR FT peak memory, defaults / upstream: 0.900 (goal <= 1.0) met',
                  'SS2D scan forward at a 250x250 tile, Triton / mamba-ssm: 1.250 (goal <= 1.0) MISSED',
-                 'mambair LDT/FT time with the defaults: 1.500 (goal <= 1.5) met'):
+                 'mambair LDT/FT time with the defaults: 1.500 (goal <= 1.5) met',
+                 'mambair LDT/FT time, every network compiled: 1.500 (goal <= 1.5) met'):
         assert f'  {line}' in report.splitlines(), line
 
 
