@@ -368,7 +368,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         f'({", ".join(SCAN_BACKENDS)})')
     p.add_argument('--compile', choices=('auto', 'true', 'false'), default='auto',
                    help="FT and LDT dual steps with the networks' blocks compiled as train.compile does "
-                        '(auto: on CUDA for the architectures in archs.compile.COMPILE_BY_DEFAULT)')
+                        '(auto: FT on CUDA for the architectures in archs.compile.COMPILE_BY_DEFAULT, LDT eager)')
     p.add_argument('--compare-upstream', action='store_true',
                    help="FT steps as upstream runs them (MambaIR: mamba-ssm's scan on float32 direction copies; "
                         'foreach Adam; eager) against the defaults of this project, eager and compiled')

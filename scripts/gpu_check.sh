@@ -403,8 +403,8 @@ run_step torchrun_ddp_2 40 check_ddp \
   -opt options/demo/train_demo_mambair_ldt_gpu.yml --launcher pytorch --force_yml name=gpu_check_ddp \
   datasets:train:batch_size_per_gpu=2 train:total_iter=40 ldt:head_warmup_iters=10 ldt:profile_iters=10 \
   logger:save_checkpoint_freq=20 logger:print_freq=20 val:val_freq=40
-# eager, as every earlier run measured them; with --speed (#59: LDT/FT with the defaults) MambaIR's FT and dual
-# steps compiled as train.compile: auto does on CUDA (three compiles: FT's and each branch's trainable tensors)
+# eager, as every earlier run measured them; with --speed (#59: LDT/FT with the defaults) as train.compile: auto
+# runs them on CUDA: MambaIR's FT step compiled, LDT's dual step eager (bench_ldt_mambair_compiled compiles both)
 for arch in mambair:50 hat:50 safmn:30; do
   if [ "$SPEED" -eq 1 ]; then compile=auto; limit=150; else compile=false; limit="${arch##*:}"; fi
   run_step "bench_ldt_${arch%%:*}" "$limit" check_bench "$PY" scripts/bench_ldt.py --device cuda --arch "${arch%%:*}" \

@@ -246,7 +246,7 @@ def _scan_forward_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bi
                          out_ptr, chunk_states_ptr, last_ptr, seg_states_ptr, seg_dsum_ptr,
                          dim, length, n_chunks, group_size, blocks_per_group, b_chans, c_chans,
                          b_stride_b, b_stride_g, b_stride_n, c_stride_b, c_stride_g, c_stride_n,
-                         flag, x_dim, height, seg_chunks, dstate,
+                         flag, x_dim, height, dstate, seg_chunks,
                          VAR_B: tl.constexpr, VAR_C: tl.constexpr, HAS_D: tl.constexpr,
                          HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, T: tl.constexpr,

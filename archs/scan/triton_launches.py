@@ -300,8 +300,8 @@ def forward_launch(u, delta, A, B, C, D, z, delta_bias, softplus: bool, save_sta
     if n_segments > 1:
         seg_states = u.new_empty(lay.batch, lay.dim, n_segments, lay.dstate, dtype=torch.float32)
         seg_dsum = u.new_empty(lay.batch, lay.dim, n_segments, dtype=torch.float32)
-    shape_args = lay.args(inputs[3], inputs[4], save_states, u.shape[1], height or 1)
-    args = (*inputs, out, _or(states, last), last, seg_states, seg_dsum, *shape_args[:-1], seg_chunks, shape_args[-1])
+    args = (*inputs, out, _or(states, last), last, seg_states, seg_dsum,
+            *lay.args(inputs[3], inputs[4], save_states, u.shape[1], height or 1), seg_chunks)
     grid = (*lay.grid, n_segments)
     traffic = (u, inputs[1], *_varying(inputs[3:5]), _or_none(z, inputs[6]), out, states, last)
     if n_segments == 1:

@@ -44,7 +44,7 @@ class MemoryGate:
     auxiliary is held block by block instead of module by module.
 
     Reading the CUDA allocator's figure builds a dictionary of all its statistics (not timed here; tens
-    of microseconds is the expectation), too much before each of a MambaIR's 607 leaf modules: after a
+    of microseconds is the expectation), too much before each of a MambaIR's 607 leaf modules (and their containers): after a
     reading within the limit, the next ``READ_EVERY_S`` seconds of modules go unchecked (what they
     allocate in that time is the bound's overshoot)."""
 
