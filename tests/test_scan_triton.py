@@ -737,9 +737,10 @@ def test_a_forward_split_along_the_sequence_equals_the_float64_reference(interpr
     torch.testing.assert_close(last, ref_last.float(), rtol=1e-5, atol=1e-5)
 
 
-def test_the_four_way_forward_split_along_the_sequence_equals_it_unsplit(interpreted):
+def test_the_four_way_forward_split_along_the_sequence_equals_the_float64_reference(interpreted):
     """SS2D's four directions (reversed and column-major ones read by index) split into three
-    segments: the same sum as one program per sequence."""
+    segments: the sum of four float64 step-by-step scans, each over its direction's order of the
+    row-major inputs (written here: rows, columns, both reversed), mapped back to row-major."""
     height, width, dim, dstate = 5, 7, 3, 3
     gen = torch.Generator().manual_seed(3)
     length = height * width
@@ -749,7 +750,17 @@ def test_the_four_way_forward_split_along_the_sequence_equals_it_unsplit(interpr
     B, C = (torch.randn(2, 4, dstate, length, generator=gen) for _ in range(2))
     D, bias = torch.randn(4 * dim, generator=gen), torch.randn(4 * dim, generator=gen) * 0.5
     args = dict(u=x, delta=delta, A=A, B=B, C=C, D=D, delta_bias=bias)
-    whole, _, _ = _split_forward(args, True, 1, height=height)
-    split, _, launch = _split_forward(args, True, 3, height=height)
+    with torch.no_grad():
+        split, _, launch = _split_forward(args, True, 3, height=height)
     assert launch.launch.grid[2] == 3
-    torch.testing.assert_close(split, whole, rtol=1e-6, atol=1e-6)
+    by_rows = torch.arange(length)
+    by_columns = by_rows.view(height, width).t().reshape(-1)   # position t of a column scan
+    orders = [by_rows, by_columns, by_rows.flip(0), by_columns.flip(0)]
+    reference = torch.zeros(2, dim, length, dtype=torch.float64)
+    for k, order in enumerate(orders):
+        channels = slice(k * dim, (k + 1) * dim)
+        out, _ = sequential_reference(x[..., order], delta[:, channels][..., order], A[channels],
+                                      B[:, k][..., order], C[:, k][..., order], D[channels],
+                                      delta_bias=bias[channels], delta_softplus=True)
+        reference[..., order] += out
+    torch.testing.assert_close(split.double(), reference, rtol=1e-5, atol=1e-5)
