@@ -19,15 +19,17 @@ What is compiled, and why so:
 * **The first training call of each block is eager.** One-time Python work on a first call
   (MambaIR's scan dispatch tries the Triton kernel and logs the kernel it runs) then happens
   outside the graph; traced, it breaks the graph and its changed state forces a second compile.
-* **One compiled function per (block class, backend, trainable pattern).** ``requires_grad`` of
-  every parameter is part of a compiled graph (its backward computes exactly those gradients),
-  and LDT freezes different tensors in every block and branch. Each pattern gets its own copy of
-  the block's code object, so that dynamo's cache for it holds only the few variants of that
-  pattern (e.g. HAB's shifted and unshifted windows): a call checks the guards of a handful of
-  entries instead of scanning one list of every pattern of every block and branch, and dynamo's
-  per-function recompile limit (``torch._dynamo.config.recompile_limit``, 8) keeps its meaning, so
-  it is left as it is. The pattern only files a call under a function; dynamo's own guards decide
-  what runs, so a pattern computed from stale data costs a compile, never a wrong result.
+* **One graph for every frozen pattern.** ``requires_grad`` of every parameter is part of a
+  compiled graph (its backward computes exactly those gradients), and LDT freezes different tensors
+  in every block and branch: classic MambaIR's 36 blocks in two branches would be up to 72 graphs,
+  each compiled at its first call (measured on the CPU, SAFMN's block: the first graph 19.8 s, each
+  further pattern 2.3-3.4 s; a GPU pays more per graph, and twice for the drop-path rates). So a
+  compiled call hands its frozen tensors to the graph as leaves that require gradients and share
+  their storage: every block, branch, phase and method (FT, profiling, LDT's pair, LDT-S,
+  CorGrad) runs the one graph FT compiles, and the gradients computed for frozen tensors land on
+  those throwaway leaves and are freed with the graph. The price is their weight gradients, which
+  an eager frozen step skips; the parameters themselves, their ``requires_grad`` and ``.grad``
+  are untouched, so optimizers, the EMA exchange and checkpoints see no difference.
 * **Stochastic depth stays one graph.** timm's ``DropPath`` passes its probability to
   ``bernoulli_``, which makes dynamo compile once per distinct probability (every block of a
   network has its own); :class:`TracedDropPath` draws the same per-sample mask as ``rand < keep``,
@@ -68,7 +70,7 @@ COMPILE_BY_DEFAULT: FrozenSet[str] = frozenset({'MambaIR', 'SAFMN'})
 
 _BACKEND = '_compile_backend'   # instance attribute: the backend its training forwards compile with
 _WARM = '_compile_warm'         # instance attribute: whether its first (eager) training call has run
-_compiled: Dict[Tuple[type, str, int], Callable] = {}
+_compiled: Dict[Tuple[type, str], Callable] = {}
 _lock = threading.Lock()        # LDT may run the auxiliary branch's forward on a helper thread
 
 
@@ -151,22 +153,61 @@ def _dispatch(self: nn.Module, *args, **kwargs):
     if not self.__dict__.get(_WARM, True):
         self.__dict__[_WARM] = True
         return forward(self, *args, **kwargs)
-    return _compiled_forward(type(self), self.__dict__[_BACKEND], _trainable_pattern(self))(self, *args, **kwargs)
+    features = args[0] if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() else None
+    frozen, trains = _frozen_parameters(self)
+    if features is None or not features.requires_grad:
+        if not trains:   # nothing in it needs a gradient (the frozen body of a head-only warm-up)
+            return forward(self, *args, **kwargs)
+        if features is not None:   # the first trained block after frozen layers: its input becomes
+            args = (features.detach().requires_grad_(),) + args[1:]   # a leaf, as for the rest
+    compiled = _compiled_forward(type(self), self.__dict__[_BACKEND])
+    put_back = _as_all_trainable(frozen)
+    try:
+        return compiled(self, *args, **kwargs)
+    finally:
+        for mapping, key, value in put_back:
+            mapping[key] = value
 
 
-def _trainable_pattern(block: nn.Module) -> int:
-    """Which of the block's parameters require gradients, as the bits of an integer."""
-    pattern = 0
-    for i, parameter in enumerate(block.parameters()):
-        if parameter.requires_grad:
-            pattern |= 1 << i
-    return pattern
+#: A per-instance method that LDT's freezing installs on a convolution whose weight is frozen and
+#: whose bias trains (``basicsr_ldt/ldt/freezing.py``): pointless in the all-trainable graph, and
+#: dynamo would guard on its presence in each instance and compile again wherever it differs.
+_FREEZING_OVERRIDE = '_conv_forward'
+
+Frozen = List[Tuple[nn.Module, str, nn.Parameter]]
 
 
-def _compiled_forward(cls: type, backend: str, pattern: int) -> Callable:
-    """The compiled ``cls.forward`` for one trainable pattern: a copy of the function with its own
-    code object, because dynamo keeps one cache (and one recompile limit) per code object."""
-    key = (cls, backend, pattern)
+def _frozen_parameters(block: nn.Module) -> Tuple[Frozen, bool]:
+    """``(module, name, parameter)`` of each frozen parameter of ``block``, and whether any trains."""
+    frozen, trains = [], False
+    for module in block.modules():
+        for name, parameter in module._parameters.items():
+            if parameter is not None:
+                if parameter.requires_grad:
+                    trains = True
+                else:
+                    frozen.append((module, name, parameter))
+    return frozen, trains
+
+
+def _as_all_trainable(frozen: Frozen) -> List[Tuple[dict, str, object]]:
+    """Make a block look all-trainable to the compiled graph for one call: each ``frozen`` parameter
+    is replaced by a leaf that requires gradients and shares its storage, and freezing's
+    per-instance overrides are set aside. Returns ``(mapping, key, value)`` to put back."""
+    put_back = []
+    for module, name, parameter in frozen:
+        module._parameters[name] = nn.Parameter(parameter.detach(), requires_grad=True)
+        put_back.append((module._parameters, name, parameter))
+        override = module.__dict__.pop(_FREEZING_OVERRIDE, None)   # only where a weight is frozen
+        if override is not None:
+            put_back.append((module.__dict__, _FREEZING_OVERRIDE, override))
+    return put_back
+
+
+def _compiled_forward(cls: type, backend: str) -> Callable:
+    """The compiled ``cls.forward`` for one backend: a copy of the function with its own code
+    object, because dynamo keeps one cache (and one recompile limit) per code object."""
+    key = (cls, backend)
     compiled = _compiled.get(key)
     if compiled is None:
         with _lock:

@@ -475,6 +475,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             timed_steps[name] = dual_step(overlap, bound)
         wall = {name: [] for name in timed_steps}
         cpu = {name: [] for name in timed_steps}
+        warm_up = dict.fromkeys(timed_steps, 0.)
 
         def timed(key: str, fn, keep: bool) -> None:
             sync(device); w0, c0 = time.perf_counter(), time.process_time()
@@ -482,6 +483,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             sync(device)
             if keep:
                 wall[key].append(time.perf_counter() - w0); cpu[key].append(time.process_time() - c0)
+            else:
+                warm_up[key] += time.perf_counter() - w0
 
         if args.kernel_time:
             for lq, gt in data[:args.warm]:
@@ -500,6 +503,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             keep = i >= args.warm
             for name, step in timed_steps.items():
                 timed(name, functools.partial(step, lq, gt), keep)
+        print(f'{args.warm} warm-up steps (a compile falls there): '
+              + ', '.join(f'{name} {seconds:.1f} s' for name, seconds in warm_up.items()))
         ema = []
         for _ in range(5):
             sync(device); t0 = time.perf_counter(); algo.pair.exchange(); sync(device)

@@ -202,50 +202,79 @@ def test_marking_twice_keeps_one_dispatcher_and_checkpointed_blocks_stay_eager()
     assert compile_blocks(hat, BACKEND) == 0 and compiled_blocks(hat) == []
 
 
-def test_frozen_tensors_compile_once_per_trainable_pattern():
-    """LDT freezes different tensors per block and branch: requires_grad is part of a compiled graph,
-    so each pattern compiles once, blocks sharing a pattern share it, and alternating between
-    patterns (LDT-S) compiles nothing more."""
+def _safmn_pair_after_first_call():
+    """An eager SAFMN and its compiled copy, a training batch, and the copy's (eager) first call made."""
     torch.manual_seed(0)
     eager = SAFMN(dim=8, n_blocks=2, upscaling_factor=2).train()
     compiled = copy.deepcopy(eager)
     compile_blocks(compiled, BACKEND)
     x = torch.rand(2, 3, 16, 16)
-    _step(compiled, x)   # the eager first calls
+    _step(compiled, x)
+    return eager, compiled, x
+
+
+def test_every_frozen_pattern_runs_the_one_all_trainable_graph():
+    """LDT freezes different tensors per block and branch. Each compiled call hands its frozen
+    tensors to the graph as leaves that require gradients, so every pattern (and LDT-S alternating
+    between two) runs the graph FT compiled: frozen tensors get no gradient and stay the same
+    objects, trained ones get eager's gradients."""
+    eager, compiled, x = _safmn_pair_after_first_call()
+    before = graphs()
+    _assert_close(_step(compiled, x), _step(eager, x))   # FT: every tensor trains
+    assert graphs() == before + 1
 
     def freeze(network, pattern):
         for name, p in network.named_parameters():
             p.requires_grad_(not (name.startswith('feats.') and pattern(name)))
 
-    patterns = [lambda n: 'norm' in n, lambda n: 'ccm' in n]   # each the same in both blocks
-    before = graphs()
+    patterns = [lambda n: 'norm' in n, lambda n: 'ccm' in n,             # each the same in both blocks
+                lambda n: n.startswith('feats.1.ccm.ccm.0.')]            # one block unlike the other
     for _ in range(2):
         for pattern in patterns:
             freeze(compiled, pattern)
             freeze(eager, pattern)
+            parameters = dict(compiled.named_parameters())
             got, want = _step(compiled, x), _step(eager, x)
             _assert_close(got, want)
-            assert all(got[1][n] is None for n, p in compiled.named_parameters() if not p.requires_grad)
-    assert graphs() == before + len(patterns)
-    # each pattern has its own compiled function and code object, whose dynamo cache holds that
-    # pattern's graph only (one cache over all patterns would make every call scan all of them)
-    seen = set()
-    for pattern in patterns:
-        freeze(compiled, pattern)
-        seen.add(arch_compile._trainable_pattern(compiled.feats[0]))
-    functions = [f for (cls, backend, bits), f in arch_compile._compiled.items()
-                 if cls is AttBlock and backend == BACKEND and bits in seen]
-    codes = {f._torchdynamo_orig_callable.__code__ for f in functions}
-    assert len(seen) == len(functions) == len(codes) == len(patterns)
-    assert [len(_debug_get_cache_entry_list(code)) for code in codes] == [1] * len(patterns)
-    # a block frozen unlike the other gets its own graph; the other keeps its
-    compiled.feats[1].ccm.ccm[0].weight.requires_grad_(True)
-    eager.feats[1].ccm.ccm[0].weight.requires_grad_(True)
+            assert all(p is parameters[n] for n, p in compiled.named_parameters())
+            assert all(got[1][n] is None and p.grad is None for n, p in parameters.items() if not p.requires_grad)
+    assert graphs() == before + 1
+    assert [k for k in arch_compile._compiled if k[0] is AttBlock] == [(AttBlock, BACKEND)]
+    code = arch_compile._compiled[(AttBlock, BACKEND)]._torchdynamo_orig_callable.__code__
+    assert len(_debug_get_cache_entry_list(code)) == 1
+
+
+def test_blocks_after_frozen_layers_and_frozen_bias_apart_convs_share_the_graph():
+    """The first block after a frozen stem gets an input without gradients; LDT's freezing routes a
+    conv whose weight is frozen and whose bias trains through its own forward (on the CPU). Neither
+    compiles a second graph, and the routing is back in place after the call."""
+    from basicsr_ldt.ldt.freezing import set_trainable
+    eager, compiled, x = _safmn_pair_after_first_call()
+    _step(compiled, x)
+    before = graphs()
+    names = [n for n, _ in compiled.named_parameters()]
+    trainable = {n for n in names if not n.startswith('to_feat.') and n != 'feats.0.ccm.ccm.0.weight'}
+    for network in (compiled, eager):
+        set_trainable(network, trainable)
+    routed = compiled.feats[0].ccm.ccm[0]
+    assert '_conv_forward' in routed.__dict__
     _assert_close(_step(compiled, x), _step(eager, x))
-    assert graphs() == before + len(patterns) + 1
+    assert graphs() == before and '_conv_forward' in routed.__dict__
 
 
-def test_ldt_branches_compile_at_most_once_per_block_and_branch():
+def test_a_block_with_nothing_to_train_runs_eager():
+    """A head-only warm-up freezes the body: a block with no trainable tensor and an input without
+    gradients runs its own forward (no graph, nothing recorded for backward)."""
+    eager, compiled, x = _safmn_pair_after_first_call()
+    for network in (compiled, eager):
+        for name, p in network.named_parameters():
+            p.requires_grad_(not name.startswith(('to_feat.', 'feats.')))
+    before = graphs()
+    _assert_close(_step(compiled, x), _step(eager, x))
+    assert graphs() == before
+
+
+def test_ldt_compiles_one_graph_through_profiling_and_the_cross_frozen_pair():
     """A short LDT run on the method's own API: profiling (all trainable) and the cross-frozen
     pair, whose auxiliary is a deep copy of the compiled primary; same weights as eager LDT."""
     from basicsr_ldt.ldt import LDT, preset
@@ -266,8 +295,8 @@ def test_ldt_branches_compile_at_most_once_per_block_and_branch():
 
     before = graphs()
     compiled = run(True)
-    # profiling: one pattern (all trainable); dual: at most one per block and branch
-    assert before + 1 < graphs() <= before + 1 + 2 * 2
+    # profiling (all trainable) and both cross-frozen branches run the one graph
+    assert graphs() == before + 1
     assert len(compiled_blocks(compiled.auxiliary)) == 2
     after = graphs()
     eager = run(False)
@@ -330,7 +359,7 @@ def test_true_marks_net_g_and_logs_it(tmp_path, demo_data):
     model, lines = _built_model(tmp_path, demo_data, compile=True, compile_backend=BACKEND)
     assert lines == ['torch.compile: on for 2 SAFMN AttBlock blocks, backend aot_eager; training forwards only '
                      '(validation and inference run eager), the first training call of each block eager, then one '
-                     'compile per block variant and trainable pattern']
+                     'compile per block variant, every frozen pattern in it']
     assert len(compiled_blocks(model.net_g)) == 2
 
 

@@ -106,5 +106,5 @@ class CompiledBlocksMixin:
         where = '' if count else ' (none found outside use_checkpoint containers: all stay eager)'
         logger.info(f'torch.compile: on for {count} {type(network).__name__} {names} blocks{where}, backend '
                     f'{setting.backend}; training forwards only (validation and inference run eager), the first '
-                    'training call of each block eager, then one compile per block variant and trainable pattern')
+                    'training call of each block eager, then one compile per block variant, every frozen pattern in it')
         return count
