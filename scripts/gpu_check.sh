@@ -47,13 +47,14 @@
 #                          eager; waits for the mamba-ssm build) against the Triton kernels on the copies, the
 #                          defaults (the directions inside the kernels, fused Adam) and the defaults compiled,
 #                          rotating per batch; peak memory; the SS2D scan forward at a 250x250 tile
-#   7.  bench_ldt_mambair 150 s  LDT dual / FT with the defaults (train.compile auto on CUDA: FT compiled, LDT eager)
-#   S2. bench_ldt_mambair_compiled 180 s  the same with every network's blocks compiled (--compile true: whether
+#   7.  bench_ldt_mambair 130 s  LDT dual / FT with the defaults (train.compile auto on CUDA: FT compiled, LDT eager)
+#   S2. bench_ldt_mambair_compiled 150 s  the same with every network's blocks compiled (--compile true: whether
 #                          LDT's dual step gains as FT's did, and its compile time)
+#   S3. kernel_time_mambair_compiled 70 s  bench_ldt.py --kernel-time --compile true: the compiled FT step's and
+#                          branches' kernel time by kind and the share of the step the GPU is busy (what is left
+#                          for the FT goal)
 # (upstream_hat 120 s and upstream_safmn 60 s, the same as S1 for HAT and SAFMN, run 9's figures in docs/results.md,
 # run only when GPU_CHECK_STEPS names them.)
-# The kernel time by kind (bench_ldt.py --kernel-time; the H200's figures are in docs/results.md) is no
-# longer a step: its budget went to the overlapped steps of HAT and SAFMN. Run it by hand when needed.
 # GPU_CHECK_STEPS=name,name,... runs only those steps (a second call that remeasures a few; the mamba-ssm
 # build still starts when a sdist is carried). Prints each step's time and a report, written with the
 # logs to $OUT/gpu_check/ (results/gpu_check/ when OUT is unset). Exits non-zero when a step fails or
@@ -86,7 +87,7 @@ SWEEP_CONFIGS="${GPU_CHECK_SWEEP_CONFIGS:-8,4,1,1,4,1,1 8,4,1,1,8,2,1 8,8,2,1,4,
 OVERLAP_BOUNDS="1.05"
 KILL_S=5   # a step that ignores SIGTERM at its limit is killed this much later
 ONLY="${GPU_CHECK_STEPS:-}"   # comma-separated step names: run only these (the others are not reported)
-SPEED_STEPS="versions,scan_backends,bench_ldt_mambair,bench_ldt_mambair_compiled,upstream_mambair"
+SPEED_STEPS="versions,scan_backends,bench_ldt_mambair,bench_ldt_mambair_compiled,upstream_mambair,kernel_time_mambair_compiled"
 [ "$SPEED" -eq 1 ] && [ -z "$ONLY" ] && ONLY="$SPEED_STEPS"
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
@@ -190,6 +191,7 @@ check_ddp() {
   grep 'replicas identical on 2 ranks at iteration 40' "$log" | tail -n 1 | sed 's/^.*INFO: //'
   grep -q 'replicas identical on 2 ranks at iteration 40' "$log"
 }
+check_kernel_time() { grep -E '^kernel time per step|^  (FT|primary|auxiliary):|^  dual/FT by kind' "$1"; grep -q '^  FT: .* kernels' "$1"; }
 check_bench() { grep -E 'bench_ldt:|^dual step:|step ratio|memory ratio|reserved|time/iter|overlapped branches|one after the other|^summary:' "$1"; grep -q '^summary:' "$1"; }
 
 # Scan backends (step 2): the torch scan, the Triton scan and mamba-ssm where it imports, at MambaIR's
@@ -406,16 +408,18 @@ run_step torchrun_ddp_2 40 check_ddp \
 # eager, as every earlier run measured them; with --speed (#59: LDT/FT with the defaults) as train.compile: auto
 # runs them on CUDA: MambaIR's FT step compiled, LDT's dual step eager (bench_ldt_mambair_compiled compiles both)
 for arch in mambair:50 hat:50 safmn:30; do
-  if [ "$SPEED" -eq 1 ]; then compile=auto; limit=150; else compile=false; limit="${arch##*:}"; fi
+  if [ "$SPEED" -eq 1 ]; then compile=auto; limit=130; else compile=false; limit="${arch##*:}"; fi
   run_step "bench_ldt_${arch%%:*}" "$limit" check_bench "$PY" scripts/bench_ldt.py --device cuda --arch "${arch%%:*}" \
     --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile "$compile"
 done
-[ "$SPEED" -eq 1 ] && run_step bench_ldt_mambair_compiled 180 check_bench "$PY" scripts/bench_ldt.py --device cuda \
+[ "$SPEED" -eq 1 ] && run_step bench_ldt_mambair_compiled 150 check_bench "$PY" scripts/bench_ldt.py --device cuda \
   --arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile true
 
 if [ "$SPEED" -eq 1 ]; then
   export BUILD_MAMBA
   run_step upstream_mambair 120 check_upstream bash -c upstream_mambair
+  run_step kernel_time_mambair_compiled 70 check_kernel_time "$PY" scripts/bench_ldt.py --device cuda --arch mambair \
+    --amp bf16 --patch 48 --batch 4 --warm 2 --iters 3 --kernel-time --compile true
   for arch in hat:120 safmn:60; do
     run_step "upstream_${arch%%:*}" "${arch##*:}" check_upstream "$PY" scripts/bench_ldt.py --device cuda \
       --arch "${arch%%:*}" --amp bf16 --patch 48 --batch 4 --warm 3 --iters 10 --compare-upstream

@@ -38,6 +38,9 @@ case "$*" in *bench_ldt.py*--compare-upstream*)   # the FT step against upstream
   echo "summary upstream: arch=mambair ours eager/upstream time 0.700 | ours compiled/upstream time 0.800 | tile forward/upstream time 1.250";;
   *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 ms on Triton, 100 ms on mamba-ssm
   echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
+  *bench_ldt.py*--kernel-time*)   # kernel time by kind (FT and the branches; none with FAKE_NO_SUMMARY=1)
+  echo "kernel time per step (torch.profiler, CUDA kernels, ms, count in brackets; the wall time is the same steps without the profiler):"
+  [ "${FAKE_NO_SUMMARY:-0}" = 1 ] || echo "  FT: 100.0 ms in 2000 kernels (scan 30.0 (72), other 70.0 (1928)) | wall 150.0 ms, kernels 67% of it";;
   *bench_ldt.py*--overlap-branches*)   # with the overlapped dual step's ratios (none with FAKE_NO_SUMMARY=1)
   echo "  reserved (torch.cuda.max_memory_reserved after empty_cache; what the process holds on the GPU): FT 10.0 MiB"
   [ "${FAKE_NO_SUMMARY:-0}" = 1 ] || echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.800 | LDT/FT memory 0.980 | LDT-S/FT time 0.900 | LDT-S/FT memory n/a | LDT sequential/FT time 1.700 | LDT sequential/FT memory 1.010 | LDT overlapped/FT time 1.300 | LDT overlapped/FT memory 1.600 | LDT bounded x1.05/FT time 1.450 | LDT bounded x1.05/FT memory 1.050"
@@ -233,8 +236,8 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
 
 def test_the_speed_session_times_the_defaults_against_upstreams_way_within_one_device_call(tmp_path):
     """--speed (the training-speed issue's GPU session): only the versions, the scan check, LDT/FT
-    with the defaults and with every network compiled, and MambaIR's --compare-upstream step (it
-    waits for the mamba-ssm build and runs with it on the path), 540 s in all, and each goal read
+    with the defaults and with every network compiled, MambaIR's --compare-upstream step (it waits
+    for the mamba-ssm build and runs with it on the path) and the compiled steps' kernel time, 540 s in all, and each goal read
     from their lines: the fake MambaIR log meets the FT step and memory goals and misses the tile's."""
     (tmp_path / 'gpu_carry').mkdir()
     (tmp_path / 'gpu_carry' / 'mamba_ssm-2.3.2.post1.tar.gz').write_bytes(b'')
@@ -247,7 +250,7 @@ def test_the_speed_session_times_the_defaults_against_upstreams_way_within_one_d
     assert 'budget 540 s' in report.splitlines()[0]
     steps = dict(re.findall(r'^\[(?:PASS|FAIL|SKIP)\] (\S+) \(\d+ s, limit (\d+) s', report, re.M))
     assert list(steps) == ['versions', 'scan_backends', 'bench_ldt_mambair', 'bench_ldt_mambair_compiled',
-                           'upstream_mambair']
+                           'upstream_mambair', 'kernel_time_mambair_compiled']
     assert sum(map(int, steps.values())) <= 540
     mambair = (folder / 'upstream_mambair.log').read_text()
     assert '--arch mambair --amp bf16 --patch 48 --batch 4 --warm 3 --iters 10 --compare-upstream' in mambair
@@ -257,6 +260,19 @@ def test_the_speed_session_times_the_defaults_against_upstreams_way_within_one_d
     assert '--arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile true' in \
         (folder / 'bench_ldt_mambair_compiled.log').read_text()
     assert re.search(r'^\[PASS\] upstream_mambair', report, re.M)
+    # then where the compiled steps' time goes
+    assert '--arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 3 --kernel-time --compile true' in \
+        (folder / 'kernel_time_mambair_compiled.log').read_text()
+    assert re.search(r'^\[PASS\] kernel_time_mambair_compiled', report, re.M)
+    assert '      FT: 100.0 ms in 2000 kernels (scan 30.0 (72), other 70.0 (1928)) | wall 150.0 ms, kernels 67% of it' in \
+        report.splitlines()
+    os.environ.update(GPU_CHECK_STEPS='kernel_time_mambair_compiled', FAKE_NO_SUMMARY='1')   # no FT line: it fails
+    (tmp_path / 'again').mkdir()
+    try:
+        _, _, folder = _run_with_fake_python(tmp_path / 'again', None, 0, '--speed')
+    finally:
+        del os.environ['GPU_CHECK_STEPS'], os.environ['FAKE_NO_SUMMARY']
+    assert re.search(r'^\[FAIL\] kernel_time_mambair_compiled', (folder / 'report.txt').read_text(), re.M)
     for line in ('MambaIR FT step, defaults / upstream: 0.700 (goal <= 0.75) met',
                  'MambaIR FT step, defaults compiled / upstream: 0.800 (goal <= 0.75) MISSED',
                  'MambaIR FT peak memory, defaults / upstream: 0.900 (goal <= 1.0) met',
