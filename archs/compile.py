@@ -57,6 +57,7 @@ from torch import nn
 from archs.hat_arch import HAB, OCAB
 from archs.mambair_arch import VSSBlock
 from archs.safmn_arch import AttBlock
+from basicsr_ldt.ldt.freezing import ROUTED_METHOD
 
 #: The repeated blocks compiled in each architecture (``network_g.type``).
 BLOCK_CLASSES: Dict[str, Tuple[type, ...]] = {'MambaIR': (VSSBlock,), 'HAT': (HAB, OCAB), 'SAFMN': (AttBlock,)}
@@ -169,15 +170,10 @@ def _dispatch(self: nn.Module, *args, **kwargs):
             mapping[key] = value
 
 
-#: A per-instance method that LDT's freezing installs on a convolution whose weight is frozen and
-#: whose bias trains (``basicsr_ldt/ldt/freezing.py``): pointless in the all-trainable graph, and
-#: dynamo would guard on its presence in each instance and compile again wherever it differs.
-_FREEZING_OVERRIDE = '_conv_forward'
-
-Frozen = List[Tuple[nn.Module, str, nn.Parameter]]
+_Frozen = List[Tuple[nn.Module, str, nn.Parameter]]
 
 
-def _frozen_parameters(block: nn.Module) -> Tuple[Frozen, bool]:
+def _frozen_parameters(block: nn.Module) -> Tuple[_Frozen, bool]:
     """``(module, name, parameter)`` of each frozen parameter of ``block``, and whether any trains."""
     frozen, trains = [], False
     for module in block.modules():
@@ -190,7 +186,7 @@ def _frozen_parameters(block: nn.Module) -> Tuple[Frozen, bool]:
     return frozen, trains
 
 
-def _as_all_trainable(frozen: Frozen) -> List[Tuple[dict, str, object]]:
+def _as_all_trainable(frozen: _Frozen) -> List[Tuple[dict, str, object]]:
     """Make a block look all-trainable to the compiled graph for one call: each ``frozen`` parameter
     is replaced by a leaf that requires gradients and shares its storage, and freezing's
     per-instance overrides are set aside. Returns ``(mapping, key, value)`` to put back."""
@@ -198,9 +194,11 @@ def _as_all_trainable(frozen: Frozen) -> List[Tuple[dict, str, object]]:
     for module, name, parameter in frozen:
         module._parameters[name] = nn.Parameter(parameter.detach(), requires_grad=True)
         put_back.append((module._parameters, name, parameter))
-        override = module.__dict__.pop(_FREEZING_OVERRIDE, None)   # only where a weight is frozen
+        # freezing's split conv forward (only where a weight is frozen): pointless in this graph, and
+        # dynamo would guard on its presence in each instance and compile again wherever it differs
+        override = module.__dict__.pop(ROUTED_METHOD, None)
         if override is not None:
-            put_back.append((module.__dict__, _FREEZING_OVERRIDE, override))
+            put_back.append((module.__dict__, ROUTED_METHOD, override))
     return put_back
 
 

@@ -22,7 +22,9 @@ import torch
 from torch import nn
 from torch.nn.modules.conv import _ConvNd
 
-_ATTR = '_conv_forward'
+#: The per-instance method installed on a routed convolution (set aside by archs/compile.py's
+#: compiled calls, which train every tensor).
+ROUTED_METHOD = '_conv_forward'
 
 
 def _on_gpu(tensor: torch.Tensor) -> bool:
@@ -53,15 +55,15 @@ def route_bias_only_convs(module: nn.Module) -> int:
             continue
         split = (sub.bias is not None and sub.bias.requires_grad and not sub.weight.requires_grad)
         if split:
-            setattr(sub, _ATTR, types.MethodType(_bias_apart_forward, sub))
+            setattr(sub, ROUTED_METHOD, types.MethodType(_bias_apart_forward, sub))
             installed += 1
-        elif _ATTR in sub.__dict__:
-            delattr(sub, _ATTR)
+        elif ROUTED_METHOD in sub.__dict__:
+            delattr(sub, ROUTED_METHOD)
     return installed
 
 
 def clear_routing(module: nn.Module) -> None:
     """Remove every per-instance conv override (before handing a module to other code)."""
     for sub in module.modules():
-        if isinstance(sub, _ConvNd) and _ATTR in sub.__dict__:
-            delattr(sub, _ATTR)
+        if isinstance(sub, _ConvNd) and ROUTED_METHOD in sub.__dict__:
+            delattr(sub, ROUTED_METHOD)
