@@ -187,6 +187,12 @@ def make_ldt(args, partition_file: str | None, device: str) -> LDT:
     return algo
 
 
+def dynamo_graphs() -> int:
+    """Graphs ``torch.compile`` has compiled in this process so far (a recompile counts too)."""
+    from torch._dynamo.utils import counters
+    return counters['stats']['unique_graphs']
+
+
 def compile_as_training(args: argparse.Namespace, networks: Sequence[nn.Module], auto_model: str = '') -> str:
     """Compile the networks' blocks as ``train.compile: --compile`` would on this device (the
     inductor backend) for a model type that ``auto`` leaves eager when ``auto_model`` names it;
@@ -499,12 +505,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             with dispatched_as_on_a_gpu() if as_on_gpu else contextlib.nullcontext():
                 count_ops({name: functools.partial(step, lq, gt) for name, step in steps.items()})
             return
+        graphs = [dynamo_graphs()]   # before, after the warm-up, after the timed steps
         for i, (lq, gt) in enumerate(data):
             keep = i >= args.warm
+            if i == args.warm:
+                graphs.append(dynamo_graphs())
             for name, step in timed_steps.items():
                 timed(name, functools.partial(step, lq, gt), keep)
+        graphs += [dynamo_graphs()] * (3 - len(graphs))
         print(f'{args.warm} warm-up steps (a compile falls there): '
-              + ', '.join(f'{name} {seconds:.1f} s' for name, seconds in warm_up.items()))
+              + ', '.join(f'{name} {seconds:.1f} s' for name, seconds in warm_up.items())
+              + f'; graphs compiled: {graphs[1] - graphs[0]} in them, {graphs[2] - graphs[1]} in the timed steps')
         ema = []
         for _ in range(5):
             sync(device); t0 = time.perf_counter(); algo.pair.exchange(); sync(device)

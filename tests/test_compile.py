@@ -6,6 +6,7 @@ compiles, so a compile that should not happen (a validation image size, a second
 shows up as a number.
 """
 import copy
+import re
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from archs.mambair_arch import MambaIR
 from archs.safmn_arch import AttBlock, SAFMN
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.models.compiled_blocks import CompileSetting, compile_decision, compile_setting
-from conftest import basicsr_log, run_entry
+from conftest import basicsr_log, load_script, run_entry
 from test_cli import train_options, write
 
 BACKEND = 'aot_eager'
@@ -386,3 +387,20 @@ def test_bad_compile_value_stops_the_entry_point_in_one_line(project, demo_data)
     assert result.stderr.strip().splitlines()[-1] == ("error: train.compile: expected one of 'auto', true, false, "
                                                       "got 'sometimes'")
     assert not (project / 'experiments' / 'bad').exists()
+
+
+def test_bench_ldt_counts_the_graphs_compiled_in_the_warm_up_and_the_timed_steps(monkeypatch, capsys):
+    """What a GPU run reads for compiled LDT's cost: the warm-up time per step kind and the graphs
+    compiled. FT compiles its one graph in the warm-up; the dual step runs it (its branches freeze
+    different tensors); a recompile in the timed steps would show as a second count."""
+    bench = load_script('bench_ldt')
+    monkeypatch.setattr(bench, 'COMPILE_BACKEND', BACKEND)
+    # with one warm-up step (each block's first call, eager) the compile falls in the first timed step
+    for warm, counts in ((2, '1 in them, 0 in the timed steps'), (1, '0 in them, 1 in the timed steps')):
+        torch._dynamo.reset()
+        bench.main(['--device', 'cpu', '--arch', 'safmn', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '2',
+                    '--warm', str(warm), '--profile-passes', '2', '--mem-iters', '1', '--in-process',
+                    '--no-profile-memory', '--compile', 'true'])
+        lines = [line for line in capsys.readouterr().out.splitlines() if 'warm-up steps' in line]
+        assert len(lines) == 1 and re.fullmatch(rf'{warm} warm-up steps \(a compile falls there\): FT \d+\.\d s, '
+                                                rf'dual \d+\.\d s; graphs compiled: {counts}', lines[0]), lines
