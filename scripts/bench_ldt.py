@@ -84,6 +84,7 @@ from basicsr_ldt.models.optimizers import adam_kwargs  # noqa: E402
 from basicsr_ldt.models.ldt_model import LDTSRModel as LDT_MODEL  # noqa: E402  (what train.compile: auto does for it)
 from basicsr_ldt.ldt import (AMP_DTYPES, LDT, GradientStatistics, LDTConfig, MixedPrecision,  # noqa: E402
                              optimizer_step, preset, resolve_dtype)
+from basicsr_ldt.ldt.freezing import ROUTED_METHOD  # noqa: E402
 
 #: MambaIR configurations: the released classic SR x4 one (the paper's network) and the small
 #: CPU variant of options/train_mambair_ldt.yml.
@@ -447,8 +448,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             bench_ldt_s(args, part_path)
             return
         n_u, n = len(algo.partition.unstable), len(algo.partition.names)
-        split = sum(1 for m in algo.primary.modules() if '_conv_forward' in m.__dict__) + \
-            sum(1 for m in algo.auxiliary.modules() if '_conv_forward' in m.__dict__)
+        split = sum(1 for m in algo.primary.modules() if ROUTED_METHOD in m.__dict__) + \
+            sum(1 for m in algo.auxiliary.modules() if ROUTED_METHOD in m.__dict__)
         print(f'partition: {n_u}/{n} layers unstable (variance, ratio_u 0.5, {args.profile_passes} '
               f'profiled batches); convs with frozen weight + trainable bias (split bias): {split}')
 
