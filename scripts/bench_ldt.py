@@ -85,6 +85,7 @@ from basicsr_ldt.models.ldt_model import LDTSRModel as LDT_MODEL  # noqa: E402  
 from basicsr_ldt.ldt import (AMP_DTYPES, LDT, GradientStatistics, LDTConfig, MixedPrecision,  # noqa: E402
                              optimizer_step, preset, resolve_dtype)
 from basicsr_ldt.ldt.freezing import ROUTED_METHOD  # noqa: E402
+from basicsr_ldt.ldt.step_graph import BatchTerms, StepGraph  # noqa: E402
 
 #: MambaIR configurations: the released classic SR x4 one (the paper's network) and the small
 #: CPU variant of options/train_mambair_ldt.yml.
@@ -126,8 +127,13 @@ def batches(args: argparse.Namespace, count: int, patch: int, batch: int, device
             for _ in range(count)]
 
 
-def l1(lq: torch.Tensor, gt: torch.Tensor):
-    return lambda net: (net(lq) - gt).abs().mean()
+def _l1_terms(net: nn.Module, lq: torch.Tensor, gt: torch.Tensor) -> Dict[str, torch.Tensor]:
+    return {'l_pix': (net(lq) - gt).abs().mean()}
+
+
+def l1(lq: torch.Tensor, gt: torch.Tensor) -> BatchTerms:
+    """The L1 batch loss, in the form a step graph can record (called on a network: the loss)."""
+    return BatchTerms(_l1_terms, lq, gt)
 
 
 # Adam's implementation: the project's default for the device (fused on CUDA, torch's loop over the
@@ -379,6 +385,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--compare-upstream', action='store_true',
                    help="FT steps as upstream runs them (MambaIR: mamba-ssm's scan on float32 direction copies; "
                         'foreach Adam; eager) against the defaults of this project, eager and compiled')
+    p.add_argument('--check-graph', action='store_true',
+                   help='FT steps replayed as a CUDA graph (train.cuda_graph) against the same steps eager, '
+                        'with eager and with compiled blocks: a FAIL line and exit status 1 where they differ')
     p.add_argument('--count-ops', action='store_true',
                    help='count the aten operators of one FT, primary and auxiliary step instead of timing')
     p.add_argument('--kernel-time', action='store_true',
@@ -410,6 +419,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.compare_scan and args.arch not in MAMBAIR:
         p.error(f'--compare-scan: the selective scan is MambaIR\'s; expected --arch {" or ".join(MAMBAIR)}, '
                 f'got {args.arch}')
+    if args.check_graph and GRAPH_RECORDER is None and not on_cuda(args.device):
+        p.error(f'--check-graph records CUDA graphs; expected --device cuda, got {args.device}')
     if args.kernel_time and not on_cuda(args.device):
         p.error(f'--kernel-time sums the CUDA kernels a step runs; expected --device cuda, got {args.device}')
     if args.warm is None:
@@ -435,6 +446,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     if args.compare_upstream:
         compare_upstream(args)
+        return
+    if args.check_graph:
+        if not check_graph(args):
+            sys.exit(1)
         return
     as_on_gpu = args.count_ops and not on_cuda(device)
     if as_on_gpu:
@@ -771,7 +786,7 @@ def report_kernel_time(steps: Dict[str, dict]) -> None:
 
 
 def rotating_ft_steps(args: argparse.Namespace, steps: Dict[str, tuple], amp: MixedPrecision):
-    """FT steps of every (network, optimizer) of ``steps`` on the same ``--warm`` + ``--iters``
+    """FT steps of every (network, optimizer, step graph or None) of ``steps`` on the same ``--warm`` + ``--iters``
     batches, the order rotating by one from batch to batch (with two: alternating), so that drift
     of the machine hits each alike. Returns each one's timed step times (s), the total of its
     warm-up steps (s; a compile falls there) and the last batch's loss (for :func:`ft_step_peaks`)."""
@@ -780,9 +795,9 @@ def rotating_ft_steps(args: argparse.Namespace, steps: Dict[str, tuple], amp: Mi
     warm_up: Dict[str, float] = {name: 0.0 for name in names}
     for i, (lq, gt) in enumerate(batches(args, args.warm + args.iters, args.patch, args.batch, args.device)):
         for name in names[i % len(names):] + names[:i % len(names)]:
-            net, opt = steps[name]
+            net, opt, graph = steps[name]
             sync(args.device); start = time.perf_counter()
-            optimizer_step(net, opt, l1(lq, gt), amp, 'finetune')
+            optimizer_step(net, opt, l1(lq, gt), amp, 'finetune', graph=graph)
             sync(args.device)
             took = time.perf_counter() - start
             if i >= args.warm:
@@ -794,16 +809,19 @@ def rotating_ft_steps(args: argparse.Namespace, steps: Dict[str, tuple], amp: Mi
 
 def ft_step_peaks(args: argparse.Namespace, steps: Dict[str, tuple], batch_loss, amp: MixedPrecision
                   ) -> Dict[str, float]:
-    """One more FT step of each (network, optimizer) of ``steps`` (CUDA): its peak allocated memory
-    above what stays allocated (every network and optimizer state), in MiB."""
+    """One more FT step of each (network, optimizer, step graph or None) of ``steps`` (CUDA): its
+    peak allocated memory above what stays allocated (every network and optimizer state), in MiB;
+    for a replayed step, plus all its graph holds (a replay allocates nothing: the recorded step's
+    activations and gradients live in the graph's own pool, reserved for as long as it lives)."""
     peaks = {}
-    for name, (net, opt) in steps.items():
+    for name, (net, opt, graph) in steps.items():
         sync(args.device)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        optimizer_step(net, opt, batch_loss, amp, 'finetune')
+        optimizer_step(net, opt, batch_loss, amp, 'finetune', graph=graph)
         sync(args.device)
-        peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        held = (graph.held_bytes() or 0) if graph is not None else 0
+        peaks[name] = (torch.cuda.max_memory_allocated() - base + held) / 2 ** 20
     return peaks
 
 
@@ -816,7 +834,7 @@ def compare_scan(args: argparse.Namespace) -> float:
     for backend in (first, second):
         torch.manual_seed(0)
         net = build_network(args.arch, args.scale, scan_backend=backend).to(args.device)
-        steps[backend] = (net, adam(list(net.parameters()), 'finetune'))
+        steps[backend] = (net, adam(list(net.parameters()), 'finetune'), None)
     amp = precision(args)
     times, _, last_loss = rotating_ft_steps(args, steps, amp)
     ratios = [a / b for a, b in zip(times[first], times[second])]
@@ -832,35 +850,46 @@ def compare_scan(args: argparse.Namespace) -> float:
 
 
 # --compare-upstream: the project's defaults beside the same network run the way upstream runs it
-#: name -> (MambaIR's scan backend, the project's Adam (fused on CUDA) or foreach, blocks compiled).
-#: Upstream MambaIR: mamba-ssm's scan on float32 copies of the four direction copies (scan_backend
-#: cuda), foreach Adam, eager. 'triton copies': the Triton kernels on the four direction copies
-#: (SS2D.directions_in_kernels False), what the directions inside the kernels gain over.
+#: name -> (MambaIR's scan backend, the project's Adam (fused on CUDA) or foreach, blocks compiled,
+#: forward and backward replayed as a CUDA graph). Upstream MambaIR: mamba-ssm's scan on float32
+#: copies of the four direction copies (scan_backend cuda), foreach Adam, eager. 'triton copies': the
+#: Triton kernels on the four direction copies (SS2D.directions_in_kernels False), what the directions
+#: inside the kernels gain over.
 UPSTREAM_SETUPS = {
-    'upstream': ('cuda', False, False),
-    'triton copies': ('triton copies', True, False),
-    'ours eager': ('triton', True, False),
-    'ours compiled': ('triton', True, True),
+    'upstream': ('cuda', False, False, False),
+    'triton copies': ('triton copies', True, False, False),
+    'ours eager': ('triton', True, False, False),
+    'ours compiled': ('triton', True, True, False),
+    'ours graphed': ('triton', True, False, True),
+    'ours compiled graphed': ('triton', True, True, True),
 }
+#: What records a graphed setup's step: None = a CUDA graph (graphed setups are left out off CUDA);
+#: the CPU tests set a recorder that replays by running the step again.
+GRAPH_RECORDER: Optional[Callable[[], object]] = None
 COMPILE_BACKEND = 'inductor'     # what train.compile_backend defaults to
 #: The SS2D forward at a validation tile: (side, the backend timed, the backend it is timed against).
 TILE = (250, 'triton', 'cuda')
 
 
 def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
-    """FT steps of three copies of one network (same seed) on the same batches, the order of the
-    copies rotating from batch to batch: upstream's way, and the project's (the Triton scan with the
-    directions inside its kernels, fused Adam) eager and with its blocks compiled. For HAT and
-    SAFMN the scan does not apply: eager foreach Adam against fused Adam, eager and compiled.
+    """FT steps of copies of one network (same seed) on the same batches, the order of the copies
+    rotating from batch to batch: upstream's way, and the project's (the Triton scan with the
+    directions inside its kernels, fused Adam) eager, with its blocks compiled, and both of these
+    with forward and backward replayed as a CUDA graph (``train.cuda_graph``; its first steps run
+    eager and the recording falls in the warm-up). For HAT and SAFMN the scan does not apply: eager
+    foreach Adam against fused Adam, eager, compiled and replayed.
     Prints each one's median step, the median per-batch ratio to upstream, the time of its
     ``--warm`` untimed steps (a compiled network's compile falls in them: archs/compile.py runs
     a block's first training call eager and compiles at its second) and the FT step's peak memory
     above what stays allocated, as a ratio to upstream's; returns the time ratios."""
     from archs.compile import compile_blocks
     steps = {}
-    for name, (scan, fused, compiled) in UPSTREAM_SETUPS.items():
+    for name, (scan, fused, compiled, graphed) in UPSTREAM_SETUPS.items():
         if scan.endswith(' copies') and args.arch not in MAMBAIR:
             continue   # a network without a scan: the same as 'ours eager'
+        if graphed and GRAPH_RECORDER is None and not on_cuda(args.device):
+            print(f'FT step {name}: not run (CUDA graphs need --device cuda)')
+            continue
         torch.manual_seed(0)
         copies = scan.endswith(' copies')
         net = build_network(args.arch, args.scale,
@@ -873,7 +902,7 @@ def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
         params = list(net.parameters())
         opt = torch.optim.Adam(params, **adam_kwargs({'lr': 1e-4} if fused else
                                                      {'lr': 1e-4, 'foreach': on_cuda(args.device) or None}, params))
-        steps[name] = (net, opt)
+        steps[name] = (net, opt, StepGraph(net, recorder=GRAPH_RECORDER) if graphed else None)
     amp = precision(args)
     names = list(steps)
     times, warm_up, last_loss = rotating_ft_steps(args, steps, amp)
@@ -893,6 +922,57 @@ def compare_upstream(args: argparse.Namespace) -> Dict[str, float]:
     print('summary upstream: arch=' + args.arch + ' ' + ' | '.join(
         f'{name}/upstream time {ratios[name]:.3f}' for name in ratios if name != 'upstream'))
     return ratios
+
+
+#: --check-graph's bounds: replayed / eager loss of each step, and the replayed steps' weight change
+#: against the eager steps' (relative, over every tensor): a graph fed stale inputs or losing a gradient
+#: misses both by far (each batch's intensity differs, so its loss does), float atomics' order does not.
+GRAPH_LOSS_BOUND, GRAPH_UPDATE_BOUND = 1e-3, 0.05
+
+
+def check_graph(args: argparse.Namespace) -> bool:
+    """``--check-graph``: two copies of the network from one seed, stochastic depth off, one stepped
+    eager and one through a step graph on the same ``--warm`` + ``--iters`` batches, with eager and
+    with compiled blocks; prints each comparison and returns whether both are within the bounds."""
+    from archs.compile import compile_blocks
+    from basicsr_ldt.ldt.step_graph import EAGER_STEPS
+    amp, count, passed = precision(args), args.warm + args.iters, []
+    data = [(lq * (0.5 + k / count), gt * (0.5 + k / count))
+            for k, (lq, gt) in enumerate(batches(args, count, args.patch, args.batch, args.device))]
+    for compiled in (False, True):
+        runs = []
+        for graphed in (False, True):
+            torch.manual_seed(0)
+            net = build_network(args.arch, args.scale).to(args.device)
+            if compiled:
+                compile_blocks(net, COMPILE_BACKEND)
+            for module in net.modules():   # the same weights only if the same samples are dropped: none
+                if hasattr(module, 'drop_prob'):
+                    module.drop_prob = 0.
+                if hasattr(module, 'active'):
+                    module.active = False
+            runs.append((net, adam(list(net.parameters()), 'finetune'),
+                         StepGraph(net, recorder=GRAPH_RECORDER) if graphed else None,
+                         [p.detach().clone() for p in net.parameters()], []))
+        for lq, gt in data:
+            for net, opt, graph, _, losses in runs:
+                losses.append(optimizer_step(net, opt, l1(lq, gt), amp, 'finetune', graph=graph))
+        (eager, _, _, start, eager_losses), (graphed, _, graph, _, graph_losses) = runs
+        loss_gap = max(abs(g - e) / abs(e) for e, g in zip(eager_losses, graph_losses))
+        moved = [(e.detach() - s, g.detach() - s) for e, g, s in zip(eager.parameters(), graphed.parameters(), start)]
+        update_gap = (sum((g - e).pow(2).sum() for e, g in moved) / sum(e.pow(2).sum() for e, _ in moved)).sqrt().item()
+        ok = graph.off is None and graph.recordings == 1 and loss_gap <= GRAPH_LOSS_BOUND \
+            and update_gap <= GRAPH_UPDATE_BOUND
+        passed.append(ok)
+        print(f"graph check, {'compiled' if compiled else 'eager'} blocks: {count - EAGER_STEPS} of {count} steps "
+              f"replayed ({graph.recordings} recording{'' if graph.recordings == 1 else 's'}"
+              f"{'' if graph.off is None else ', off: ' + graph.off}); "
+              f'loss replayed / eager: max relative gap {loss_gap:.1e} (bound {GRAPH_LOSS_BOUND:g}; the batches\' '
+              f'losses {min(eager_losses):.4f}-{max(eager_losses):.4f}); weight change: relative gap {update_gap:.1e} '
+              f"(bound {GRAPH_UPDATE_BOUND:g}): {'PASS' if ok else 'FAIL'}")
+    print('summary graph: ' + ' | '.join(f"{kind} {'PASS' if ok else 'FAIL'}"
+                                         for kind, ok in zip(('eager', 'compiled'), passed)))
+    return all(passed)
 
 
 def tile_forward(args: argparse.Namespace, repeats: int = 20) -> float:

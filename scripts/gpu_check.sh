@@ -42,19 +42,21 @@
 # With --speed (the training-speed issue's GPU session, #59; budget 540 s unless GPU_CHECK_BUDGET_S is set) only
 # these run, so that the compiles fit:
 #   1, 2   versions, scan_backends (the four-way scan checked against its float64 reference there too)
+#   7.  bench_ldt_mambair 110 s  LDT dual / FT with the defaults (train.compile auto on CUDA: FT compiled, LDT eager;
+#                          the run's cold compile)
+#   S0. graph_check 60 s   bench_ldt.py --check-graph: FT steps replayed as a CUDA graph (train.cuda_graph) against
+#                          the same steps eager, eager and compiled blocks (fails on a FAIL line)
 #   S1. upstream_mambair 120 s  bench_ldt.py --compare-upstream, classic MambaIR x4 bf16 (LR 48, batch 4): the FT
 #                          step as upstream runs it (mamba-ssm's scan on float32 direction copies, foreach Adam,
 #                          eager; waits for the mamba-ssm build) against the Triton kernels on the copies, the
-#                          defaults (the directions inside the kernels, fused Adam) and the defaults compiled,
-#                          rotating per batch; peak memory; the SS2D scan forward at a 250x250 tile
-#   7.  bench_ldt_mambair 130 s  LDT dual / FT with the defaults (train.compile auto on CUDA: FT compiled, LDT eager)
-#   S2. bench_ldt_mambair_compiled 150 s  the same with every network's blocks compiled (--compile true: whether
+#                          defaults (the directions inside the kernels, fused Adam) eager and compiled, and both
+#                          replayed as a CUDA graph, rotating per batch; peak memory; the SS2D scan forward at a
+#                          250x250 tile
+#   S2. bench_ldt_mambair_compiled 150 s  step 7 with every network's blocks compiled (--compile true: whether
 #                          LDT's dual step gains as FT's did, and its compile time)
-#   S3. kernel_time_mambair_compiled 70 s  bench_ldt.py --kernel-time --compile true: the compiled FT step's and
-#                          branches' kernel time by kind and the share of the step the GPU is busy (what is left
-#                          for the FT goal)
-# (upstream_hat 120 s and upstream_safmn 60 s, the same as S1 for HAT and SAFMN, run 9's figures in docs/results.md,
-# run only when GPU_CHECK_STEPS names them.)
+# (kernel_time_mambair_compiled 70 s: bench_ldt.py --kernel-time --compile true, the compiled FT step's and branches'
+# kernel time by kind and the GPU's busy share; upstream_hat 120 s and upstream_safmn 60 s, the same as S1 for HAT
+# and SAFMN, run 9's figures in docs/results.md: run only when GPU_CHECK_STEPS names them.)
 # GPU_CHECK_STEPS=name,name,... runs only those steps (a second call that remeasures a few; the mamba-ssm
 # build still starts when a sdist is carried). Prints each step's time and a report, written with the
 # logs to $OUT/gpu_check/ (results/gpu_check/ when OUT is unset). Exits non-zero when a step fails or
@@ -87,7 +89,7 @@ SWEEP_CONFIGS="${GPU_CHECK_SWEEP_CONFIGS:-8,4,1,1,4,1,1 8,4,1,1,8,2,1 8,8,2,1,4,
 OVERLAP_BOUNDS="1.05"
 KILL_S=5   # a step that ignores SIGTERM at its limit is killed this much later
 ONLY="${GPU_CHECK_STEPS:-}"   # comma-separated step names: run only these (the others are not reported)
-SPEED_STEPS="versions,scan_backends,bench_ldt_mambair,bench_ldt_mambair_compiled,upstream_mambair,kernel_time_mambair_compiled"
+SPEED_STEPS="versions,scan_backends,bench_ldt_mambair,graph_check,upstream_mambair,bench_ldt_mambair_compiled"
 [ "$SPEED" -eq 1 ] && [ -z "$ONLY" ] && ONLY="$SPEED_STEPS"
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
@@ -255,6 +257,7 @@ upstream_mambair() {
   with_mamba_ssm "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 --batch 4 \
     --warm 3 --iters 10 --compare-upstream
 }
+check_graph() { grep -E '^graph check|^summary graph' "$1"; grep -q '^summary graph: eager PASS | compiled PASS$' "$1"; }
 check_upstream() { grep -E '^FT step|^SS2D scan forward|^summary upstream' "$1"; grep -q '^summary upstream' "$1"; }
 # "<name> / upstream: <ratio>" of a --compare-upstream log; the peak memory of <name> as a fraction of upstream's
 upstream_ratio() { sed -n "s/^FT step $2 \/ upstream: \([0-9.]*\) .*/\1/p" "$1" 2>/dev/null | head -n 1; }
@@ -287,6 +290,11 @@ goals() {
     goal 'MambaIR FT peak memory, defaults (compiled) / upstream' "$(upstream_memory "$log" 'ours compiled')" 1.0
     goal 'MambaIR FT step, eager / upstream' "$(upstream_ratio "$log" 'ours eager')" 0.75
     goal 'MambaIR FT peak memory, eager / upstream' "$(upstream_memory "$log" 'ours eager')" 1.0
+    # train.cuda_graph (auto leaves it off until these are met): the step replayed, compiled and eager
+    goal 'MambaIR FT step, compiled + CUDA graph / upstream' "$(upstream_ratio "$log" 'ours compiled graphed')" 0.75
+    goal 'MambaIR FT peak memory, compiled + CUDA graph / upstream' "$(upstream_memory "$log" 'ours compiled graphed')" 1.0
+    goal 'MambaIR FT step, eager + CUDA graph / upstream' "$(upstream_ratio "$log" 'ours graphed')" 0.75
+    goal 'MambaIR FT peak memory, eager + CUDA graph / upstream' "$(upstream_memory "$log" 'ours graphed')" 1.0
     goal 'SS2D scan forward at a 250x250 tile, Triton / mamba-ssm' \
       "$(sed -n 's/^SS2D scan forward.*: triton \/ cuda \([0-9.]*\) .*/\1/p' "$log" 2>/dev/null | head -n 1)" 1.0
     goal 'mambair LDT/FT time with the defaults' "$(summary_ratio "$DIR/bench_ldt_mambair.log" 'LDT\/FT time')" 1.5
@@ -412,16 +420,19 @@ run_step torchrun_ddp_2 40 check_ddp \
 # eager, as every earlier run measured them; with --speed (#59: LDT/FT with the defaults) as train.compile: auto
 # runs them on CUDA: MambaIR's FT step compiled, LDT's dual step eager (bench_ldt_mambair_compiled compiles both)
 for arch in mambair:50 hat:50 safmn:30; do
-  if [ "$SPEED" -eq 1 ]; then compile=auto; limit=130; else compile=false; limit="${arch##*:}"; fi
+  if [ "$SPEED" -eq 1 ]; then compile=auto; limit=110; else compile=false; limit="${arch##*:}"; fi
   run_step "bench_ldt_${arch%%:*}" "$limit" check_bench "$PY" scripts/bench_ldt.py --device cuda --arch "${arch%%:*}" \
     --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile "$compile"
 done
-[ "$SPEED" -eq 1 ] && run_step bench_ldt_mambair_compiled 150 check_bench "$PY" scripts/bench_ldt.py --device cuda \
-  --arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile true
 
 if [ "$SPEED" -eq 1 ]; then
   export BUILD_MAMBA
+  # train.cuda_graph: the replayed FT step against the eager one, before any figure of it is trusted
+  run_step graph_check 60 check_graph "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 \
+    --batch 4 --warm 2 --iters 3 --check-graph
   run_step upstream_mambair 120 check_upstream bash -c upstream_mambair
+  run_step bench_ldt_mambair_compiled 150 check_bench "$PY" scripts/bench_ldt.py --device cuda \
+    --arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile true
   run_step kernel_time_mambair_compiled 70 check_kernel_time "$PY" scripts/bench_ldt.py --device cuda --arch mambair \
     --amp bf16 --patch 48 --batch 4 --warm 2 --iters 3 --kernel-time --compile true
   for arch in hat:120 safmn:60; do

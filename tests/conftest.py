@@ -130,3 +130,21 @@ def basicsr_log():
     finally:
         logger.removeHandler(messages)
         logger.setLevel(level)
+
+
+class RerunRecorder:
+    """A step graph's recorder for the CPU (basicsr_ldt.ldt.step_graph.Recorder): the recording runs
+    the step once and keeps the tensors it returned; a replay runs the step again and copies what it
+    made into them, as a CUDA graph's replay writes into the memory it recorded."""
+
+    def __init__(self):
+        self.step, self.outputs, self.replays = None, None, 0
+
+    def record(self, step):
+        self.step, self.outputs = step, step()
+        return self.outputs
+
+    def replay(self):
+        self.replays += 1
+        for kept, new in zip(self.outputs, self.step()):
+            kept.copy_(new)

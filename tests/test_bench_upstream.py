@@ -4,17 +4,19 @@ ratios to upstream, the warm-up (compile) time, and the SS2D forward at a tile b
 scan; the GPU run's figures (docs/results.md) come from these lines."""
 import re
 
+import pytest
 import torch
 
-from conftest import fake_cuda_allocator, load_script
+from conftest import RerunRecorder, fake_cuda_allocator, load_script
 
 
 def test_compare_upstream_rotates_three_setups_over_the_same_batches(monkeypatch, capsys):
     bench = load_script('bench_ldt')
-    monkeypatch.setattr(bench, 'UPSTREAM_SETUPS', {'upstream': ('torch', False, False),
-                                                   'torch copies': ('torch copies', True, False),
-                                                   'ours eager': ('torch', True, False),
-                                                   'ours compiled': ('torch', True, True)})
+    monkeypatch.setattr(bench, 'UPSTREAM_SETUPS', {'upstream': ('torch', False, False, False),
+                                                   'torch copies': ('torch copies', True, False, False),
+                                                   'ours eager': ('torch', True, False, False),
+                                                   'ours compiled': ('torch', True, True, False),
+                                                   'ours graphed': ('torch', True, False, True)})
     monkeypatch.setattr(bench, 'COMPILE_BACKEND', 'aot_eager')
     monkeypatch.setattr(bench, 'TILE', (5, 'torch', 'torch'))
     built, stepped, nets = {}, [], []
@@ -47,6 +49,7 @@ def test_compare_upstream_rotates_three_setups_over_the_same_batches(monkeypatch
     assert re.search(r'^SS2D scan forward at a 5x5 tile, batch 1: torch \(as validation runs it\) [\d.]+ ms, '
                      r'torch on direction copies [\d.]+ ms: torch / torch \d+\.\d+ \(max \|diff\| 0\.00e\+00\)$', out, re.M), out
     assert 'SS2D scan forward at a 5x5 tile, batch 1: torch (directions in the kernels): not run on torch\n' in out
+    assert 'FT step ours graphed: not run (CUDA graphs need --device cuda)\n' in out
     assert re.search(r'^summary upstream: arch=mambair_small torch copies/upstream time \d+\.\d+ \| ours eager/upstream time \d+\.\d+ \| ours compiled/upstream '
                      r'time \d+\.\d+ \| tile forward/upstream time \d+\.\d+$', out, re.M), out
 
@@ -55,8 +58,8 @@ def test_compare_upstream_reports_each_peak_as_a_fraction_of_upstreams(monkeypat
     """On CUDA, one more step of each copy for its peak memory above what stays allocated, printed
     beside upstream's (faked allocator counters: upstream peaks 400 MiB above, the others 300)."""
     bench = load_script('bench_ldt')
-    monkeypatch.setattr(bench, 'UPSTREAM_SETUPS', {'upstream': ('torch', False, False),
-                                                   'ours eager': ('torch', True, False)})
+    monkeypatch.setattr(bench, 'UPSTREAM_SETUPS', {'upstream': ('torch', False, False, False),
+                                                   'ours eager': ('torch', True, False, False)})
     monkeypatch.setattr(bench, 'TILE', (4, 'torch', 'torch'))
     allocated = fake_cuda_allocator(monkeypatch, bench)
     step = bench.optimizer_step
@@ -71,3 +74,48 @@ def test_compare_upstream_reports_each_peak_as_a_fraction_of_upstreams(monkeypat
                 '--warm', '0', '--compare-upstream'])
     assert re.search(r'^FT step peak memory above what stays allocated: upstream 400 MiB \(1\.000 of upstream\), '
                      r'ours eager 300 MiB \(0\.750 of upstream\)$', capsys.readouterr().out, re.M)
+
+
+def test_compare_upstream_replays_a_graphed_setup(monkeypatch, capsys):
+    """A graphed setup runs its step through a step graph: eager in its first steps, then recorded
+    once and replayed, timed beside upstream's (the CPU records with RerunRecorder)."""
+    bench = load_script('bench_ldt')
+    monkeypatch.setattr(bench, 'UPSTREAM_SETUPS', {'upstream': ('torch', False, False, False),
+                                                   'ours graphed': ('torch', True, False, True)})
+    monkeypatch.setattr(bench, 'TILE', (4, 'torch', 'torch'))
+    recorders = []
+    monkeypatch.setattr(bench, 'GRAPH_RECORDER', lambda: recorders.append(RerunRecorder()) or recorders[-1])
+    bench.main(['--arch', 'mambair_small', '--device', 'cpu', '--patch', '4', '--batch', '1', '--iters', '2',
+                '--warm', '3', '--compare-upstream'])
+    out = capsys.readouterr().out
+    assert len(recorders) == 1 and recorders[0].replays == 3   # warm-up: 2 eager, then recorded; 2 timed replays
+    assert re.search(r'^FT step ours graphed / upstream: \d+\.\d+ \(median of 2 per-batch ratios', out, re.M), out
+    assert re.search(r'^summary upstream: arch=mambair_small ours graphed/upstream time \d+\.\d+ \| tile', out, re.M), out
+
+
+def test_check_graph_passes_a_faithful_replay_and_fails_a_stale_one(monkeypatch, capsys):
+    """--check-graph: replayed steps against eager ones, eager and compiled blocks; a recorder whose
+    replays never see the new batch (stale inputs) is caught, and the exit status says so."""
+    bench = load_script('bench_ldt')
+    monkeypatch.setattr(bench, 'COMPILE_BACKEND', 'aot_eager')
+    monkeypatch.setattr(bench, 'GRAPH_RECORDER', RerunRecorder)
+    argv = ['--arch', 'mambair_small', '--device', 'cpu', '--patch', '4', '--batch', '1', '--iters', '3',
+            '--warm', '1', '--check-graph']
+    bench.main(argv)
+    out = capsys.readouterr().out
+    for kind in ('eager', 'compiled'):
+        assert re.search(rf'^graph check, {kind} blocks: 2 of 4 steps replayed \(1 recording\); loss replayed / eager: '
+                         r'max relative gap 0\.0e\+00 \(bound 0\.001; the batches\' losses [\d.]+-[\d.]+\); weight change: '
+                         r'relative gap 0\.0e\+00 \(bound 0\.05\): PASS$', out, re.M), out
+    assert out.rstrip().endswith('summary graph: eager PASS | compiled PASS')
+
+    class Stale(RerunRecorder):
+        def record(self, step):
+            outputs = super().record(step)
+            self.outputs = [t.clone() for t in outputs]   # replays write where nobody reads
+            return outputs
+    monkeypatch.setattr(bench, 'GRAPH_RECORDER', Stale)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(argv)
+    out = capsys.readouterr().out
+    assert exit_.value.code == 1 and out.rstrip().endswith('summary graph: eager FAIL | compiled FAIL'), out

@@ -33,9 +33,16 @@ case "${PYTHONPATH:-}" in *--print-path*) echo "on PYTHONPATH: $PYTHONPATH";; es
 case "$*" in *bench_ldt.py*--compare-upstream*)   # the FT step against upstream's way, MambaIR's tile forward
   echo "FT step ours eager / upstream: 0.700 (median of 10 per-batch ratios [0.7], order rotating) | median 70.0 ms, 3 warm-up steps (a compile included) 1.0 s"
   echo "FT step ours compiled / upstream: 0.800 (median of 10 per-batch ratios [0.8], order rotating) | median 80.0 ms, 3 warm-up steps (a compile included) 30.0 s"
-  echo "FT step peak memory above what stays allocated: upstream 100 MiB (1.000 of upstream), ours eager 90 MiB (0.900 of upstream), ours compiled 95 MiB (0.950 of upstream)"
+  echo "FT step ours graphed / upstream: 0.600 (median of 10 per-batch ratios [0.6], order rotating) | median 60.0 ms, 3 warm-up steps (a compile included) 2.0 s"
+  echo "FT step ours compiled graphed / upstream: 0.500 (median of 10 per-batch ratios [0.5], order rotating) | median 50.0 ms, 3 warm-up steps (a compile included) 3.0 s"
+  echo "FT step peak memory above what stays allocated: upstream 100 MiB (1.000 of upstream), ours eager 90 MiB (0.900 of upstream), ours compiled 95 MiB (0.950 of upstream), ours graphed 110 MiB (1.100 of upstream), ours compiled graphed 99 MiB (0.990 of upstream)"
   echo "SS2D scan forward at a 250x250 tile, batch 1: triton (directions in the kernels) 5.00 ms, cuda on direction copies 4.00 ms: triton / cuda 1.250 (max |diff| 1.00e-06)"
   echo "summary upstream: arch=mambair ours eager/upstream time 0.700 | ours compiled/upstream time 0.800 | tile forward/upstream time 1.250";;
+  *bench_ldt.py*--check-graph*)   # replayed against eager, eager and compiled blocks (FAKE_GRAPH_FAIL=1: compiled fails)
+  echo "graph check, eager blocks: 3 of 5 steps replayed (1 recording); ...: PASS"
+  [ "${FAKE_GRAPH_FAIL:-0}" = 1 ] && { echo "graph check, compiled blocks: ...: FAIL"; echo "summary graph: eager PASS | compiled FAIL"; exit 1; }
+  echo "graph check, compiled blocks: 3 of 5 steps replayed (1 recording); ...: PASS"
+  echo "summary graph: eager PASS | compiled PASS";;
   *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 ms on Triton, 100 ms on mamba-ssm
   echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
   *bench_ldt.py*--kernel-time*)   # kernel time by kind (FT and the branches; none with FAKE_NO_SUMMARY=1)
@@ -237,9 +244,11 @@ def test_the_scan_sweep_session_times_launch_settings_beside_mamba_ssm_within_on
 
 def test_the_speed_session_times_the_defaults_against_upstreams_way_within_one_device_call(tmp_path):
     """--speed (the training-speed issue's GPU session): only the versions, the scan check, LDT/FT
-    with the defaults and with every network compiled, MambaIR's --compare-upstream step (it waits
-    for the mamba-ssm build and runs with it on the path) and the compiled steps' kernel time, 540 s in all, and each goal read
-    from their lines: the fake MambaIR log misses the compiled (default) FT step's goal and the tile's."""
+    with the defaults, the CUDA graph check, MambaIR's --compare-upstream step (it waits for the
+    mamba-ssm build and runs with it on the path) and LDT/FT with every network compiled, 540 s in all,
+    and each goal read from their lines: the fake MambaIR log misses the compiled (default) FT step's
+    goal and the tile's, and the eager replayed step's memory goal. The compiled steps' kernel time
+    runs when named, and a graph check with a FAIL line fails."""
     (tmp_path / 'gpu_carry').mkdir()
     (tmp_path / 'gpu_carry' / 'mamba_ssm-2.3.2.post1.tar.gz').write_bytes(b'')
     os.environ['GPU_CHECK_MAMBA_BUILD'] = str(tmp_path / 'mamba_build')
@@ -250,9 +259,12 @@ def test_the_speed_session_times_the_defaults_against_upstreams_way_within_one_d
     report = (folder / 'report.txt').read_text()
     assert 'budget 540 s' in report.splitlines()[0]
     steps = dict(re.findall(r'^\[(?:PASS|FAIL|SKIP)\] (\S+) \(\d+ s, limit (\d+) s', report, re.M))
-    assert list(steps) == ['versions', 'scan_backends', 'bench_ldt_mambair', 'bench_ldt_mambair_compiled',
-                           'upstream_mambair', 'kernel_time_mambair_compiled']
+    assert list(steps) == ['versions', 'scan_backends', 'bench_ldt_mambair', 'graph_check', 'upstream_mambair',
+                           'bench_ldt_mambair_compiled']
     assert sum(map(int, steps.values())) <= 540
+    assert '--arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 3 --check-graph' in \
+        (folder / 'graph_check.log').read_text()
+    assert re.search(r'^\[PASS\] graph_check .*\n(    .*\n)*    summary graph: eager PASS \| compiled PASS$', report, re.M)
     mambair = (folder / 'upstream_mambair.log').read_text()
     assert '--arch mambair --amp bf16 --patch 48 --batch 4 --warm 3 --iters 10 --compare-upstream' in mambair
     assert 'on PYTHONPATH' in mambair                        # mamba-ssm's build on the path
@@ -263,27 +275,39 @@ def test_the_speed_session_times_the_defaults_against_upstreams_way_within_one_d
     assert re.search(r'^\[PASS\] bench_ldt_mambair .*\n(    .*\n)*    2 warm-up steps \(a compile falls there\): FT 45.0 s',
                      report, re.M)   # the run's cold compile
     assert re.search(r'^\[PASS\] upstream_mambair', report, re.M)
-    # then where the compiled steps' time goes
+    for line in ('MambaIR FT step, defaults (compiled) / upstream: 0.800 (goal <= 0.75) MISSED',
+                 'MambaIR FT peak memory, defaults (compiled) / upstream: 0.950 (goal <= 1.0) met',
+                 'MambaIR FT step, eager / upstream: 0.700 (goal <= 0.75) met',
+                 'MambaIR FT peak memory, eager / upstream: 0.900 (goal <= 1.0) met',
+                 'MambaIR FT step, compiled + CUDA graph / upstream: 0.500 (goal <= 0.75) met',
+                 'MambaIR FT peak memory, compiled + CUDA graph / upstream: 0.990 (goal <= 1.0) met',
+                 'MambaIR FT step, eager + CUDA graph / upstream: 0.600 (goal <= 0.75) met',
+                 'MambaIR FT peak memory, eager + CUDA graph / upstream: 1.100 (goal <= 1.0) MISSED',
+                 'SS2D scan forward at a 250x250 tile, Triton / mamba-ssm: 1.250 (goal <= 1.0) MISSED',
+                 'mambair LDT/FT time with the defaults: 1.500 (goal <= 1.5) met',
+                 'mambair LDT/FT time, every network compiled: 1.500 (goal <= 1.5) met'):
+        assert f'  {line}' in report.splitlines(), line
+    # named: where the compiled steps' time goes; a failed graph check fails its step
+    os.environ.update(GPU_CHECK_STEPS='kernel_time_mambair_compiled,graph_check', FAKE_GRAPH_FAIL='1')
+    (tmp_path / 'again').mkdir()
+    try:
+        _, _, folder = _run_with_fake_python(tmp_path / 'again', None, 0, '--speed')
+    finally:
+        del os.environ['GPU_CHECK_STEPS'], os.environ['FAKE_GRAPH_FAIL']
+    report = (folder / 'report.txt').read_text()
     assert '--arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 3 --kernel-time --compile true' in \
         (folder / 'kernel_time_mambair_compiled.log').read_text()
     assert re.search(r'^\[PASS\] kernel_time_mambair_compiled', report, re.M)
     assert '      FT: 100.0 ms in 2000 kernels (scan 30.0 (72), other 70.0 (1928)) | wall 150.0 ms, kernels 67% of it' in \
         report.splitlines()
+    assert re.search(r'^\[FAIL\] graph_check .*\n(    .*\n)*    summary graph: eager PASS \| compiled FAIL$', report, re.M)
     os.environ.update(GPU_CHECK_STEPS='kernel_time_mambair_compiled', FAKE_NO_SUMMARY='1')   # no FT line: it fails
-    (tmp_path / 'again').mkdir()
+    (tmp_path / 'third').mkdir()
     try:
-        _, _, folder = _run_with_fake_python(tmp_path / 'again', None, 0, '--speed')
+        _, _, folder = _run_with_fake_python(tmp_path / 'third', None, 0, '--speed')
     finally:
         del os.environ['GPU_CHECK_STEPS'], os.environ['FAKE_NO_SUMMARY']
     assert re.search(r'^\[FAIL\] kernel_time_mambair_compiled', (folder / 'report.txt').read_text(), re.M)
-    for line in ('MambaIR FT step, defaults (compiled) / upstream: 0.800 (goal <= 0.75) MISSED',
-                 'MambaIR FT peak memory, defaults (compiled) / upstream: 0.950 (goal <= 1.0) met',
-                 'MambaIR FT step, eager / upstream: 0.700 (goal <= 0.75) met',
-                 'MambaIR FT peak memory, eager / upstream: 0.900 (goal <= 1.0) met',
-                 'SS2D scan forward at a 250x250 tile, Triton / mamba-ssm: 1.250 (goal <= 1.0) MISSED',
-                 'mambair LDT/FT time with the defaults: 1.500 (goal <= 1.5) met',
-                 'mambair LDT/FT time, every network compiled: 1.500 (goal <= 1.5) met'):
-        assert f'  {line}' in report.splitlines(), line
 
 
 def test_the_cold_compile_runs_on_an_empty_triton_cache_of_its_own(tmp_path, monkeypatch):

@@ -28,6 +28,7 @@ from basicsr_ldt.ldt.freezing import set_trainable
 from basicsr_ldt.ldt.overlap import BRANCHES, OverlappedBranches
 from basicsr_ldt.ldt.partition import Partition
 from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, reported_loss, several_ranks
+from basicsr_ldt.ldt.step_graph import BatchTerms, StepGraph
 
 BatchLoss = Callable[[nn.Module], torch.Tensor]
 # (trainable parameters, role) -> optimizer; role is 'warmup', 'finetune', 'primary' or
@@ -40,16 +41,23 @@ def trainable_parameters(module: nn.Module) -> List[nn.Parameter]:
 
 
 def optimizer_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_loss: BatchLoss,
-                   precision: Optional[MixedPrecision] = None, key: str = 'train', synchronise: bool = True) -> float:
+                   precision: Optional[MixedPrecision] = None, key: str = 'train', synchronise: bool = True,
+                   graph: Optional[StepGraph] = None) -> float:
     """One forward/backward/step of one network; its graph and gradients are gone on return.
 
     Returns the loss. A non-finite loss (on any rank) skips the step (its gradients are dropped)
     and is returned as it is (NaN on ranks whose own loss was finite), so ``math.isfinite`` of
     the result tells the caller whether the network changed. ``synchronise=False`` leaves gradient
-    averaging to a DDP wrapper.
+    averaging to a DDP wrapper. With ``graph`` and a :class:`BatchTerms` loss, forward and
+    backward are that graph's replay whenever it can replay (``step_graph``).
     """
-    step = PendingStep(network, optimizer, batch_loss, precision or MixedPrecision(), key)
-    step.backward()
+    precision = precision or MixedPrecision()
+    step = None
+    if graph is not None and isinstance(batch_loss, BatchTerms):
+        step = ReplayedStep.of(graph, network, optimizer, batch_loss, precision, key)
+    if step is None:
+        step = PendingStep(network, optimizer, batch_loss, precision, key)
+        step.backward()
     return step.finish(synchronise)
 
 
@@ -87,6 +95,25 @@ class PendingStep:
         """Leave the network as it was: gradients dropped, batch-norm statistics put back."""
         self.running.restore()
         self.optimizer.zero_grad(set_to_none=True)
+
+
+class ReplayedStep(PendingStep):
+    """A step whose forward and backward were one replay of a :class:`StepGraph`."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, precision: MixedPrecision, key: str,
+                 running: RunningStatistics, loss: torch.Tensor) -> None:   # pylint: disable=super-init-not-called
+        self.optimizer, self.precision, self.key, self.running, self.loss = optimizer, precision, key, running, loss
+
+    @classmethod
+    def of(cls, graph: StepGraph, network: nn.Module, optimizer: torch.optim.Optimizer, batch: BatchTerms,
+           precision: MixedPrecision, key: str) -> Optional['ReplayedStep']:
+        """The step replayed, or None when ``graph`` says this step runs eager."""
+        running = RunningStatistics(network)
+        loss = graph.run(batch, precision)
+        return None if loss is None else cls(optimizer, precision, key, running, loss)
+
+    def backward(self) -> None:
+        """Done: the replay ran it."""
 
 
 def average_gradients(optimizer: torch.optim.Optimizer) -> None:

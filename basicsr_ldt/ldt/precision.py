@@ -59,11 +59,12 @@ def resolve_dtype(key: str, value: object, choices: Mapping[str, Optional[torch.
     return dtype
 
 
-def autocast(device_type: str, dtype: Optional[torch.dtype]) -> ContextManager:
-    """``torch.autocast`` for ``dtype``, or a no-op context for full precision."""
+def autocast(device_type: str, dtype: Optional[torch.dtype], cache: bool = True) -> ContextManager:
+    """``torch.autocast`` for ``dtype``, or a no-op context for full precision. ``cache=False``
+    turns off autocast's cache of cast weights, which a CUDA graph recording must not use."""
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device_type, dtype=dtype)
+    return torch.autocast(device_type=device_type, dtype=dtype, cache_enabled=cache)
 
 
 class MixedPrecision:
@@ -77,8 +78,8 @@ class MixedPrecision:
         self.device_type = device_type
         self._scalers: Dict[str, torch.amp.GradScaler] = {}
 
-    def autocast(self) -> ContextManager:
-        return autocast(self.device_type, self.dtype)
+    def autocast(self, cache: bool = True) -> ContextManager:
+        return autocast(self.device_type, self.dtype, cache)
 
     def scaler(self, key: str) -> Optional[torch.amp.GradScaler]:
         """The loss scaler of optimizer ``key``; ``None`` unless training in fp16."""

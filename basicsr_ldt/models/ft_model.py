@@ -16,12 +16,14 @@ class FTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumabl
     non-finite losses; checkpoints and training states are written atomically and carry RNG
     state, so ``--auto_resume`` repeats the run, and ``val: save_best`` keeps the best-validating
     weights. ``train.ema_reference_iters`` rescales ``ema_decay`` to the run's length; Adam is fused on
-    CUDA unless ``train.optim_g.fused`` says otherwise (``optimizers``)."""
+    CUDA unless ``train.optim_g.fused`` says otherwise (``optimizers``); ``train.cuda_graph`` replays
+    the step's forward, loss and backward as one CUDA graph (``cuda_graph``)."""
 
     def init_training_settings(self) -> None:
         scaled = scaled_ema_decay(self.opt['train'])   # refused before anything is built
         super().init_training_settings()
         rescale_ema_decay(self, scaled)
+        self.setup_step_graph()
         # BasicSR starts net_g_ema from the file's 'params_ema' whatever path.param_key_g names; a fresh
         # run starts both copies from the weights the user chose (a resumed one keeps its EMA copy).
         path = self.opt['path']

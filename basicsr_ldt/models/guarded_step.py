@@ -19,8 +19,10 @@ from basicsr.utils import get_root_logger
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.ldt.pair import optimizer_step
-from basicsr_ldt.ldt.precision import AMP_DTYPES, MixedPrecision, resolve_dtype
+from basicsr_ldt.ldt.precision import AMP_DTYPES, MixedPrecision, resolve_dtype, several_ranks
+from basicsr_ldt.ldt.step_graph import BatchTerms, StepGraph
 from basicsr_ldt.models.compiled_blocks import CompiledBlocksMixin
+from basicsr_ldt.models.cuda_graph import graph_decision, graph_mode
 from basicsr_ldt.models.l2_sp import build_l2_sp
 
 #: Defaults of the ``train:`` keys this mixin reads (documented in docs/options.md).
@@ -57,10 +59,22 @@ class GuardedStepMixin(CompiledBlocksMixin):
         self.precision = precision_from_options(train_opt, self.device.type)
         self.max_bad_steps = max_bad_steps_from_options(train_opt)
         self.bad_steps = 0
+        self.step_graph: Optional[StepGraph] = None
         if self.precision.dtype is not None:
             scaling = ', loss scaling with one GradScaler per optimizer' if self.precision.dtype is torch.float16 else ''
             get_root_logger().info(f"Mixed precision: autocast {train_opt['amp']}{scaling}; weights, gradients and "
                                    'optimizer state stay fp32')
+
+    def setup_step_graph(self) -> None:
+        """``train.cuda_graph`` (``basicsr_ldt.models.cuda_graph``): the step replayed as a CUDA graph or
+        not, with one log line saying which and why."""
+        network = self.get_bare_model(self.net_g)
+        single_process = network is self.net_g and not several_ranks()
+        graph_on, reason = graph_decision(graph_mode(self.opt['train']), network, self.device.type,
+                                          self.precision.dtype, single_process)
+        self.step_graph = StepGraph(network) if graph_on else None
+        get_root_logger().info('CUDA graph: the forward, loss and backward of each step replayed as one graph after '
+                               'the first steps' if graph_on else f'CUDA graph: off ({reason})')
 
     def setup_l2_sp(self, trained_networks: int = 1) -> None:
         """``train.l2_sp_weight``: the L2-SP penalty toward the run's start (``l2_sp``), or None."""
@@ -69,12 +83,15 @@ class GuardedStepMixin(CompiledBlocksMixin):
             get_root_logger().info(f'L2-SP: (lambda / 2) ||theta - theta_start||^2 with lambda {self.l2_sp.weight:g} over '
                                    f'{len(self.l2_sp.names)} parameters of the start (logged as l_l2sp)')
 
+    def add_l2_sp(self, network: torch.nn.Module, terms: Dict[str, torch.Tensor]) -> None:
+        """The L2-SP penalty of ``network`` as ``terms['l_l2sp']`` when the run has one."""
+        if getattr(self, 'l2_sp', None) is not None:
+            terms['l_l2sp'] = self.l2_sp(self.get_bare_model(network))
+
     def penalised(self, loss: torch.Tensor, network: torch.nn.Module, terms: Dict[str, torch.Tensor]) -> torch.Tensor:
         """``loss`` plus the L2-SP penalty of ``network`` when the run has one (added to ``terms``)."""
-        if getattr(self, 'l2_sp', None) is None:
-            return loss
-        terms['l_l2sp'] = self.l2_sp(self.get_bare_model(network))
-        return loss + terms['l_l2sp']
+        self.add_l2_sp(network, terms)
+        return loss + terms['l_l2sp'] if 'l_l2sp' in terms else loss
 
     def init_training_settings(self) -> None:
         self.setup_precision()
@@ -83,16 +100,17 @@ class GuardedStepMixin(CompiledBlocksMixin):
 
     def optimize_parameters(self, current_iter: int) -> None:
         """BasicSR 1.4.2 ``SRModel.optimize_parameters`` under autocast, skipping non-finite losses."""
-        loss_dict = OrderedDict()
+        def terms_of(network, lq, gt):
+            self.output = network(lq)
+            terms = self.sr_losses(self.output, gt)
+            self.add_l2_sp(network, terms)
+            return terms
 
-        def batch_loss(network):
-            self.output = network(self.lq)
-            loss_dict.update(self.sr_losses(self.output, self.gt))
-            return self.penalised(sum(loss_dict.values()), network, loss_dict)
-
+        batch = BatchTerms(terms_of, self.lq, self.gt)
         # DDP (when running) averages gradients inside backward.
-        loss = optimizer_step(self.net_g, self.optimizer_g, batch_loss, self.precision, 'net_g', synchronise=False)
-        self.log_dict = self.reduce_loss_dict(OrderedDict((k, v.detach().float()) for k, v in loss_dict.items()))
+        loss = optimizer_step(self.net_g, self.optimizer_g, batch, self.precision, 'net_g', synchronise=False,
+                              graph=self.step_graph)
+        self.log_dict = self.reduce_loss_dict(OrderedDict((k, v.detach().float()) for k, v in batch.terms.items()))
         stepped = math.isfinite(loss)
         if stepped and self.ema_decay > 0:
             self.model_ema(decay=self.ema_decay)

@@ -23,6 +23,7 @@ from basicsr_ldt.common.schema import TEST, TRAIN, check_options, section_keys
 from basicsr_ldt.corgrad import CorGradConfig
 from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.models.compiled_blocks import compile_setting
+from basicsr_ldt.models.cuda_graph import graph_mode
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.l2_sp import l2_sp_setting
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
@@ -283,6 +284,7 @@ def check_training_options(opt: Mapping[str, Any], where: str) -> None:
         raise InputError(f"{where}: the training options have no 'datasets: train' section")
     try:
         compile_setting(opt.get('train') or {})
+        graph_mode(opt.get('train') or {})
     except InputError as err:
         raise InputError(f'{where}: {err}') from None
     try:

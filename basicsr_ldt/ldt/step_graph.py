@@ -1,0 +1,207 @@
+"""A training step's forward, loss and backward replayed as one CUDA graph (``train.cuda_graph``).
+
+Why: on a GPU, MambaIR's training step waits on the host. In issue 59's measurement the GPU was
+busy for 61-70% of an eager step; the rest was Python and the launch of thousands of small
+kernels. A CUDA graph records every kernel of the forward, loss and backward once and then
+launches them all at once at each step. The kernels are the same, so the results are those of
+the eager step (up to the order of float atomics, which already differs between two eager steps).
+
+Outside the graph: the loss check and report (the step's one host sync), the optimizer step
+(fused Adam: a few launches), the EMA, and everything LDT does between steps.
+
+What a graph assumes, and how each assumption is kept:
+
+* **The same shapes and tensors.** A replay reads every parameter and buffer at the address it
+  recorded, and its inputs from tensors of its own, into which each batch is copied. The key
+  (:meth:`StepGraph.key`) holds the batch's shapes and dtypes, the autocast dtype, the training
+  mode, and each parameter's and buffer's address and ``requires_grad``. A change in any of them
+  (a differently shaped batch, a parameter set anew rather than copied into, a change in which
+  tensors train) records again after the eager steps below.
+* **No first-call work inside the recording.** After each new key, the first ``eager_steps``
+  steps run eager: a compiled block's first training call is eager and its compile falls in the
+  next one (``archs/compile.py``). One more eager pass then runs on the graph's own stream, so
+  per-stream state (cuBLAS workspaces) exists before the recording. That pass's batch-norm
+  statistics are put back. The recording itself runs nothing: the step it was made for is its
+  first replay.
+* **Gradients.** The backward inside the recording leaves each gradient in memory the graph owns.
+  After each replay they are put back in ``.grad``: the optimizer's ``zero_grad(set_to_none=True)``
+  drops only the reference.
+* **Random draws** (stochastic depth) come from the CUDA generator's graph-safe stream, so each
+  replay draws new ones.
+* **Autocast's cache of cast weights** is off inside the recording, as torch requires.
+
+If a recording fails, graphs are off for the rest of the run (:attr:`StepGraph.off` says why,
+logged once) and the step runs eager. fp16 steps are never recorded: GradScaler's overflow check
+and the step it skips happen on the host.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict, List, Optional, Protocol
+
+import torch
+from torch import nn
+
+from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics
+
+#: Eager steps after each new key before the step is recorded.
+EAGER_STEPS = 2
+
+TermsOf = Callable[..., Dict[str, torch.Tensor]]
+_LOG = logging.getLogger('basicsr')
+
+
+class BatchTerms:
+    """A batch loss given as named terms of ``terms_of(network, *inputs)``: the form a step graph
+    can record, since it swaps ``inputs`` for copies of its own. Called on a network it is a plain
+    batch loss (the sum of the terms), and ``terms`` then holds that call's terms for the report."""
+
+    def __init__(self, terms_of: TermsOf, *inputs: torch.Tensor) -> None:
+        self.terms_of, self.inputs = terms_of, inputs
+        self.terms: Dict[str, torch.Tensor] = {}
+
+    def __call__(self, network: nn.Module) -> torch.Tensor:
+        self.terms = self.terms_of(network, *self.inputs)
+        return sum(self.terms.values())
+
+
+class Recorder(Protocol):
+    """Records a function's kernels once, then replays them into the same output tensors."""
+
+    def record(self, step: Callable[[], List[torch.Tensor]]) -> List[torch.Tensor]: ...
+
+    def replay(self) -> None: ...
+
+
+class CudaGraphRecorder:
+    """``torch.cuda.CUDAGraph`` recorded on a stream of its own, after one eager pass there."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.stream = torch.cuda.Stream(device)
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+
+    def record(self, step: Callable[[], List[torch.Tensor]]) -> List[torch.Tensor]:
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            step()
+        torch.cuda.current_stream().wait_stream(self.stream)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a data loader's pin-memory thread may allocate while this thread records
+        with torch.cuda.graph(graph, stream=self.stream, capture_error_mode='thread_local'):
+            outputs = step()
+        self.graph = graph
+        return outputs
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+    def held_bytes(self) -> int:
+        """Device memory the graph's private pool holds (its activations, gradients and outputs):
+        reserved for the recording as long as it lives."""
+        pool = tuple(self.graph.pool())
+        return sum(segment['total_size'] for segment in torch.cuda.memory_snapshot()
+                   if tuple(segment.get('segment_pool_id', ())) == pool)
+
+
+class StepGraph:
+    """One network's forward, loss and backward, recorded once per key and replayed at each step.
+
+    ``recorder`` builds the recorder for a new recording (default: a CUDA graph on the network's
+    device; the CPU tests pass one that reruns the step into the recorded tensors)."""
+
+    def __init__(self, network: nn.Module, recorder: Optional[Callable[[], Recorder]] = None,
+                 eager_steps: int = EAGER_STEPS) -> None:
+        self.network = network
+        self.eager_steps = eager_steps
+        self.recordings = 0
+        #: Why graphs are off for the rest of the run (None while they are on).
+        self.off: Optional[str] = None
+        self._new_recorder = recorder or self._cuda_recorder
+        self._key: Optional[tuple] = None
+        self._eager_left = eager_steps
+        self._recorder: Optional[Recorder] = None
+        self._inputs: List[torch.Tensor] = []
+        self._loss: Optional[torch.Tensor] = None
+        self._terms: Dict[str, torch.Tensor] = {}
+        self._trained: List[nn.Parameter] = []
+        self._grads: List[torch.Tensor] = []
+
+    def _cuda_recorder(self) -> Recorder:
+        return CudaGraphRecorder(next(self.network.parameters()).device)
+
+    def key(self, batch: BatchTerms, precision: MixedPrecision) -> tuple:
+        """What a recording depends on; a step with another key cannot replay it."""
+        net = self.network
+        return (tuple((t.shape, t.dtype, t.device) for t in batch.inputs), precision.dtype, net.training,
+                tuple((p.data_ptr(), p.requires_grad) for p in net.parameters()),
+                tuple(b.data_ptr() for b in net.buffers()))
+
+    def run(self, batch: BatchTerms, precision: MixedPrecision) -> Optional[torch.Tensor]:
+        """The step on ``batch``, replayed (recorded first when the key is new and its eager steps
+        are done): gradients in ``.grad``, ``batch.terms`` set; returns the loss. None: this step
+        is to run eager (the caller runs it)."""
+        if self.off is not None or precision.dtype is torch.float16:
+            return None
+        key = self.key(batch, precision)
+        if key != self._key:
+            self.release()
+            self._key, self._eager_left = key, self.eager_steps
+        if self._eager_left > 0:
+            self._eager_left -= 1
+            return None
+        if self._recorder is None and not self._record(batch, precision):
+            return None
+        for mine, given in zip(self._inputs, batch.inputs):
+            mine.copy_(given)
+        self._recorder.replay()
+        for parameter, grad in zip(self._trained, self._grads):
+            parameter.grad = grad
+        # copies: the next replay overwrites the recorded terms, and the report may read them later
+        batch.terms = {name: value.detach().clone() for name, value in self._terms.items()}
+        return self._loss
+
+    def held_bytes(self) -> Optional[int]:
+        """Memory the recording holds (None without one, or where its recorder cannot tell)."""
+        held = getattr(self._recorder, 'held_bytes', None)
+        return None if held is None else held()
+
+    def release(self) -> None:
+        """Drop the recording (its memory goes once nothing holds its tensors)."""
+        self._recorder, self._inputs, self._loss, self._terms, self._trained, self._grads = None, [], None, {}, [], []
+
+    def _record(self, batch: BatchTerms, precision: MixedPrecision) -> bool:
+        network = self.network
+        params = [p for p in network.parameters() if p.requires_grad]
+        inputs = [t.detach().clone() for t in batch.inputs]
+        names: List[str] = []
+
+        def step() -> List[torch.Tensor]:
+            for p in params:
+                p.grad = None
+            with precision.autocast(cache=False):
+                terms = batch.terms_of(network, *inputs)
+                loss = sum(terms.values())
+            loss.backward()
+            names[:] = list(terms)
+            return [loss, *terms.values(), *(p.grad for p in params if p.grad is not None)]
+
+        running = RunningStatistics(network)
+        try:
+            outputs = (recorder := self._new_recorder()).record(step)
+        except Exception as err:   # whatever failed, the run goes on eager
+            for p in params:
+                p.grad = None
+            running.restore()
+            self.off = f'recording the step failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ""})'
+            _LOG.warning(f'CUDA graph off for the rest of the run: {self.off}; the steps run eager')
+            return False
+        running.restore()   # the eager pass before the recording updated them; the replay does it again
+        self._recorder, self._inputs, self.recordings = recorder, inputs, self.recordings + 1
+        self._loss, terms, self._grads = outputs[0], outputs[1:1 + len(names)], outputs[1 + len(names):]
+        self._terms = dict(zip(names, terms))
+        self._trained = [p for p in params if p.grad is not None]
+        held = self.held_bytes()
+        _LOG.info(f'CUDA graph: step recorded ({len(self._trained)} tensors train'
+                  + ('' if held is None else f', the graph holds {held / 2 ** 20:.0f} MiB') + ')')
+        return True
+

@@ -1,0 +1,59 @@
+"""``train.cuda_graph``: FTSRModel's training step (forward, loss, backward) replayed as a CUDA
+graph (``basicsr_ldt.ldt.step_graph`` says what is recorded, when, and why it is faster).
+
+FTSRModel only: LDT's models change what trains from phase to phase and run two branches on two
+streams, and no GPU run has timed a graph there yet; the schema refuses the key elsewhere.
+"""
+from typing import Any, Dict, FrozenSet, Optional, Tuple
+
+import torch
+from torch import nn
+
+from basicsr_ldt.common.errors import InputError
+
+#: Defaults of the ``train:`` keys read here (documented in docs/options.md).
+GRAPH_DEFAULTS = {'cuda_graph': 'auto'}
+GRAPH_CHOICES = ('auto', 'true', 'false')
+
+#: Architectures whose FT step ``train.cuda_graph: auto`` records on a CUDA device: those a GPU run
+#: measured faster replayed than without (``scripts/bench_ldt.py --compare-upstream``, 'ours graphed'
+#: against 'ours eager' and 'ours compiled'). Empty: no GPU run has timed a replayed step yet.
+GRAPH_BY_DEFAULT: FrozenSet[str] = frozenset()
+
+
+def graph_mode(train_opt: Dict[str, Any]) -> str:
+    """The checked ``train.cuda_graph``: 'auto', 'true' or 'false'; anything else is a one-line error."""
+    value = train_opt.get('cuda_graph')
+    value = GRAPH_DEFAULTS['cuda_graph'] if value is None else value
+    mode = str(value).lower() if isinstance(value, (bool, str)) else None
+    if mode not in GRAPH_CHOICES:
+        raise InputError(f"train.cuda_graph: expected one of 'auto', true, false, got {value!r}")
+    return mode
+
+
+def graph_decision(mode: str, network: nn.Module, device_type: str, amp: Optional[torch.dtype],
+                   single_process: bool) -> Tuple[bool, str]:
+    """Whether the FT step is recorded, and why not when it is not (for the log). ``true`` asks
+    for it, so a run that cannot record it is refused rather than run otherwise than asked."""
+    arch = type(network).__name__
+    cannot = ''
+    if device_type != 'cuda':
+        cannot = f'CUDA graphs need a CUDA device, this run is on {device_type}'
+    elif amp is torch.float16:
+        cannot = ("train.amp fp16's loss scaling checks for overflow on the host at every step; "
+                  'bf16 or none can be recorded')
+    elif not single_process:
+        cannot = 'the network is wrapped for several GPUs (DDP or DataParallel); one process on one GPU can be recorded'
+    if mode == 'false':
+        return False, 'train.cuda_graph: false'
+    if mode == 'true':
+        if cannot:
+            raise InputError(f'train.cuda_graph: true, but {cannot}; use auto or false')
+        return True, ''
+    if cannot:
+        return False, f'train.cuda_graph: auto, and {cannot}'
+    if arch not in GRAPH_BY_DEFAULT:
+        listed = ', '.join(sorted(GRAPH_BY_DEFAULT)) or 'empty'
+        return False, (f'train.cuda_graph: auto, and no GPU measurement put {arch} in '
+                       f'basicsr_ldt.models.cuda_graph.GRAPH_BY_DEFAULT ({listed})')
+    return True, ''

@@ -1,0 +1,254 @@
+"""A training step replayed as a CUDA graph (basicsr_ldt/ldt/step_graph.py, ``train.cuda_graph``).
+
+A CPU has no CUDA graphs, so these tests record with :class:`RerunRecorder`: the recording runs the
+step once (as the CUDA recorder's eager pass does) and keeps its tensors; a replay runs the step
+again and copies what it made into those tensors, as a CUDA graph's replay writes into its recorded
+memory. Everything around the recorder (eager steps, keys, input copies, gradients put back, batch
+statistics, skipped steps, failures, the option) is the code a GPU runs; the real recording is
+checked on a GPU by ``scripts/bench_ldt.py --check-graph`` (a step of ``scripts/gpu_check.sh --speed``).
+"""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import RerunRecorder, basicsr_log
+from test_cli import train_options
+
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.ldt import MixedPrecision
+from basicsr_ldt.ldt.pair import optimizer_step
+from basicsr_ldt.ldt.step_graph import EAGER_STEPS, BatchTerms, StepGraph
+from basicsr_ldt.models.cuda_graph import GRAPH_BY_DEFAULT, graph_decision, graph_mode
+
+
+def _net(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.Conv2d(4, 2, 3, padding=1), nn.Conv2d(2, 2, 1))
+
+
+def _terms(network, lq, gt):
+    out = network(lq)
+    return {'l_pix': (out - gt).abs().mean(), 'l_sq': 0.1 * (out - gt).pow(2).mean()}
+
+
+def _batches(count, size=5, seed=1):
+    torch.manual_seed(seed)
+    return [(torch.randn(2, 2, size, size), torch.randn(2, 2, size, size)) for _ in range(count)]
+
+
+def _graph(net, recorders=None):
+    recorders = [] if recorders is None else recorders
+
+    def new():
+        recorders.append(RerunRecorder())
+        return recorders[-1]
+    return StepGraph(net, recorder=new)
+
+
+def _train(net, batches, graph=None, precision=None):
+    opt = torch.optim.Adam(net.parameters(), lr=0.01)
+    losses, terms = [], []
+    for lq, gt in batches:
+        batch = BatchTerms(_terms, lq, gt)
+        losses.append(optimizer_step(net, opt, batch, precision, 'finetune', graph=graph))
+        terms.append(batch.terms)
+    return losses, terms, opt
+
+
+def _same_state(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_replayed_steps_train_exactly_as_eager_steps():
+    """Weights, batch-norm statistics, losses and reported terms after eager and replayed steps are
+    equal: the batch reaches the graph's inputs, every gradient reaches .grad, the extra pass before
+    the recording leaves no trace."""
+    batches = _batches(6)
+    eager, graphed = _net(), _net()
+    recorders = []
+    graph = _graph(graphed, recorders)
+    losses_e, terms_e, _ = _train(eager, batches)
+    losses_g, terms_g, opt = _train(graphed, batches, graph)
+    assert losses_e == losses_g
+    assert [{k: v.item() for k, v in t.items()} for t in terms_e] == [{k: v.item() for k, v in t.items()} for t in terms_g]
+    assert _same_state(eager, graphed)
+    assert graph.recordings == 1 and len(recorders) == 1 and recorders[0].replays == len(batches) - EAGER_STEPS
+    assert all(p.grad is None for p in graphed.parameters())   # the optimizer dropped them after the step
+
+
+def test_the_first_steps_run_eager_and_a_new_key_records_again():
+    net = _net()
+    recorders = []
+    graph = _graph(net, recorders)
+    opt = torch.optim.Adam(net.parameters(), lr=0.01)
+
+    def step(lq, gt):
+        optimizer_step(net, opt, BatchTerms(_terms, lq, gt), None, 'finetune', graph=graph)
+
+    small, large = _batches(8), _batches(3, size=7)
+    for lq, gt in small[:EAGER_STEPS]:
+        step(lq, gt)
+    assert graph.recordings == 0
+    step(*small[2])
+    assert graph.recordings == 1 and recorders[0].replays == 1
+    for lq, gt in large:   # another shape: eager twice, then recorded anew
+        step(lq, gt)
+    assert graph.recordings == 2 and recorders[1].replays == 1 and recorders[0].replays == 1
+    net[0].weight.requires_grad_(False)   # what trains changed
+    for lq, gt in small[3:6]:
+        step(lq, gt)
+    assert graph.recordings == 3
+    assert net[0].weight.grad is None
+    with torch.no_grad():   # copied into: the same tensor, the recording still holds
+        net[3].weight.mul_(0.5)
+    step(*small[6])
+    assert graph.recordings == 3 and recorders[2].replays == 2
+    net[3].weight = nn.Parameter(net[3].weight.detach().clone())   # set anew: another address
+    for lq, gt in small[:3]:
+        step(lq, gt)
+    assert graph.recordings == 4
+
+
+def test_a_replayed_non_finite_loss_skips_the_step():
+    net = _net()
+    graph = _graph(net)
+    batches = _batches(4)
+    _train(net, batches[:3], graph)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    lq, gt = batches[3]
+    lq = lq.clone()
+    lq[0, 0, 0, 0] = float('nan')
+    losses, _, _ = _train(net, [(lq, gt)], graph)
+    assert math.isnan(losses[0]) and graph.recordings == 1
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())   # batch-norm statistics too
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_reported_terms_are_not_overwritten_by_the_next_replay():
+    net = _net()
+    graph = _graph(net)
+    _, terms, _ = _train(net, _batches(5), graph)
+    assert terms[3]['l_pix'].item() != terms[4]['l_pix'].item()
+
+
+class _FailingRecorder:
+    def record(self, step):
+        raise RuntimeError('operation not permitted when stream is capturing\nmore')
+
+    def replay(self):
+        raise AssertionError('never recorded')
+
+
+def test_a_failed_recording_leaves_the_run_eager():
+    batches = _batches(5)
+    eager, graphed = _net(), _net()
+    graph = StepGraph(graphed, recorder=_FailingRecorder)
+    _train(eager, batches)
+    with basicsr_log() as lines:
+        _train(graphed, batches, graph)
+    assert _same_state(eager, graphed)
+    assert graph.off == 'recording the step failed (RuntimeError: operation not permitted when stream is capturing)'
+    assert [line for line in lines if 'CUDA graph' in line] == [
+        f'CUDA graph off for the rest of the run: {graph.off}; the steps run eager']
+
+
+def test_fp16_steps_and_plain_batch_losses_are_never_recorded():
+    net = _net()
+    recorders = []
+    graph = _graph(net, recorders)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    for lq, gt in _batches(4):
+        optimizer_step(net, opt, lambda m, lq=lq, gt=gt: sum(_terms(m, lq, gt).values()), None, 'finetune',
+                       graph=graph)
+    fp16 = MixedPrecision(torch.float16, 'cpu')
+    for lq, gt in _batches(4):
+        assert graph.run(BatchTerms(_terms, lq, gt), fp16) is None
+    assert recorders == [] and graph.recordings == 0
+
+
+@pytest.mark.parametrize('given, expected', [(None, 'auto'), ('auto', 'auto'), (True, 'true'), ('False', 'false')])
+def test_cuda_graph_option_values(given, expected):
+    assert graph_mode({} if given is None else {'cuda_graph': given}) == expected
+
+
+@pytest.mark.parametrize('given', ['yes', 1, [], 'on'])
+def test_cuda_graph_option_refuses_other_values(given):
+    with pytest.raises(InputError, match=r"^train\.cuda_graph: expected one of 'auto', true, false, got "):
+        graph_mode({'cuda_graph': given})
+
+
+def test_the_decision_says_why_a_step_is_not_recorded():
+    net = _net()
+    assert graph_decision('false', net, 'cuda', None, True) == (False, 'train.cuda_graph: false')
+    assert graph_decision('true', net, 'cuda', torch.bfloat16, True) == (True, '')
+    assert graph_decision('auto', net, 'cpu', None, True) == (
+        False, 'train.cuda_graph: auto, and CUDA graphs need a CUDA device, this run is on cpu')
+    assert 'GRAPH_BY_DEFAULT' in graph_decision('auto', net, 'cuda', None, True)[1]
+    assert not GRAPH_BY_DEFAULT or graph_decision('auto', type(sorted(GRAPH_BY_DEFAULT)[0], (nn.Module,), {})(),
+                                                  'cuda', None, True) == (True, '')
+    for device, amp, single, why in (('cpu', None, True, 'need a CUDA device, this run is on cpu'),
+                                     ('cuda', torch.float16, True, "fp16's loss scaling checks for overflow on the host"),
+                                     ('cuda', None, False, 'wrapped for several GPUs')):
+        with pytest.raises(InputError, match=rf'^train\.cuda_graph: true, but .*{why}.*; use auto or false$'):
+            graph_decision('true', net, device, amp, single)
+        assert why in graph_decision('auto', net, device, amp, single)[1]
+
+
+def _ft_model(tmp_path, weights=None, **train):
+    from basicsr.models import build_model
+    opt = train_options(tmp_path / 'no_data', 'weights')
+    opt['train'].update(train)
+    opt['path']['pretrain_network_g'] = weights
+    opt['path'].update(models=str(tmp_path / 'models'), training_states=str(tmp_path / 'states'))
+    opt.update(is_train=True, dist=False, rank=0, world_size=1)
+    torch.manual_seed(0)
+    return build_model(opt)
+
+
+def test_ft_model_replays_its_step_as_it_trains_eager(tmp_path):
+    """FTSRModel's own step (losses, L2-SP, log) through a step graph: the same weights and log as eager."""
+    from basicsr.archs import build_network
+    from test_cli import NETWORK
+    torch.manual_seed(1)
+    weights = str(tmp_path / 'start.pth')
+    torch.save({'params': build_network(dict(NETWORK)).state_dict()}, weights)
+    with basicsr_log() as lines:
+        eager = _ft_model(tmp_path / 'e', weights, l2_sp_weight=0.01)
+    assert eager.step_graph is None
+    assert 'CUDA graph: off (train.cuda_graph: auto, and CUDA graphs need a CUDA device, this run is on cpu)' in lines
+    graphed = _ft_model(tmp_path / 'g', weights, l2_sp_weight=0.01)
+    graphed.step_graph = _graph(graphed.net_g)
+    torch.manual_seed(3)
+    for it in range(1, 6):
+        lq = torch.rand(2, 3, 8, 8)
+        batch = {'lq': lq, 'gt': torch.rand(2, 3, 32, 32)}
+        logs = []
+        for model in (eager, graphed):
+            model.feed_data(batch)
+            model.optimize_parameters(it)
+            logs.append({k: round(float(v), 6) for k, v in model.get_current_log().items()})
+        assert logs[0] == logs[1] and set(logs[0]) == {'l_pix', 'l_l2sp'}
+    assert graphed.step_graph.recordings == 1
+    assert _same_state(eager.net_g, graphed.net_g)
+
+
+def test_ft_model_refuses_a_graph_it_cannot_record(tmp_path):
+    with pytest.raises(InputError, match=r'^train\.cuda_graph: true, but CUDA graphs need a CUDA device'):
+        _ft_model(tmp_path, cuda_graph=True)
+    with pytest.raises(InputError, match=r"^train\.cuda_graph: expected one of"):
+        _ft_model(tmp_path, cuda_graph='sometimes')
+
+
+def test_other_model_types_refuse_the_key():
+    """LDT's and CorGrad's steps are never recorded: the option file says so before anything runs."""
+    import yaml
+    from conftest import REPO
+    from basicsr_ldt.common.schema import TRAIN, check_options
+    opt = yaml.safe_load((REPO / 'options' / 'demo' / 'train_demo_ldt.yml').read_text())
+    opt['train']['cuda_graph'] = True
+    with pytest.raises(InputError, match=r'^ldt\.yml: train\.cuda_graph needs a model type of this project that reads '
+                                         r'it \(FTSRModel\); model_type LDTSRModel ignores it'):
+        check_options(opt, TRAIN, 'ldt.yml')
