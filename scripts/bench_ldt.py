@@ -865,7 +865,7 @@ UPSTREAM_SETUPS = {
 }
 #: What records a graphed setup's step: None = a CUDA graph (graphed setups are left out off CUDA);
 #: the CPU tests set a recorder that replays by running the step again.
-GRAPH_RECORDER: Optional[Callable[[], object]] = None
+GRAPH_RECORDER: Optional[Callable[[nn.Module], object]] = None
 COMPILE_BACKEND = 'inductor'     # what train.compile_backend defaults to
 #: The SS2D forward at a validation tile: (side, the backend timed, the backend it is timed against).
 TILE = (250, 'triton', 'cuda')

@@ -135,10 +135,11 @@ def basicsr_log():
 class RerunRecorder:
     """A step graph's recorder for the CPU (basicsr_ldt.ldt.step_graph.Recorder): the recording runs
     the step once and keeps the tensors it returned; a replay runs the step again and copies what it
-    made into them, as a CUDA graph's replay writes into the memory it recorded."""
+    made into them, as a CUDA graph's replay writes into the memory it recorded, and leaves the
+    network's ``.grad`` attributes as they were (a replay sets no attribute)."""
 
-    def __init__(self):
-        self.step, self.outputs, self.replays = None, None, 0
+    def __init__(self, network):
+        self.network, self.step, self.outputs, self.replays = network, None, None, 0
 
     def record(self, step):
         self.step, self.outputs = step, step()
@@ -146,5 +147,9 @@ class RerunRecorder:
 
     def replay(self):
         self.replays += 1
+        params = list(self.network.parameters())
+        grads = [p.grad for p in params]
         for kept, new in zip(self.outputs, self.step()):
             kept.copy_(new)
+        for p, grad in zip(params, grads):
+            p.grad = grad

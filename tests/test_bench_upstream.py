@@ -56,10 +56,17 @@ def test_compare_upstream_rotates_three_setups_over_the_same_batches(monkeypatch
 
 def test_compare_upstream_reports_each_peak_as_a_fraction_of_upstreams(monkeypatch, capsys):
     """On CUDA, one more step of each copy for its peak memory above what stays allocated, printed
-    beside upstream's (faked allocator counters: upstream peaks 400 MiB above, the others 300)."""
+    beside upstream's (faked allocator counters: upstream peaks 400 MiB above, the others 300); a
+    replayed step adds all its graph holds (faked: 50 MiB)."""
     bench = load_script('bench_ldt')
     monkeypatch.setattr(bench, 'UPSTREAM_SETUPS', {'upstream': ('torch', False, False, False),
-                                                   'ours eager': ('torch', True, False, False)})
+                                                   'ours eager': ('torch', True, False, False),
+                                                   'ours graphed': ('torch', True, False, True)})
+
+    class Holding(RerunRecorder):
+        def held_bytes(self):
+            return 50 * 2 ** 20
+    monkeypatch.setattr(bench, 'GRAPH_RECORDER', Holding)
     monkeypatch.setattr(bench, 'TILE', (4, 'torch', 'torch'))
     allocated = fake_cuda_allocator(monkeypatch, bench)
     step = bench.optimizer_step
@@ -71,9 +78,10 @@ def test_compare_upstream_reports_each_peak_as_a_fraction_of_upstreams(monkeypat
     monkeypatch.setattr(bench, 'optimizer_step', step_taking_memory)
     monkeypatch.setattr(bench, 'adam_kwargs', lambda options, params: {**options, 'fused': 'foreach' not in options})
     bench.main(['--arch', 'mambair_small', '--device', 'cpu', '--patch', '4', '--batch', '1', '--iters', '1',
-                '--warm', '0', '--compare-upstream'])
+                '--warm', '2', '--compare-upstream'])   # the graph records in the third step
     assert re.search(r'^FT step peak memory above what stays allocated: upstream 400 MiB \(1\.000 of upstream\), '
-                     r'ours eager 300 MiB \(0\.750 of upstream\)$', capsys.readouterr().out, re.M)
+                     r'ours eager 300 MiB \(0\.750 of upstream\), ours graphed 350 MiB \(0\.875 of upstream\)$',
+                     out := capsys.readouterr().out, re.M), out
 
 
 def test_compare_upstream_replays_a_graphed_setup(monkeypatch, capsys):
@@ -84,7 +92,7 @@ def test_compare_upstream_replays_a_graphed_setup(monkeypatch, capsys):
                                                    'ours graphed': ('torch', True, False, True)})
     monkeypatch.setattr(bench, 'TILE', (4, 'torch', 'torch'))
     recorders = []
-    monkeypatch.setattr(bench, 'GRAPH_RECORDER', lambda: recorders.append(RerunRecorder()) or recorders[-1])
+    monkeypatch.setattr(bench, 'GRAPH_RECORDER', lambda net: recorders.append(RerunRecorder(net)) or recorders[-1])
     bench.main(['--arch', 'mambair_small', '--device', 'cpu', '--patch', '4', '--batch', '1', '--iters', '2',
                 '--warm', '3', '--compare-upstream'])
     out = capsys.readouterr().out
@@ -119,3 +127,9 @@ def test_check_graph_passes_a_faithful_replay_and_fails_a_stale_one(monkeypatch,
         bench.main(argv)
     out = capsys.readouterr().out
     assert exit_.value.code == 1 and out.rstrip().endswith('summary graph: eager FAIL | compiled FAIL'), out
+    monkeypatch.setattr(bench, 'GRAPH_RECORDER', RerunRecorder)
+    with pytest.raises(SystemExit):   # too few steps to record: nothing was compared
+        bench.main(argv[:-5] + ['--iters', '1', '--warm', '1', '--check-graph'])
+    out = capsys.readouterr().out
+    assert 'graph check, eager blocks: 0 of 2 steps replayed (0 recordings); ' in out
+    assert out.rstrip().endswith('summary graph: eager FAIL | compiled FAIL'), out

@@ -20,7 +20,7 @@ from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.ldt import MixedPrecision
 from basicsr_ldt.ldt.pair import optimizer_step
 from basicsr_ldt.ldt.step_graph import EAGER_STEPS, BatchTerms, StepGraph
-from basicsr_ldt.models.cuda_graph import GRAPH_BY_DEFAULT, graph_decision, graph_mode
+from basicsr_ldt.models.cuda_graph import graph_decision, graph_mode
 
 
 def _net(seed=0):
@@ -42,8 +42,8 @@ def _batches(count, size=5, seed=1):
 def _graph(net, recorders=None):
     recorders = [] if recorders is None else recorders
 
-    def new():
-        recorders.append(RerunRecorder())
+    def new(network):
+        recorders.append(RerunRecorder(network))
         return recorders[-1]
     return StepGraph(net, recorder=new)
 
@@ -135,8 +135,13 @@ def test_reported_terms_are_not_overwritten_by_the_next_replay():
 
 
 class _FailingRecorder:
+    message = 'operation not permitted when stream is capturing\nmore'
+
+    def __init__(self, network):
+        pass
+
     def record(self, step):
-        raise RuntimeError('operation not permitted when stream is capturing\nmore')
+        raise RuntimeError(self.message)
 
     def replay(self):
         raise AssertionError('never recorded')
@@ -186,9 +191,9 @@ def test_the_decision_says_why_a_step_is_not_recorded():
     assert graph_decision('true', net, 'cuda', torch.bfloat16, True) == (True, '')
     assert graph_decision('auto', net, 'cpu', None, True) == (
         False, 'train.cuda_graph: auto, and CUDA graphs need a CUDA device, this run is on cpu')
-    assert 'GRAPH_BY_DEFAULT' in graph_decision('auto', net, 'cuda', None, True)[1]
-    assert not GRAPH_BY_DEFAULT or graph_decision('auto', type(sorted(GRAPH_BY_DEFAULT)[0], (nn.Module,), {})(),
-                                                  'cuda', None, True) == (True, '')
+    fp16 = graph_decision('auto', net, 'cuda', torch.float16, True)
+    assert fp16 == (False, "train.cuda_graph: auto, and train.amp fp16's loss scaling checks for overflow on the host "
+                           'at every step; bf16 or none can be recorded')
     for device, amp, single, why in (('cpu', None, True, 'need a CUDA device, this run is on cpu'),
                                      ('cuda', torch.float16, True, "fp16's loss scaling checks for overflow on the host"),
                                      ('cuda', None, False, 'wrapped for several GPUs')):
@@ -252,3 +257,89 @@ def test_other_model_types_refuse_the_key():
     with pytest.raises(InputError, match=r'^ldt\.yml: train\.cuda_graph needs a model type of this project that reads '
                                          r'it \(FTSRModel\); model_type LDTSRModel ignores it'):
         check_options(opt, TRAIN, 'ldt.yml')
+
+
+def test_ft_model_records_only_a_network_one_process_trains_alone(tmp_path, monkeypatch):
+    """On a CUDA device (faked: the decision reads only its type), ``true`` records the bare network,
+    and a network wrapped for several GPUs, or a run of several ranks, is refused; ``auto`` says why."""
+    import types
+    import basicsr_ldt.models.cuda_graph as cuda_graph
+    import basicsr_ldt.models.guarded_step as guarded_step
+    model = _ft_model(tmp_path)
+    model.device = types.SimpleNamespace(type='cuda')
+    model.opt['train']['cuda_graph'] = True
+    model.setup_step_graph()
+    assert model.step_graph is not None and model.step_graph.network is model.net_g
+    monkeypatch.setattr(guarded_step, 'several_ranks', lambda: True)
+    with pytest.raises(InputError, match=r'^train\.cuda_graph: true, but the network is wrapped for several GPUs'):
+        model.setup_step_graph()
+    monkeypatch.setattr(guarded_step, 'several_ranks', lambda: False)
+    model.net_g = nn.DataParallel(model.net_g)
+    with pytest.raises(InputError, match=r'^train\.cuda_graph: true, but the network is wrapped for several GPUs'):
+        model.setup_step_graph()
+    monkeypatch.setattr(cuda_graph, 'GRAPH_BY_DEFAULT', frozenset({'MSRResNet'}))
+    model.opt['train']['cuda_graph'] = 'auto'
+    with basicsr_log() as lines:
+        model.setup_step_graph()
+    assert model.step_graph is None and lines == [
+        'CUDA graph: off (train.cuda_graph: auto, and the network is wrapped for several GPUs (DDP or DataParallel); '
+        'one process on one GPU can be recorded)']
+    model.net_g = model.net_g.module
+    with basicsr_log() as lines:
+        model.setup_step_graph()
+    assert model.step_graph is not None and lines == [
+        'CUDA graph: the forward, loss and backward of each step replayed as one graph after the first steps']
+
+
+def test_a_recording_says_what_trains_and_what_its_graph_holds():
+    class Holding(RerunRecorder):
+        def held_bytes(self):
+            return 3 * 2 ** 20 + 2 ** 19   # 3.5 MiB: printed as 4
+
+    for recorder, held in ((Holding, ', the graph holds 4 MiB'), (RerunRecorder, '')):
+        net = _net()
+        net[4].weight.requires_grad_(False)
+        graph = StepGraph(net, recorder=recorder)
+        with basicsr_log() as lines:
+            _train(net, _batches(3), graph)
+        assert lines == [f'CUDA graph: step recorded (7 tensors train{held})']   # 8, one frozen
+        assert graph.held_bytes() == (3.5 * 2 ** 20 if held else None)
+
+
+def test_the_recording_runs_without_autocasts_weight_cache():
+    """torch requires autocast's cache off inside a CUDA graph recording; eager steps keep it."""
+    class Noting(MixedPrecision):
+        caches = []
+
+        def autocast(self, cache=True):
+            self.caches.append(cache)
+            return super().autocast(cache)
+
+    net = _net()
+    precision = Noting(torch.bfloat16, 'cpu')
+    _train(net, _batches(4), _graph(net), precision)
+    # 2 eager steps, then the recording and the stand-in's reruns at the 2 replays
+    assert precision.caches == [True, True, False, False, False]
+
+
+def test_a_failure_without_a_message_is_still_one_line():
+    net = _net()
+
+    class Silent(_FailingRecorder):
+        message = ''
+    graph = StepGraph(net, recorder=Silent)
+    _train(net, _batches(3), graph)
+    assert graph.off == 'recording the step failed (RuntimeError: )'
+
+
+def test_auto_records_only_the_architectures_a_gpu_run_measured(monkeypatch):
+    import basicsr_ldt.models.cuda_graph as cuda_graph
+    net = _net()
+    for listed, expected in ((frozenset(), (False, 'train.cuda_graph: auto, and no GPU measurement put Sequential in '
+                                                   'basicsr_ldt.models.cuda_graph.GRAPH_BY_DEFAULT (empty)')),
+                             (frozenset({'SAFMN', 'HAT'}), (False, 'train.cuda_graph: auto, and no GPU measurement put '
+                                                           'Sequential in basicsr_ldt.models.cuda_graph.GRAPH_BY_DEFAULT '
+                                                           '(HAT, SAFMN)')),
+                             (frozenset({'Sequential'}), (True, ''))):
+        monkeypatch.setattr(cuda_graph, 'GRAPH_BY_DEFAULT', listed)
+        assert graph_decision('auto', net, 'cuda', torch.bfloat16, True) == expected

@@ -37,6 +37,7 @@ and the step it skips happen on the host.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Protocol
 
 import torch
@@ -74,10 +75,11 @@ class Recorder(Protocol):
 
 
 class CudaGraphRecorder:
-    """``torch.cuda.CUDAGraph`` recorded on a stream of its own, after one eager pass there."""
+    """``torch.cuda.CUDAGraph`` recorded on a stream of its own (on the network's device), after one
+    eager pass there."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.stream = torch.cuda.Stream(device)
+    def __init__(self, network: nn.Module) -> None:
+        self.stream = torch.cuda.Stream(next(network.parameters()).device)
         self.graph: Optional[torch.cuda.CUDAGraph] = None
 
     def record(self, step: Callable[[], List[torch.Tensor]]) -> List[torch.Tensor]:
@@ -103,31 +105,35 @@ class CudaGraphRecorder:
                    if tuple(segment.get('segment_pool_id', ())) == pool)
 
 
+@dataclass
+class Recording:
+    """A recorded step: its recorder, its own input tensors, and where each replay leaves the loss,
+    the terms and the gradients of the ``trained`` tensors."""
+    recorder: Recorder
+    inputs: List[torch.Tensor]
+    loss: torch.Tensor
+    terms: Dict[str, torch.Tensor]
+    trained: List[nn.Parameter]
+    grads: List[torch.Tensor]
+
+
 class StepGraph:
     """One network's forward, loss and backward, recorded once per key and replayed at each step.
 
-    ``recorder`` builds the recorder for a new recording (default: a CUDA graph on the network's
-    device; the CPU tests pass one that reruns the step into the recorded tensors)."""
+    ``recorder(network)`` builds the recorder of a new recording (default: a CUDA graph; the CPU
+    tests pass one that reruns the step into the recorded tensors)."""
 
-    def __init__(self, network: nn.Module, recorder: Optional[Callable[[], Recorder]] = None,
+    def __init__(self, network: nn.Module, recorder: Optional[Callable[[nn.Module], Recorder]] = None,
                  eager_steps: int = EAGER_STEPS) -> None:
         self.network = network
         self.eager_steps = eager_steps
         self.recordings = 0
         #: Why graphs are off for the rest of the run (None while they are on).
         self.off: Optional[str] = None
-        self._new_recorder = recorder or self._cuda_recorder
-        self._key: Optional[tuple] = None
+        self._new_recorder = recorder or CudaGraphRecorder
+        self._key: Optional[tuple] = None   # a new key (the first step's too) releases and counts eager steps
         self._eager_left = eager_steps
-        self._recorder: Optional[Recorder] = None
-        self._inputs: List[torch.Tensor] = []
-        self._loss: Optional[torch.Tensor] = None
-        self._terms: Dict[str, torch.Tensor] = {}
-        self._trained: List[nn.Parameter] = []
-        self._grads: List[torch.Tensor] = []
-
-    def _cuda_recorder(self) -> Recorder:
-        return CudaGraphRecorder(next(self.network.parameters()).device)
+        self._recording: Optional[Recording] = None
 
     def key(self, batch: BatchTerms, precision: MixedPrecision) -> tuple:
         """What a recording depends on; a step with another key cannot replay it."""
@@ -149,27 +155,30 @@ class StepGraph:
         if self._eager_left > 0:
             self._eager_left -= 1
             return None
-        if self._recorder is None and not self._record(batch, precision):
-            return None
-        for mine, given in zip(self._inputs, batch.inputs):
+        if self._recording is None:
+            self._recording = self._record(batch, precision)
+            if self._recording is None:
+                return None
+        recording = self._recording
+        for mine, given in zip(recording.inputs, batch.inputs):
             mine.copy_(given)
-        self._recorder.replay()
-        for parameter, grad in zip(self._trained, self._grads):
+        recording.recorder.replay()
+        for parameter, grad in zip(recording.trained, recording.grads):
             parameter.grad = grad
         # copies: the next replay overwrites the recorded terms, and the report may read them later
-        batch.terms = {name: value.detach().clone() for name, value in self._terms.items()}
-        return self._loss
+        batch.terms = {name: value.detach().clone() for name, value in recording.terms.items()}
+        return recording.loss
 
     def held_bytes(self) -> Optional[int]:
         """Memory the recording holds (None without one, or where its recorder cannot tell)."""
-        held = getattr(self._recorder, 'held_bytes', None)
+        held = getattr(self._recording and self._recording.recorder, 'held_bytes', None)
         return None if held is None else held()
 
     def release(self) -> None:
         """Drop the recording (its memory goes once nothing holds its tensors)."""
-        self._recorder, self._inputs, self._loss, self._terms, self._trained, self._grads = None, [], None, {}, [], []
+        self._recording = None
 
-    def _record(self, batch: BatchTerms, precision: MixedPrecision) -> bool:
+    def _record(self, batch: BatchTerms, precision: MixedPrecision) -> Optional[Recording]:
         network = self.network
         params = [p for p in network.parameters() if p.requires_grad]
         inputs = [t.detach().clone() for t in batch.inputs]
@@ -187,21 +196,21 @@ class StepGraph:
 
         running = RunningStatistics(network)
         try:
-            outputs = (recorder := self._new_recorder()).record(step)
+            outputs = (recorder := self._new_recorder(network)).record(step)
         except Exception as err:   # whatever failed, the run goes on eager
             for p in params:
                 p.grad = None
             running.restore()
             self.off = f'recording the step failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ""})'
             _LOG.warning(f'CUDA graph off for the rest of the run: {self.off}; the steps run eager')
-            return False
+            return None
         running.restore()   # the eager pass before the recording updated them; the replay does it again
-        self._recorder, self._inputs, self.recordings = recorder, inputs, self.recordings + 1
-        self._loss, terms, self._grads = outputs[0], outputs[1:1 + len(names)], outputs[1 + len(names):]
-        self._terms = dict(zip(names, terms))
-        self._trained = [p for p in params if p.grad is not None]
-        held = self.held_bytes()
-        _LOG.info(f'CUDA graph: step recorded ({len(self._trained)} tensors train'
-                  + ('' if held is None else f', the graph holds {held / 2 ** 20:.0f} MiB') + ')')
-        return True
+        self.recordings += 1
+        recording = Recording(recorder, inputs, loss=outputs[0],
+                              terms={name: outputs[1 + i] for i, name in enumerate(names)},
+                              trained=[p for p in params if p.grad is not None], grads=outputs[1 + len(names):])
+        held = getattr(recorder, 'held_bytes', None)
+        _LOG.info(f'CUDA graph: step recorded ({len(recording.trained)} tensors train'
+                  + ('' if held is None else f', the graph holds {held() / 2 ** 20:.0f} MiB') + ')')
+        return recording
 
