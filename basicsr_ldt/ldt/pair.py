@@ -101,7 +101,7 @@ class ReplayedStep(PendingStep):
     """A step whose forward and backward were one replay of a :class:`StepGraph`."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, precision: MixedPrecision, key: str,
-                 running: RunningStatistics, loss: torch.Tensor) -> None:   # pylint: disable=super-init-not-called
+                 running: RunningStatistics, loss: torch.Tensor) -> None:   # no forward here: the replay ran it
         self.optimizer, self.precision, self.key, self.running, self.loss = optimizer, precision, key, running, loss
 
     @classmethod
