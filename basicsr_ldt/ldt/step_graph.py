@@ -101,8 +101,12 @@ class CudaGraphRecorder:
         """Device memory the graph's private pool holds (its activations, gradients and outputs):
         reserved for the recording as long as it lives."""
         pool = tuple(self.graph.pool())
-        return sum(segment['total_size'] for segment in torch.cuda.memory_snapshot()
-                   if tuple(segment.get('segment_pool_id', ())) == pool)
+        try:   # one pool's segments, without traces (torch 2.11 can); each segment names its pool too
+            segments = torch.cuda.memory_snapshot(mempool_id=pool, include_traces=False)
+        except TypeError:
+            segments = torch.cuda.memory_snapshot()
+        return sum(segment['total_size'] for segment in segments
+                   if tuple(segment.get('segment_pool_id', pool)) == pool)
 
 
 @dataclass
