@@ -343,3 +343,72 @@ def test_auto_records_only_the_architectures_a_gpu_run_measured(monkeypatch):
                              (frozenset({'Sequential'}), (True, ''))):
         monkeypatch.setattr(cuda_graph, 'GRAPH_BY_DEFAULT', listed)
         assert graph_decision('auto', net, 'cuda', torch.bfloat16, True) == expected
+
+
+def test_the_cuda_recorder_records_after_an_eager_pass_on_its_own_stream(monkeypatch):
+    """CudaGraphRecorder's calls, against stand-ins for torch.cuda (the real recording: bench_ldt.py
+    --check-graph on a GPU): one eager pass on its stream, ordered after and before the current
+    stream's work, then the recording on that stream in thread_local mode; the pool's bytes."""
+    import contextlib
+    from basicsr_ldt.ldt.step_graph import CudaGraphRecorder
+    calls, state = [], {'stream': 'default', 'capturing': False}
+
+    class Stream:
+        def __init__(self, device=None, name='side'):
+            self.name = name
+            if device is not None:
+                calls.append(f'a stream on {device}')
+
+        def wait_stream(self, other):
+            calls.append(f'{self.name} waits for {other.name}')
+
+    class Graph:
+        def pool(self):
+            return (7, 1)
+
+        def replay(self):
+            calls.append('replay')
+
+    @contextlib.contextmanager
+    def on_stream(stream):
+        state['stream'] = stream.name
+        yield
+        state['stream'] = 'default'
+
+    @contextlib.contextmanager
+    def recording(graph, stream, capture_error_mode):
+        calls.append(f'record on {stream.name}, {capture_error_mode}')
+        state['capturing'], state['stream'] = True, stream.name
+        yield
+        state['capturing'], state['stream'] = False, 'default'
+
+    segments = [{'total_size': 3, 'segment_pool_id': (7, 1)}, {'total_size': 5, 'segment_pool_id': (0, 0)},
+                {'total_size': 11}]
+    per_pool = []
+
+    def snapshot(mempool_id=None, include_traces=True):
+        per_pool.append((mempool_id, include_traces))
+        return segments
+
+    for name, value in (('Stream', Stream), ('current_stream', lambda: Stream(name='default')), ('stream', on_stream),
+                        ('CUDAGraph', Graph), ('graph', recording), ('memory_snapshot', snapshot)):
+        monkeypatch.setattr(torch.cuda, name, value)
+
+    def step():
+        calls.append(f"step on {state['stream']}{', recorded' if state['capturing'] else ''}")
+        return [torch.tensor(len(calls))]
+
+    recorder = CudaGraphRecorder(_net())
+    outputs = recorder.record(step)
+    recorder.replay()
+    assert calls == ['a stream on cpu', 'side waits for default', 'step on side', 'default waits for side',
+                     'record on side, thread_local', 'step on side, recorded', 'replay']
+    assert outputs[0].item() == 6   # what the recorded call returned (the sixth call)
+    assert recorder.held_bytes() == 3 + 11 and per_pool == [((7, 1), False)]   # a segment without a pool id: the pool's
+
+    def old_snapshot(**kwargs):
+        if kwargs:
+            raise TypeError('memory_snapshot() got an unexpected keyword argument')
+        return segments
+    monkeypatch.setattr(torch.cuda, 'memory_snapshot', old_snapshot)
+    assert recorder.held_bytes() == 3 + 11
