@@ -16,6 +16,11 @@ other ways, each timed in the same iterations and measured alone: on CUDA
 ``| LDT sequential/FT time <r> | LDT sequential/FT memory <r>`` (one branch after the other), then
 everywhere ``| LDT overlapped/FT ...`` (``ldt.overlap_branches: true``, no bound), and on CUDA
 ``| LDT bounded x<f>/FT ...`` for each ``ldt.overlap_memory`` factor of ``--overlap-memory`` (default 1.05).
+``--cuda-graph`` adds FT and the dual step with forward and backward replayed as CUDA graphs
+(``train.cuda_graph: true``: FT one graph, the dual step one per branch in one pool), on copies
+compiled as the unreplayed ones, timed in the same iterations: ``| FT graphed/FT time <r> |
+LDT graphed/FT graphed time <r> | LDT graphed/FT graphed memory <r>`` (memory on CUDA: one more step's
+peak plus what the graphs hold).
 
 LDT-S (single network) is measured the same way against FT: step time including its EMA and its
 swap amortised over ``--ldt-s-interval`` iterations, and peak memory (targets 1.10 and 1.05).
@@ -85,7 +90,7 @@ from basicsr_ldt.models.ldt_model import LDTSRModel as LDT_MODEL  # noqa: E402  
 from basicsr_ldt.ldt import (AMP_DTYPES, LDT, GradientStatistics, LDTConfig, MixedPrecision,  # noqa: E402
                              optimizer_step, preset, resolve_dtype)
 from basicsr_ldt.ldt.freezing import ROUTED_METHOD  # noqa: E402
-from basicsr_ldt.ldt.step_graph import BatchTerms, StepGraph  # noqa: E402
+from basicsr_ldt.ldt.step_graph import EAGER_STEPS, BatchTerms, StepGraph, graphs_in_one_pool  # noqa: E402
 
 #: MambaIR configurations: the released classic SR x4 one (the paper's network) and the small
 #: CPU variant of options/train_mambair_ldt.yml.
@@ -185,13 +190,34 @@ def precision(args: argparse.Namespace) -> MixedPrecision:
     return MixedPrecision(resolve_dtype('--amp', args.amp, AMP_DTYPES, device_type), device_type)
 
 
-def make_ldt(args, partition_file: str | None, device: str) -> LDT:
+def make_ldt(args, partition_file: str | None, device: str, graphs=None) -> LDT:
     torch.manual_seed(0)
     net = build_network(args.arch, args.scale).to(device)
     cfg = LDTConfig(profile_iters=0, partition_file=partition_file, ema_every=args.ema_every,
                     overlap_branches=args.overlap, overlap_memory=args.bound)
-    algo = LDT(net, cfg, adam, precision(args))
+    algo = LDT(net, cfg, adam, precision(args), graphs=graphs)
     return algo
+
+
+def graphed_steps(args: argparse.Namespace, partition_file: str) -> Dict[str, tuple]:
+    """``--cuda-graph``: an FT network with its step graph and an LDT whose pair replays its branches
+    (``train.cuda_graph: true``), built and compiled as the unreplayed ones: name -> (step on a batch,
+    what its graphs hold in bytes, the graphs' recordings)."""
+    torch.manual_seed(0)
+    net = build_network(args.arch, args.scale).to(args.device)
+    opt, amp = adam(list(net.parameters()), 'finetune'), precision(args)
+    graph = StepGraph(net, recorder=GRAPH_RECORDER)
+    algo = make_ldt(argparse.Namespace(**{**vars(args), 'overlap': DEFAULT_SCHEDULE[0], 'bound': DEFAULT_SCHEDULE[1]}),
+                    partition_file, args.device, graphs=lambda networks: graphs_in_one_pool(networks, GRAPH_RECORDER))
+    algo.enter(1)   # builds the pair
+    compile_as_training(args, (net,))
+    compile_as_training(args, (algo.primary, algo.auxiliary), auto_model=LDT_MODEL.compile_auto_untimed)
+    pair = algo.pair
+    return {'FT graphed': (lambda lq, gt: optimizer_step(net, opt, l1(lq, gt), amp, 'finetune', graph=graph),
+                           lambda: graph.held_bytes() or 0, lambda: [graph.recordings]),
+            'dual graphed': (lambda lq, gt: pair.step_both(l1(lq, gt), algo.precision),
+                             lambda: pair.graphs['primary'].held_bytes() or 0,   # one pool: counted once
+                             lambda: [graph.recordings for graph in pair.graphs.values()])}
 
 
 def dynamo_graphs() -> int:
@@ -388,6 +414,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--check-graph', action='store_true',
                    help='FT steps replayed as a CUDA graph (train.cuda_graph) against the same steps eager, '
                         'with eager and with compiled blocks: a FAIL line and exit status 1 where they differ')
+    p.add_argument('--cuda-graph', action='store_true',
+                   help='also FT and the dual step replayed as CUDA graphs (train.cuda_graph: true), timed in the '
+                        'same iterations: FT graphed / FT, LDT graphed / FT graphed (--warm is then at least '
+                        f'{EAGER_STEPS + 1}: the graphs record after {EAGER_STEPS} eager steps)')
     p.add_argument('--count-ops', action='store_true',
                    help='count the aten operators of one FT, primary and auxiliary step instead of timing')
     p.add_argument('--kernel-time', action='store_true',
@@ -419,12 +449,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.compare_scan and args.arch not in MAMBAIR:
         p.error(f'--compare-scan: the selective scan is MambaIR\'s; expected --arch {" or ".join(MAMBAIR)}, '
                 f'got {args.arch}')
-    if args.check_graph and GRAPH_RECORDER is None and not on_cuda(args.device):
-        p.error(f'--check-graph records CUDA graphs; expected --device cuda, got {args.device}')
+    for flag, given in (('--check-graph', args.check_graph), ('--cuda-graph', args.cuda_graph)):
+        if given and GRAPH_RECORDER is None and not on_cuda(args.device):
+            p.error(f'{flag} records CUDA graphs; expected --device cuda, got {args.device}')
     if args.kernel_time and not on_cuda(args.device):
         p.error(f'--kernel-time sums the CUDA kernels a step runs; expected --device cuda, got {args.device}')
     if args.warm is None:
         args.warm = 3 if on_cuda(args.device) else 1
+    if args.cuda_graph:   # the graphs record in the warm-up, after their eager steps
+        args.warm = max(args.warm, EAGER_STEPS + 1)
     args.in_process = args.in_process or on_cuda(args.device)
     return args
 
@@ -495,6 +528,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         variants = schedule_variants(args)
         for name, (_, overlap, bound) in variants.items():
             timed_steps[name] = dual_step(overlap, bound)
+        graphed = graphed_steps(args, part_path) if args.cuda_graph else {}
+        timed_steps.update((name, step) for name, (step, _, _) in graphed.items())
         wall = {name: [] for name in timed_steps}
         cpu = {name: [] for name in timed_steps}
         warm_up = dict.fromkeys(timed_steps, 0.)
@@ -554,7 +589,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                       f'dual/FT = {statistics.median(ratios):.3f} (per iteration {[round(r, 2) for r in ratios]})')
                 if label == 'wall':
                     summary[f'{name}_time'] = statistics.median(ratios)
-        del algo, ft_net, ft_opt
+            if graphed:
+                figures = report_graphed(t, ema_per_step, graphed)
+                if label == 'wall':
+                    summary.update(figures)
+        if graphed:
+            summary['graphed_memory'] = graphed_memory(args, data[-1], graphed,
+                                                       lambda lq, gt: steps['FT'](lq, gt))
+        del algo, ft_net, ft_opt, graphed
 
         unmeasured = memory_unmeasured(args)
         if unmeasured is not None:
@@ -588,7 +630,44 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               f"{ratio_text(summary['memory'])} | LDT-S/FT time {summary['ldt_s_time']:.3f} | LDT-S/FT memory "
               f"{ratio_text(summary['ldt_s_memory'])}"
               + ''.join(f" | LDT {name}/FT time {summary[f'{name}_time']:.3f} | LDT {name}/FT memory "
-                        f"{ratio_text(summary.get(f'{name}_memory'))}" for name in variants))
+                        f"{ratio_text(summary.get(f'{name}_memory'))}" for name in variants)
+              + (f" | FT graphed/FT time {summary['graphed_ft']:.3f} | LDT graphed/FT graphed time "
+                 f"{summary['graphed_time']:.3f} | LDT graphed/FT graphed memory {ratio_text(summary['graphed_memory'])}"
+                 if args.cuda_graph else ''))
+
+
+def report_graphed(times: Dict[str, List[float]], ema_per_step: float, graphed: Dict[str, tuple]) -> Dict[str, float]:
+    """``--cuda-graph``'s time line (wall or process CPU): the replayed FT step against FT, and the replayed
+    dual step against the replayed FT step, both per iteration (run back to back, as above)."""
+    ft, dual = times['FT graphed'], [d + ema_per_step for d in times['dual graphed']]
+    of_ft = statistics.median(g / f for g, f in zip(ft, times['FT']))
+    ratios = [d / f for d, f in zip(dual, ft)]
+    recorded = ', '.join(f"{name} {'/'.join(map(str, recordings()))}" for name, (_, _, recordings) in graphed.items())
+    print(f'  replayed as CUDA graphs (train.cuda_graph: true; recordings: {recorded}): FT '
+          f'{statistics.median(ft) * 1e3:.1f} ms, FT graphed/FT = {of_ft:.3f} | dual {statistics.median(dual) * 1e3:.1f} '
+          f'ms, step ratio dual/FT graphed = {statistics.median(ratios):.3f} (per iteration {[round(r, 2) for r in ratios]})')
+    return {'graphed_ft': of_ft, 'graphed_time': statistics.median(ratios)}
+
+
+def graphed_memory(args: argparse.Namespace, batch: Tuple[torch.Tensor, torch.Tensor], graphed: Dict[str, tuple],
+                   ft_step: Callable) -> Optional[float]:
+    """``--cuda-graph`` on CUDA: one more replayed dual step's and FT step's peak allocated above what
+    stays allocated, each plus what its graphs hold (a replay allocates nothing: its activations live in
+    the graphs' pool); printed with the unreplayed FT step's, and returns dual / FT replayed."""
+    if not on_cuda(args.device):
+        print('replayed steps\' memory: not measured (the graphs\' pool is a CUDA allocator\'s)')
+        return None
+    peaks = {}
+    for name, (step, held, _) in (('FT', (ft_step, lambda: 0, None)), *graphed.items()):
+        sync(args.device)
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step(*batch)
+        sync(args.device)
+        peaks[name] = torch.cuda.max_memory_allocated() - base + held()
+    print('replayed steps\' memory (one more step: peak allocated above what stays, plus what the graphs hold): '
+          + ' | '.join(f'{name} {value / 2 ** 20:.1f} MiB' for name, value in peaks.items()))
+    return peaks['dual graphed'] / peaks['FT graphed']
 
 
 def schedule_variants(args: argparse.Namespace) -> Dict[str, Tuple[str, Union[bool, str], Optional[float]]]:
@@ -935,7 +1014,6 @@ def check_graph(args: argparse.Namespace) -> bool:
     eager and one through a step graph on the same ``--warm`` + ``--iters`` batches, with eager and
     with compiled blocks; prints each comparison and returns whether both are within the bounds."""
     from archs.compile import compile_blocks
-    from basicsr_ldt.ldt.step_graph import EAGER_STEPS
     amp, count, passed = precision(args), args.warm + args.iters, []
     data = [(lq * (0.5 + k / count), gt * (0.5 + k / count))
             for k, (lq, gt) in enumerate(batches(args, count, args.patch, args.batch, args.device))]

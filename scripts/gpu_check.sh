@@ -53,7 +53,8 @@
 #                          replayed as a CUDA graph, rotating per batch; peak memory; the SS2D scan forward at a
 #                          250x250 tile
 #   S2. bench_ldt_mambair_compiled 150 s  step 7 with every network's blocks compiled (--compile true: whether
-#                          LDT's dual step gains as FT's did, and its compile time)
+#                          LDT's dual step gains as FT's did, and its compile time), and beside them FT and the
+#                          dual step replayed as CUDA graphs (--cuda-graph: LDT graphed / FT graphed, time, memory)
 # (kernel_time_mambair_compiled 70 s: bench_ldt.py --kernel-time --compile true, the compiled FT step's and branches'
 # kernel time by kind and the GPU's busy share; upstream_hat 120 s and upstream_safmn 60 s, the same as S1 for HAT
 # and SAFMN, run 9's figures in docs/results.md: run only when GPU_CHECK_STEPS names them.)
@@ -196,7 +197,7 @@ check_ddp() {
 check_kernel_time() { grep -E '^kernel time per step|^  (FT|primary|auxiliary):|^  dual/FT by kind' "$1"; grep -q '^  FT: .* kernels' "$1"; }
 # (the warm-up line: the first step of a run that compiles shows the cold compile; inductor's caches on disk
 # make the later ones warm)
-check_bench() { grep -E 'bench_ldt:|^dual step:|step ratio|memory ratio|reserved|time/iter|overlapped branches|one after the other|warm-up steps|^summary:' "$1"; grep -q '^summary:' "$1"; }
+check_bench() { grep -E "bench_ldt:|^dual step:|step ratio|memory ratio|reserved|time/iter|overlapped branches|one after the other|warm-up steps|replayed steps' memory|^summary:" "$1"; grep -q '^summary:' "$1"; }
 
 # Scan backends (step 2): the torch scan, the Triton scan and mamba-ssm where it imports, at MambaIR's
 # training shape and a 250x250 validation tile, each against a float64 reference.
@@ -300,6 +301,11 @@ goals() {
     goal 'mambair LDT/FT time with the defaults' "$(summary_ratio "$DIR/bench_ldt_mambair.log" 'LDT\/FT time')" 1.5
     goal 'mambair LDT/FT time, every network compiled' \
       "$(summary_ratio "$DIR/bench_ldt_mambair_compiled.log" 'LDT\/FT time')" 1.5
+    # train.cuda_graph on LDTSRModel: each branch replayed, against FT replayed (all compiled)
+    goal 'mambair LDT/FT time, compiled + CUDA graphs' \
+      "$(summary_ratio "$DIR/bench_ldt_mambair_compiled.log" 'LDT graphed\/FT graphed time')" 1.5
+    goal 'mambair LDT/FT memory, compiled + CUDA graphs' \
+      "$(summary_ratio "$DIR/bench_ldt_mambair_compiled.log" 'LDT graphed\/FT graphed memory')" 1.05
   fi
   if [ "$SWEEP" -eq 1 ]; then   # ldt.overlap_branches: the same bounds, for the dual step that option runs
     local mode modes bound
@@ -432,7 +438,7 @@ if [ "$SPEED" -eq 1 ]; then
     --batch 4 --warm 2 --iters 3 --check-graph
   run_step upstream_mambair 120 check_upstream bash -c upstream_mambair
   run_step bench_ldt_mambair_compiled 150 check_bench "$PY" scripts/bench_ldt.py --device cuda \
-    --arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile true
+    --arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile true --cuda-graph
   run_step kernel_time_mambair_compiled 70 check_kernel_time "$PY" scripts/bench_ldt.py --device cuda --arch mambair \
     --amp bf16 --patch 48 --batch 4 --warm 2 --iters 3 --kernel-time --compile true
   for arch in hat:120 safmn:60; do

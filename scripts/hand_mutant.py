@@ -38,11 +38,15 @@ def main(argv=None) -> int:
     finally:
         args.file.write_text(source)
     killed = result.returncode != 0
-    first = args.old.strip().splitlines()[0][:70]
-    print(f"{'KILLED' if killed else 'SURVIVED'}: {args.file}: {first!r} -> {args.new.strip().splitlines()[0][:70]!r}")
+    print(f"{'KILLED' if killed else 'SURVIVED'}: {args.file}: {_first_line(args.old)!r} -> {_first_line(args.new)!r}")
     if killed and result.returncode not in (1,):   # 1: tests failed; anything else: pytest itself did not run
         print(f'  (pytest exited {result.returncode}: check that the tests ran)\n{result.stdout[-1500:]}')
     return 0 if killed else 1
+
+
+def _first_line(text: str) -> str:
+    """The text's first line, shortened for the report ('' for a mutant that deletes)."""
+    return (text.strip().splitlines() or [''])[0][:70]
 
 
 if __name__ == '__main__':

@@ -133,3 +133,48 @@ def test_check_graph_passes_a_faithful_replay_and_fails_a_stale_one(monkeypatch,
     out = capsys.readouterr().out
     assert 'graph check, eager blocks: 0 of 2 steps replayed (0 recordings); ' in out
     assert out.rstrip().endswith('summary graph: eager FAIL | compiled FAIL'), out
+
+
+def test_bench_ldt_cuda_graph_times_replayed_ft_and_dual_steps_beside_the_others(monkeypatch, capsys):
+    """--cuda-graph: an FT copy and an LDT copy whose branches are replayed (one recording each, after the
+    eager steps, in a warm-up raised to cover them), timed in the same iterations; the summary adds
+    FT graphed/FT and LDT graphed/FT graphed (memory n/a off CUDA). Without CUDA or a recorder, one line."""
+    from test_cuda_branches import _Tiny
+    bench = load_script('bench_ldt')
+    monkeypatch.setattr(bench, 'build_network', lambda arch, scale: _Tiny(scale))
+    monkeypatch.setattr(bench, 'worker_runs', lambda args, kind, **extra: [{'peak_bytes': 2 ** 20}])
+    argv = ['--device', 'cpu', '--patch', '6', '--batch', '1', '--scale', '2', '--iters', '3', '--warm', '1',
+            '--profile-passes', '2', '--no-profile-memory', '--cuda-graph']
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert '--cuda-graph records CUDA graphs; expected --device cuda, got cpu' in capsys.readouterr().err
+    recorders = []
+    monkeypatch.setattr(bench, 'GRAPH_RECORDER', lambda net: recorders.append(RerunRecorder(net)) or recorders[-1])
+    bench.main(argv)
+    out = capsys.readouterr().out
+    assert [r.replays for r in recorders] == [4, 4, 4]   # FT, primary, auxiliary: warm-up 3 (2 eager), 3 timed
+    assert re.search(r'^3 warm-up steps .*: FT [\d.]+ s, dual [\d.]+ s, FT graphed [\d.]+ s, dual graphed [\d.]+ s;', out, re.M)
+    line = re.search(r'^  replayed as CUDA graphs \(train\.cuda_graph: true; recordings: FT graphed 1, dual graphed 1/1\): '
+                     r'FT [\d.]+ ms, FT graphed/FT = ([\d.]+) \| dual [\d.]+ ms, step ratio dual/FT graphed = ([\d.]+) ',
+                     out, re.M)
+    assert line, out
+    assert "replayed steps' memory: not measured (the graphs' pool is a CUDA allocator's)" in out
+    assert out.rstrip().endswith(f'| FT graphed/FT time {line.group(1)} | LDT graphed/FT graphed time {line.group(2)} '
+                                 '| LDT graphed/FT graphed memory n/a'), out
+
+
+def test_bench_ldt_graphed_memory_adds_what_the_graphs_hold_to_each_steps_peak(monkeypatch, capsys):
+    """On CUDA (faked counters) one more step of each: its peak above what stays allocated, plus what
+    its graphs hold (the dual step's pool once); the ratio is dual replayed / FT replayed."""
+    bench = load_script('bench_ldt')
+    allocated = fake_cuda_allocator(monkeypatch, bench)
+
+    def taking(mib):
+        return lambda lq, gt: allocated.update(peak=allocated['now'] + mib * 2 ** 20)
+    graphed = {'FT graphed': (taking(10), lambda: 90 * 2 ** 20, None),
+               'dual graphed': (taking(12), lambda: 93 * 2 ** 20, None)}
+    args = bench.parse_args(['--device', 'cpu'])
+    ratio = bench.graphed_memory(args, (None, None), graphed, taking(300))
+    assert ratio == pytest.approx(105 / 100)
+    assert capsys.readouterr().out.strip().endswith(
+        'FT 300.0 MiB | FT graphed 100.0 MiB | dual graphed 105.0 MiB')

@@ -19,6 +19,8 @@ def test_a_noticed_mutant_is_killed_an_equivalent_one_survives_and_the_file_is_r
     assert killed.returncode == 0 and killed.stdout.startswith("KILLED: calc.py: 'a + b' -> 'a - b'"), killed
     survived = run(tmp_path, 'calc.py', 'a + b', 'b + a', 'test_calc.py')
     assert survived.returncode == 1 and survived.stdout.startswith('SURVIVED: calc.py'), survived
+    deleted = run(tmp_path, 'calc.py', '    return a + b\n', '', 'test_calc.py')   # a mutant that deletes a line
+    assert deleted.returncode == 0 and deleted.stdout.startswith("KILLED: calc.py: 'return a + b' -> ''"), deleted
     assert (tmp_path / 'calc.py').read_text() == source
 
 

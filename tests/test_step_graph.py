@@ -248,15 +248,21 @@ def test_ft_model_refuses_a_graph_it_cannot_record(tmp_path):
 
 
 def test_other_model_types_refuse_the_key():
-    """LDT's and CorGrad's steps are never recorded: the option file says so before anything runs."""
+    """CorGrad's and BasicSR's own models never record a step: the option file says so before anything
+    runs (FTSRModel and LDTSRModel read the key)."""
     import yaml
     from conftest import REPO
     from basicsr_ldt.common.schema import TRAIN, check_options
     opt = yaml.safe_load((REPO / 'options' / 'demo' / 'train_demo_ldt.yml').read_text())
     opt['train']['cuda_graph'] = True
-    with pytest.raises(InputError, match=r'^ldt\.yml: train\.cuda_graph needs a model type of this project that reads '
-                                         r'it \(FTSRModel\); model_type LDTSRModel ignores it'):
-        check_options(opt, TRAIN, 'ldt.yml')
+    check_options(opt, TRAIN, 'ldt.yml')
+    for model_type in ('CorGradSRModel', 'SRModel'):
+        opt['model_type'] = model_type
+        if model_type == 'SRModel':
+            del opt['ldt']
+        with pytest.raises(InputError, match=rf'^ldt\.yml: train\.cuda_graph needs a model type of this project that '
+                                             rf'reads it \(FTSRModel, LDTSRModel\); model_type {model_type} ignores it'):
+            check_options(opt, TRAIN, 'ldt.yml')
 
 
 def test_ft_model_records_only_a_network_one_process_trains_alone(tmp_path, monkeypatch):
@@ -376,8 +382,8 @@ def test_the_cuda_recorder_records_after_an_eager_pass_on_its_own_stream(monkeyp
         state['stream'] = 'default'
 
     @contextlib.contextmanager
-    def recording(graph, stream, capture_error_mode):
-        calls.append(f'record on {stream.name}, {capture_error_mode}')
+    def recording(graph, pool, stream, capture_error_mode):
+        calls.append(f'record on {stream.name}, {capture_error_mode}, pool {pool}')
         state['capturing'], state['stream'] = True, stream.name
         yield
         state['capturing'], state['stream'] = False, 'default'
@@ -398,11 +404,11 @@ def test_the_cuda_recorder_records_after_an_eager_pass_on_its_own_stream(monkeyp
         calls.append(f"step on {state['stream']}{', recorded' if state['capturing'] else ''}")
         return [torch.tensor(len(calls))]
 
-    recorder = CudaGraphRecorder(_net())
+    recorder = CudaGraphRecorder(_net(), (7, 1))   # a pool shared with other graphs (LDT's branches)
     outputs = recorder.record(step)
     recorder.replay()
     assert calls == ['a stream on cpu', 'side waits for default', 'step on side', 'default waits for side',
-                     'record on side, thread_local', 'step on side, recorded', 'replay']
+                     'record on side, thread_local, pool (7, 1)', 'step on side, recorded', 'replay']
     assert outputs[0].item() == 6   # what the recorded call returned (the sixth call)
     assert recorder.held_bytes() == 3 + 11 and per_pool == [((7, 1), False)]   # a segment without a pool id: the pool's
 

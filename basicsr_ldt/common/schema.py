@@ -88,7 +88,7 @@ TRAIN_KEYS: Dict[str, Key] = {
     **_keys(('optim_d', 'gan_opt', 'ldl_opt', 'net_d_iters', 'net_d_init_iters'), models=GAN_MODELS),
     **_keys(('amp', 'max_bad_steps', 'compile', 'compile_backend', 'ema_reference_iters', 'l2_sp_weight'),
             models=PROJECT_MODELS),
-    'cuda_graph': Key(models=('FTSRModel',)),
+    'cuda_graph': Key(models=('FTSRModel', 'LDTSRModel')),   # LDTSRModel: the dual step; refused otherwise
 }
 #: ``val:``: BasicSR's keys, then this project's inference keys (basicsr_ldt.inference.settings)
 #: and best-checkpoint keys (basicsr_ldt.models.best).

@@ -26,6 +26,7 @@ from basicsr_ldt.ldt.pair import BatchLoss, CrossFrozenPair, OptimizerFactory, o
 from basicsr_ldt.ldt.partition import Partition, build_partition, head_layers
 from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, finite_on_all_ranks
 from basicsr_ldt.ldt.statistics import GradientStatistics, all_reduce_statistics, random_statistic
+from basicsr_ldt.ldt.step_graph import GraphsFactory
 
 PHASES = ('warmup', 'profile', 'train')
 STATE_FORMAT = 1
@@ -38,11 +39,12 @@ class LDT:
     the phase). ``optimizer_factory(params, role)`` is called whenever a phase starts (also
     inside :meth:`load_state_dict`), with role ``warmup``, ``finetune``, ``primary``,
     ``auxiliary`` or ``ldt_s``. ``precision`` (default: full fp32) sets autocast and fp16 loss
-    scaling.
+    scaling. ``graphs`` (``step_graph``) replays the dual step's branches as CUDA graphs.
     """
 
     def __init__(self, network: nn.Module, config: LDTConfig, optimizer_factory: OptimizerFactory,
-                 precision: Optional[MixedPrecision] = None, total_iters: Optional[int] = None) -> None:
+                 precision: Optional[MixedPrecision] = None, total_iters: Optional[int] = None,
+                 graphs: Optional[GraphsFactory] = None) -> None:
         if config.ema_reference_iters is not None and total_iters is None:
             raise ValueError('LDT: ema_reference_iters rescales the EMA coefficients to the run: give total_iters')
         if total_iters is not None:
@@ -54,6 +56,7 @@ class LDT:
         self.precision = precision or MixedPrecision()
         self.primary = network
         self.optimizer_factory = optimizer_factory
+        self.graphs = graphs
         self.names: List[str] = [n for n, _ in network.named_parameters()]
         self.statistics: Optional[GradientStatistics] = None
         self.partition: Optional[Partition] = None
@@ -232,7 +235,7 @@ class LDT:
             self.statistics = None
             self.pair = CrossFrozenPair(self.primary, self.partition, self.optimizer_factory,
                                         self.config.buffers_from, self.config.overlap_branches,
-                                        self.config.overlap_memory)
+                                        self.config.overlap_memory, self.graphs)
             self.optimizers = dict(self.pair.optimizers)
         self.current_phase = phase
 

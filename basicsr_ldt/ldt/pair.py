@@ -10,7 +10,9 @@ the primary's gradients (its trainable layers only), kept until then. The update
 
 ``overlap_branches`` also runs the auxiliary's forward while the primary's backward runs on the host
 (``overlap``: a helper thread, a CUDA stream per branch, optionally a memory bound): every random
-draw and update keeps the order above, so the results are the same.
+draw and update keeps the order above, so the results are the same. With ``graphs``
+(``train.cuda_graph``) each branch's forward and backward is instead replayed as a CUDA graph, one
+branch after the other, both graphs in one memory pool (``step_graph``).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from basicsr_ldt.ldt.freezing import set_trainable
 from basicsr_ldt.ldt.overlap import BRANCHES, OverlappedBranches
 from basicsr_ldt.ldt.partition import Partition
 from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics, reported_loss, several_ranks
-from basicsr_ldt.ldt.step_graph import BatchTerms, StepGraph
+from basicsr_ldt.ldt.step_graph import BatchTerms, GraphsFactory, StepGraph
 
 BatchLoss = Callable[[nn.Module], torch.Tensor]
 # (trainable parameters, role) -> optimizer; role is 'warmup', 'finetune', 'primary' or
@@ -51,14 +53,19 @@ def optimizer_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_l
     averaging to a DDP wrapper. With ``graph`` and a :class:`BatchTerms` loss, forward and
     backward are that graph's replay whenever it can replay (``step_graph``).
     """
-    precision = precision or MixedPrecision()
+    return started_step(network, optimizer, batch_loss, precision or MixedPrecision(), key, graph).finish(synchronise)
+
+
+def started_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_loss: BatchLoss,
+                 precision: MixedPrecision, key: str, graph: Optional[StepGraph] = None) -> 'PendingStep':
+    """A step's forward and backward (``graph``'s replay when it can replay), not yet checked or applied."""
     step = None
     if graph is not None and isinstance(batch_loss, BatchTerms):
         step = ReplayedStep.of(graph, network, optimizer, batch_loss, precision, key)
     if step is None:
         step = PendingStep(network, optimizer, batch_loss, precision, key)
         step.backward()
-    return step.finish(synchronise)
+    return step
 
 
 class PendingStep:
@@ -143,7 +150,7 @@ class CrossFrozenPair:
 
     def __init__(self, primary: nn.Module, partition: Partition, optimizer_factory: OptimizerFactory,
                  buffers_from: str = 'primary', overlap_branches: Union[bool, str] = False,
-                 overlap_memory: Optional[float] = None) -> None:
+                 overlap_memory: Optional[float] = None, graphs: Optional[GraphsFactory] = None) -> None:
         names = [n for n, _ in primary.named_parameters()]
         partition.validate(names)
         self.partition = partition
@@ -166,6 +173,9 @@ class CrossFrozenPair:
         self._trained = [p[n] for n in stable] + [a[n] for n in unstable]
         self._coefficients = [w[n] for n in stable] + [w[n] for n in unstable]
         self._overlap: Optional[OverlappedBranches] = None
+        #: Each branch's step graph (``train.cuda_graph``), recorded into one pool; None: eager steps.
+        self.graphs: Optional[Dict[str, StepGraph]] = None if graphs is None else graphs(
+            {'primary': self.primary, 'auxiliary': self.auxiliary})
 
     def network(self, branch: str) -> nn.Module:
         """The branch's network, the auxiliary first put in the primary's train/eval mode (the SR
@@ -187,15 +197,19 @@ class CrossFrozenPair:
         precision = precision or MixedPrecision()
         if self.overlaps():
             return self._step_overlapped(batch_loss, precision)
+        graphs = self.graphs or {}
         pending: Dict[str, PendingStep] = {}
         for branch in BRANCHES:        # forward, backward; P's graph is gone before A's forward
-            pending[branch] = self._forward(branch, batch_loss, precision)
-            pending[branch].backward()
+            pending[branch] = started_step(self.network(branch), self.optimizers[branch], batch_loss, precision,
+                                           branch, graphs.get(branch))
         return _finish_in_order(pending)
 
     def overlaps(self) -> bool:
         """Whether :meth:`step_both` overlaps the branches. 'auto' does on a CUDA device, where the overlap
-        was measured faster (docs/results.md); on a CPU both branches would share the same cores."""
+        was measured faster (docs/results.md); on a CPU both branches would share the same cores. Never
+        with step graphs: a replay is one launch, which leaves no host work to overlap."""
+        if self.graphs is not None:
+            return False
         if self.overlap_branches == OVERLAP_AUTO:
             return self._on_cuda()
         return bool(self.overlap_branches)
@@ -205,6 +219,8 @@ class CrossFrozenPair:
 
     def schedule(self) -> str:
         """How :meth:`step_both` runs the branches, in words for the training log (what 'auto' chose)."""
+        if self.graphs is not None:
+            return 'branches one after the other, each replayed as a CUDA graph after its first steps (one memory pool)'
         if not self.overlaps():
             return 'branches one after the other'
         if not self._on_cuda():

@@ -30,6 +30,12 @@ What a graph assumes, and how each assumption is kept:
   replay draws new ones.
 * **Autocast's cache of cast weights** is off inside the recording, as torch requires.
 
+**Several graphs, one pool** (:func:`graphs_in_one_pool`: LDT's primary and auxiliary). A graph
+keeps its memory pool for as long as it lives; two pools would hold two steps' activations. In one
+pool the second graph reuses what the first freed, as the eager dual step does. CUDA's condition for
+that: graphs in one pool replay in the order they were recorded, so a new recording of one drops the
+recordings after it in the order, and they record again after it (in the same step).
+
 If a recording fails, graphs are off for the rest of the run (:attr:`StepGraph.off` says why,
 logged once) and the step runs eager. fp16 steps are never recorded: GradScaler's overflow check
 and the step it skips happen on the host.
@@ -49,6 +55,8 @@ from basicsr_ldt.ldt.precision import MixedPrecision, RunningStatistics
 EAGER_STEPS = 2
 
 TermsOf = Callable[..., Dict[str, torch.Tensor]]
+#: Step graphs for named networks run in that order at each step (:func:`graphs_in_one_pool`'s form).
+GraphsFactory = Callable[[Dict[str, nn.Module]], Dict[str, 'StepGraph']]
 _LOG = logging.getLogger('basicsr')
 
 
@@ -78,8 +86,9 @@ class CudaGraphRecorder:
     """``torch.cuda.CUDAGraph`` recorded on a stream of its own (on the network's device), after one
     eager pass there."""
 
-    def __init__(self, network: nn.Module) -> None:
+    def __init__(self, network: nn.Module, pool: Optional[tuple] = None) -> None:
         self.stream = torch.cuda.Stream(next(network.parameters()).device)
+        self.pool = pool   # None: a pool of the graph's own
         self.graph: Optional[torch.cuda.CUDAGraph] = None
 
     def record(self, step: Callable[[], List[torch.Tensor]]) -> List[torch.Tensor]:
@@ -89,7 +98,7 @@ class CudaGraphRecorder:
         torch.cuda.current_stream().wait_stream(self.stream)
         graph = torch.cuda.CUDAGraph()
         # thread_local: a data loader's pin-memory thread may allocate while this thread records
-        with torch.cuda.graph(graph, stream=self.stream, capture_error_mode='thread_local'):
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode='thread_local'):
             outputs = step()
         self.graph = graph
         return outputs
@@ -138,6 +147,8 @@ class StepGraph:
         self._key: Optional[tuple] = None   # a new key (the first step's too) releases and counts eager steps
         self._eager_left = eager_steps
         self._recording: Optional[Recording] = None
+        #: Graphs recorded into the same pool after this one (:func:`graphs_in_one_pool`).
+        self.later: List['StepGraph'] = []
 
     def key(self, batch: BatchTerms, precision: MixedPrecision) -> tuple:
         """What a recording depends on; a step with another key cannot replay it."""
@@ -210,6 +221,8 @@ class StepGraph:
             return None
         running.restore()   # the eager pass before the recording updated them; the replay does it again
         self.recordings += 1
+        for graph in self.later:   # recorded before this one: they would overwrite what it now uses
+            graph.release()
         recording = Recording(recorder, inputs, loss=outputs[0],
                               terms={name: outputs[1 + i] for i, name in enumerate(names)},
                               trained=[p for p in params if p.grad is not None], grads=outputs[1 + len(names):])
@@ -218,3 +231,22 @@ class StepGraph:
                   + ('' if held is None else f', the graph holds {held() / 2 ** 20:.0f} MiB') + ')')
         return recording
 
+
+
+def graphs_in_one_pool(networks: Dict[str, nn.Module], recorder: Optional[Callable[[nn.Module], Recorder]] = None,
+                       eager_steps: int = EAGER_STEPS) -> Dict[str, StepGraph]:
+    """A :class:`StepGraph` per network, to be run in the dict's order at every step, recorded into one
+    memory pool (why and on what condition: this module's docstring). ``recorder`` as for StepGraph;
+    the default is CUDA graphs sharing a pool."""
+    if recorder is None:
+        pool: List[tuple] = []
+
+        def recorder(network: nn.Module) -> Recorder:
+            if not pool:   # made at the first recording: building the graphs needs no GPU
+                pool.append(torch.cuda.graph_pool_handle())
+            return CudaGraphRecorder(network, pool[0])
+    graphs = {name: StepGraph(network, recorder, eager_steps) for name, network in networks.items()}
+    order = list(graphs.values())
+    for position, graph in enumerate(order):
+        graph.later = order[position + 1:]
+    return graphs

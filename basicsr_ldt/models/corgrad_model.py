@@ -65,6 +65,8 @@ class CorGradSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Res
         rescale_ema_decay(self, scaled)
         if self.precision.dtype is torch.float16:
             raise InputError('train.amp: CorGrad compares unscaled per-camera gradients; use bf16 or none, not fp16')
+        # reached through ldt.method: corgrad on an LDTSRModel file, which may set train.cuda_graph
+        self.step_graph_wanted('', unrecorded="CorGrad's step is not recorded (FTSRModel's step and LDT's dual step are)")
         self.corgrad = CorGrad(self.net_g, self.optimizer_g, self.corgrad_config, int(self.opt['train']['total_iter']))
         config = self.corgrad_config
         get_root_logger().info(f'CorGrad over source cameras {self.source_cameras}: {config.slices} '

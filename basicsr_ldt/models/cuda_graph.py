@@ -1,8 +1,9 @@
-"""``train.cuda_graph``: FTSRModel's training step (forward, loss, backward) replayed as a CUDA
-graph (``basicsr_ldt.ldt.step_graph`` says what is recorded, when, and why it is faster).
+"""``train.cuda_graph``: a training step's forward, loss and backward replayed as a CUDA graph
+(``basicsr_ldt.ldt.step_graph`` says what is recorded, when, and why it is faster).
 
-FTSRModel only: LDT's models change what trains from phase to phase and run two branches on two
-streams, and no GPU run has timed a graph there yet; the schema refuses the key elsewhere.
+FTSRModel records its step; LDTSRModel the dual phase's two branches, one graph each in one memory
+pool (warm-up, profiling, LDT-S and its FT / LP-FT modes run eager, and ``true`` is refused there).
+CorGrad's step is not recorded; the schema refuses the key for other model types.
 """
 from typing import Any, Dict, FrozenSet, Optional, Tuple
 
@@ -32,18 +33,13 @@ def graph_mode(train_opt: Dict[str, Any]) -> str:
 
 
 def graph_decision(mode: str, network: nn.Module, device_type: str, amp: Optional[torch.dtype],
-                   single_process: bool) -> Tuple[bool, str]:
-    """Whether the FT step is recorded, and why not when it is not (for the log). ``true`` asks
-    for it, so a run that cannot record it is refused rather than run otherwise than asked."""
+                   single_process: bool, auto_model: str = '', unrecorded: str = '') -> Tuple[bool, str]:
+    """Whether the step is recorded, and why not when it is not (for the log). ``true`` asks for it,
+    so a run that cannot record it is refused rather than run otherwise than asked. ``auto_model``
+    names a model's step no GPU run has timed replayed (``auto`` leaves it eager); ``unrecorded``
+    says why a run has no step to record."""
     arch = type(network).__name__
-    cannot = ''
-    if device_type != 'cuda':
-        cannot = f'CUDA graphs need a CUDA device, this run is on {device_type}'
-    elif amp is torch.float16:
-        cannot = ("train.amp fp16's loss scaling checks for overflow on the host at every step; "
-                  'bf16 or none can be recorded')
-    elif not single_process:
-        cannot = 'the network is wrapped for several GPUs (DDP or DataParallel); one process on one GPU can be recorded'
+    cannot = unrecorded or _unrecordable_run(device_type, amp, single_process)
     if mode == 'false':
         return False, 'train.cuda_graph: false'
     if mode == 'true':
@@ -52,8 +48,22 @@ def graph_decision(mode: str, network: nn.Module, device_type: str, amp: Optiona
         return True, ''
     if cannot:
         return False, f'train.cuda_graph: auto, and {cannot}'
+    if auto_model:
+        return False, f'train.cuda_graph: auto, and no GPU run has timed {auto_model} replayed; true records it'
     if arch not in GRAPH_BY_DEFAULT:
         listed = ', '.join(sorted(GRAPH_BY_DEFAULT)) or 'empty'
         return False, (f'train.cuda_graph: auto, and no GPU measurement put {arch} in '
                        f'basicsr_ldt.models.cuda_graph.GRAPH_BY_DEFAULT ({listed})')
     return True, ''
+
+
+def _unrecordable_run(device_type: str, amp: Optional[torch.dtype], single_process: bool) -> str:
+    """Why a run on this device, precision and process layout cannot record its step ('' when it can)."""
+    if device_type != 'cuda':
+        return f'CUDA graphs need a CUDA device, this run is on {device_type}'
+    if amp is torch.float16:
+        return ("train.amp fp16's loss scaling checks for overflow on the host at every step; "
+                'bf16 or none can be recorded')
+    if not single_process:
+        return 'the network is wrapped for several GPUs (DDP or DataParallel); one process on one GPU can be recorded'
+    return ''

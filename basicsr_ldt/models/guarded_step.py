@@ -54,6 +54,10 @@ class GuardedStepMixin(CompiledBlocksMixin):
     ``init_training_settings`` and :meth:`record_step` after each step.
     """
 
+    #: Set by a model type whose replayed step no GPU run has timed: ``train.cuda_graph: auto`` leaves
+    #: it eager; ``true`` still records it.
+    graph_auto_untimed = ''
+
     def setup_precision(self) -> None:
         train_opt = self.opt['train']
         self.precision = precision_from_options(train_opt, self.device.type)
@@ -66,15 +70,19 @@ class GuardedStepMixin(CompiledBlocksMixin):
                                    'optimizer state stay fp32')
 
     def setup_step_graph(self) -> None:
-        """``train.cuda_graph`` (``basicsr_ldt.models.cuda_graph``): the step replayed as a CUDA graph or
-        not, with one log line saying which and why."""
+        """FTSRModel's step replayed as a CUDA graph or not (``train.cuda_graph``)."""
+        self.step_graph = StepGraph(self.get_bare_model(self.net_g)) if self.step_graph_wanted('each step') else None
+
+    def step_graph_wanted(self, recorded: str, unrecorded: str = '') -> bool:
+        """``train.cuda_graph`` (``basicsr_ldt.models.cuda_graph``) decided for this run, with one log line
+        saying which and why. ``recorded`` names what is replayed; ``unrecorded`` why nothing can be."""
         network = self.get_bare_model(self.net_g)
         single_process = network is self.net_g and not several_ranks()
         graph_on, reason = graph_decision(graph_mode(self.opt['train']), network, self.device.type,
-                                          self.precision.dtype, single_process)
-        self.step_graph = StepGraph(network) if graph_on else None
-        get_root_logger().info('CUDA graph: the forward, loss and backward of each step replayed as one graph after '
+                                          self.precision.dtype, single_process, self.graph_auto_untimed, unrecorded)
+        get_root_logger().info(f'CUDA graph: the forward, loss and backward of {recorded} replayed as one graph after '
                                'the first steps' if graph_on else f'CUDA graph: off ({reason})')
+        return graph_on
 
     def setup_l2_sp(self, trained_networks: int = 1) -> None:
         """``train.l2_sp_weight``: the L2-SP penalty toward the run's start (``l2_sp``), or None."""
@@ -87,11 +95,6 @@ class GuardedStepMixin(CompiledBlocksMixin):
         """The L2-SP penalty of ``network`` as ``terms['l_l2sp']`` when the run has one."""
         if getattr(self, 'l2_sp', None) is not None:
             terms['l_l2sp'] = self.l2_sp(self.get_bare_model(network))
-
-    def penalised(self, loss: torch.Tensor, network: torch.nn.Module, terms: Dict[str, torch.Tensor]) -> torch.Tensor:
-        """``loss`` plus the L2-SP penalty of ``network`` when the run has one (added to ``terms``)."""
-        self.add_l2_sp(network, terms)
-        return loss + terms['l_l2sp'] if 'l_l2sp' in terms else loss
 
     def init_training_settings(self) -> None:
         self.setup_precision()

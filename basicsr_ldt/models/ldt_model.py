@@ -24,6 +24,7 @@ from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import closest_key_hint, registered
 from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, forced_layers, head_layers, preset
+from basicsr_ldt.ldt.step_graph import BatchTerms, graphs_in_one_pool
 from basicsr_ldt.models.best import BestCheckpointMixin, validated_network
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
 from basicsr_ldt.models.optimizers import adam_kwargs, build_adam
@@ -135,6 +136,7 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
     """SR model trained with LDT; ``net_g`` checkpoints hold the composite network (eq. 12)."""
 
     compile_auto_untimed = "LDT's steps"   # the GPU run of 2026-11-28 timed the FT step compiled, not this
+    graph_auto_untimed = "LDT's dual step"
 
     validated_networks = ('composite', 'primary', 'auxiliary')  # val.best_network; default first
 
@@ -177,8 +179,12 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         self._lr_iter = 0
         self._schedulers: Dict[int, object] = {}
         self._phase: Optional[str] = None
+        dual = self.config.mode == 'dual'
+        unrecorded = '' if dual else (f"ldt.mode '{self.config.mode}' has no dual step, the step LDTSRModel records "
+                                      '(FTSRModel records the FT step)')
+        graphs = graphs_in_one_pool if self.step_graph_wanted("each branch's step of the dual phase", unrecorded) else None
         self.ldt = LDT(self.get_bare_model(self.net_g), self.config, self._make_optimizer, self.precision,
-                       total_iters=int(train_opt['total_iter']))
+                       total_iters=int(train_opt['total_iter']), graphs=graphs)
         self._check_patterns()
         seed, parts = self.opt.get('manual_seed', 0), 2 if self.config.head_warmup_iters else 1
         train_data = self.opt['datasets']['train']
@@ -345,14 +351,17 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
             lq, gt = batch['lq'], batch['gt']
         else:
             lq, gt = self.lq, self.gt
-        penalty: Dict[str, torch.Tensor] = {}
 
-        def batch_loss(network: torch.nn.Module) -> torch.Tensor:
-            loss = self.cri_pix(network(lq), gt)
-            return loss if phase == 'profile' else self.penalised(loss, network, penalty)  # profile data gradients
+        def terms_of(network: torch.nn.Module, lq: torch.Tensor, gt: torch.Tensor) -> Dict[str, torch.Tensor]:
+            terms = {'l_pix': self.cri_pix(network(lq), gt)}
+            if phase != 'profile':   # profiling samples the data's gradients
+                self.add_l2_sp(network, terms)
+            return terms
 
-        losses = self.ldt.update(batch_loss, current_iter)
-        losses.update((k, float(v)) for k, v in penalty.items())
+        batch = BatchTerms(terms_of, lq, gt)   # a form the dual step's graphs can replay
+        losses = self.ldt.update(batch, current_iter)
+        if 'l_l2sp' in batch.terms:   # the last branch's
+            losses['l_l2sp'] = float(batch.terms['l_l2sp'])
         losses = OrderedDict((k, torch.tensor(v)) for k, v in losses.items())
         self.log_dict = self.reduce_loss_dict(losses) if losses else losses  # profiling has no loss to log
         skipped = self.ldt.last_skipped
