@@ -413,7 +413,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         'foreach Adam; eager) against the defaults of this project, eager and compiled')
     p.add_argument('--check-graph', action='store_true',
                    help='FT steps replayed as a CUDA graph (train.cuda_graph) against the same steps eager, '
-                        'with eager and with compiled blocks: a FAIL line and exit status 1 where they differ')
+                        "with eager and with compiled blocks, and LDT's dual step compiled: a FAIL line and exit "
+                        'status 1 where they differ')
     p.add_argument('--cuda-graph', action='store_true',
                    help='also FT and the dual step replayed as CUDA graphs (train.cuda_graph: true), timed in the '
                         'same iterations: FT graphed / FT, LDT graphed / FT graphed (--warm is then at least '
@@ -1010,47 +1011,78 @@ GRAPH_LOSS_BOUND, GRAPH_UPDATE_BOUND = 1e-3, 0.05
 
 
 def check_graph(args: argparse.Namespace) -> bool:
-    """``--check-graph``: two copies of the network from one seed, stochastic depth off, one stepped
-    eager and one through a step graph on the same ``--warm`` + ``--iters`` batches, with eager and
-    with compiled blocks; prints each comparison and returns whether both are within the bounds."""
-    from archs.compile import compile_blocks
-    amp, count, passed = precision(args), args.warm + args.iters, []
+    """``--check-graph``: steps run eager against the same steps through step graphs, two copies from one
+    seed on the same ``--warm`` + ``--iters`` batches (stochastic depth off): FT with eager and with compiled
+    blocks, and LDT's dual step (both branches, their exchange) with compiled blocks, as ``train.cuda_graph``
+    runs them; prints each comparison and returns whether all are within the bounds."""
+    count = args.warm + args.iters
     data = [(lq * (0.5 + k / count), gt * (0.5 + k / count))
             for k, (lq, gt) in enumerate(batches(args, count, args.patch, args.batch, args.device))]
-    for compiled in (False, True):
-        runs = []
-        for graphed in (False, True):
-            torch.manual_seed(0)
-            net = build_network(args.arch, args.scale).to(args.device)
-            if compiled:
-                compile_blocks(net, COMPILE_BACKEND)
-            for module in net.modules():   # the same weights only if the same samples are dropped: none
-                if hasattr(module, 'drop_prob'):
-                    module.drop_prob = 0.
-                if hasattr(module, 'active'):
-                    module.active = False
-            runs.append((net, adam(list(net.parameters()), 'finetune'),
-                         StepGraph(net, recorder=GRAPH_RECORDER) if graphed else None,
-                         [p.detach().clone() for p in net.parameters()], []))
-        for lq, gt in data:
-            for net, opt, graph, _, losses in runs:
-                losses.append(optimizer_step(net, opt, l1(lq, gt), amp, 'finetune', graph=graph))
-        (eager, _, _, start, eager_losses), (graphed, _, graph, _, graph_losses) = runs
-        loss_gap = max(abs(g - e) / abs(e) for e, g in zip(eager_losses, graph_losses))
-        moved = [(e.detach() - s, g.detach() - s) for e, g, s in zip(eager.parameters(), graphed.parameters(), start)]
+    passed = {}
+    for kind in GRAPH_CHECKS:
+        runs = [graph_check_copy(args, kind, graphed) for graphed in (False, True)]
+        losses: List[List[float]] = [[], []]
+        for iteration, (lq, gt) in enumerate(data, start=1):
+            for (step, _, _, _), kept in zip(runs, losses):
+                kept.extend(step(l1(lq, gt), iteration))
+        (_, eager, _, start), (_, replayed, graphs, _) = runs
+        loss_gap = max(abs(g - e) / abs(e) for e, g in zip(*losses))
+        moved = [(e.detach() - s, g.detach() - s) for e, g, s in zip(eager, replayed, start)]
         update_gap = (sum((g - e).pow(2).sum() for e, g in moved) / sum(e.pow(2).sum() for e, _ in moved)).sqrt().item()
-        ok = graph.off is None and graph.recordings == 1 and loss_gap <= GRAPH_LOSS_BOUND \
+        off = '; '.join(graph.off for graph in graphs if graph.off is not None)
+        recordings = [graph.recordings for graph in graphs]
+        passed[kind] = bool(graphs) and not off and recordings == [1] * len(graphs) and loss_gap <= GRAPH_LOSS_BOUND \
             and update_gap <= GRAPH_UPDATE_BOUND
-        passed.append(ok)
-        print(f"graph check, {'compiled' if compiled else 'eager'} blocks: {count - EAGER_STEPS} of {count} steps "
-              f"replayed ({graph.recordings} recording{'' if graph.recordings == 1 else 's'}"
-              f"{'' if graph.off is None else ', off: ' + graph.off}); "
+        print(f"graph check, {GRAPH_CHECKS[kind]}: {count - EAGER_STEPS} of {count} steps replayed "
+              f"({'/'.join(map(str, recordings))} recording{'' if recordings == [1] * len(graphs) else 's'}"
+              f"{', off: ' + off if off else ''}); "
               f'loss replayed / eager: max relative gap {loss_gap:.1e} (bound {GRAPH_LOSS_BOUND:g}; the batches\' '
-              f'losses {min(eager_losses):.4f}-{max(eager_losses):.4f}); weight change: relative gap {update_gap:.1e} '
-              f"(bound {GRAPH_UPDATE_BOUND:g}): {'PASS' if ok else 'FAIL'}")
-    print('summary graph: ' + ' | '.join(f"{kind} {'PASS' if ok else 'FAIL'}"
-                                         for kind, ok in zip(('eager', 'compiled'), passed)))
-    return all(passed)
+              f'losses {min(losses[0]):.4f}-{max(losses[0]):.4f}); weight change: relative gap {update_gap:.1e} '
+              f"(bound {GRAPH_UPDATE_BOUND:g}): {'PASS' if passed[kind] else 'FAIL'}")
+    print('summary graph: ' + ' | '.join(f"{kind} {'PASS' if ok else 'FAIL'}" for kind, ok in passed.items()))
+    return all(passed.values())
+
+
+#: --check-graph's comparisons: name on the summary line -> what it runs
+GRAPH_CHECKS = {'eager': 'eager blocks', 'compiled': 'compiled blocks', 'dual compiled': 'LDT dual step, compiled blocks'}
+
+
+def graph_check_copy(args: argparse.Namespace, kind: str, graphed: bool
+                     ) -> Tuple[Callable[[BatchTerms, int], List[float]], List[nn.Parameter], List[StepGraph],
+                                List[torch.Tensor]]:
+    """One copy of ``--check-graph``'s ``kind``: its step on a batch (the losses it returns), its parameters,
+    its step graphs (none eager) and its parameters' start."""
+    from archs.compile import compile_blocks
+    torch.manual_seed(0)
+    net = build_network(args.arch, args.scale).to(args.device)
+    for module in net.modules():   # the same weights only if the same samples are dropped: none
+        if hasattr(module, 'drop_prob'):
+            module.drop_prob = 0.
+        if hasattr(module, 'active'):
+            module.active = False
+    amp = precision(args)
+    if kind.startswith('dual'):   # a random partition: nothing to profile; the exchange every second step
+        config = LDTConfig(profile_iters=0, criterion='random', dpu=False, ratio_u=0.5, ema_every=2,
+                           overlap_branches=False)
+        algo = LDT(net, config, adam, amp,
+                   graphs=(lambda networks: graphs_in_one_pool(networks, GRAPH_RECORDER)) if graphed else None)
+        algo.enter(1)
+        networks = (algo.primary, algo.auxiliary)
+        graphs = list(algo.pair.graphs.values()) if graphed else []
+
+        def step(batch: BatchTerms, iteration: int) -> List[float]:
+            return list(algo.update(batch, iteration).values())
+    else:
+        opt = adam(list(net.parameters()), 'finetune')
+        networks, graphs = (net,), [StepGraph(net, recorder=GRAPH_RECORDER)] if graphed else []
+
+        def step(batch: BatchTerms, iteration: int) -> List[float]:
+            return [optimizer_step(net, opt, batch, amp, 'finetune', graph=graphs[0] if graphs else None)]
+    if 'compiled' in kind:
+        for network in networks:
+            compile_blocks(network, COMPILE_BACKEND)
+    params = [p for network in networks for p in network.parameters()]
+    return step, params, graphs, [p.detach().clone() for p in params]
 
 
 def tile_forward(args: argparse.Namespace, repeats: int = 20) -> float:

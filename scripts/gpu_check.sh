@@ -45,7 +45,8 @@
 #   7.  bench_ldt_mambair 110 s  LDT dual / FT with the defaults (train.compile auto on CUDA: FT compiled, LDT eager;
 #                          the run's cold compile)
 #   S0. graph_check 60 s   bench_ldt.py --check-graph: FT steps replayed as a CUDA graph (train.cuda_graph) against
-#                          the same steps eager, eager and compiled blocks (fails on a FAIL line)
+#                          the same steps eager, eager and compiled blocks, and LDT's dual step compiled (fails on
+#                          a FAIL line)
 #   S1. upstream_mambair 120 s  bench_ldt.py --compare-upstream, classic MambaIR x4 bf16 (LR 48, batch 4): the FT
 #                          step as upstream runs it (mamba-ssm's scan on float32 direction copies, foreach Adam,
 #                          eager; waits for the mamba-ssm build) against the Triton kernels on the copies, the
@@ -258,7 +259,7 @@ upstream_mambair() {
   with_mamba_ssm "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 --batch 4 \
     --warm 3 --iters 10 --compare-upstream
 }
-check_graph() { grep -E '^graph check|^summary graph' "$1"; grep -q '^summary graph: eager PASS | compiled PASS$' "$1"; }
+check_graph() { grep -E '^graph check|^summary graph' "$1"; grep -q '^summary graph: eager PASS | compiled PASS | dual compiled PASS$' "$1"; }
 check_upstream() { grep -E '^FT step|^SS2D scan forward|^summary upstream' "$1"; grep -q '^summary upstream' "$1"; }
 # "<name> / upstream: <ratio>" of a --compare-upstream log; the peak memory of <name> as a fraction of upstream's
 upstream_ratio() { sed -n "s/^FT step $2 \/ upstream: \([0-9.]*\) .*/\1/p" "$1" 2>/dev/null | head -n 1; }

@@ -102,20 +102,25 @@ def test_compare_upstream_replays_a_graphed_setup(monkeypatch, capsys):
 
 
 def test_check_graph_passes_a_faithful_replay_and_fails_a_stale_one(monkeypatch, capsys):
-    """--check-graph: replayed steps against eager ones, eager and compiled blocks; a recorder whose
-    replays never see the new batch (stale inputs) is caught, and the exit status says so."""
+    """--check-graph: replayed steps against eager ones, FT with eager and compiled blocks and LDT's dual
+    step compiled; a recorder whose replays never see the new batch (stale inputs) is caught, and the
+    exit status says so."""
     bench = load_script('bench_ldt')
     monkeypatch.setattr(bench, 'COMPILE_BACKEND', 'aot_eager')
     monkeypatch.setattr(bench, 'GRAPH_RECORDER', RerunRecorder)
     argv = ['--arch', 'mambair_small', '--device', 'cpu', '--patch', '4', '--batch', '1', '--iters', '3',
             '--warm', '1', '--check-graph']
+    import archs.compile
+    compiled, compile_blocks = [], archs.compile.compile_blocks
+    monkeypatch.setattr(archs.compile, 'compile_blocks', lambda net, backend: compiled.append(net) or compile_blocks(net, backend))
     bench.main(argv)
     out = capsys.readouterr().out
-    for kind in ('eager', 'compiled'):
-        assert re.search(rf'^graph check, {kind} blocks: 2 of 4 steps replayed \(1 recording\); loss replayed / eager: '
-                         r'max relative gap 0\.0e\+00 \(bound 0\.001; the batches\' losses [\d.]+-[\d.]+\); weight change: '
-                         r'relative gap 0\.0e\+00 \(bound 0\.05\): PASS$', out, re.M), out
-    assert out.rstrip().endswith('summary graph: eager PASS | compiled PASS')
+    assert len(compiled) == 2 + 4   # compiled FT: two copies; the dual step: two copies of two branches
+    for kind, recordings in (('eager blocks', '1'), ('compiled blocks', '1'), ('LDT dual step, compiled blocks', '1/1')):
+        assert re.search(rf'^graph check, {kind}: 2 of 4 steps replayed \({recordings} recording\); loss replayed / '
+                         r'eager: max relative gap 0\.0e\+00 \(bound 0\.001; the batches\' losses [\d.]+-[\d.]+\); '
+                         r'weight change: relative gap 0\.0e\+00 \(bound 0\.05\): PASS$', out, re.M), out
+    assert out.rstrip().endswith('summary graph: eager PASS | compiled PASS | dual compiled PASS')
 
     class Stale(RerunRecorder):
         def record(self, step):
@@ -126,13 +131,14 @@ def test_check_graph_passes_a_faithful_replay_and_fails_a_stale_one(monkeypatch,
     with pytest.raises(SystemExit) as exit_:
         bench.main(argv)
     out = capsys.readouterr().out
-    assert exit_.value.code == 1 and out.rstrip().endswith('summary graph: eager FAIL | compiled FAIL'), out
+    assert exit_.value.code == 1 and out.rstrip().endswith('summary graph: eager FAIL | compiled FAIL | dual compiled FAIL'), out
     monkeypatch.setattr(bench, 'GRAPH_RECORDER', RerunRecorder)
     with pytest.raises(SystemExit):   # too few steps to record: nothing was compared
         bench.main(argv[:-5] + ['--iters', '1', '--warm', '1', '--check-graph'])
     out = capsys.readouterr().out
     assert 'graph check, eager blocks: 0 of 2 steps replayed (0 recordings); ' in out
-    assert out.rstrip().endswith('summary graph: eager FAIL | compiled FAIL'), out
+    assert 'graph check, LDT dual step, compiled blocks: 0 of 2 steps replayed (0/0 recordings); ' in out
+    assert out.rstrip().endswith('summary graph: eager FAIL | compiled FAIL | dual compiled FAIL'), out
 
 
 def test_bench_ldt_cuda_graph_times_replayed_ft_and_dual_steps_beside_the_others(monkeypatch, capsys):
