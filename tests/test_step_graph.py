@@ -383,7 +383,7 @@ def test_the_cuda_recorder_records_after_an_eager_pass_on_its_own_stream(monkeyp
 
     @contextlib.contextmanager
     def recording(graph, pool, stream, capture_error_mode):
-        calls.append(f'record on {stream.name}, {capture_error_mode}, pool {pool}')
+        calls.append(f'record {type(graph).__name__} on {stream.name}, {capture_error_mode}, pool {pool}')
         state['capturing'], state['stream'] = True, stream.name
         yield
         state['capturing'], state['stream'] = False, 'default'
@@ -408,7 +408,7 @@ def test_the_cuda_recorder_records_after_an_eager_pass_on_its_own_stream(monkeyp
     outputs = recorder.record(step)
     recorder.replay()
     assert calls == ['a stream on cpu', 'side waits for default', 'step on side', 'default waits for side',
-                     'record on side, thread_local, pool (7, 1)', 'step on side, recorded', 'replay']
+                     'record Graph on side, thread_local, pool (7, 1)', 'step on side, recorded', 'replay']
     assert outputs[0].item() == 6   # what the recorded call returned (the sixth call)
     assert recorder.held_bytes() == 3 + 11 and per_pool == [((7, 1), False)]   # a segment without a pool id: the pool's
 

@@ -219,3 +219,4 @@ def test_the_default_recorders_share_one_pool_made_at_the_first_recording(monkey
     assert handles == [(0, 7)] and [recorder.pool for recorder in recorders] == [(0, 7), (0, 7)]
     alone = StepGraph(_net())
     assert alone._new_recorder(alone.network).pool is None
+    assert [graph.eager_steps for graph in graphs_in_one_pool({'primary': _net()}, eager_steps=1).values()] == [1]
