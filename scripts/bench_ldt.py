@@ -199,6 +199,11 @@ def make_ldt(args, partition_file: str | None, device: str, graphs=None) -> LDT:
     return algo
 
 
+def branch_graphs(networks: Dict[str, nn.Module]) -> Dict[str, StepGraph]:
+    """LDT's branch graphs as ``train.cuda_graph`` makes them, recorded by :data:`GRAPH_RECORDER`."""
+    return graphs_in_one_pool(networks, GRAPH_RECORDER)
+
+
 def graphed_steps(args: argparse.Namespace, partition_file: str) -> Dict[str, tuple]:
     """``--cuda-graph``: an FT network with its step graph and an LDT whose pair replays its branches
     (``train.cuda_graph: true``), built and compiled as the unreplayed ones: name -> (step on a batch,
@@ -208,7 +213,7 @@ def graphed_steps(args: argparse.Namespace, partition_file: str) -> Dict[str, tu
     opt, amp = adam(list(net.parameters()), 'finetune'), precision(args)
     graph = StepGraph(net, recorder=GRAPH_RECORDER)
     algo = make_ldt(argparse.Namespace(**{**vars(args), 'overlap': DEFAULT_SCHEDULE[0], 'bound': DEFAULT_SCHEDULE[1]}),
-                    partition_file, args.device, graphs=lambda networks: graphs_in_one_pool(networks, GRAPH_RECORDER))
+                    partition_file, args.device, graphs=branch_graphs)
     algo.enter(1)   # builds the pair
     compile_as_training(args, (net,))
     compile_as_training(args, (algo.primary, algo.auxiliary), auto_model=LDT_MODEL.compile_auto_untimed)
@@ -595,8 +600,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 if label == 'wall':
                     summary.update(figures)
         if graphed:
-            summary['graphed_memory'] = graphed_memory(args, data[-1], graphed,
-                                                       lambda lq, gt: steps['FT'](lq, gt))
+            summary['graphed_memory'] = graphed_memory(args, data[-1], graphed, steps['FT'])
         del algo, ft_net, ft_opt, graphed
 
         unmeasured = memory_unmeasured(args)
@@ -1065,7 +1069,7 @@ def graph_check_copy(args: argparse.Namespace, kind: str, graphed: bool
         config = LDTConfig(profile_iters=0, criterion='random', dpu=False, ratio_u=0.5, ema_every=2,
                            overlap_branches=False)
         algo = LDT(net, config, adam, amp,
-                   graphs=(lambda networks: graphs_in_one_pool(networks, GRAPH_RECORDER)) if graphed else None)
+                   graphs=branch_graphs if graphed else None)
         algo.enter(1)
         networks = (algo.primary, algo.auxiliary)
         graphs = list(algo.pair.graphs.values()) if graphed else []

@@ -232,7 +232,6 @@ class StepGraph:
         return recording
 
 
-
 def graphs_in_one_pool(networks: Dict[str, nn.Module], recorder: Optional[Callable[[nn.Module], Recorder]] = None,
                        eager_steps: int = EAGER_STEPS) -> Dict[str, StepGraph]:
     """A :class:`StepGraph` per network, to be run in the dict's order at every step, recorded into one
