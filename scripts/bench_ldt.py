@@ -199,9 +199,9 @@ def make_ldt(args, partition_file: str | None, device: str, graphs=None) -> LDT:
     return algo
 
 
-def branch_graphs(networks: Dict[str, nn.Module]) -> Dict[str, StepGraph]:
+def branch_graphs(networks: Dict[str, nn.Module], side_by_side: bool = False) -> Dict[str, StepGraph]:
     """LDT's branch graphs as ``train.cuda_graph`` makes them, recorded by :data:`GRAPH_RECORDER`."""
-    return graphs_in_one_pool(networks, GRAPH_RECORDER)
+    return graphs_in_one_pool(networks, GRAPH_RECORDER, side_by_side=side_by_side)
 
 
 def graphed_steps(args: argparse.Namespace, partition_file: str) -> Dict[str, tuple]:

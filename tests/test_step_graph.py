@@ -79,6 +79,30 @@ def test_replayed_steps_train_exactly_as_eager_steps():
     assert all(p.grad is None for p in graphed.parameters())   # the optimizer dropped them after the step
 
 
+def test_networks_side_by_side_replay_each_ones_eager_step():
+    """One graph of two networks on the same batch (LDT's branches side by side): each network's loss and
+    gradients are those of its own eager step, each of its trainable tensors gets its own gradient, and
+    the reported terms are the last network's (the dual step's report reads the auxiliary's)."""
+    first, second = _net(0), _net(1)
+    second[0].weight.requires_grad_(False)
+    graph = StepGraph([first, second], recorder=RerunRecorder)
+    lq, gt = _batches(1)[0]
+    for _ in range(EAGER_STEPS):
+        assert graph.run(BatchTerms(_terms, lq, gt), MixedPrecision()) is None
+    batch = BatchTerms(_terms, lq, gt)
+    losses = graph.run(batch, MixedPrecision())
+    replayed = {id(p): p.grad.clone() for net in (first, second) for p in net.parameters() if p.grad is not None}
+    for net, loss in zip((first, second), losses):
+        for p in net.parameters():
+            p.grad = None
+        eager = BatchTerms(_terms, lq, gt)
+        assert eager(net).item() == loss.item()
+        eager.terms['l_pix'].add(eager.terms['l_sq']).backward()
+    assert {k: v.item() for k, v in batch.terms.items()} == {k: v.item() for k, v in eager.terms.items()}
+    assert len(replayed) == 8 + 7 and all(torch.equal(replayed[id(p)], p.grad)
+                                          for net in (first, second) for p in net.parameters() if p.grad is not None)
+
+
 def test_the_first_steps_run_eager_and_a_new_key_records_again():
     net = _net()
     recorders = []

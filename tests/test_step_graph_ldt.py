@@ -1,5 +1,6 @@
 """LDT's dual step replayed as CUDA graphs (``train.cuda_graph`` on LDTSRModel): one graph per branch,
-both in one memory pool, replayed in the order they were recorded.
+both in one memory pool, replayed in the order they were recorded; or, where the branches overlap
+without a memory bound, both side by side in one graph, a CUDA stream each.
 
 Recorded here with :class:`conftest.RerunRecorder` (a CPU has no CUDA graphs; test_step_graph.py says
 what it stands in for); the real recording is checked on a GPU by ``scripts/bench_ldt.py``.
@@ -39,11 +40,13 @@ CFG = dict(head_warmup_iters=2, head_patterns=('5',), profile_iters=2, ratio_u=0
 
 
 class Counted(RerunRecorder):
-    """RerunRecorder that writes each recording and replay, with its network's role, into ``events``."""
+    """RerunRecorder that writes each recording and replay, with its network's role, into ``events``
+    (networks side by side: their roles joined by '+')."""
 
     def __init__(self, network, events, roles):
         super().__init__(network)
-        self.events, self.role = events, roles[id(network)]
+        self.events = events
+        self.role = roles[id(network)] if id(network) in roles else '+'.join(roles[id(net)] for net in network)
 
     def record(self, step):
         self.events.append(f'record {self.role}')
@@ -58,9 +61,9 @@ def _graphs(events=None):
     """A graphs factory for LDT recording with Counted into ``events``."""
     events = [] if events is None else events
 
-    def graphs(networks):
+    def graphs(networks, side_by_side=False):
         roles = {id(network): role for role, network in networks.items()}
-        return graphs_in_one_pool(networks, lambda network: Counted(network, events, roles))
+        return graphs_in_one_pool(networks, lambda network: Counted(network, events, roles), side_by_side=side_by_side)
     return graphs
 
 
@@ -80,16 +83,85 @@ def test_graphed_dual_steps_train_exactly_as_eager_ones():
     assert graphed.pair.schedule().startswith('branches one after the other, each replayed as a CUDA graph')
 
 
-def test_graphs_never_overlap_the_branches():
-    """With graphs the dual step runs one branch after the other even where overlap_branches says
-    otherwise: a replay leaves no host work to overlap."""
-    algo = LDT(_net(), LDTConfig(**CFG, overlap_branches=True), _factory, graphs=_graphs())
-    eager = LDT(_net(), LDTConfig(**CFG, overlap_branches=True), _factory)
-    for ldt in (algo, eager):
-        for iteration in range(1, 5):   # warm-up and profiling
-            ldt.update(_batch(iteration), iteration)
-        ldt.enter(5)
-    assert eager.pair.overlaps() and not algo.pair.overlaps()
+def test_side_by_side_dual_steps_train_exactly_as_eager_ones():
+    """Overlapped branches without a memory bound: one graph holds both branches, recorded once and
+    replayed once per dual step, with the eager step's losses, weights, batch statistics and composite,
+    also across a batch whose non-finite primary loss skips the step (both branches left as they were:
+    their batch statistics from before the replay)."""
+    side = LDT(_net(), LDTConfig(**CFG, overlap_branches=True, overlap_memory=None), _factory,
+               graphs=_graphs(events := []))
+    eager = LDT(_net(), LDTConfig(**CFG, overlap_branches=False), _factory)
+    skipped = []
+    for iteration in range(1, 13):
+        batch = [_batch(iteration) for _ in range(2)]
+        if iteration == 9:   # a replay, two after the recording
+            for copy in batch:
+                copy.inputs = (copy.inputs[0] * float('nan'), copy.inputs[1])
+        assert repr(eager.update(batch[0], iteration)) == repr(side.update(batch[1], iteration))
+        skipped.append((eager.last_skipped, side.last_skipped))
+    assert skipped[8] == ('primary', 'primary') and all(s == (None, None) for s in skipped[:8] + skipped[9:])
+    dual = 12 - 4
+    assert events == ['record primary+auxiliary'] + ['replay primary+auxiliary'] * (dual - EAGER_STEPS)
+    for which in ('primary', 'auxiliary', 'composite'):
+        a, b = eager.network(which).state_dict(), side.network(which).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), which
+    assert side.pair.graphs['primary'] is side.pair.graphs['auxiliary']
+    assert side.pair.schedule().startswith('branches side by side in one CUDA graph')
+
+
+@pytest.mark.parametrize('overlap, memory, schedule', [
+    (True, 1.0, 'each replayed as a CUDA graph after its first steps (one memory pool), as ldt.overlap_memory '
+                'bounds their overlap'),
+    (False, None, 'each replayed as a CUDA graph after its first steps (one memory pool)'),
+    ('auto', None, 'each replayed as a CUDA graph after its first steps (one memory pool)')])   # auto on a CPU
+def test_graphs_keep_the_branches_apart_unless_they_overlap_unbounded(overlap, memory, schedule):
+    """With graphs the branches run one after the other where they would not overlap, and where a memory
+    bound holds their overlap (one graph of both holds both branches' activations); a replay leaves no
+    host work for the eager overlap."""
+    algo = LDT(_net(), LDTConfig(**CFG, overlap_branches=overlap, overlap_memory=memory), _factory,
+               graphs=_graphs())
+    for iteration in range(1, 5):   # warm-up and profiling
+        algo.update(_batch(iteration), iteration)
+    algo.enter(5)
+    graphs = algo.pair.graphs
+    assert graphs['primary'] is not graphs['auxiliary'] and not algo.pair.overlaps()
+    assert algo.pair.schedule() == f'branches one after the other, {schedule}'
+
+
+def test_side_by_side_forks_each_step_onto_its_stream_and_joins_them(monkeypatch):
+    """On CUDA (stand-ins for torch.cuda: a CPU has none) each network's step runs on its own stream after
+    what the current stream queued, and the current stream then waits for all of them: recorded, one
+    graph with a branch per stream. Without streams (off CUDA, or one network) the steps run in turn."""
+    import contextlib
+    from basicsr_ldt.ldt.step_graph import StepGraph, side_by_side
+    calls, state = [], {'stream': 'current'}
+
+    class Stream:
+        def __init__(self, name, device='cuda:1'):
+            self.name, self.device = name, device
+
+        def wait_stream(self, other):
+            calls.append(f'{self.name} waits for {other.name}')
+
+    @contextlib.contextmanager
+    def on_stream(stream):
+        before, state['stream'] = state['stream'], stream.name
+        yield
+        state['stream'] = before
+
+    devices = []
+    monkeypatch.setattr(torch.cuda, 'current_stream', lambda device: devices.append(device) or Stream('current'))
+    monkeypatch.setattr(torch.cuda, 'stream', on_stream)
+
+    def step(name):
+        return lambda: calls.append(f"{name} on {state['stream']}") or [name]
+
+    assert side_by_side([step('P'), step('A')], [Stream('s0'), Stream('s1')]) == [['P'], ['A']]
+    assert calls == ['s0 waits for current', 'P on s0', 's1 waits for current', 'A on s1',
+                     'current waits for s0', 'current waits for s1'] and devices == ['cuda:1']
+    calls.clear()
+    assert side_by_side([step('P'), step('A')], None) == [['P'], ['A']] and calls == ['P on current', 'A on current']
+    assert StepGraph([_net(0), _net(1)])._side_streams() is None and StepGraph(_net())._side_streams() is None   # CPU
 
 
 def test_a_new_recording_drops_the_recordings_after_it():
@@ -136,14 +208,16 @@ def _ldt_model(tmp_path, data, ldt=None, **train):
     return build_model(opt)
 
 
-def test_ldt_model_replays_its_dual_step_as_it_trains_eager(tmp_path, demo_data):
-    """LDTSRModel's own step (its batches per phase, losses, log) through the branches' graphs: the same
-    log and composite as eager, and the dual phase says how it runs."""
+@pytest.mark.parametrize('side_by_side', [False, True])
+def test_ldt_model_replays_its_dual_step_as_it_trains_eager(tmp_path, demo_data, side_by_side):
+    """LDTSRModel's own step (its batches per phase, losses, log) through the branches' graphs, apart or
+    side by side: the same log and composite as eager, and the dual phase says how it runs."""
     with basicsr_log() as lines:
         eager = _ldt_model(tmp_path / 'e', demo_data)
     assert ("CUDA graph: off (train.cuda_graph: auto, and CUDA graphs need a CUDA device, this run is on cpu)"
             in lines)
-    graphed = _ldt_model(tmp_path / 'g', demo_data)
+    ldt = {**ldt_options(demo_data, 'graph')['ldt'], 'overlap_branches': True, 'overlap_memory': None}
+    graphed = _ldt_model(tmp_path / 'g', demo_data, ldt if side_by_side else None)
     graphed.ldt.graphs = _graphs(events := [])
     torch.manual_seed(3)
     for it in range(1, 9):
@@ -157,8 +231,10 @@ def test_ldt_model_replays_its_dual_step_as_it_trains_eager(tmp_path, demo_data)
         assert logs[0] == logs[1]
         if it == 5:
             assert set(logs[0]) == {'l_primary', 'l_auxiliary'}
-            assert any(line.startswith('LDT dual step: branches one after the other, each replayed') for line in lines)
-    assert events.count('record primary') == events.count('record auxiliary') == 1
+            schedule = 'side by side in one CUDA graph' if side_by_side else 'one after the other, each replayed'
+            assert any(line.startswith(f'LDT dual step: branches {schedule}') for line in lines)
+    recorded = ['record primary+auxiliary'] if side_by_side else ['record primary', 'record auxiliary']
+    assert [event for event in events if event.startswith('record')] == recorded
     a, b = eager.composite_network().state_dict(), graphed.composite_network().state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 

@@ -12,7 +12,8 @@ the primary's gradients (its trainable layers only), kept until then. The update
 (``overlap``: a helper thread, a CUDA stream per branch, optionally a memory bound): every random
 draw and update keeps the order above, so the results are the same. With ``graphs``
 (``train.cuda_graph``) each branch's forward and backward is instead replayed as a CUDA graph, one
-branch after the other, both graphs in one memory pool (``step_graph``).
+branch after the other, both graphs in one memory pool; or, where the branches overlap without a
+memory bound, both branches side by side in one graph, a CUDA stream each (``step_graph``).
 """
 from __future__ import annotations
 
@@ -59,13 +60,22 @@ def optimizer_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_l
 def started_step(network: nn.Module, optimizer: torch.optim.Optimizer, batch_loss: BatchLoss,
                  precision: MixedPrecision, key: str, graph: Optional[StepGraph] = None) -> 'PendingStep':
     """A step's forward and backward (``graph``'s replay when it can replay), not yet checked or applied."""
-    step = None
+    return started_steps({key: network}, {key: optimizer}, batch_loss, precision, graph)[key]
+
+
+def started_steps(networks: Dict[str, nn.Module], optimizers: Dict[str, torch.optim.Optimizer], batch_loss: BatchLoss,
+                  precision: MixedPrecision, graph: Optional[StepGraph] = None) -> Dict[str, 'PendingStep']:
+    """Each network's step on the batch, keyed as given (the key names its precision scaler): one replay
+    of ``graph``, which steps them all, when it can replay; else each one's forward and backward in turn."""
     if graph is not None and isinstance(batch_loss, BatchTerms):
-        step = ReplayedStep.of(graph, network, optimizer, batch_loss, precision, key)
-    if step is None:
-        step = PendingStep(network, optimizer, batch_loss, precision, key)
-        step.backward()
-    return step
+        replayed = ReplayedStep.all_of(graph, networks, optimizers, batch_loss, precision)
+        if replayed is not None:
+            return replayed
+    steps = {}
+    for key, network in networks.items():
+        steps[key] = PendingStep(network, optimizers[key], batch_loss, precision, key)
+        steps[key].backward()
+    return steps
 
 
 class PendingStep:
@@ -112,12 +122,15 @@ class ReplayedStep(PendingStep):
         self.optimizer, self.precision, self.key, self.running, self.loss = optimizer, precision, key, running, loss
 
     @classmethod
-    def of(cls, graph: StepGraph, network: nn.Module, optimizer: torch.optim.Optimizer, batch: BatchTerms,
-           precision: MixedPrecision, key: str) -> Optional['ReplayedStep']:
-        """The step replayed, or None when ``graph`` says this step runs eager."""
-        running = RunningStatistics(network)
-        loss = graph.run(batch, precision)
-        return None if loss is None else cls(optimizer, precision, key, running, loss)
+    def all_of(cls, graph: StepGraph, networks: Dict[str, nn.Module], optimizers: Dict[str, torch.optim.Optimizer],
+               batch: BatchTerms, precision: MixedPrecision) -> Optional[Dict[str, 'ReplayedStep']]:
+        """The steps of ``graph``'s networks (given in its order) replayed, or None when ``graph`` says this
+        step runs eager."""
+        assert [id(n) for n in networks.values()] == [id(n) for n in graph.networks], 'not the networks of the graph'
+        running = {key: RunningStatistics(network) for key, network in networks.items()}
+        losses = graph.run(batch, precision)
+        return None if losses is None else {key: cls(optimizers[key], precision, key, running[key], loss)
+                                            for key, loss in zip(networks, losses)}
 
     def backward(self) -> None:
         """Done: the replay ran it."""
@@ -174,8 +187,10 @@ class CrossFrozenPair:
         self._coefficients = [w[n] for n in stable] + [w[n] for n in unstable]
         self._overlap: Optional[OverlappedBranches] = None
         #: Each branch's step graph (``train.cuda_graph``), recorded into one pool; None: eager steps.
+        #: Side by side, one graph of both is under both names.
         self.graphs: Optional[Dict[str, StepGraph]] = None if graphs is None else graphs(
-            {'primary': self.primary, 'auxiliary': self.auxiliary})
+            {'primary': self.primary, 'auxiliary': self.auxiliary}, side_by_side=self._overlap_wanted()
+            and self.overlap_memory is None)
 
     def network(self, branch: str) -> nn.Module:
         """The branch's network, the auxiliary first put in the primary's train/eval mode (the SR
@@ -200,16 +215,22 @@ class CrossFrozenPair:
         graphs = self.graphs or {}
         pending: Dict[str, PendingStep] = {}
         for branch in BRANCHES:        # forward, backward; P's graph is gone before A's forward
-            pending[branch] = started_step(self.network(branch), self.optimizers[branch], batch_loss, precision,
-                                           branch, graphs.get(branch))
+            if branch in pending:      # stepped by P's graph, which holds both branches side by side
+                continue
+            graph = graphs.get(branch)
+            stepped = [b for b in BRANCHES if graph is not None and graphs.get(b) is graph] or [branch]
+            pending.update(started_steps({b: self.network(b) for b in stepped}, self.optimizers, batch_loss,
+                                         precision, graph))
         return _finish_in_order(pending)
 
     def overlaps(self) -> bool:
         """Whether :meth:`step_both` overlaps the branches. 'auto' does on a CUDA device, where the overlap
         was measured faster (docs/results.md); on a CPU both branches would share the same cores. Never
-        with step graphs: a replay is one launch, which leaves no host work to overlap."""
-        if self.graphs is not None:
-            return False
+        with step graphs: a replay is one launch, which leaves no host work to overlap (side by side in one
+        graph, the GPU overlaps them)."""
+        return self.graphs is None and self._overlap_wanted()
+
+    def _overlap_wanted(self) -> bool:
         if self.overlap_branches == OVERLAP_AUTO:
             return self._on_cuda()
         return bool(self.overlap_branches)
@@ -219,8 +240,12 @@ class CrossFrozenPair:
 
     def schedule(self) -> str:
         """How :meth:`step_both` runs the branches, in words for the training log (what 'auto' chose)."""
+        if self.graphs is not None and self.graphs['primary'] is self.graphs['auxiliary']:
+            return ('branches side by side in one CUDA graph after their first steps, a stream each (no memory bound: '
+                    'ldt.overlap_memory is null)')
         if self.graphs is not None:
-            return 'branches one after the other, each replayed as a CUDA graph after its first steps (one memory pool)'
+            bounded = ', as ldt.overlap_memory bounds their overlap' if self._overlap_wanted() else ''
+            return f'branches one after the other, each replayed as a CUDA graph after its first steps (one memory pool){bounded}'
         if not self.overlaps():
             return 'branches one after the other'
         if not self._on_cuda():

@@ -36,6 +36,14 @@ pool the second graph reuses what the first freed, as the eager dual step does. 
 that: graphs in one pool replay in the order they were recorded, so a new recording of one drops the
 recordings after it in the order, and they record again after it (in the same step).
 
+**Several networks side by side in one graph** (``graphs_in_one_pool(side_by_side=True)``: LDT's
+branches with ``ldt.overlap_branches`` and no ``ldt.overlap_memory`` bound). One graph holds each
+network's forward, loss and backward on the same batch, on CUDA each on a stream of its own, so the
+GPU can run one branch's kernels beside the other's; a replay steps them all. Replayed one after the
+other, the branches take the sum of their kernel times (1.75x FT's in issue 59's measurement), which
+no graph can shorten. The price is memory: the caching allocator does not hand a block one stream
+freed to another stream, so the graph holds both branches' activations at once.
+
 If a recording fails, graphs are off for the rest of the run (:attr:`StepGraph.off` says why,
 logged once) and the step runs eager. fp16 steps are never recorded: GradScaler's overflow check
 and the step it skips happen on the host.
@@ -44,7 +52,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Protocol
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Union
 
 import torch
 from torch import nn
@@ -56,7 +64,8 @@ EAGER_STEPS = 2
 
 TermsOf = Callable[..., Dict[str, torch.Tensor]]
 #: Step graphs for named networks run in that order at each step (:func:`graphs_in_one_pool`'s form).
-GraphsFactory = Callable[[Dict[str, nn.Module]], Dict[str, 'StepGraph']]
+#: Called with the networks and ``side_by_side`` (whether one graph records them all, on streams of their own).
+GraphsFactory = Callable[..., Dict[str, 'StepGraph']]
 _LOG = logging.getLogger('basicsr')
 
 
@@ -120,25 +129,29 @@ class CudaGraphRecorder:
 
 @dataclass
 class Recording:
-    """A recorded step: its recorder, its own input tensors, and where each replay leaves the loss,
-    the terms and the gradients of the ``trained`` tensors."""
+    """A recorded step: its recorder, its own input tensors, and where each replay leaves each network's
+    loss, the last network's terms and the gradients of the ``trained`` tensors."""
     recorder: Recorder
     inputs: List[torch.Tensor]
-    loss: torch.Tensor
+    losses: List[torch.Tensor]
     terms: Dict[str, torch.Tensor]
     trained: List[nn.Parameter]
     grads: List[torch.Tensor]
 
 
 class StepGraph:
-    """One network's forward, loss and backward, recorded once per key and replayed at each step.
+    """The forward, loss and backward of one network, or of several on the same batch side by side,
+    recorded once per key and replayed at each step.
 
     ``recorder(network)`` builds the recorder of a new recording (default: a CUDA graph; the CPU
-    tests pass one that reruns the step into the recorded tensors)."""
+    tests pass one that reruns the step into the recorded tensors); several networks reach it as one
+    ``nn.ModuleList``."""
 
-    def __init__(self, network: nn.Module, recorder: Optional[Callable[[nn.Module], Recorder]] = None,
-                 eager_steps: int = EAGER_STEPS) -> None:
-        self.network = network
+    def __init__(self, network: Union[nn.Module, Sequence[nn.Module]],
+                 recorder: Optional[Callable[[nn.Module], Recorder]] = None, eager_steps: int = EAGER_STEPS) -> None:
+        self.networks: List[nn.Module] = [network] if isinstance(network, nn.Module) else list(network)
+        #: The network, or the networks in one ModuleList: what the recorder is given.
+        self.network = self.networks[0] if len(self.networks) == 1 else nn.ModuleList(self.networks)
         self.eager_steps = eager_steps
         self.recordings = 0
         #: Why graphs are off for the rest of the run (None while they are on).
@@ -147,20 +160,22 @@ class StepGraph:
         self._key: Optional[tuple] = None   # a new key (the first step's too) releases and counts eager steps
         self._eager_left = eager_steps
         self._recording: Optional[Recording] = None
+        self._streams: Optional[List['torch.cuda.Stream']] = None
         #: Graphs recorded into the same pool after this one (:func:`graphs_in_one_pool`).
         self.later: List['StepGraph'] = []
 
     def key(self, batch: BatchTerms, precision: MixedPrecision) -> tuple:
         """What a recording depends on; a step with another key cannot replay it."""
         net = self.network
-        return (tuple((t.shape, t.dtype, t.device) for t in batch.inputs), precision.dtype, net.training,
+        return (tuple((t.shape, t.dtype, t.device) for t in batch.inputs), precision.dtype,
+                tuple(network.training for network in self.networks),
                 tuple((p.data_ptr(), p.requires_grad) for p in net.parameters()),
                 tuple(b.data_ptr() for b in net.buffers()))
 
-    def run(self, batch: BatchTerms, precision: MixedPrecision) -> Optional[torch.Tensor]:
+    def run(self, batch: BatchTerms, precision: MixedPrecision) -> Optional[List[torch.Tensor]]:
         """The step on ``batch``, replayed (recorded first when the key is new and its eager steps
-        are done): gradients in ``.grad``, ``batch.terms`` set; returns the loss. None: this step
-        is to run eager (the caller runs it)."""
+        are done): gradients in ``.grad``, ``batch.terms`` set (the last network's); returns each
+        network's loss. None: this step is to run eager (the caller runs it)."""
         if self.off is not None or precision.dtype is torch.float16:
             return None
         key = self.key(batch, precision)
@@ -182,7 +197,7 @@ class StepGraph:
             parameter.grad = grad
         # copies: the next replay overwrites the recorded terms, and the report may read them later
         batch.terms = {name: value.detach().clone() for name, value in recording.terms.items()}
-        return recording.loss
+        return recording.losses
 
     def held_bytes(self) -> Optional[int]:
         """Memory the recording holds (None without one, or where its recorder cannot tell)."""
@@ -194,26 +209,37 @@ class StepGraph:
         self._recording = None
 
     def _record(self, batch: BatchTerms, precision: MixedPrecision) -> Optional[Recording]:
-        network = self.network
-        params = [p for p in network.parameters() if p.requires_grad]
         inputs = [t.detach().clone() for t in batch.inputs]
-        names: List[str] = []
+        params = [[p for p in network.parameters() if p.requires_grad] for network in self.networks]
+        names: List[List[str]] = [[] for _ in self.networks]
+
+        def step_of(index: int) -> Callable[[], List[torch.Tensor]]:
+            network, trained = self.networks[index], params[index]
+
+            def step() -> List[torch.Tensor]:
+                for p in trained:
+                    p.grad = None
+                with precision.autocast(cache=False):
+                    terms = batch.terms_of(network, *inputs)
+                    loss = sum(terms.values())
+                loss.backward()
+                names[index] = list(terms)
+                return [loss, *terms.values(), *(p.grad for p in trained if p.grad is not None)]
+            return step
+
+        steps = [step_of(index) for index in range(len(self.networks))]
+        sizes: List[int] = []
 
         def step() -> List[torch.Tensor]:
-            for p in params:
-                p.grad = None
-            with precision.autocast(cache=False):
-                terms = batch.terms_of(network, *inputs)
-                loss = sum(terms.values())
-            loss.backward()
-            names[:] = list(terms)
-            return [loss, *terms.values(), *(p.grad for p in params if p.grad is not None)]
+            outputs = side_by_side(steps, self._side_streams())
+            sizes[:] = [len(made) for made in outputs]
+            return [tensor for made in outputs for tensor in made]
 
-        running = RunningStatistics(network)
+        running = RunningStatistics(self.network)
         try:
-            outputs = (recorder := self._new_recorder(network)).record(step)
+            outputs = (recorder := self._new_recorder(self.network)).record(step)
         except Exception as err:   # whatever failed, the run goes on eager
-            for p in params:
+            for p in (p for trained in params for p in trained):
                 p.grad = None
             running.restore()
             self.off = f'recording the step failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ""})'
@@ -223,20 +249,58 @@ class StepGraph:
         self.recordings += 1
         for graph in self.later:   # recorded before this one: they would overwrite what it now uses
             graph.release()
-        recording = Recording(recorder, inputs, loss=outputs[0],
-                              terms={name: outputs[1 + i] for i, name in enumerate(names)},
-                              trained=[p for p in params if p.grad is not None], grads=outputs[1 + len(names):])
+        losses, grads, terms, start = [], [], {}, 0
+        for size, named in zip(sizes, names):   # each network's [loss, *terms, *grads]
+            made = outputs[start:start + size]
+            losses.append(made[0])
+            terms = dict(zip(named, made[1:]))   # the last network's are kept
+            grads += made[1 + len(named):]
+            start += size
+        recording = Recording(recorder, inputs, losses, terms,
+                              trained=[p for trained in params for p in trained if p.grad is not None], grads=grads)
         held = getattr(recorder, 'held_bytes', None)
-        _LOG.info(f'CUDA graph: step recorded ({len(recording.trained)} tensors train'
+        together = '' if len(self.networks) == 1 else f'{len(self.networks)} networks side by side, '
+        _LOG.info(f'CUDA graph: step recorded ({together}{len(recording.trained)} tensors train'
                   + ('' if held is None else f', the graph holds {held() / 2 ** 20:.0f} MiB') + ')')
         return recording
 
+    def _side_streams(self) -> Optional[List['torch.cuda.Stream']]:
+        """A stream per network (made once) where several are on a CUDA device; else None."""
+        device = next(self.network.parameters()).device
+        if len(self.networks) == 1 or device.type != 'cuda':
+            return None
+        if self._streams is None:
+            self._streams = [torch.cuda.Stream(device) for _ in self.networks]
+        return self._streams
+
+
+def side_by_side(steps: Sequence[Callable[[], List[torch.Tensor]]],
+                 streams: Optional[Sequence['torch.cuda.Stream']]) -> List[List[torch.Tensor]]:
+    """What each step returns. With ``streams``, each step runs on its own, forked from the current stream
+    and joined back into it: the GPU may then run their kernels together, and recorded they are one
+    graph with a branch per stream. Without, in order."""
+    if streams is None:
+        return [step() for step in steps]
+    current = torch.cuda.current_stream(streams[0].device)
+    outputs = []
+    for step, stream in zip(steps, streams):
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            outputs.append(step())
+    for stream in streams:
+        current.wait_stream(stream)
+    return outputs
+
 
 def graphs_in_one_pool(networks: Dict[str, nn.Module], recorder: Optional[Callable[[nn.Module], Recorder]] = None,
-                       eager_steps: int = EAGER_STEPS) -> Dict[str, StepGraph]:
+                       eager_steps: int = EAGER_STEPS, side_by_side: bool = False) -> Dict[str, StepGraph]:
     """A :class:`StepGraph` per network, to be run in the dict's order at every step, recorded into one
     memory pool (why and on what condition: this module's docstring). ``recorder`` as for StepGraph;
-    the default is CUDA graphs sharing a pool."""
+    the default is CUDA graphs sharing a pool. ``side_by_side``: one StepGraph of all the networks
+    instead, under each of their names (its one replay steps them all)."""
+    if side_by_side:
+        graph = StepGraph(list(networks.values()), recorder, eager_steps)
+        return {name: graph for name in networks}
     if recorder is None:
         pool: List[tuple] = []
 
