@@ -17,10 +17,12 @@ other ways, each timed in the same iterations and measured alone: on CUDA
 everywhere ``| LDT overlapped/FT ...`` (``ldt.overlap_branches: true``, no bound), and on CUDA
 ``| LDT bounded x<f>/FT ...`` for each ``ldt.overlap_memory`` factor of ``--overlap-memory`` (default 1.05).
 ``--cuda-graph`` adds FT and the dual step with forward and backward replayed as CUDA graphs
-(``train.cuda_graph: true``: FT one graph, the dual step one per branch in one pool), on copies
-compiled as the unreplayed ones, timed in the same iterations: ``| FT graphed/FT time <r> |
-LDT graphed/FT graphed time <r> | LDT graphed/FT graphed memory <r>`` (memory on CUDA: one more step's
-peak plus what the graphs hold).
+(``train.cuda_graph: true``: FT one graph, the dual step one per branch in one pool, and the dual step
+with both branches side by side in one graph, a stream each: ``ldt.overlap_branches: true``,
+``overlap_memory: null``), on copies compiled as the unreplayed ones, timed in the same iterations:
+``| FT graphed/FT time <r> | LDT graphed/FT graphed time <r> | LDT graphed/FT graphed memory <r> |
+LDT side by side/FT graphed time <r> | LDT side by side/FT graphed memory <r>`` (memory on CUDA: one
+more step's peak plus what the graphs hold).
 
 LDT-S (single network) is measured the same way against FT: step time including its EMA and its
 swap amortised over ``--ldt-s-interval`` iterations, and peak memory (targets 1.10 and 1.05).
@@ -212,17 +214,27 @@ def graphed_steps(args: argparse.Namespace, partition_file: str) -> Dict[str, tu
     net = build_network(args.arch, args.scale).to(args.device)
     opt, amp = adam(list(net.parameters()), 'finetune'), precision(args)
     graph = StepGraph(net, recorder=GRAPH_RECORDER)
-    algo = make_ldt(argparse.Namespace(**{**vars(args), 'overlap': DEFAULT_SCHEDULE[0], 'bound': DEFAULT_SCHEDULE[1]}),
-                    partition_file, args.device, graphs=branch_graphs)
-    algo.enter(1)   # builds the pair
     compile_as_training(args, (net,))
-    compile_as_training(args, (algo.primary, algo.auxiliary), auto_model=LDT_MODEL.compile_auto_untimed)
-    pair = algo.pair
     return {'FT graphed': (lambda lq, gt: optimizer_step(net, opt, l1(lq, gt), amp, 'finetune', graph=graph),
                            lambda: graph.held_bytes() or 0, lambda: [graph.recordings]),
-            'dual graphed': (lambda lq, gt: pair.step_both(l1(lq, gt), algo.precision),
-                             lambda: pair.graphs['primary'].held_bytes() or 0,   # one pool: counted once
-                             lambda: [graph.recordings for graph in pair.graphs.values()])}
+            'dual graphed': graphed_dual_step(args, partition_file, *DEFAULT_SCHEDULE),
+            'dual side by side': graphed_dual_step(args, partition_file, True, None)}
+
+
+def graphed_dual_step(args: argparse.Namespace, partition_file: str, overlap: Union[bool, str],
+                      bound: Optional[float]) -> tuple:
+    """An LDT whose pair replays its branches under that ``ldt.overlap_branches`` and ``overlap_memory``
+    (side by side in one graph when they overlap unbounded, else a graph each): (its dual step on a
+    batch, what its graphs hold in bytes, each graph's recordings)."""
+    algo = make_ldt(argparse.Namespace(**{**vars(args), 'overlap': overlap, 'bound': bound}),
+                    partition_file, args.device, graphs=branch_graphs)
+    algo.enter(1)   # builds the pair
+    compile_as_training(args, (algo.primary, algo.auxiliary), auto_model=LDT_MODEL.compile_auto_untimed)
+    pair = algo.pair
+    graphs = list({id(graph): graph for graph in pair.graphs.values()}.values())   # side by side: one graph
+    return (lambda lq, gt: pair.step_both(l1(lq, gt), algo.precision),
+            lambda: graphs[0].held_bytes() or 0,   # one pool: counted once
+            lambda: [graph.recordings for graph in graphs])
 
 
 def dynamo_graphs() -> int:
@@ -418,8 +430,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         'foreach Adam; eager) against the defaults of this project, eager and compiled')
     p.add_argument('--check-graph', action='store_true',
                    help='FT steps replayed as a CUDA graph (train.cuda_graph) against the same steps eager, '
-                        "with eager and with compiled blocks, and LDT's dual step compiled: a FAIL line and exit "
-                        'status 1 where they differ')
+                        "with eager and with compiled blocks, and LDT's dual step compiled and side by side in one "
+                        'graph: a FAIL line and exit status 1 where they differ')
     p.add_argument('--cuda-graph', action='store_true',
                    help='also FT and the dual step replayed as CUDA graphs (train.cuda_graph: true), timed in the '
                         'same iterations: FT graphed / FT, LDT graphed / FT graphed (--warm is then at least '
@@ -600,7 +612,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 if label == 'wall':
                     summary.update(figures)
         if graphed:
-            summary['graphed_memory'] = graphed_memory(args, data[-1], graphed, steps['FT'])
+            summary.update(graphed_memory(args, data[-1], graphed, steps['FT']))
         del algo, ft_net, ft_opt, graphed
 
         unmeasured = memory_unmeasured(args)
@@ -638,30 +650,38 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         f"{ratio_text(summary.get(f'{name}_memory'))}" for name in variants)
               + (f" | FT graphed/FT time {summary['graphed_ft']:.3f} | LDT graphed/FT graphed time "
                  f"{summary['graphed_time']:.3f} | LDT graphed/FT graphed memory {ratio_text(summary['graphed_memory'])}"
-                 if args.cuda_graph else ''))
+                 f" | LDT side by side/FT graphed time {summary['side_time']:.3f} | LDT side by side/FT graphed memory "
+                 f"{ratio_text(summary['side_memory'])}" if args.cuda_graph else ''))
 
 
 def report_graphed(times: Dict[str, List[float]], ema_per_step: float, graphed: Dict[str, tuple]) -> Dict[str, float]:
-    """``--cuda-graph``'s time line (wall or process CPU): the replayed FT step against FT, and the replayed
-    dual step against the replayed FT step, both per iteration (run back to back, as above)."""
-    ft, dual = times['FT graphed'], [d + ema_per_step for d in times['dual graphed']]
-    of_ft = statistics.median(g / f for g, f in zip(ft, times['FT']))
-    ratios = [d / f for d, f in zip(dual, ft)]
+    """``--cuda-graph``'s time line (wall or process CPU): the replayed FT step against FT, and each replayed
+    dual step (a graph per branch; side by side) against the replayed FT step, per iteration (run back to
+    back, as above)."""
+    ft = times['FT graphed']
+    figures = {'graphed_ft': statistics.median(g / f for g, f in zip(ft, times['FT']))}
     recorded = ', '.join(f"{name} {'/'.join(map(str, recordings()))}" for name, (_, _, recordings) in graphed.items())
-    print(f'  replayed as CUDA graphs (train.cuda_graph: true; recordings: {recorded}): FT '
-          f'{statistics.median(ft) * 1e3:.1f} ms, FT graphed/FT = {of_ft:.3f} | dual {statistics.median(dual) * 1e3:.1f} '
-          f'ms, step ratio dual/FT graphed = {statistics.median(ratios):.3f} (per iteration {[round(r, 2) for r in ratios]})')
-    return {'graphed_ft': of_ft, 'graphed_time': statistics.median(ratios)}
+    line = (f'  replayed as CUDA graphs (train.cuda_graph: true; recordings: {recorded}): FT '
+            f"{statistics.median(ft) * 1e3:.1f} ms, FT graphed/FT = {figures['graphed_ft']:.3f}")
+    for name, key in (('dual graphed', 'graphed_time'), ('dual side by side', 'side_time')):
+        dual = [d + ema_per_step for d in times[name]]
+        ratios = [d / f for d, f in zip(dual, ft)]
+        figures[key] = statistics.median(ratios)
+        line += (f' | {name} {statistics.median(dual) * 1e3:.1f} ms, step ratio {name}/FT graphed = '
+                 f'{figures[key]:.3f} (per iteration {[round(r, 2) for r in ratios]})')
+    print(line)
+    return figures
 
 
 def graphed_memory(args: argparse.Namespace, batch: Tuple[torch.Tensor, torch.Tensor], graphed: Dict[str, tuple],
-                   ft_step: Callable) -> Optional[float]:
-    """``--cuda-graph`` on CUDA: one more replayed dual step's and FT step's peak allocated above what
-    stays allocated, each plus what its graphs hold (a replay allocates nothing: its activations live in
-    the graphs' pool); printed with the unreplayed FT step's, and returns dual / FT replayed."""
+                   ft_step: Callable) -> Dict[str, Optional[float]]:
+    """``--cuda-graph`` on CUDA: one more step of each replayed dual step and of the replayed FT step, its
+    peak allocated above what stays allocated plus what its graphs hold (a replay allocates nothing: its
+    activations live in the graphs' pool); printed with the unreplayed FT step's. Returns each replayed
+    dual step's / the replayed FT step's (None off CUDA)."""
     if not on_cuda(args.device):
         print('replayed steps\' memory: not measured (the graphs\' pool is a CUDA allocator\'s)')
-        return None
+        return {'graphed_memory': None, 'side_memory': None}
     peaks = {}
     for name, (step, held, _) in (('FT', (ft_step, lambda: 0, None)), *graphed.items()):
         sync(args.device)
@@ -672,7 +692,8 @@ def graphed_memory(args: argparse.Namespace, batch: Tuple[torch.Tensor, torch.Te
         peaks[name] = torch.cuda.max_memory_allocated() - base + held()
     print('replayed steps\' memory (one more step: peak allocated above what stays, plus what the graphs hold): '
           + ' | '.join(f'{name} {value / 2 ** 20:.1f} MiB' for name, value in peaks.items()))
-    return peaks['dual graphed'] / peaks['FT graphed']
+    return {'graphed_memory': peaks['dual graphed'] / peaks['FT graphed'],
+            'side_memory': peaks['dual side by side'] / peaks['FT graphed']}
 
 
 def schedule_variants(args: argparse.Namespace) -> Dict[str, Tuple[str, Union[bool, str], Optional[float]]]:
@@ -1017,8 +1038,9 @@ GRAPH_LOSS_BOUND, GRAPH_UPDATE_BOUND = 1e-3, 0.05
 def check_graph(args: argparse.Namespace) -> bool:
     """``--check-graph``: steps run eager against the same steps through step graphs, two copies from one
     seed on the same ``--warm`` + ``--iters`` batches (stochastic depth off): FT with eager and with compiled
-    blocks, and LDT's dual step (both branches, their exchange) with compiled blocks, as ``train.cuda_graph``
-    runs them; prints each comparison and returns whether all are within the bounds."""
+    blocks, and LDT's dual step (both branches, their exchange) with compiled blocks and, eager blocks, with
+    both branches side by side in one graph, as ``train.cuda_graph`` runs them; prints each comparison and
+    returns whether all are within the bounds."""
     count = args.warm + args.iters
     data = [(lq * (0.5 + k / count), gt * (0.5 + k / count))
             for k, (lq, gt) in enumerate(batches(args, count, args.patch, args.batch, args.device))]
@@ -1048,7 +1070,8 @@ def check_graph(args: argparse.Namespace) -> bool:
 
 
 #: --check-graph's comparisons: name on the summary line -> what it runs
-GRAPH_CHECKS = {'eager': 'eager blocks', 'compiled': 'compiled blocks', 'dual compiled': 'LDT dual step, compiled blocks'}
+GRAPH_CHECKS = {'eager': 'eager blocks', 'compiled': 'compiled blocks', 'dual compiled': 'LDT dual step, compiled blocks',
+                'dual side by side': 'LDT dual step, both branches in one graph (a stream each), eager blocks'}
 
 
 def graph_check_copy(args: argparse.Namespace, kind: str, graphed: bool
@@ -1067,12 +1090,12 @@ def graph_check_copy(args: argparse.Namespace, kind: str, graphed: bool
     amp = precision(args)
     if kind.startswith('dual'):   # a random partition: nothing to profile; the exchange every second step
         config = LDTConfig(profile_iters=0, criterion='random', dpu=False, ratio_u=0.5, ema_every=2,
-                           overlap_branches=False)
+                           overlap_branches=graphed and kind == 'dual side by side', overlap_memory=None)
         algo = LDT(net, config, adam, amp,
                    graphs=branch_graphs if graphed else None)
         algo.enter(1)
         networks = (algo.primary, algo.auxiliary)
-        graphs = list(algo.pair.graphs.values()) if graphed else []
+        graphs = list({id(g): g for g in algo.pair.graphs.values()}.values()) if graphed else []
 
         def step(batch: BatchTerms, iteration: int) -> List[float]:
             return list(algo.update(batch, iteration).values())

@@ -45,17 +45,18 @@
 #   7.  bench_ldt_mambair 110 s  LDT dual / FT with the defaults (train.compile auto on CUDA: FT compiled, LDT eager;
 #                          the run's cold compile)
 #   S0. graph_check 60 s   bench_ldt.py --check-graph: FT steps replayed as a CUDA graph (train.cuda_graph) against
-#                          the same steps eager, eager and compiled blocks, and LDT's dual step compiled (fails on
-#                          a FAIL line)
+#                          the same steps eager, eager and compiled blocks, and LDT's dual step compiled and
+#                          side by side in one graph (fails on a FAIL line)
 #   S1. upstream_mambair 120 s  bench_ldt.py --compare-upstream, classic MambaIR x4 bf16 (LR 48, batch 4): the FT
 #                          step as upstream runs it (mamba-ssm's scan on float32 direction copies, foreach Adam,
 #                          eager; waits for the mamba-ssm build) against the Triton kernels on the copies, the
 #                          defaults (the directions inside the kernels, fused Adam) eager and compiled, and both
 #                          replayed as a CUDA graph, rotating per batch; peak memory; the SS2D scan forward at a
 #                          250x250 tile
-#   S2. bench_ldt_mambair_compiled 150 s  step 7 with every network's blocks compiled (--compile true: whether
+#   S2. bench_ldt_mambair_compiled 170 s  step 7 with every network's blocks compiled (--compile true: whether
 #                          LDT's dual step gains as FT's did, and its compile time), and beside them FT and the
-#                          dual step replayed as CUDA graphs (--cuda-graph: LDT graphed / FT graphed, time, memory)
+#                          dual step replayed as CUDA graphs (--cuda-graph: LDT graphed / FT graphed, time, memory;
+#                          a graph per branch, and both side by side in one)
 # (kernel_time_mambair_compiled 70 s: bench_ldt.py --kernel-time --compile true, the compiled FT step's and branches'
 # kernel time by kind and the GPU's busy share; upstream_hat 120 s and upstream_safmn 60 s, the same as S1 for HAT
 # and SAFMN, run 9's figures in docs/results.md: run only when GPU_CHECK_STEPS names them.)
@@ -259,7 +260,8 @@ upstream_mambair() {
   with_mamba_ssm "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 --batch 4 \
     --warm 3 --iters 10 --compare-upstream
 }
-check_graph() { grep -E '^graph check|^summary graph' "$1"; grep -q '^summary graph: eager PASS | compiled PASS | dual compiled PASS$' "$1"; }
+check_graph() { grep -E '^graph check|^summary graph' "$1"
+  grep -q '^summary graph: eager PASS | compiled PASS | dual compiled PASS | dual side by side PASS$' "$1"; }
 check_upstream() { grep -E '^FT step|^SS2D scan forward|^summary upstream' "$1"; grep -q '^summary upstream' "$1"; }
 # "<name> / upstream: <ratio>" of a --compare-upstream log; the peak memory of <name> as a fraction of upstream's
 upstream_ratio() { sed -n "s/^FT step $2 \/ upstream: \([0-9.]*\) .*/\1/p" "$1" 2>/dev/null | head -n 1; }
@@ -307,6 +309,11 @@ goals() {
       "$(summary_ratio "$DIR/bench_ldt_mambair_compiled.log" 'LDT graphed\/FT graphed time')" 1.5
     goal 'mambair LDT/FT memory, compiled + CUDA graphs' \
       "$(summary_ratio "$DIR/bench_ldt_mambair_compiled.log" 'LDT graphed\/FT graphed memory')" 1.05
+    # both branches side by side in one graph (overlap_branches true, overlap_memory null), against FT replayed
+    goal 'mambair LDT/FT time, compiled + one CUDA graph side by side' \
+      "$(summary_ratio "$DIR/bench_ldt_mambair_compiled.log" 'LDT side by side\/FT graphed time')" 1.5
+    goal 'mambair LDT/FT memory, compiled + one CUDA graph side by side' \
+      "$(summary_ratio "$DIR/bench_ldt_mambair_compiled.log" 'LDT side by side\/FT graphed memory')" 1.05
   fi
   if [ "$SWEEP" -eq 1 ]; then   # ldt.overlap_branches: the same bounds, for the dual step that option runs
     local mode modes bound
@@ -438,7 +445,7 @@ if [ "$SPEED" -eq 1 ]; then
   run_step graph_check 60 check_graph "$PY" scripts/bench_ldt.py --device cuda --arch mambair --amp bf16 --patch 48 \
     --batch 4 --warm 2 --iters 3 --check-graph
   run_step upstream_mambair 120 check_upstream bash -c upstream_mambair
-  run_step bench_ldt_mambair_compiled 150 check_bench "$PY" scripts/bench_ldt.py --device cuda \
+  run_step bench_ldt_mambair_compiled 170 check_bench "$PY" scripts/bench_ldt.py --device cuda \
     --arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 8 --no-profile-memory --compile true --cuda-graph
   run_step kernel_time_mambair_compiled 70 check_kernel_time "$PY" scripts/bench_ldt.py --device cuda --arch mambair \
     --amp bf16 --patch 48 --batch 4 --warm 2 --iters 3 --kernel-time --compile true

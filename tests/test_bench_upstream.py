@@ -103,8 +103,8 @@ def test_compare_upstream_replays_a_graphed_setup(monkeypatch, capsys):
 
 def test_check_graph_passes_a_faithful_replay_and_fails_a_stale_one(monkeypatch, capsys):
     """--check-graph: replayed steps against eager ones, FT with eager and compiled blocks and LDT's dual
-    step compiled; a recorder whose replays never see the new batch (stale inputs) is caught, and the
-    exit status says so."""
+    step compiled and side by side in one graph; a recorder whose replays never see the new batch (stale
+    inputs) is caught, and the exit status says so."""
     bench = load_script('bench_ldt')
     monkeypatch.setattr(bench, 'COMPILE_BACKEND', 'aot_eager')
     monkeypatch.setattr(bench, 'GRAPH_RECORDER', RerunRecorder)
@@ -116,11 +116,12 @@ def test_check_graph_passes_a_faithful_replay_and_fails_a_stale_one(monkeypatch,
     bench.main(argv)
     out = capsys.readouterr().out
     assert len(compiled) == 2 + 4   # compiled FT: two copies; the dual step: two copies of two branches
-    for kind, recordings in (('eager blocks', '1'), ('compiled blocks', '1'), ('LDT dual step, compiled blocks', '1/1')):
+    for kind, recordings in (('eager blocks', '1'), ('compiled blocks', '1'), ('LDT dual step, compiled blocks', '1/1'),
+                             (r'LDT dual step, both branches in one graph \(a stream each\), eager blocks', '1')):
         assert re.search(rf'^graph check, {kind}: 2 of 4 steps replayed \({recordings} recording\); loss replayed / '
                          r'eager: max relative gap 0\.0e\+00 \(bound 0\.001; the batches\' losses [\d.]+-[\d.]+\); '
                          r'weight change: relative gap 0\.0e\+00 \(bound 0\.05\): PASS$', out, re.M), out
-    assert out.rstrip().endswith('summary graph: eager PASS | compiled PASS | dual compiled PASS')
+    assert out.rstrip().endswith('summary graph: eager PASS | compiled PASS | dual compiled PASS | dual side by side PASS')
 
     class Stale(RerunRecorder):
         def record(self, step):
@@ -131,20 +132,22 @@ def test_check_graph_passes_a_faithful_replay_and_fails_a_stale_one(monkeypatch,
     with pytest.raises(SystemExit) as exit_:
         bench.main(argv)
     out = capsys.readouterr().out
-    assert exit_.value.code == 1 and out.rstrip().endswith('summary graph: eager FAIL | compiled FAIL | dual compiled FAIL'), out
+    assert exit_.value.code == 1 and out.rstrip().endswith(
+        'summary graph: eager FAIL | compiled FAIL | dual compiled FAIL | dual side by side FAIL'), out
     monkeypatch.setattr(bench, 'GRAPH_RECORDER', RerunRecorder)
     with pytest.raises(SystemExit):   # too few steps to record: nothing was compared
         bench.main(argv[:-5] + ['--iters', '1', '--warm', '1', '--check-graph'])
     out = capsys.readouterr().out
     assert 'graph check, eager blocks: 0 of 2 steps replayed (0 recordings); ' in out
     assert 'graph check, LDT dual step, compiled blocks: 0 of 2 steps replayed (0/0 recordings); ' in out
-    assert out.rstrip().endswith('summary graph: eager FAIL | compiled FAIL | dual compiled FAIL'), out
+    assert out.rstrip().endswith('summary graph: eager FAIL | compiled FAIL | dual compiled FAIL | dual side by side FAIL'), out
 
 
 def test_bench_ldt_cuda_graph_times_replayed_ft_and_dual_steps_beside_the_others(monkeypatch, capsys):
-    """--cuda-graph: an FT copy and an LDT copy whose branches are replayed (one recording each, after the
-    eager steps, in a warm-up raised to cover them), timed in the same iterations; the summary adds
-    FT graphed/FT and LDT graphed/FT graphed (memory n/a off CUDA). Without CUDA or a recorder, one line."""
+    """--cuda-graph: an FT copy and two LDT copies whose branches are replayed, a graph each and side by side
+    in one graph (one recording each, after the eager steps, in a warm-up raised to cover them), timed in
+    the same iterations; the summary adds FT graphed/FT and each replayed dual step / FT graphed (memory
+    n/a off CUDA). Without CUDA or a recorder, one line."""
     from test_cuda_branches import _Tiny
     bench = load_script('bench_ldt')
     monkeypatch.setattr(bench, 'build_network', lambda arch, scale: _Tiny(scale))
@@ -158,15 +161,21 @@ def test_bench_ldt_cuda_graph_times_replayed_ft_and_dual_steps_beside_the_others
     monkeypatch.setattr(bench, 'GRAPH_RECORDER', lambda net: recorders.append(RerunRecorder(net)) or recorders[-1])
     bench.main(argv)
     out = capsys.readouterr().out
-    assert [r.replays for r in recorders] == [4, 4, 4]   # FT, primary, auxiliary: warm-up 3 (2 eager), 3 timed
-    assert re.search(r'^3 warm-up steps .*: FT [\d.]+ s, dual [\d.]+ s, FT graphed [\d.]+ s, dual graphed [\d.]+ s;', out, re.M)
-    line = re.search(r'^  replayed as CUDA graphs \(train\.cuda_graph: true; recordings: FT graphed 1, dual graphed 1/1\): '
-                     r'FT [\d.]+ ms, FT graphed/FT = ([\d.]+) \| dual [\d.]+ ms, step ratio dual/FT graphed = ([\d.]+) ',
-                     out, re.M)
+    # FT, primary, auxiliary, both side by side: warm-up 3 (2 eager), 3 timed
+    assert [r.replays for r in recorders] == [4, 4, 4, 4]
+    one = len(list(recorders[0].network.parameters()))
+    assert [len(list(r.network.parameters())) for r in recorders] == [one, one, one, 2 * one]   # the last: both branches
+    assert re.search(r'^3 warm-up steps .*: FT [\d.]+ s, dual [\d.]+ s, FT graphed [\d.]+ s, dual graphed [\d.]+ s, '
+                     r'dual side by side [\d.]+ s;', out, re.M)
+    line = re.search(r'^  replayed as CUDA graphs \(train\.cuda_graph: true; recordings: FT graphed 1, dual graphed 1/1, '
+                     r'dual side by side 1\): FT [\d.]+ ms, FT graphed/FT = ([\d.]+) \| dual graphed [\d.]+ ms, step ratio '
+                     r'dual graphed/FT graphed = ([\d.]+) \(per iteration .*\) \| dual side by side [\d.]+ ms, step ratio '
+                     r'dual side by side/FT graphed = ([\d.]+) ', out, re.M)
     assert line, out
     assert "replayed steps' memory: not measured (the graphs' pool is a CUDA allocator's)" in out
     assert out.rstrip().endswith(f'| FT graphed/FT time {line.group(1)} | LDT graphed/FT graphed time {line.group(2)} '
-                                 '| LDT graphed/FT graphed memory n/a'), out
+                                 f'| LDT graphed/FT graphed memory n/a | LDT side by side/FT graphed time {line.group(3)} '
+                                 '| LDT side by side/FT graphed memory n/a'), out
 
 
 def test_bench_ldt_graphed_memory_adds_what_the_graphs_hold_to_each_steps_peak(monkeypatch, capsys):
@@ -178,9 +187,10 @@ def test_bench_ldt_graphed_memory_adds_what_the_graphs_hold_to_each_steps_peak(m
     def taking(mib):
         return lambda lq, gt: allocated.update(peak=allocated['now'] + mib * 2 ** 20)
     graphed = {'FT graphed': (taking(10), lambda: 90 * 2 ** 20, None),
-               'dual graphed': (taking(12), lambda: 93 * 2 ** 20, None)}
+               'dual graphed': (taking(12), lambda: 93 * 2 ** 20, None),
+               'dual side by side': (taking(2), lambda: 178 * 2 ** 20, None)}
     args = bench.parse_args(['--device', 'cpu'])
-    ratio = bench.graphed_memory(args, (None, None), graphed, taking(300))
-    assert ratio == pytest.approx(105 / 100)
+    ratios = bench.graphed_memory(args, (None, None), graphed, taking(300))
+    assert ratios == pytest.approx({'graphed_memory': 105 / 100, 'side_memory': 180 / 100})
     assert capsys.readouterr().out.strip().endswith(
-        'FT 300.0 MiB | FT graphed 100.0 MiB | dual graphed 105.0 MiB')
+        'FT 300.0 MiB | FT graphed 100.0 MiB | dual graphed 105.0 MiB | dual side by side 180.0 MiB')

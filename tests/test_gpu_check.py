@@ -41,8 +41,8 @@ case "$*" in *bench_ldt.py*--compare-upstream*)   # the FT step against upstream
   *bench_ldt.py*--check-graph*)   # replayed against eager, eager and compiled blocks (FAKE_GRAPH_FAIL=1: compiled fails)
   echo "graph check, eager blocks: 3 of 5 steps replayed (1 recording); ...: PASS"
   echo "graph check, compiled blocks: 3 of 5 steps replayed (1 recording); ...: PASS"
-  [ "${FAKE_GRAPH_FAIL:-0}" = 1 ] && { echo "graph check, LDT dual step, compiled blocks: ...: FAIL"; echo "summary graph: eager PASS | compiled PASS | dual compiled FAIL"; exit 1; }
-  echo "summary graph: eager PASS | compiled PASS | dual compiled PASS";;
+  [ "${FAKE_GRAPH_FAIL:-0}" = 1 ] && { echo "graph check, LDT dual step, both branches in one graph (a stream each), eager blocks: ...: FAIL"; echo "summary graph: eager PASS | compiled PASS | dual compiled PASS | dual side by side FAIL"; exit 1; }
+  echo "summary graph: eager PASS | compiled PASS | dual compiled PASS | dual side by side PASS";;
   *bench_ldt.py*--compare-scan*)   # FT steps paired per batch: 104 ms on Triton, 100 ms on mamba-ssm
   echo "FT step scan triton / cuda: 1.040 (median of 10 per-batch ratios [1.04], order alternating) | triton 104.0 ms, cuda 100.0 ms (medians)";;
   *bench_ldt.py*--kernel-time*)   # kernel time by kind (FT and the branches; none with FAKE_NO_SUMMARY=1)
@@ -53,7 +53,7 @@ case "$*" in *bench_ldt.py*--compare-upstream*)   # the FT step against upstream
   [ "${FAKE_NO_SUMMARY:-0}" = 1 ] || echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.800 | LDT/FT memory 0.980 | LDT-S/FT time 0.900 | LDT-S/FT memory n/a | LDT sequential/FT time 1.700 | LDT sequential/FT memory 1.010 | LDT overlapped/FT time 1.300 | LDT overlapped/FT memory 1.600 | LDT bounded x1.05/FT time 1.450 | LDT bounded x1.05/FT memory 1.050"
   sleep "${FAKE_OVERLAP_SLEEP:-0}";;
   *bench_ldt.py*--cuda-graph*)   # every network compiled, and the steps replayed as CUDA graphs beside them
-  echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 80.0 ms | LDT/FT time 1.600 | LDT/FT memory 1.010 | LDT-S/FT time 0.950 | LDT-S/FT memory n/a | FT graphed/FT time 0.700 | LDT graphed/FT graphed time 1.900 | LDT graphed/FT graphed memory 1.020";;
+  echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 80.0 ms | LDT/FT time 1.600 | LDT/FT memory 1.010 | LDT-S/FT time 0.950 | LDT-S/FT memory n/a | FT graphed/FT time 0.700 | LDT graphed/FT graphed time 1.900 | LDT graphed/FT graphed memory 1.020 | LDT side by side/FT graphed time 1.300 | LDT side by side/FT graphed memory 1.800";;
   *bench_ldt.py*)   # bench_ldt's warm-up and summary lines
   echo "2 warm-up steps (a compile falls there): FT 45.0 s, dual 1.0 s; graphs compiled: 2 in them, 0 in the timed steps"
   echo "summary: arch=mambair amp=bf16 LR patch 48 batch 4, GPU: FT 104.0 ms | LDT/FT time 1.500 | LDT/FT memory 1.100 | LDT-S/FT time 1.020 | LDT-S/FT memory n/a";;
@@ -267,8 +267,8 @@ def test_the_speed_session_times_the_defaults_against_upstreams_way_within_one_d
     assert sum(map(int, steps.values())) <= 540
     assert '--arch mambair --amp bf16 --patch 48 --batch 4 --warm 2 --iters 3 --check-graph' in \
         (folder / 'graph_check.log').read_text()
-    assert re.search(r'^\[PASS\] graph_check .*\n(    .*\n)*    summary graph: eager PASS \| compiled PASS \| dual compiled PASS$',
-                     report, re.M)
+    assert re.search(r'^\[PASS\] graph_check .*\n(    .*\n)*    summary graph: eager PASS \| compiled PASS \| dual compiled PASS '
+                     r'\| dual side by side PASS$', report, re.M)
     mambair = (folder / 'upstream_mambair.log').read_text()
     assert '--arch mambair --amp bf16 --patch 48 --batch 4 --warm 3 --iters 10 --compare-upstream' in mambair
     assert 'on PYTHONPATH' in mambair                        # mamba-ssm's build on the path
@@ -291,7 +291,9 @@ def test_the_speed_session_times_the_defaults_against_upstreams_way_within_one_d
                  'mambair LDT/FT time with the defaults: 1.500 (goal <= 1.5) met',
                  'mambair LDT/FT time, every network compiled: 1.600 (goal <= 1.5) MISSED',
                  'mambair LDT/FT time, compiled + CUDA graphs: 1.900 (goal <= 1.5) MISSED',
-                 'mambair LDT/FT memory, compiled + CUDA graphs: 1.020 (goal <= 1.05) met'):
+                 'mambair LDT/FT memory, compiled + CUDA graphs: 1.020 (goal <= 1.05) met',
+                 'mambair LDT/FT time, compiled + one CUDA graph side by side: 1.300 (goal <= 1.5) met',
+                 'mambair LDT/FT memory, compiled + one CUDA graph side by side: 1.800 (goal <= 1.05) MISSED'):
         assert f'  {line}' in report.splitlines(), line
     # named: where the compiled steps' time goes; a failed graph check fails its step
     os.environ.update(GPU_CHECK_STEPS='kernel_time_mambair_compiled,graph_check', FAKE_GRAPH_FAIL='1')
@@ -307,7 +309,7 @@ def test_the_speed_session_times_the_defaults_against_upstreams_way_within_one_d
     assert '      FT: 100.0 ms in 2000 kernels (scan 30.0 (72), other 70.0 (1928)) | wall 150.0 ms, kernels 67% of it' in \
         report.splitlines()
     assert re.search(r'^\[FAIL\] graph_check .*\n(    .*\n)*    summary graph: eager PASS \| compiled PASS \| dual compiled '
-                     r'FAIL$', report, re.M)
+                     r'PASS \| dual side by side FAIL$', report, re.M)
     os.environ.update(GPU_CHECK_STEPS='kernel_time_mambair_compiled', FAKE_NO_SUMMARY='1')   # no FT line: it fails
     (tmp_path / 'third').mkdir()
     try:
