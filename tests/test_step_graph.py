@@ -80,27 +80,55 @@ def test_replayed_steps_train_exactly_as_eager_steps():
 
 
 def test_networks_side_by_side_replay_each_ones_eager_step():
-    """One graph of two networks on the same batch (LDT's branches side by side): each network's loss and
-    gradients are those of its own eager step, each of its trainable tensors gets its own gradient, and
-    the reported terms are the last network's (the dual step's report reads the auxiliary's)."""
-    first, second = _net(0), _net(1)
-    second[0].weight.requires_grad_(False)
-    graph = StepGraph([first, second], recorder=RerunRecorder)
+    """One graph of several networks on the same batch (LDT's branches side by side): each network's loss
+    and gradients are those of its own eager step, each of its trainable tensors gets its own gradient,
+    the reported terms are the last network's (the dual step's report reads the auxiliary's), and the
+    recording says how many networks it holds. (Mutation testing: three networks kill a split of the
+    recorded outputs that is right only for the first two.)"""
+    nets = [_net(0), _net(1), _net(2)]
+    nets[1][0].weight.requires_grad_(False)
+    graph = StepGraph(nets, recorder=RerunRecorder)
     lq, gt = _batches(1)[0]
     for _ in range(EAGER_STEPS):
         assert graph.run(BatchTerms(_terms, lq, gt), MixedPrecision()) is None
     batch = BatchTerms(_terms, lq, gt)
-    losses = graph.run(batch, MixedPrecision())
-    replayed = {id(p): p.grad.clone() for net in (first, second) for p in net.parameters() if p.grad is not None}
-    for net, loss in zip((first, second), losses):
+    with basicsr_log() as lines:
+        losses = graph.run(batch, MixedPrecision())
+    assert lines == ['CUDA graph: step recorded (3 networks side by side, 23 tensors train)']
+    replayed = {id(p): p.grad.clone() for net in nets for p in net.parameters() if p.grad is not None}
+    for net, loss in zip(nets, losses):
         for p in net.parameters():
             p.grad = None
         eager = BatchTerms(_terms, lq, gt)
         assert eager(net).item() == loss.item()
         eager.terms['l_pix'].add(eager.terms['l_sq']).backward()
     assert {k: v.item() for k, v in batch.terms.items()} == {k: v.item() for k, v in eager.terms.items()}
-    assert len(replayed) == 8 + 7 and all(torch.equal(replayed[id(p)], p.grad)
-                                          for net in (first, second) for p in net.parameters() if p.grad is not None)
+    assert len(replayed) == 8 + 7 + 8 and all(torch.equal(replayed[id(p)], p.grad)
+                                              for net in nets for p in net.parameters() if p.grad is not None)
+
+
+def test_the_recording_steps_several_networks_on_streams_of_their_own(monkeypatch):
+    """Several networks on a CUDA device get a stream each, made once on that device, and the recorded step
+    hands them to ``side_by_side``; one network, or a CPU, gets none (stand-ins for the device and
+    torch.cuda: a CPU has neither)."""
+    import types
+    import basicsr_ldt.ldt.step_graph as step_graph
+    made, handed = [], []
+    monkeypatch.setattr(torch.cuda, 'Stream', lambda device: made.append(device) or f'stream {len(made)}')
+    on_gpu = types.SimpleNamespace(device=torch.device('cuda', 1))
+    graph = StepGraph([_net(0), _net(1)], recorder=RerunRecorder)
+    cpu_streams = graph._side_streams()
+    graph.network = types.SimpleNamespace(parameters=lambda: iter([on_gpu]))
+    assert cpu_streams is None and graph._side_streams() == ['stream 1', 'stream 2'] == graph._side_streams()
+    assert made == [torch.device('cuda', 1)] * 2
+    alone = StepGraph(_net(), recorder=RerunRecorder)
+    alone.network = graph.network
+    assert alone._side_streams() is None and len(made) == 2
+    monkeypatch.setattr(step_graph, 'side_by_side', lambda steps, streams: handed.append(streams) or [s() for s in steps])
+    two = StepGraph([_net(0), _net(1)], recorder=RerunRecorder, eager_steps=0)
+    monkeypatch.setattr(two, '_side_streams', lambda: ['s0', 's1'])
+    two.run(BatchTerms(_terms, *_batches(1)[0]), MixedPrecision())
+    assert handed == [['s0', 's1']] * 2   # the recording, and the stand-in's rerun at the replay
 
 
 def test_the_first_steps_run_eager_and_a_new_key_records_again():

@@ -106,7 +106,8 @@ def test_side_by_side_dual_steps_train_exactly_as_eager_ones():
         a, b = eager.network(which).state_dict(), side.network(which).state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a), which
     assert side.pair.graphs['primary'] is side.pair.graphs['auxiliary']
-    assert side.pair.schedule().startswith('branches side by side in one CUDA graph')
+    assert side.pair.schedule() == ('branches side by side in one CUDA graph after their first steps, a stream each '
+                                    '(no memory bound: ldt.overlap_memory is null)')
 
 
 @pytest.mark.parametrize('overlap, memory, schedule', [
@@ -156,7 +157,7 @@ def test_side_by_side_forks_each_step_onto_its_stream_and_joins_them(monkeypatch
     def step(name):
         return lambda: calls.append(f"{name} on {state['stream']}") or [name]
 
-    assert side_by_side([step('P'), step('A')], [Stream('s0'), Stream('s1')]) == [['P'], ['A']]
+    assert side_by_side([step('P'), step('A')], [Stream('s0'), Stream('s1', 'cuda:9')]) == [['P'], ['A']]
     assert calls == ['s0 waits for current', 'P on s0', 's1 waits for current', 'A on s1',
                      'current waits for s0', 'current waits for s1'] and devices == ['cuda:1']
     calls.clear()
@@ -296,3 +297,6 @@ def test_the_default_recorders_share_one_pool_made_at_the_first_recording(monkey
     alone = StepGraph(_net())
     assert alone._new_recorder(alone.network).pool is None
     assert [graph.eager_steps for graph in graphs_in_one_pool({'primary': _net()}, eager_steps=1).values()] == [1]
+    together = graphs_in_one_pool({'primary': _net(0), 'auxiliary': _net(1)}, eager_steps=1, side_by_side=True)
+    assert [graph.eager_steps for graph in together.values()] == [1, 1] and together['primary'] is together['auxiliary']
+    assert together['primary']._new_recorder(together['primary'].network).pool is None   # one graph: a pool of its own
