@@ -2,8 +2,8 @@
 # Fill gpu_carry/ (ignored) with what scripts/gpu_check.sh needs on a lent GPU machine, which has no
 # network and whose image lacks basicsr: mamba-ssm's sdist and a ninja wheel (its build), basicsr and lmdb
 # wheels for the image's Python 3.12 (gpu_carry/wheels/), and mamba-ssm's selective_scan extension built
-# here, for one architecture, against the image's torch (gpu_carry/mamba_ssm_ext/; about 7.5 min on 2
-# cores), so the device spends none of its minutes compiling. A device call carries at most 64 MiB with
+# here, for one architecture, against the image's torch (gpu_carry/mamba_ssm_ext/; the whole script 5.5 min
+# on 2 cores), so the device spends none of its minutes compiling. A device call carries at most 64 MiB with
 # the tracked files: the result is refused when it would not fit.
 #
 #   bash scripts/prepare_gpu_carry.sh          # then one device call with carry ["gpu_carry"]
