@@ -50,7 +50,7 @@ pip_ download --no-deps --only-binary :all: --python-version 3.12 --implementati
 [ -x "$CARRY_VENV/bin/python" ] || "$PY312" -m venv "$CARRY_VENV"
 "$CARRY_VENV/bin/python" -m pip install "$GPU_TORCH" numpy einops packaging
 sdist=$(ls "$partial"/mamba_ssm-*.tar.gz | head -n 1)
-"$CARRY_VENV/bin/python" scripts/build_mamba_ssm.py --sdist "$sdist" --arch "$GPU_ARCH" --jobs "$(nproc)" \
+"$CARRY_VENV/bin/python" scripts/build_mamba_ssm.py --sdist "$sdist" --arch "$GPU_ARCH" --jobs "$(getconf _NPROCESSORS_ONLN)" \
   --carry-to "$partial/mamba_ssm_ext"
 
 carry=$(du -sb "$partial" | cut -f1)
