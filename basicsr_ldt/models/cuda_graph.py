@@ -2,7 +2,9 @@
 (``basicsr_ldt.ldt.step_graph`` says what is recorded, when, and why it is faster).
 
 FTSRModel records its step; LDTSRModel the dual phase's two branches, one graph each in one memory
-pool (warm-up, profiling, LDT-S and its FT / LP-FT modes run eager, and ``true`` is refused there).
+pool, or both side by side in one graph where ``ldt.overlap_branches`` overlaps them without an
+``ldt.overlap_memory`` bound (warm-up, profiling, LDT-S and its FT / LP-FT modes run eager, and ``true``
+is refused there).
 CorGrad's step is not recorded; the schema refuses the key for other model types.
 """
 from typing import Any, Dict, FrozenSet, Optional, Tuple
