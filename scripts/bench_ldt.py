@@ -433,8 +433,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "with eager and with compiled blocks, and LDT's dual step compiled and side by side in one "
                         'graph: a FAIL line and exit status 1 where they differ')
     p.add_argument('--cuda-graph', action='store_true',
-                   help='also FT and the dual step replayed as CUDA graphs (train.cuda_graph: true), timed in the '
-                        'same iterations: FT graphed / FT, LDT graphed / FT graphed (--warm is then at least '
+                   help='also FT and the dual step replayed as CUDA graphs (train.cuda_graph: true; the dual step a '
+                        'graph per branch, and both branches side by side in one), timed in the same iterations: FT '
+                        'graphed / FT, each replayed dual step / FT graphed (--warm is then at least '
                         f'{EAGER_STEPS + 1}: the graphs record after {EAGER_STEPS} eager steps)')
     p.add_argument('--count-ops', action='store_true',
                    help='count the aten operators of one FT, primary and auxiliary step instead of timing')
