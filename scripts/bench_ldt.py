@@ -92,6 +92,7 @@ from basicsr_ldt.models.ldt_model import LDTSRModel as LDT_MODEL  # noqa: E402  
 from basicsr_ldt.ldt import (AMP_DTYPES, LDT, GradientStatistics, LDTConfig, MixedPrecision,  # noqa: E402
                              optimizer_step, preset, resolve_dtype)
 from basicsr_ldt.ldt.freezing import ROUTED_METHOD  # noqa: E402
+from basicsr_ldt.ldt.pair import CrossFrozenPair  # noqa: E402
 from basicsr_ldt.ldt.step_graph import EAGER_STEPS, BatchTerms, StepGraph, graphs_in_one_pool  # noqa: E402
 
 #: MambaIR configurations: the released classic SR x4 one (the paper's network) and the small
@@ -231,10 +232,15 @@ def graphed_dual_step(args: argparse.Namespace, partition_file: str, overlap: Un
     algo.enter(1)   # builds the pair
     compile_as_training(args, (algo.primary, algo.auxiliary), auto_model=LDT_MODEL.compile_auto_untimed)
     pair = algo.pair
-    graphs = list({id(graph): graph for graph in pair.graphs.values()}.values())   # side by side: one graph
+    graphs = pair_graphs(pair)
     return (lambda lq, gt: pair.step_both(l1(lq, gt), algo.precision),
             lambda: graphs[0].held_bytes() or 0,   # one pool: counted once
             lambda: [graph.recordings for graph in graphs])
+
+
+def pair_graphs(pair: CrossFrozenPair) -> List[StepGraph]:
+    """The pair's step graphs, each once (side by side, one graph is under both branches' names)."""
+    return list({id(graph): graph for graph in pair.graphs.values()}.values())
 
 
 def dynamo_graphs() -> int:
@@ -1096,7 +1102,7 @@ def graph_check_copy(args: argparse.Namespace, kind: str, graphed: bool
                    graphs=branch_graphs if graphed else None)
         algo.enter(1)
         networks = (algo.primary, algo.auxiliary)
-        graphs = list({id(g): g for g in algo.pair.graphs.values()}.values()) if graphed else []
+        graphs = pair_graphs(algo.pair) if graphed else []
 
         def step(batch: BatchTerms, iteration: int) -> List[float]:
             return list(algo.update(batch, iteration).values())

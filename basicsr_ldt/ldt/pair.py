@@ -218,7 +218,7 @@ class CrossFrozenPair:
             if branch in pending:      # stepped by P's graph, which holds both branches side by side
                 continue
             graph = graphs.get(branch)
-            stepped = [b for b in BRANCHES if graph is not None and graphs.get(b) is graph] or [branch]
+            stepped = [b for b in BRANCHES if graphs.get(b) is graph] if graph is not None else [branch]
             pending.update(started_steps({b: self.network(b) for b in stepped}, self.optimizers, batch_loss,
                                          precision, graph))
         return _finish_in_order(pending)
