@@ -65,8 +65,9 @@ BLOCK_CLASSES: Dict[str, Tuple[type, ...]] = {'MambaIR': (VSSBlock,), 'HAT': (HA
 #: Architectures whose blocks ``train.compile: auto`` compiles on a CUDA device: those whose FT
 #: training step a GPU run measured faster compiled than eager (``scripts/bench_ldt.py
 #: --compare-upstream``, 'ours compiled' against 'ours eager') with a cold compile within 60 s.
-#: H200, 2026-11-28 (docs/results.md): MambaIR 190.9 ms against 218.8 eager, compile in 41.7 s;
-#: SAFMN 27.7 against 36.0, 29.6 s. HAT is left out: 197.4 against 203.1 ms, but 79.9 s to compile.
+#: H200, 2026-11-28 (docs/results.md), step / upstream's compiled against eager: MambaIR 0.762 against
+#: 0.858, compile in 41.7 s; SAFMN 0.728 against 0.923, 29.6 s. HAT is left out: 0.817 against 0.924,
+#: but 79.9 s to compile.
 COMPILE_BY_DEFAULT: FrozenSet[str] = frozenset({'MambaIR', 'SAFMN'})
 
 _BACKEND = '_compile_backend'   # instance attribute: the backend its training forwards compile with
