@@ -131,6 +131,21 @@ def test_composite_network_holds_eq12_weights():
         assert torch.equal(t, src[n]) and t.requires_grad
 
 
+def test_branch_copies_are_plain_networks_without_the_routed_conv_forward():
+    """A conv whose weight is unstable and bias stable runs bias-apart in the primary, which trains the
+    stable tensors (its frozen weight's gradient skipped); the copies ``network()`` hands out (validated, saved, used by inference) all
+    train and must run the class's own conv forward, not a method bound to the training branch's
+    pattern. Mutation testing: kills ``clear_routing``'s mutants that left the override in place."""
+    config = LDTConfig(**{**CFG, 'force_stable': ('3.bias',), 'force_unstable': ('3.weight',)})
+    algo = LDT(_net(), config, _factory)
+    _run(algo, 1, 8)
+    assert '_conv_forward' in algo.primary[3].__dict__   # the pattern this test is about
+    for which in ('primary', 'auxiliary', 'composite'):
+        copy = algo.network(which)
+        assert not [m for m in copy.modules() if '_conv_forward' in m.__dict__], which
+    assert '_conv_forward' in algo.primary[3].__dict__   # the training branch keeps its own
+
+
 @pytest.mark.parametrize('name, overrides', [
     ('ft', {}),
     ('lp_ft', {'head_warmup_iters': 2, 'head_patterns': ('5',)}),
