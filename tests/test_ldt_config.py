@@ -94,6 +94,26 @@ def test_values_just_past_their_ranges_name_the_range(options, message):
         LDTConfig.from_dict(options)
 
 
+@pytest.mark.parametrize('method', ['ft', 'lp_ft', 'ldt_s'])
+def test_the_overlap_keys_are_refused_where_one_network_trains(method):
+    """``overlap_branches: true`` or a memory bound on FT, LP-FT or LDT-S (modes 'single', 'alternating')
+    would do nothing: refused, naming the key and the mode, as a bound with ``overlap_branches: false`` is.
+    What does nothing anyway (auto, false, the default bound, null) is accepted, so a study may switch
+    ``method`` alone in an LDT option file."""
+    mode = preset(method).mode
+    with pytest.raises(ValueError, match=rf"^ldt\.overlap_branches: overlaps the two branches of mode 'dual', and "
+                                         rf"mode '{mode}' trains one network, where it would do nothing; expected "
+                                         r"'auto' or false there, got true$"):
+        preset(method, overlap_branches=True)
+    with pytest.raises(ValueError, match=rf"^ldt\.overlap_memory: bounds the memory of the two branches of mode "
+                                         rf"'dual', and mode '{mode}' .* expected the default 1\.0 or null there, got 1\.5$"):
+        preset(method, overlap_memory=1.5)
+    for accepted in ({'overlap_branches': 'auto'}, {'overlap_branches': False}, {'overlap_memory': None},
+                     {'overlap_memory': 1.0}):
+        assert preset(method, **accepted).mode == mode
+    assert preset('ldt', overlap_branches=True, overlap_memory=1.5).overlap_memory == 1.5   # dual: what they are for
+
+
 @pytest.mark.parametrize('options, profiles', [
     ({'mode': 'single', 'profile_iters': 0}, False),                     # FT: no partition at all
     ({'partition_file': 'p.json', 'profile_iters': 0}, False),           # the partition is given

@@ -69,6 +69,13 @@ def test_three_phases_partition_report_and_composite_checkpoint(uninterrupted, d
 def test_resume_in_each_phase_reproduces_the_uninterrupted_run(uninterrupted, demo_data, stop):
     project, _ = uninterrupted
     assert_resume_reproduces(project, 'ldt', stop, ldt_options(demo_data, f'cut{stop}'))
+    # the resumed log says where the run is, and how the dual step runs (its options may change on resume)
+    log = next((project / 'experiments' / f'cut{stop}').glob(f'train_cut{stop}_*.log')).read_text()
+    phase = {1: 'head warm-up on D_S1 (2 iterations)', 3: "gradient profiling on D_S2 (2 batches, criterion 'var')",
+             6: 'dual training (cross-frozen primary/auxiliary)'}[stop]
+    resumed = re.search(rf'LDT phase: {re.escape(phase)} resumed after iteration {stop}\n.*\n', log)
+    assert resumed, log[-3000:]
+    assert ('INFO: LDT dual step: branches one after the other' in resumed[0]) is (stop == 6)   # the next line
 
 
 def assert_resume_reproduces(project, name, stop, options):

@@ -288,3 +288,41 @@ def test_force_yml_sets_plain_values_without_running_code():
         force_options(opt, ['train:x=[__import__("os")]'])
     with pytest.raises(InputError, match=r"^--force_yml logger:print_freq=1: the option file has no section 'logger'$"):
         force_options(opt, ['logger:print_freq=1'])
+
+
+def test_a_run_refused_after_its_folders_were_made_leaves_no_experiments_folder(project, demo_data):
+    """On a first run there is no ``experiments/``: BasicSR makes it with the run's folder. A value refused
+    once the folders exist (``train.cuda_graph: true`` on the CPU, checked as the model is built) rolls
+    back both, so the project looks as before the command."""
+    opt = train_options(demo_data, 'graphed')
+    opt['train']['cuda_graph'] = True
+    assert not (project / 'experiments').exists()
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'graphed.yml', opt), check=False)
+    assert one_line_failure(project, result, 'graphed').startswith('error: train.cuda_graph: true, but CUDA graphs '
+                                                                   'need a CUDA device, this run is on cpu')
+    assert not (project / 'experiments').exists() and not (project / 'tb_logger').exists()
+    (project / 'experiments' / 'other').mkdir(parents=True)   # someone else's run: experiments/ stays
+    result = run_entry(project, 'Train_pip.py', '-opt', 'graphed.yml', check=False)
+    assert result.returncode == 2 and [p.name for p in (project / 'experiments').iterdir()] == ['other']
+
+
+def test_more_gpus_than_the_machine_has_is_one_line(project, demo_data):
+    """``num_gpu: 2`` where torch sees no GPU (the tests hide CUDA): BasicSR would move the network to
+    CUDA and fail in the model's setup with a driver traceback, after making the run's folders."""
+    opt = train_options(demo_data, 'twogpus', num_gpu=2)
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'twogpus.yml', opt), check=False)
+    assert one_line_failure(project, result, 'twogpus') == (
+        "error: num_gpu: 2, but torch sees no CUDA device here; expected at most 0 ('auto' takes what there is: "
+        'the CPU)')
+    assert not (project / 'experiments').exists()
+
+
+def test_launcher_pytorch_outside_torchrun_is_one_line(project, demo_data):
+    """``--launcher pytorch`` reads the rank and world size torchrun sets; started by hand, torch's own
+    error is a traceback about an environment variable."""
+    opt = train_options(demo_data, 'launched')
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'launched.yml', opt), '--launcher', 'pytorch',
+                       check=False)
+    assert one_line_failure(project, result, 'launched') == (
+        'error: --launcher pytorch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set, as torchrun sets them; '
+        'start the run with torchrun --nproc_per_node=N ... --launcher pytorch, or drop --launcher')

@@ -156,11 +156,25 @@ def read_checked_options(path: str, role: str, forced: Optional[List[str]] = Non
     return opt, apply_defaults(defaults)
 
 
+def check_gpu_count(num_gpu: Any) -> None:
+    """A training ``num_gpu`` this machine has (BasicSR moves the network to CUDA for any count but 0,
+    and spreads it over that many GPUs: a traceback from deep in the model's setup otherwise)."""
+    present = torch.cuda.device_count()
+    if num_gpu != 'auto' and num_gpu > present:
+        there = f'{present} CUDA device{"s" if present != 1 else ""}' if present else 'no CUDA device'
+        raise InputError(f"num_gpu: {num_gpu}, but torch sees {there} here; expected at most {present} "
+                         f"('auto' takes what there is{', 0 the CPU' if present else ': the CPU'})")
+
+
 def _start_launcher(launcher: str, opt: Dict[str, Any]) -> None:
     """Start the process group ``--launcher`` asks for (after the options were checked)."""
     if launcher == 'pytorch':
         import torch.distributed as dist
         from basicsr_ldt.common.process_group import start_process_group
+        missing = [name for name in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT') if name not in os.environ]
+        if missing and not (dist.is_available() and dist.is_initialized()):
+            raise InputError(f"--launcher pytorch: {', '.join(missing)} not set, as torchrun sets them; start the "
+                             'run with torchrun --nproc_per_node=N ... --launcher pytorch, or drop --launcher')
         if not (dist.is_available() and dist.is_initialized()):
             start_process_group()
     elif launcher == 'slurm':
@@ -177,6 +191,8 @@ def parse_options(root_path: str, is_train: bool = True) -> Tuple[Dict[str, Any]
     from basicsr.utils.dist_util import get_dist_info
     args = argument_parser().parse_args()
     opt, args.option_defaults = read_checked_options(args.opt, TRAIN if is_train else TEST, args.force_yml)
+    if is_train:
+        check_gpu_count(opt.get('num_gpu', 'auto'))
 
     _start_launcher(args.launcher, opt)
     opt['dist'] = args.launcher != 'none'

@@ -205,6 +205,13 @@ def _validate(cfg: LDTConfig) -> None:
         raise ValueError(f'ldt.overlap_memory: bounds the memory of overlapped branches, and overlap_branches '
                          f'is false; expected the default {DEFAULT_OVERLAP_MEMORY} (or null) there, got '
                          f'{cfg.overlap_memory}')
+    if cfg.mode != 'dual' and (cfg.overlap_branches is True or cfg.overlap_memory not in (None, DEFAULT_OVERLAP_MEMORY)):
+        key, does, expected, value = (
+            ('overlap_branches', 'overlaps', f"'{OVERLAP_AUTO}' or false", 'true') if cfg.overlap_branches is True
+            else ('overlap_memory', 'bounds the memory of', f'the default {DEFAULT_OVERLAP_MEMORY} or null',
+                  cfg.overlap_memory))
+        raise ValueError(f"ldt.{key}: {does} the two branches of mode 'dual', and mode '{cfg.mode}' trains one "
+                         f'network, where it would do nothing; expected {expected} there, got {value}')
     if cfg.deft_grouping != 'head' and cfg.partition != 'name':
         raise ValueError(f"ldt.deft_grouping: '{cfg.deft_grouping}' applies to partition 'name' only, "
                          f"got partition '{cfg.partition}'")

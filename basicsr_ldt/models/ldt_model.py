@@ -293,7 +293,17 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
             self._profile_before_training(current_iter)
         self.ldt.enter(current_iter)
         self._sync_optimizer_lists()
-        logger = get_root_logger()
+        self._log_phase(phase, f'from iteration {current_iter}')
+        if phase == 'train' and self.ldt.partition is not None:
+            self._report_partition(self.ldt.partition)
+            for line in self.ldt.horizon_warnings():
+                get_root_logger().warning(f'LDT: {line}')
+        self._phase = phase
+        return True
+
+    def _log_phase(self, phase: str, when: str) -> None:
+        """The log's account of a phase (and of how the dual step runs), on entering it or resuming in it:
+        the dual step's schedule depends on execution options a resumed run may change."""
         descriptions = {'warmup': f'head warm-up on D_S1 ({self.config.head_warmup_iters} iterations)',
                         'profile': f'gradient profiling on D_S2 ({self.config.profile_iters} batches, '
                                    f"criterion '{self.config.criterion}')",
@@ -301,15 +311,10 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
                                   'alternating': f'LDT-S (one network, groups frozen alternately every '
                                                  f'{self.config.interval_iters} iterations, CPU weight buffer)',
                                   'single': 'fine-tuning'}[self.config.mode]}
-        logger.info(f'LDT phase: {descriptions[phase]} from iteration {current_iter}')
-        if phase == 'train' and self.ldt.partition is not None:
-            self._report_partition(self.ldt.partition)
-            if self.ldt.pair is not None:
-                logger.info(f'LDT dual step: {self.ldt.pair.schedule()} (ldt.overlap_branches, overlap_memory)')
-            for line in self.ldt.horizon_warnings():
-                logger.warning(f'LDT: {line}')
-        self._phase = phase
-        return True
+        logger = get_root_logger()
+        logger.info(f'LDT phase: {descriptions[phase]} {when}')
+        if phase == 'train' and self.ldt.pair is not None:
+            logger.info(f'LDT dual step: {self.ldt.pair.schedule()} (ldt.overlap_branches, overlap_memory)')
 
     def _profile_before_training(self, current_iter: int) -> None:
         """Profiling outside ``total_iter`` (``profile_counts_in_total_iter: false``), in one go."""
@@ -415,3 +420,8 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
             raise InputError(f'cannot resume LDT: {err}') from None
         self._phase = self.ldt.current_phase
         self._sync_optimizer_lists()
+
+    def resume_training(self, resume_state: Dict) -> None:
+        super().resume_training(resume_state)
+        if self._phase is not None:
+            self._log_phase(self._phase, f"resumed after iteration {resume_state['iter']}")
