@@ -326,3 +326,44 @@ def test_launcher_pytorch_outside_torchrun_is_one_line(project, demo_data):
     assert one_line_failure(project, result, 'launched') == (
         'error: --launcher pytorch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set, as torchrun sets them; '
         'start the run with torchrun --nproc_per_node=N ... --launcher pytorch, or drop --launcher')
+
+
+@pytest.mark.parametrize('where, value, message', [
+    (('train', 'cuda_graph'), 'yes please', "train.cuda_graph: expected one of 'auto', true, false, got 'yes please'"),
+    (('train', 'cuda_graph'), True, 'train.cuda_graph: true, but CUDA graphs need a CUDA device, this run is on cpu'),
+    (('train', 'compile'), 'on', "train.compile: expected one of 'auto', true, false, got 'on'"),
+    (('train', 'compile'), True, "train.compile: true, but network_g type 'MSRResNet' has no blocks to compile"),
+    (('train', 'amp'), 'fp16', 'train.amp: fp16'),
+    (('train', 'optim_g', 'fused'), 'no', "train.optim_g.fused: expected true, false or no value"),
+    (('train', 'max_bad_steps'), 0, 'train.max_bad_steps: expected an integer >= 1, got 0'),
+    (('val', 'tile_overlap'), -1, 'val.tile_overlap: expected an integer >= 0, got -1'),
+    (('ldt', 'ratio_u'), 1.5, 'ldt.ratio_u: expected a number in (0, 1), got 1.5'),
+    (('ldt', 'slices'), 1, 'ldt.slices: expected'),
+])
+def test_a_models_bad_value_is_the_only_line_printed(project, demo_data, where, value, message):
+    """The values a model checks as it is built (``basicsr_ldt.models.option_values``) are checked before the
+    run makes a folder, writes its log or prints BasicSR's banner: the error is all the output."""
+    opt = train_options(demo_data, 'slip')
+    if where[0] == 'ldt':
+        opt['model_type'] = 'LDTSRModel'
+        opt['ldt'] = {'method': 'corgrad'} if where[1] == 'slices' else {'profile_iters': 2}
+    section = opt
+    for key in where[:-1]:
+        section = section.setdefault(key, {})
+    section[where[-1]] = value
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'slip.yml', opt), check=False)
+    assert one_line_failure(project, result, 'slip').startswith(f'error: {message}')
+    assert (result.stdout + result.stderr).strip().count('\n') == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert not (project / 'experiments').exists()
+
+
+def test_cuda_graph_true_is_judged_on_the_device_and_processes_basicsr_will_use():
+    """The early check reads the layout from the options as BasicSR does (no GPU needed to judge it):
+    ``num_gpu: 1`` in one process records; two GPUs (DataParallel) or a launcher (DDP) wrap the network."""
+    from basicsr_ldt.models.option_values import check_option_values
+    opt = {'model_type': 'FTSRModel', 'num_gpu': 1, 'network_g': {'type': 'MSRResNet'}, 'train': {'cuda_graph': True}}
+    check_option_values(opt)
+    for layout in ({'num_gpu': 2}, {'dist': True}):
+        with pytest.raises(InputError, match=r'^train\.cuda_graph: true, but the network is wrapped for several GPUs'):
+            check_option_values({**opt, **layout})
+    check_option_values({**opt, 'model_type': 'SRModel', 'num_gpu': 0})   # BasicSR's models do not read the key

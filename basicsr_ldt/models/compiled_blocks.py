@@ -50,6 +50,14 @@ def compile_setting(train_opt: Dict[str, Any]) -> CompileSetting:
     return CompileSetting(mode, backend)
 
 
+def refuse_uncompilable(setting: CompileSetting, arch: str) -> None:
+    """``true`` for a network type (``network_g.type``) without blocks to compile is refused: the user
+    asked for something that cannot happen."""
+    if setting.mode == 'true' and arch not in arch_compile.BLOCK_CLASSES:
+        raise InputError(f"train.compile: true, but network_g type '{arch}' has no blocks to compile (only "
+                         f"{', '.join(sorted(arch_compile.BLOCK_CLASSES))} have); use auto or false")
+
+
 def compile_decision(setting: CompileSetting, network: nn.Module, device_type: str,
                      auto_model: str = '') -> Tuple[bool, str]:
     """Whether ``network``'s blocks are compiled, and why not when they are not (for the log).
@@ -57,15 +65,13 @@ def compile_decision(setting: CompileSetting, network: nn.Module, device_type: s
     ``auto`` compiles only on CUDA, only architectures in ``archs.compile.COMPILE_BY_DEFAULT``, and
     not for a model type named in ``auto_model`` (one whose compiled step no GPU run has timed);
     ``true`` compiles on any device (so CPU runs and tests exercise it), and refuses a network
-    with no blocks to compile, since the user asked for something that cannot happen.
+    with no blocks to compile (:func:`refuse_uncompilable`).
     """
     arch = type(network).__name__
+    refuse_uncompilable(setting, arch)
     if setting.mode == 'false':
         return False, 'train.compile: false'
     if setting.mode == 'true':
-        if not arch_compile.block_classes(network):
-            raise InputError(f"train.compile: true, but network_g type '{arch}' has no blocks to compile (only "
-                             f"{', '.join(sorted(arch_compile.BLOCK_CLASSES))} have); use auto or false")
         return True, ''
     if device_type != 'cuda':
         return False, f'train.compile: auto compiles on CUDA only, this run is on {device_type}'

@@ -41,12 +41,11 @@ def graph_decision(mode: str, network: nn.Module, device_type: str, amp: Optiona
     names a model's step no GPU run has timed replayed (``auto`` leaves it eager); ``unrecorded``
     says why a run has no step to record."""
     arch = type(network).__name__
-    cannot = unrecorded or _unrecordable_run(device_type, amp, single_process)
+    cannot = unrecorded or unrecordable_run(device_type, amp, single_process)
+    refuse_true(mode, cannot)
     if mode == 'false':
         return False, 'train.cuda_graph: false'
     if mode == 'true':
-        if cannot:
-            raise InputError(f'train.cuda_graph: true, but {cannot}; use auto or false')
         return True, ''
     if cannot:
         return False, f'train.cuda_graph: auto, and {cannot}'
@@ -59,7 +58,14 @@ def graph_decision(mode: str, network: nn.Module, device_type: str, amp: Optiona
     return True, ''
 
 
-def _unrecordable_run(device_type: str, amp: Optional[torch.dtype], single_process: bool) -> str:
+def refuse_true(mode: str, cannot: str) -> None:
+    """``true`` where the step cannot be recorded (``cannot`` says why; '' when it can) is refused rather
+    than run otherwise than asked."""
+    if mode == 'true' and cannot:
+        raise InputError(f'train.cuda_graph: true, but {cannot}; use auto or false')
+
+
+def unrecordable_run(device_type: str, amp: Optional[torch.dtype], single_process: bool) -> str:
     """Why a run on this device, precision and process layout cannot record its step ('' when it can)."""
     if device_type != 'cuda':
         return f'CUDA graphs need a CUDA device, this run is on {device_type}'

@@ -6,8 +6,9 @@ Differences from ``basicsr.train.train_pipeline`` (same options, flags and outpu
 - a resumed run continues mid-epoch at the batch where the saved run stopped, with the same crops
   (the sampler passes draw numbers that seed each sample's augmentation) and RNG state, so it
   reproduces an uninterrupted run;
-- bad input raises :class:`InputError` before training starts and the new experiment folder is
-  removed again (an archived previous run is put back).
+- bad input raises :class:`InputError` before training starts: data and the models' option values
+  before any folder is made (``basicsr_ldt.models.option_values``), the rest with the new experiment
+  folder removed again (an archived previous run is put back).
 """
 import datetime
 import logging
@@ -36,6 +37,7 @@ from basicsr_ldt.common.option_file import parse_options
 from basicsr_ldt.common.process_group import end_process_group
 from basicsr_ldt.data.sampler import training_sampler
 from basicsr_ldt.models.best import BestCheckpointMixin
+from basicsr_ldt.models.option_values import check_option_values
 from basicsr_ldt.weights.checkpoint import UnreadableCheckpoint, load_safe
 
 
@@ -138,6 +140,7 @@ def train_pipeline(root_path: str) -> None:
     try:
         resume_state = load_resume_state(opt)
         train_set, val_sets = build_datasets(opt)
+        check_option_values(opt)
         if resume_state is None and opt['rank'] == 0:
             outputs.create(opt['path']['experiments_root'])
             for key in ('models', 'training_states', 'visualization'):

@@ -1,0 +1,41 @@
+"""The option values a project model checks as it is built, checked before the run makes anything.
+
+Why: the schema (``basicsr_ldt.common.schema``) knows every key, and the models own their values
+(``train.compile``, ``train.cuda_graph``, ``train.amp``, ``train.optim_g.fused``, ``val:``, the
+``ldt:`` block, ...). A model is built after the experiment folder, the log and BasicSR's banner, so
+a slip there used to print a screen of log lines before its one error. The same functions the
+models call run here first, with the device and process layout BasicSR will pick; what depends on
+the model (``cuda_graph: true`` for a mode without a recorded step) is still checked when it is built.
+"""
+from typing import Any, Dict
+
+from basicsr_ldt.models.compiled_blocks import compile_setting, refuse_uncompilable
+from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
+from basicsr_ldt.models.cuda_graph import graph_mode, refuse_true, unrecordable_run
+from basicsr_ldt.models.guarded_step import max_bad_steps_from_options, precision_from_options
+from basicsr_ldt.models.ldt_model import ldt_config_from_options
+from basicsr_ldt.models.optimizers import fused_choice
+from basicsr_ldt.models.validation import validation_settings
+
+#: The model types whose values are checked here (BasicSR's own models read none of these keys).
+CHECKED_MODELS = ('FTSRModel', 'LDTSRModel', 'CorGradSRModel')
+
+
+def check_option_values(opt: Dict[str, Any]) -> None:
+    """Raise the model's one-line :class:`InputError` for a bad value of a key it reads without a network."""
+    model_type = opt.get('model_type')
+    if model_type not in CHECKED_MODELS:
+        return
+    train = opt.get('train') or {}
+    device_type = 'cuda' if opt.get('num_gpu', 0) != 0 else 'cpu'   # as BasicSR's BaseModel picks it
+    validation_settings(opt)
+    refuse_uncompilable(compile_setting(train), (opt.get('network_g') or {}).get('type'))
+    fused_choice(train.get('optim_g') or {})
+    precision = precision_from_options(train, device_type)
+    single_process = not opt.get('dist') and opt.get('num_gpu', 0) <= 1   # BasicSR wraps the network otherwise
+    refuse_true(graph_mode(train), unrecordable_run(device_type, precision.dtype, single_process))
+    max_bad_steps_from_options(train)
+    if model_type == 'CorGradSRModel' or (opt.get('ldt') or {}).get('method') == 'corgrad':
+        corgrad_config_from_options(opt)
+    elif model_type == 'LDTSRModel':
+        ldt_config_from_options(opt)
