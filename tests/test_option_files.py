@@ -328,7 +328,8 @@ def test_launcher_pytorch_outside_torchrun_is_one_line(project, demo_data):
         'start the run with torchrun --nproc_per_node=N ... --launcher pytorch, or drop --launcher')
 
 
-@pytest.mark.parametrize('where, value, message', [
+#: (where in the options, value, the error's start): values a model checks without a network.
+MODEL_VALUE_SLIPS = [
     (('train', 'cuda_graph'), 'yes please', "train.cuda_graph: expected one of 'auto', true, false, got 'yes please'"),
     (('train', 'cuda_graph'), True, 'train.cuda_graph: true, but CUDA graphs need a CUDA device, this run is on cpu'),
     (('train', 'compile'), 'on', "train.compile: expected one of 'auto', true, false, got 'on'"),
@@ -339,31 +340,91 @@ def test_launcher_pytorch_outside_torchrun_is_one_line(project, demo_data):
     (('val', 'tile_overlap'), -1, 'val.tile_overlap: expected an integer >= 0, got -1'),
     (('ldt', 'ratio_u'), 1.5, 'ldt.ratio_u: expected a number in (0, 1), got 1.5'),
     (('ldt', 'slices'), 1, 'ldt.slices: expected'),
-])
-def test_a_models_bad_value_is_the_only_line_printed(project, demo_data, where, value, message):
-    """The values a model checks as it is built (``basicsr_ldt.models.option_values``) are checked before the
-    run makes a folder, writes its log or prints BasicSR's banner: the error is all the output."""
-    opt = train_options(demo_data, 'slip')
+]
+
+
+def slipped_options(data, where, value, model_type=None):
+    """Valid training options with ``value`` at ``where``; an ``ldt`` key makes them LDT's (or, for CorGrad's
+    ``slices``, CorGrad's through ``ldt.method``, or ``model_type``)."""
+    opt = train_options(data, 'slip')
     if where[0] == 'ldt':
-        opt['model_type'] = 'LDTSRModel'
+        opt['model_type'] = model_type or 'LDTSRModel'
         opt['ldt'] = {'method': 'corgrad'} if where[1] == 'slices' else {'profile_iters': 2}
+        if opt['model_type'] == 'CorGradSRModel':
+            del opt['ldt']['method']
     section = opt
     for key in where[:-1]:
         section = section.setdefault(key, {})
     section[where[-1]] = value
+    return opt
+
+
+@pytest.mark.parametrize('where, value, message', MODEL_VALUE_SLIPS)
+def test_a_models_bad_value_is_the_only_line_printed(project, demo_data, where, value, message):
+    """The values a model checks as it is built (``basicsr_ldt.models.option_values``) are checked before the
+    run makes a folder, writes its log or prints BasicSR's banner: the error is all the output."""
+    opt = slipped_options(demo_data, where, value)
     result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'slip.yml', opt), check=False)
     assert one_line_failure(project, result, 'slip').startswith(f'error: {message}')
     assert (result.stdout + result.stderr).strip().count('\n') == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert not (project / 'experiments').exists()
 
 
+@pytest.mark.parametrize('where, value, message', MODEL_VALUE_SLIPS)
+def test_each_model_value_slip_is_caught_by_the_early_check_itself(tmp_path, where, value, message):
+    """The same slips through ``check_option_values`` in-process, for every project model type that reads
+    the key (CorGrad's block also as ``model_type: CorGradSRModel``); the options without the key pass, with
+    ``num_gpu`` absent read as BasicSR reads it (the CPU)."""
+    from basicsr_ldt.models.option_values import check_option_values
+    for model_type in (None, 'CorGradSRModel') if where[1] == 'slices' else (None,):
+        opt = slipped_options(tmp_path, where, value, model_type)
+        del opt['num_gpu']
+        with pytest.raises(InputError, match='^' + re.escape(message)):
+            check_option_values(opt)
+        section = opt
+        for key in where[:-1]:
+            section = section[key]
+        del section[where[-1]]   # the key left out: its default
+        check_option_values(opt)
+
+
 def test_cuda_graph_true_is_judged_on_the_device_and_processes_basicsr_will_use():
     """The early check reads the layout from the options as BasicSR does (no GPU needed to judge it):
-    ``num_gpu: 1`` in one process records; two GPUs (DataParallel) or a launcher (DDP) wrap the network."""
+    ``num_gpu: 1`` in one process records; two GPUs (DataParallel) or a launcher (DDP) wrap the network; fp16's
+    loss scaling is not recorded."""
     from basicsr_ldt.models.option_values import check_option_values
     opt = {'model_type': 'FTSRModel', 'num_gpu': 1, 'network_g': {'type': 'MSRResNet'}, 'train': {'cuda_graph': True}}
     check_option_values(opt)
     for layout in ({'num_gpu': 2}, {'dist': True}):
         with pytest.raises(InputError, match=r'^train\.cuda_graph: true, but the network is wrapped for several GPUs'):
             check_option_values({**opt, **layout})
+    fp16 = {**opt, 'train': {'cuda_graph': True, 'amp': 'fp16'}}
+    with pytest.raises(InputError, match=r"^train\.cuda_graph: true, but train\.amp fp16's loss scaling checks"):
+        check_option_values(fp16)
     check_option_values({**opt, 'model_type': 'SRModel', 'num_gpu': 0})   # BasicSR's models do not read the key
+
+
+def test_a_rolled_back_output_folder_leaves_the_tree_as_it_was(tmp_path, capsys):
+    """``OutputFolder``: a rollback removes each folder it made, and the folders above it that it made and
+    that are empty again; an existing folder it archived comes back with its files; a folder above that
+    holds anything else (another run) stays."""
+    from basicsr_ldt.common.outputs import OutputFolder
+    outputs = OutputFolder()
+    outputs.create(str(tmp_path / 'experiments' / 'deep' / 'run'))
+    outputs.create(str(tmp_path / 'experiments' / 'deep' / 'run' / 'models'))
+    (tmp_path / 'results' / 'old').mkdir(parents=True)
+    (tmp_path / 'results' / 'old' / 'metrics.md').write_text('kept')
+    outputs.create(str(tmp_path / 'results' / 'old'))
+    assert 'Path already exists. Renamed it to' in capsys.readouterr().out
+    assert sorted(re.sub(r'\d', '0', p.name) for p in (tmp_path / 'results').iterdir()) == [
+        'old', 'old_archived_00000000_000000']   # BasicSR's name for the archive, beside the new folder
+    outputs.rollback()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['results']
+    assert [p.name for p in (tmp_path / 'results').iterdir()] == ['old']
+    assert (tmp_path / 'results' / 'old' / 'metrics.md').read_text() == 'kept'
+    outputs.create(str(tmp_path / 'tb_logger' / 'run'))
+    outputs.create(str(tmp_path / 'experiments' / 'run'))
+    (tmp_path / 'experiments' / 'other').mkdir()
+    outputs.rollback()   # experiments/ stays, and the folders made before it still go
+    assert [p.name for p in (tmp_path / 'experiments').iterdir()] == ['other']
+    assert not (tmp_path / 'tb_logger').exists()
