@@ -1,4 +1,5 @@
 """Checkpoint files are replaced atomically and read safely."""
+import argparse
 import logging
 import os
 
@@ -7,7 +8,7 @@ import torch
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.weights import checkpoint
-from basicsr_ldt.weights.checkpoint import load_safe, load_weights, save_atomic
+from basicsr_ldt.weights.checkpoint import UnreadableCheckpoint, load_safe, load_weights, save_atomic
 
 
 def test_failed_write_leaves_previous_file_and_no_temp(tmp_path, monkeypatch):
@@ -207,7 +208,8 @@ def test_explicit_resume_state_and_states_that_cannot_be_resumed(tmp_path, capsy
     opt['path']['resume_state'] = str(states / '5000.state')
     assert load_resume_state(opt)['iter'] == 5000 and opt['path']['pretrain_network_g'].endswith('net_g_5000.pth')
     opt['path']['resume_state'] = str(states / 'latest.state')
-    with pytest.raises(InputError, match=r"^refusing to load training state '.*latest\.state'"):
+    with pytest.raises(InputError, match=r"^cannot read training state '.*latest\.state': damaged or not a file saved "
+                                         r'by torch\.save \(Unsupported operand 110\)$'):   # 'n', the file's first byte
         load_resume_state(opt)
     torch.save({'params': {}}, states / 'weights.state')
     opt['path']['resume_state'] = str(states / 'weights.state')
@@ -221,3 +223,25 @@ def test_explicit_resume_state_and_states_that_cannot_be_resumed(tmp_path, capsy
     assert str(err.value).startswith(f"cannot read training state '{states / '15000.state'}'")
     assert str(err.value).endswith(' (nor any of the 1 older one(s))')
     assert 'warning' not in capsys.readouterr().err
+
+
+def test_damaged_files_and_folders_are_named_as_such_not_as_code(tmp_path):
+    """A checkpoint cut short, random bytes or a folder given as one each get one line that says what is wrong
+    with the file; only a pickle of Python objects is refused as code, naming the object, without torch's
+    advice to load it unsafely."""
+    from basicsr_ldt.weights.checkpoint import load_safe
+    torch.save({'params': {'w': torch.zeros(4096)}}, tmp_path / 'whole.pth')
+    (tmp_path / 'cut.pth').write_bytes((tmp_path / 'whole.pth').read_bytes()[:2000])
+    (tmp_path / 'noise.pth').write_bytes(bytes(range(200, 256)) * 20)
+    torch.save({'params': {}, 'opt': argparse.Namespace(lr=1)}, tmp_path / 'objects.pth')
+    cases = {'cut.pth': r"cannot read checkpoint '.*cut\.pth': damaged or truncated \(.+\)$",
+             'noise.pth': r"cannot read checkpoint '.*noise\.pth': damaged or not a file saved by torch\.save \(.+\)$",
+             'objects.pth': r"refusing to load checkpoint '.*objects\.pth': it contains pickled objects other than "
+                            r'tensors and plain containers \(argparse\.Namespace\), and loading them could run '
+                            r'arbitrary code$',
+             '': r"checkpoint '.*' is a folder; expected a file saved by torch\.save \(\.pth, \.state\)$"}
+    for name, message in cases.items():
+        with pytest.raises(InputError, match='^' + message) as err:
+            load_safe(str(tmp_path / name))
+        assert 'weights_only' not in str(err.value) and '\n' not in str(err.value)
+        assert isinstance(err.value, UnreadableCheckpoint) is name.startswith(('cut', 'noise'))   # moved aside on resume

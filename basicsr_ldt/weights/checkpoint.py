@@ -7,6 +7,7 @@ temporary file in the same folder that is renamed into place, reads use ``weight
 import logging
 import os
 import pickle
+import re
 import tempfile
 from typing import Any, Optional, Tuple
 
@@ -39,16 +40,29 @@ def save_atomic(obj: Any, path: str) -> None:
 
 def load_safe(path: str, what: str = 'checkpoint') -> Any:
     """Load a checkpoint on the CPU with ``weights_only=True``; refuse pickled code with a reason."""
+    if os.path.isdir(path):
+        raise InputError(f"{what} '{path}' is a folder; expected a file saved by torch.save (.pth, .state)")
     if not os.path.isfile(path):
         raise InputError(f"{what} '{path}' does not exist{fetch_hint(path) if what == 'checkpoint' else ''}")
     try:
         return torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as err:
+        named = re.search(r'GLOBAL ([\w.]+)', str(err))
+        if named is None:   # not an object torch refused to build, but bytes no unpickler reads
+            raise UnreadableCheckpoint(f"cannot read {what} '{path}': damaged or not a file saved by torch.save "
+                                       f'({_unpickler_complaint(err)})') from None
         raise InputError(f"refusing to load {what} '{path}': it contains pickled objects other than tensors "
-                         f"and plain containers, and loading them could run arbitrary code ({err})".split('\n')[0]
-                         ) from None
+                         f'and plain containers ({named[1]}), and loading them could run arbitrary code') from None
     except (RuntimeError, EOFError, OSError) as err:
-        raise UnreadableCheckpoint(f"cannot read {what} '{path}': {err}".split('\n')[0]) from None
+        reason = str(err).split('\n')[0] or type(err).__name__
+        raise UnreadableCheckpoint(f"cannot read {what} '{path}': damaged or truncated ({reason})") from None
+
+
+def _unpickler_complaint(err: Exception) -> str:
+    """The line of torch's weights-only error that says what it met (its advice to load unsafely left out)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    after = [line for before, line in zip(lines, lines[1:]) if before.endswith('WeightsUnpickler error:')]
+    return (after or ['not a pickle torch reads'])[0]
 
 
 def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'params') -> dict:
