@@ -168,3 +168,22 @@ def test_torchrun_two_cpu_processes(project, demo_data, model):
     if model.startswith('LDTSRModel'):
         partition = json.loads((exp / 'ldt_partition.json').read_text())
         assert {layer['group'] for layer in partition['layers']} == {'stable', 'unstable'}
+
+
+def test_a_test_image_damaged_past_its_header_leaves_the_earlier_results_in_place(project, demo_data, tmp_path):
+    """A test LR image whose header reads but whose pixels are cut off is found only as test.py reads it,
+    after the results folder was made: one line naming it, the new folder gone, the earlier results back."""
+    import shutil
+    data = tmp_path / 'data'
+    shutil.copytree(demo_data / 'Test_x4', data / 'Test_x4')
+    lr = sorted((data / 'Test_x4' / 'test_LR').glob('sony*'))[-1]
+    opt = {'name': 'damaged', 'scale': 4, 'num_gpu': 0, 'path': {}, 'checkpoints': [{'bicubic': True}],
+           'datasets': {'test_1': dataset(data, 'Test', ['Sony'])}}
+    (project / 'results' / 'damaged').mkdir(parents=True)
+    (project / 'results' / 'damaged' / 'metrics.md').write_text('earlier')
+    lr.write_bytes(lr.read_bytes()[:200])   # header intact, pixels missing
+    result = run_entry(project, 'test.py', '-opt', write(project / 'damaged.yml', opt), check=False)
+    assert result.returncode == 2 and 'Traceback' not in result.stderr
+    assert last_line(result) == f"error: image '{lr}' of dataset 'Test_Sony' is corrupt or not an image"
+    assert [p.name for p in (project / 'results').iterdir()] == ['damaged']
+    assert (project / 'results' / 'damaged' / 'metrics.md').read_text() == 'earlier'

@@ -428,3 +428,22 @@ def test_a_rolled_back_output_folder_leaves_the_tree_as_it_was(tmp_path, capsys)
     outputs.rollback()   # experiments/ stays, and the folders made before it still go
     assert [p.name for p in (tmp_path / 'experiments').iterdir()] == ['other']
     assert not (tmp_path / 'tb_logger').exists()
+
+
+@pytest.mark.parametrize('name', ['../escape', '/tmp/abs', 'a//b', 'run/..'])
+def test_a_name_that_would_leave_the_project_folders_is_one_line(project, demo_data, name):
+    """``name`` is a folder under ``experiments/`` and ``results/``; ``../escape`` wrote test.py's results
+    beside the project. BasicSR's ``group/run`` stays allowed (the studies use it)."""
+    opt = bicubic_test_options(demo_data, name)
+    result = run_entry(project, 'test.py', '-opt', write(project / 'named.yml', opt), check=False)
+    assert result.returncode == 2 and 'Traceback' not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: option file '{project / 'named.yml'}': name: expected a folder name under experiments/ and results/ "
+        f"('group/run' allowed), not absolute and without '..' or empty parts, got {name!r}")
+    assert sorted(p.name for p in project.iterdir()) == ['Train_pip.py', 'named.yml', 'test.py']
+
+
+def test_a_group_slash_run_name_is_kept(project, demo_data):
+    opt = bicubic_test_options(demo_data, 'group/run')
+    run_entry(project, 'test.py', '-opt', write(project / 'grouped.yml', opt))
+    assert (project / 'results' / 'group' / 'run' / 'metrics.md').is_file()

@@ -461,8 +461,12 @@ def check_options(opt: Any, role: str, where: str, required: bool = True) -> Lis
             checker.fail(f"model_type '{model}' is registered, but the training pipeline of this project runs image "
                          f"SR models only: {', '.join(MODEL_TYPES)}")
     checker.section(opt, '', TOP_LEVEL)
-    if not isinstance(opt.get('name', ''), str) or opt.get('name') == '':
-        checker.fail(f"name: expected the experiment's name (a string), got {opt.get('name')!r}")
+    name = opt.get('name', '')
+    if not isinstance(name, str) or name == '':
+        checker.fail(f"name: expected the experiment's name (a string), got {name!r}")
+    if os.path.isabs(name) or {'..', ''} & set(name.replace('\\', '/').split('/')):   # BasicSR allows 'group/run'
+        checker.fail(f"name: expected a folder name under experiments/ and results/ ('group/run' allowed), not "
+                     f"absolute and without '..' or empty parts, got {name!r}")
     num_gpu = opt.get('num_gpu', 'auto')
     if num_gpu != 'auto' and (isinstance(num_gpu, bool) or not isinstance(num_gpu, int) or num_gpu < 0):
         checker.fail(f"num_gpu: expected 'auto' or an integer >= 0, got {num_gpu!r}")

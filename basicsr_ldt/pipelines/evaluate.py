@@ -11,7 +11,7 @@ import json
 import logging
 from collections import OrderedDict
 from os import path as osp
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Optional
 
 import torch
 from tqdm import tqdm
@@ -222,9 +222,16 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
             networks.append(network.to(device).eval())
         comparison = Comparison(test_opt['compare'], opt, checkpoints, datasets, device) if test_opt['compare'] else None
         outputs.create(opt['path']['results_root'])
+        # a damaged image found only as its pixels are read fails here too: nothing of this run stays
+        return _test_every_image(opt, args, test_opt, datasets, checkpoints, networks, comparison, device)
     except InputError as err:
         outputs.rollback()
         fail(str(err))
+
+
+def _test_every_image(opt: Dict, args, test_opt: Dict, datasets: List, checkpoints: List[Dict], networks: List,
+                      comparison: Optional[Comparison], device: torch.device) -> 'OrderedDict[str, OrderedDict]':
+    """Run every network on every test image, then write and return the per-camera tables."""
     logger = test_logger(osp.join(opt['path']['log'], f"test_{opt['name'].replace('/', '_')}_{get_time_str()}.log"))
     if args.option_defaults:
         logger.info(args.option_defaults)
