@@ -337,6 +337,9 @@ MODEL_VALUE_SLIPS = [
     (('train', 'amp'), 'fp16', 'train.amp: fp16'),
     (('train', 'optim_g', 'fused'), 'no', "train.optim_g.fused: expected true, false or no value"),
     (('train', 'max_bad_steps'), 0, 'train.max_bad_steps: expected an integer >= 1, got 0'),
+    (('train', 'ema_decay'), '0.99', "train.ema_decay: expected a number in [0, 1) (0: no weight EMA), got '0.99'"),
+    (('train', 'ema_decay'), 2.0, 'train.ema_decay: expected a number in [0, 1) (0: no weight EMA), got 2.0'),
+    (('train', 'l2_sp_weight'), -1, 'train.l2_sp_weight: '),
     (('val', 'tile_overlap'), -1, 'val.tile_overlap: expected an integer >= 0, got -1'),
     (('ldt', 'ratio_u'), 1.5, 'ldt.ratio_u: expected a number in (0, 1), got 1.5'),
     (('ldt', 'slices'), 1, 'ldt.slices: expected'),
@@ -447,3 +450,14 @@ def test_a_group_slash_run_name_is_kept(project, demo_data):
     opt = bicubic_test_options(demo_data, 'group/run')
     run_entry(project, 'test.py', '-opt', write(project / 'grouped.yml', opt))
     assert (project / 'results' / 'group' / 'run' / 'metrics.md').is_file()
+
+
+@pytest.mark.parametrize('seed', [-1, 2 ** 31, True, 'seven'])
+def test_a_seed_numpy_cannot_take_is_one_line_before_anything_runs(tmp_path, seed):
+    """``manual_seed`` (plus the rank) seeds numpy, which takes [0, 2**32): a study's seed -1 reached a numpy
+    traceback inside Train_pip.py; the schema refuses it with the range."""
+    opt = train_options(tmp_path, 'seeded', manual_seed=seed)
+    with pytest.raises(InputError, match=r'^options: manual_seed: expected an integer in \[0, 2147483647\] \(numpy '
+                                         rf'seeds each rank with it plus the rank, below 2\*\*32\), got {re.escape(repr(seed))}$'):
+        check_options(opt, 'train', 'options')
+    check_options(train_options(tmp_path, 'seeded', manual_seed=2 ** 31 - 1), 'train', 'options')

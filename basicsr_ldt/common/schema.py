@@ -440,6 +440,14 @@ def _check_datasets(checker: _Checker, datasets: Mapping) -> None:
                      'section)')
 
 
+#: The largest ``manual_seed`` (a study's seeds too): BasicSR seeds numpy with it plus the rank.
+MAX_SEED = 2 ** 31 - 1
+
+
+def is_seed(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED
+
+
 def check_options(opt: Any, role: str, where: str, required: bool = True) -> List[Default]:
     """Check a parsed option file for ``role`` (``train`` or ``test``) before anything is built.
 
@@ -467,6 +475,10 @@ def check_options(opt: Any, role: str, where: str, required: bool = True) -> Lis
     if os.path.isabs(name) or {'..', ''} & set(name.replace('\\', '/').split('/')):   # BasicSR allows 'group/run'
         checker.fail(f"name: expected a folder name under experiments/ and results/ ('group/run' allowed), not "
                      f"absolute and without '..' or empty parts, got {name!r}")
+    seed = opt.get('manual_seed')
+    if seed is not None and not is_seed(seed):
+        checker.fail(f'manual_seed: expected an integer in [0, {MAX_SEED}] (numpy seeds each rank with it plus the '
+                     f'rank, below 2**32), got {seed!r}')
     num_gpu = opt.get('num_gpu', 'auto')
     if num_gpu != 'auto' and (isinstance(num_gpu, bool) or not isinstance(num_gpu, int) or num_gpu < 0):
         checker.fail(f"num_gpu: expected 'auto' or an integer >= 0, got {num_gpu!r}")

@@ -19,13 +19,15 @@ def scaled_ema_decay(train_opt: Dict) -> Optional[float]:
     over the same share of a T-iteration run with decay' = 1 - (1 - decay) R / T (the scaled
     eq. 8 of ``basicsr_ldt.ldt.ema_horizon``, E_ref = R, E_run = T).
     """
+    decay = train_opt.get('ema_decay', 0)
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay < 1:
+        raise InputError(f'train.ema_decay: expected a number in [0, 1) (0: no weight EMA), got {decay!r}')
     reference = train_opt.get('ema_reference_iters')
     if reference is None:
         return None
     if isinstance(reference, bool) or not isinstance(reference, int) or reference < 1:
         raise InputError(f'train.ema_reference_iters: expected an integer >= 1 (the run length train.ema_decay '
                          f'was written for), got {reference!r}')
-    decay = train_opt.get('ema_decay', 0)
     if not decay:
         raise InputError(f'train.ema_reference_iters: rescales train.ema_decay, which is not set (got '
                          f'ema_decay {decay!r}); remove ema_reference_iters or set ema_decay')

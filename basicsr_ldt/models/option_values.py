@@ -9,10 +9,14 @@ the model (``cuda_graph: true`` for a mode without a recorded step) is still che
 """
 from typing import Any, Dict
 
+import torch
+
 from basicsr_ldt.models.compiled_blocks import compile_setting, refuse_uncompilable
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.cuda_graph import graph_mode, refuse_true, unrecordable_run
+from basicsr_ldt.models.ema_decay import scaled_ema_decay
 from basicsr_ldt.models.guarded_step import max_bad_steps_from_options, precision_from_options
+from basicsr_ldt.models.l2_sp import l2_sp_setting
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
 from basicsr_ldt.models.optimizers import fused_choice
 from basicsr_ldt.models.validation import validation_settings
@@ -22,20 +26,28 @@ CHECKED_MODELS = ('FTSRModel', 'LDTSRModel', 'CorGradSRModel')
 
 
 def check_option_values(opt: Dict[str, Any]) -> None:
-    """Raise the model's one-line :class:`InputError` for a bad value of a key it reads without a network."""
+    """Raise the model's one-line :class:`InputError` for a bad value of a key it reads without a network,
+    on the device BasicSR picks from ``num_gpu`` on this machine (``auto``: the GPUs torch sees)."""
     model_type = opt.get('model_type')
     if model_type not in CHECKED_MODELS:
         return
     train = opt.get('train') or {}
-    device_type = 'cuda' if opt.get('num_gpu', 0) != 0 else 'cpu'   # as BasicSR's BaseModel picks it
-    validation_settings(opt)
+    num_gpu = opt.get('num_gpu', 0)
+    num_gpu = torch.cuda.device_count() if num_gpu == 'auto' else num_gpu
+    device_type = 'cuda' if num_gpu != 0 else 'cpu'   # as BasicSR's BaseModel picks it
+    validation_settings({**opt, 'num_gpu': num_gpu})
     refuse_uncompilable(compile_setting(train), (opt.get('network_g') or {}).get('type'))
     fused_choice(train.get('optim_g') or {})
     precision = precision_from_options(train, device_type)
-    single_process = not opt.get('dist') and opt.get('num_gpu', 0) <= 1   # BasicSR wraps the network otherwise
+    single_process = not opt.get('dist') and num_gpu <= 1   # BasicSR wraps the network otherwise
     refuse_true(graph_mode(train), unrecordable_run(device_type, precision.dtype, single_process))
     max_bad_steps_from_options(train)
+    trained_networks = 1
     if model_type == 'CorGradSRModel' or (opt.get('ldt') or {}).get('method') == 'corgrad':
         corgrad_config_from_options(opt)
+        scaled_ema_decay(train)
     elif model_type == 'LDTSRModel':
-        ldt_config_from_options(opt)
+        trained_networks = 2 if ldt_config_from_options(opt).mode == 'dual' else 1
+    else:
+        scaled_ema_decay(train)
+    l2_sp_setting(opt, trained_networks)

@@ -19,15 +19,10 @@ from basicsr.utils.registry import ARCH_REGISTRY, MODEL_REGISTRY
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.option_file import load_option_file
 from basicsr_ldt.common.options import check_known_keys, closest_key_hint, registered
-from basicsr_ldt.common.schema import TEST, TRAIN, check_options, section_keys
+from basicsr_ldt.common.schema import MAX_SEED, TEST, TRAIN, check_options, is_seed, section_keys
 from basicsr_ldt.corgrad import CorGradConfig
 from basicsr_ldt.ldt import LDTConfig
-from basicsr_ldt.models.compiled_blocks import compile_setting
-from basicsr_ldt.models.cuda_graph import graph_mode
-from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
-from basicsr_ldt.models.l2_sp import l2_sp_setting
-from basicsr_ldt.models.ldt_model import ldt_config_from_options
-from basicsr_ldt.models.optimizers import fused_choice
+from basicsr_ldt.models.option_values import check_option_values
 from basicsr_ldt.weights.releases import fetch_hint, release_file
 
 #: Keys of a study file. ``overrides`` applies to every method (before the method's own).
@@ -212,8 +207,9 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
     if not isinstance(study['name'], str) or RUN_NAME_CHARS.search(study['name']):
         raise InputError(f"study file '{path}': name '{study['name']}' must use only letters, digits and ._+=-")
     seeds = study['seeds']
-    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise InputError(f"study file '{path}': seeds must be a non-empty list of integers, got {seeds!r}")
+    if not isinstance(seeds, list) or not all(is_seed(s) for s in seeds):
+        raise InputError(f"study file '{path}': seeds must be a non-empty list of integers in [0, {MAX_SEED}], got "
+                         f'{seeds!r}')
     if len(set(seeds)) != len(seeds):
         raise InputError(f"study file '{path}': seeds list a seed twice: {seeds}")
     if not isinstance(study['methods'], dict):
@@ -271,9 +267,8 @@ def _check_wise_ft(study: Mapping[str, Any], path: str, label: str, overrides: M
 
 
 def check_training_options(opt: Mapping[str, Any], where: str) -> None:
-    """What can be checked without data: registered types, the ``ldt:`` section, the budget, the
-    values of ``train.compile``, ``train.compile_backend``, ``train.optim_g.fused`` and
-    ``train.l2_sp_weight``."""
+    """What can be checked without data: registered types, every key, the budget, and the values the
+    models check without a network (``basicsr_ldt.models.option_values``)."""
     registered(MODEL_REGISTRY, opt.get('model_type'), f'{where}: model_type')
     registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), f'{where}: network_g.type')
     check_options(opt, TRAIN, where, required=False)
@@ -282,25 +277,8 @@ def check_training_options(opt: Mapping[str, Any], where: str) -> None:
         raise InputError(f'{where}: train.total_iter must be a positive number, got {total!r}')
     if 'train' not in (opt.get('datasets') or {}):
         raise InputError(f"{where}: the training options have no 'datasets: train' section")
-    try:
-        compile_setting(opt.get('train') or {})
-        graph_mode(opt.get('train') or {})
-    except InputError as err:
-        raise InputError(f'{where}: {err}') from None
-    try:
-        fused_choice((opt.get('train') or {}).get('optim_g') or {})
-    except InputError as err:
-        raise InputError(f'{where}: {err}') from None
-    trained_networks = 1
-    if opt.get('ldt') is not None or opt.get('model_type') == 'LDTSRModel':
-        corgrad = (opt.get('ldt') or {}).get('method') == 'corgrad' or opt.get('model_type') == 'CorGradSRModel'
-        try:
-            config = (corgrad_config_from_options if corgrad else ldt_config_from_options)(opt)
-        except InputError as err:
-            raise InputError(f'{where}: {err}') from None
-        trained_networks = 2 if not corgrad and config.mode == 'dual' else 1
-    try:
-        l2_sp_setting(opt, trained_networks)
+    try:   # for this machine, where study.py runs them (amp fp16 or cuda_graph: true need its GPU)
+        check_option_values(opt)
     except InputError as err:
         raise InputError(f'{where}: {err}') from None
 
