@@ -361,3 +361,29 @@ def test_cli_bad_flag_is_one_line_on_stderr(tmp_path, tiny, photos):
     assert result.stderr.strip().splitlines() == [
         "error: --tile-mode: expected one of 'official', 'fixed', 'whole', got 'tiles'"]
     assert not (tmp_path / 'out').exists()
+
+
+def test_output_slips_are_one_line_and_a_run_that_wrote_nothing_leaves_no_folder(tmp_path, tiny, photos):
+    """``--output`` naming a file, a ``--suffix`` with a '/', and a misspelt release name are one line each
+    (a traceback from ``os.makedirs`` or the image writer before); a run in which every image failed removes
+    the output folder it made, as it holds nothing."""
+    network = ('--checkpoint', str(tiny / 'net_g_latest.pth'), '--opt', str(tiny / 'net.yml'))
+    (tmp_path / 'a_file').write_text('x')
+    with pytest.raises(InputError, match=rf"^--output '{re.escape(str(tmp_path / 'a_file'))}' is a file; expected a "
+                                         r'folder \(made when absent\)$'):
+        inference_main(['--input', str(photos / 'rgb.png'), '--output', str(tmp_path / 'a_file'), *network])
+    with pytest.raises(InputError, match=r"^--suffix '/x': expected text for the end of each file name, without '/'$"):
+        inference_main(['--input', str(photos / 'rgb.png'), '--output', str(tmp_path / 'out'), '--suffix', '/x',
+                        *network])
+    assert not (tmp_path / 'out').exists()
+    with pytest.raises(InputError, match=r"; --checkpoint 'HAT_SRx5' is no file and no release name \(did you mean "
+                                         r"'HAT_SRx4'\?\)$"):
+        inference_main(['--input', str(photos), '--output', str(tmp_path / 'out'), '--checkpoint', 'HAT_SRx5'])
+    broken = tmp_path / 'broken'
+    broken.mkdir()
+    (broken / 'bad.png').write_bytes(b'not an image at all')
+    assert inference_main(['--input', str(broken), '--output', str(tmp_path / 'out'), *network]) == 1
+    assert not (tmp_path / 'out').exists()
+    (tmp_path / 'kept').mkdir()   # a folder the user made stays, even empty
+    assert inference_main(['--input', str(broken), '--output', str(tmp_path / 'kept'), *network]) == 1
+    assert (tmp_path / 'kept').is_dir()

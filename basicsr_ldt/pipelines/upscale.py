@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.options import closest_key_hint
 from basicsr_ldt.inference.api import load_network, network_scale, resolve_device, upscale
 from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, TILE_MODES, inference_settings
 from basicsr_ldt.ldt.precision import INFERENCE_DTYPES
@@ -80,6 +81,10 @@ def list_images(path: str) -> List[str]:
 
 def output_paths(files: Sequence[str], folder: str, suffix: str, ext: str, force: bool) -> List[str]:
     """One output per input; refuse duplicates, inputs as outputs and (without force) existing files."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise InputError(f"--output '{folder}' is a file; expected a folder (made when absent)")
+    if '/' in suffix or os.sep in suffix:
+        raise InputError(f"--suffix '{suffix}': expected text for the end of each file name, without '/'")
     outputs = [os.path.join(folder, f'{os.path.splitext(os.path.basename(f))[0]}{suffix}.{ext}') for f in files]
     seen = {}
     for source, target in zip(files, outputs):
@@ -130,7 +135,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.opt is None and args.arch is None and args.checkpoint in releases():
         args.arch = releases()[args.checkpoint].network['type']   # released as that arch's classic x4 network
     if args.opt is None and args.arch is None:
-        raise InputError('give the network as --opt OPTION_FILE or --arch MambaIR|HAT|SAFMN')
+        named = '' if os.path.exists(args.checkpoint) or os.sep in args.checkpoint else (
+            f"; --checkpoint '{args.checkpoint}' is no file and no release name"
+            f"{closest_key_hint(args.checkpoint, releases()) or ' (python scripts/fetch_weights.py --list)'}")
+        raise InputError(f'give the network as --opt OPTION_FILE or --arch MambaIR|HAT|SAFMN{named}')
     if args.opt is not None and args.arch is not None:
         raise InputError('give either --opt or --arch, not both')
     device = resolve_device(args.device)
@@ -141,6 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     scale = network_scale(network)
     suffix = f'_x{scale}' if args.suffix is None else args.suffix
     outputs = output_paths(files, args.output, suffix, args.ext, args.force)
+    made = not os.path.isdir(args.output)
     os.makedirs(args.output, exist_ok=True)
     written, failed, start = 0, [], time.time()
     for source, target in zip(tqdm(files, desc='upscale', unit='img', dynamic_ncols=True), outputs):
@@ -152,6 +161,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             failed.append(source)
             tqdm.write(f"failed: '{source}': {str(err).strip().splitlines()[0]}")
     seconds = time.time() - start
+    if made and not written:   # nothing to show for it: the folder this run made goes again
+        os.rmdir(args.output)
     print(f'{written} written, {len(failed)} failed, to {args.output} '
           f'({seconds:.1f} s, {len(files) / max(seconds, 1e-9):.2f} images/s)', flush=True)
     return 1 if failed else 0
