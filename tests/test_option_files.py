@@ -461,3 +461,20 @@ def test_a_seed_numpy_cannot_take_is_one_line_before_anything_runs(tmp_path, see
                                          rf'seeds each rank with it plus the rank, below 2\*\*32\), got {re.escape(repr(seed))}$'):
         check_options(opt, 'train', 'options')
     check_options(train_options(tmp_path, 'seeded', manual_seed=2 ** 31 - 1), 'train', 'options')
+
+
+def test_the_early_check_reads_auto_gpus_as_this_machine_and_l2_sp_by_the_networks_trained(tmp_path):
+    """``num_gpu: auto`` is the GPUs torch sees (none in the tests): fp16 training or validation is refused
+    as on the CPU. L2-SP anchors one network: refused for LDT's cross-frozen pair, taken by LDT-S."""
+    from basicsr_ldt.models.option_values import check_option_values
+    opt = train_options(tmp_path, 'early', num_gpu='auto')
+    for fp16 in ({'train': {**opt['train'], 'amp': 'fp16'}}, {'val': {**opt['val'], 'precision': 'fp16'}}):
+        with pytest.raises(InputError, match='fp16'):
+            check_option_values({**opt, **fp16})
+    anchored = {**opt, 'model_type': 'LDTSRModel', 'path': {**opt['path'], 'pretrain_network_g': 'start.pth'},
+                'train': {**opt['train'], 'l2_sp_weight': 0.01}}
+    with pytest.raises(InputError, match=r'^train\.l2_sp_weight: L2-SP anchors the one network a run trains; this '
+                                         r'method trains 2 \(a cross-frozen pair\)'):
+        check_option_values({**anchored, 'ldt': {'profile_iters': 2}})
+    check_option_values({**anchored, 'ldt': {'method': 'ldt_s', 'profile_iters': 2}})
+    check_option_values({**anchored, 'model_type': 'FTSRModel'})
