@@ -11,6 +11,7 @@ from typing import Any, Dict
 
 import torch
 
+from basicsr_ldt.common.schema import PROJECT_MODELS
 from basicsr_ldt.models.compiled_blocks import compile_setting, refuse_uncompilable
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.cuda_graph import graph_mode, refuse_true, unrecordable_run
@@ -19,22 +20,19 @@ from basicsr_ldt.models.guarded_step import max_bad_steps_from_options, precisio
 from basicsr_ldt.models.l2_sp import l2_sp_setting
 from basicsr_ldt.models.ldt_model import ldt_config_from_options
 from basicsr_ldt.models.optimizers import fused_choice
-from basicsr_ldt.models.validation import validation_settings
-
-#: The model types whose values are checked here (BasicSR's own models read none of these keys).
-CHECKED_MODELS = ('FTSRModel', 'LDTSRModel', 'CorGradSRModel')
+from basicsr_ldt.models.validation import basicsr_device_type, validation_settings
 
 
 def check_option_values(opt: Dict[str, Any]) -> None:
     """Raise the model's one-line :class:`InputError` for a bad value of a key it reads without a network,
     on the device BasicSR picks from ``num_gpu`` on this machine (``auto``: the GPUs torch sees)."""
     model_type = opt.get('model_type')
-    if model_type not in CHECKED_MODELS:
+    if model_type not in PROJECT_MODELS:   # BasicSR's own models read none of these keys
         return
     train = opt.get('train') or {}
     num_gpu = opt.get('num_gpu', 0)
     num_gpu = torch.cuda.device_count() if num_gpu == 'auto' else num_gpu
-    device_type = 'cuda' if num_gpu != 0 else 'cpu'   # as BasicSR's BaseModel picks it
+    device_type = basicsr_device_type(num_gpu)
     validation_settings({**opt, 'num_gpu': num_gpu})
     refuse_uncompilable(compile_setting(train), (opt.get('network_g') or {}).get('type'))
     fused_choice(train.get('optim_g') or {})

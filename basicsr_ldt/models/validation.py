@@ -35,6 +35,11 @@ BASICSR_VAL_SPECS = {'val_freq': number(0, float('inf')), 'save_img': boolean(),
 VAL_KEYS = section_keys('val')
 
 
+def basicsr_device_type(num_gpu: int) -> str:
+    """The device type BasicSR's ``BaseModel`` trains and validates on: CUDA for any ``num_gpu`` but 0."""
+    return 'cuda' if num_gpu != 0 else 'cpu'
+
+
 def validation_settings(opt: Dict) -> InferenceSettings:
     """Check the ``val:`` section (unknown keys, BasicSR's and the inference keys' values) and
     return how validation runs the network."""
@@ -45,8 +50,7 @@ def validation_settings(opt: Dict) -> InferenceSettings:
         raise InputError(f'val: expected a mapping of validation options, got {val!r}')
     check_known_keys('val', val, VAL_KEYS)
     check_options('val', val, BASICSR_VAL_SPECS, InputError)
-    device_type = 'cuda' if opt.get('num_gpu', 0) != 0 else 'cpu'   # as BasicSR's BaseModel picks it
-    settings = inference_settings('val', val, device_type)
+    settings = inference_settings('val', val, basicsr_device_type(opt.get('num_gpu', 0)))
     if settings.tile_mode != 'whole' and not isinstance(opt.get('scale'), int):
         raise InputError(f"scale: val.tile_mode {settings.tile_mode!r} pastes tiles at the network's scale; give the "
                          f"top-level 'scale' (an integer), got {opt.get('scale')!r}")
