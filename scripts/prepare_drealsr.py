@@ -14,7 +14,6 @@ published training split is already cut into 192x192 HR patches: ``--crop`` is f
 whole training images (thousands of pixels, where reading a whole PNG per 48-pixel patch wastes
 most of the I/O), and the report says which case it found.
 """
-import argparse
 import os
 import shutil
 import sys
@@ -28,6 +27,7 @@ import basicsr_ldt  # noqa: E402,F401  (torchvision shim before basicsr)
 from basicsr_ldt.data.cameras import (CameraRule, camera_counts, drealsr_name_parts, list_images,  # noqa: E402
                                       pair_keys, split_extension)
 from basicsr_ldt.common.errors import InputError  # noqa: E402
+from basicsr_ldt.common.flags import FlagParser, positive_int  # noqa: E402
 
 #: (split, HR folder, LR folder): the published layout first, then the official LDT code's.
 SPLITS = (('Train_x4', 'train_HR', 'train_LR'), ('Test_x4', 'test_HR', 'test_LR'),
@@ -121,11 +121,25 @@ def crop_positions(length: int, size: int, step: int) -> List[int]:
     return starts
 
 
+def crop_step(crop: Optional[int], step: Optional[int], scale: int) -> Optional[int]:
+    """The HR step between sub-images (``step``, by default ``crop / 2``), checked before anything is
+    read or written: crop and step must cut the LR image at whole pixels."""
+    if crop is None:
+        if step is not None:
+            raise InputError(f'--step {step}: it is the step between --crop sub-images; give --crop SIZE too')
+        return None
+    named = f'--step {step}'
+    if step is None:
+        step = max(crop // 2, 1)
+        named = f'the default --step (crop / 2 = {step})'
+    if crop % scale or step % scale:
+        raise InputError(f'--crop {crop} and {named} must be multiples of --scale {scale}')
+    return step
+
+
 def crop_subimages(info: Dict, size: int, step: int, scale: int) -> int:
     """Write aligned HR/LR sub-images to ``<side>_sub`` folders, named as the release names its
     patches: sub-image ``k`` of ``Canon_10_x4.png`` is ``Canon_10_x4_<k>.png`` (LR ``Canon_10_x1_<k>``)."""
-    if size % scale or step % scale:
-        raise InputError(f'--crop {size} and --step {step} must be multiples of the scale {scale}')
     written = 0
     outputs = {side: info[f'{side}_dir'].rstrip('/') + '_sub' for side in ('gt', 'lq')}
     tmps = {side: folder + '.tmp' for side, folder in outputs.items()}
@@ -169,16 +183,19 @@ def build_lmdb(folder: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = FlagParser('python scripts/prepare_drealsr.py', description=__doc__.split('\n\n')[0])
     parser.add_argument('root', help='DRealSR x4 folder holding Train_x4/ and/or Test_x4/ (or Train/, Test/)')
-    parser.add_argument('--scale', type=int, default=4)
+    parser.add_argument('--scale', type=positive_int, default=4)
     parser.add_argument('--camera-pattern', help='regex with a (?P<camera>...) group applied to file stems')
     parser.add_argument('--by-camera', metavar='OUT', help='copy into per-camera subfolders under OUT')
-    parser.add_argument('--crop', type=int, help='HR sub-image size for whole training images (e.g. 480); not for the release\'s 192-px patches')
-    parser.add_argument('--step', type=int, help='HR step between sub-images (default: crop / 2)')
+    parser.add_argument('--crop', type=positive_int,
+                        help="HR sub-image size for whole training images (e.g. 480); not for the release's 192-px "
+                             'patches')
+    parser.add_argument('--step', type=positive_int, help='HR step between sub-images (default: crop / 2)')
     parser.add_argument('--lmdb', action='store_true', help='pack the training images (sub-images if cropped)')
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
+        step = crop_step(args.crop, args.step, args.scale)
         rule = CameraRule.from_options({'pattern': args.camera_pattern} if args.camera_pattern else None)
         splits = {}
         for split, hr, lr in SPLITS:
@@ -196,14 +213,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   % PATCH_SIDE if patches else
                   'training images are whole photographs: --crop SIZE --step STEP cuts sub-images once '
                   '(BasicSR practice), --lmdb packs them')
+        if (args.crop or args.lmdb) and train is None:
+            raise InputError(f"'{args.root}' has no training split to crop or pack")
         if args.by_camera:
             by_camera(splits, args.root, args.by_camera)
             print(f'per-camera copy written to {args.by_camera}')
-        if (args.crop or args.lmdb) and train is None:
-            raise InputError(f"'{args.root}' has no training split to crop or pack")
         folders = [train['gt_dir'], train['lq_dir']] if train else []
         if args.crop:
-            count = crop_subimages(train, args.crop, args.step or args.crop // 2, args.scale)
+            count = crop_subimages(train, args.crop, step, args.scale)
             folders = [f.rstrip('/') + '_sub' for f in folders]
             print(f'{count} sub-image pairs written to {folders[0]} and {folders[1]}')
         if args.lmdb:

@@ -2,6 +2,7 @@
 and bad input stops with one line before anything is written."""
 import json
 
+import pytest
 import torch
 import yaml
 
@@ -140,6 +141,17 @@ def test_missing_pretrained_file_restores_previous_experiment(project, demo_data
     assert result.returncode == 2 and "missing.pth' does not exist" in result.stderr
     assert (project / 'experiments' / 'keep' / 'models' / 'net_g_latest.pth').is_file()
     assert not list((project / 'experiments').glob('keep_archived_*'))
+
+
+@pytest.mark.parametrize('script, flags, message', [
+    ('Train_pip.py', ['-opt', 'x.yml', '--auto-resume'], 'unrecognized arguments: --auto-resume (python Train_pip.py '
+                                                         '-h lists the flags)'),
+    ('test.py', [], 'the following arguments are required: -opt (python test.py -h lists the flags)'),
+])
+def test_a_bad_flag_is_one_line(project, script, flags, message):
+    """argparse's usage block before the error made a misspelt flag look unlike any other slip."""
+    result = run_entry(project, script, *flags, check=False)
+    assert (result.returncode, result.stderr) == (2, f'error: {message}\n')
 
 
 def test_test_py_bad_checkpoint_is_one_line(project, demo_data):

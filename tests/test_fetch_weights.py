@@ -199,6 +199,20 @@ def test_command_line_list_and_unreachable(tmp_path):
     assert not (tmp_path / 'p' / 'SAFMN_DF2K_x4.pth').exists()
 
 
+@pytest.mark.parametrize('flags, message', [
+    (['--dir', '{file}', 'HAT_SRx4'], "--dir '{file}' is a file; expected the folder the weights go to (made when absent)"),
+    (['--dir', '{file}', '--list'], "--dir '{file}' is a file; expected the folder the weights go to (made when absent)"),
+    (['--lst'], 'unrecognized arguments: --lst (python scripts/fetch_weights.py -h lists the flags)'),
+])
+def test_bad_flags_are_one_line(tmp_path, capsys, flags, message):
+    """A file as --dir was a FileExistsError traceback (and listed every release as 'not downloaded')."""
+    (tmp_path / 'weights').write_text('')
+    with pytest.raises(SystemExit) as exit_info:
+        fw.main([f.format(file=tmp_path / 'weights') for f in flags])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"error: {message.format(file=tmp_path / 'weights')}\n"
+
+
 @pytest.mark.parametrize('name,keys', [('MambaIR_SR_x4', 'MambaIR_SR_x4'), ('HAT_SRx4', 'HAT_SRx4'),
                                        ('SAFMN_DF2K_x4', 'SAFMN_x4')])
 def test_each_release_is_checked_against_its_upstream_layout(name, keys):

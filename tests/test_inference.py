@@ -234,6 +234,8 @@ def test_api_tile_warning_points_at_the_callers_line(tiny_network):
     ({'tile_mode': 'tiles'}, "tile_mode: expected one of 'official', 'fixed', 'whole', got 'tiles'"),
     ({'tile_mode': 'official', 'tile_size': 64},
      "tile_size: only tile_mode 'fixed' uses it (tile_mode is 'official'); remove it or set it to 0"),
+    ({'tile_overlap': 8}, "tile_overlap: only tile_mode 'fixed' uses it (tile_mode is 'whole'); remove it or set it "
+                          'to 16'),
     ({'tile_mode': 'fixed'}, "tile_size: tile_mode 'fixed' needs the tile size in LR pixels (an integer >= 1), got 0"),
     ({'tile_size': -1}, 'tile_size: expected an integer >= 0, got -1'),
     ({'tile_size': 8, 'tile_overlap': 8}, 'tile_overlap: expected an integer in [0, tile_size=8), got 8'),
@@ -262,6 +264,8 @@ def test_cli_tile_mode_official_writes_the_official_cutting(tmp_path, tiny, tiny
     (['--tile-mode', 'tiles'], "--tile-mode: expected one of 'official', 'fixed', 'whole', got 'tiles'"),
     (['--tile-mode', 'official', '--tile', '200'],
      "--tile-size: only --tile-mode 'fixed' uses it (--tile-mode is 'official'); remove it or set it to 0"),
+    (['--tile-mode', 'official', '--tile-overlap', '32'],
+     "--tile-overlap: only --tile-mode 'fixed' uses it (--tile-mode is 'official'); remove it or set it to 16"),
     (['--tile-mode', 'fixed'],
      "--tile-size: --tile-mode 'fixed' needs the tile size in LR pixels (an integer >= 1), got 0"),
     (['--tile-size', '-8'], '--tile-size: expected an integer >= 0, got -8'),

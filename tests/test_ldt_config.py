@@ -78,13 +78,14 @@ def test_values_at_the_ends_of_their_ranges_are_accepted(options):
     ({'ratio_u': 1.0}, r'^ldt\.ratio_u: expected a number in \(0, 1\), got 1\.0$'),
     ({'ratio_u': 0.0}, r'^ldt\.ratio_u: expected a number in \(0, 1\), got 0\.0$'),
     ({'ema_every': 0}, r'^ldt\.ema_every: expected an integer >= 1, got 0$'),
-    ({'dpu': 'yes'}, r"^ldt\.dpu: expected true or false, got 'yes'$"),
+    ({'dpu': 'yes'}, r"^ldt\.dpu: expected true or false, got 'yes' \(text: write true or false without quotes\)$"),
     ({'overlap_branches': True, 'overlap_memory': 0.99},
      r'^ldt\.overlap_memory: expected a number in \[1, inf\), or null, got 0\.99$'),
     ({'overlap_branches': False, 'overlap_memory': 1.05},
      r'^ldt\.overlap_memory: bounds the memory of overlapped branches, and overlap_branches is false; expected '
      r'the default 1\.0 \(or null\) there, got 1\.05$'),
-    ({'overlap_branches': 'yes'}, r"^ldt\.overlap_branches: expected true or false, or one of 'auto', got 'yes'$"),
+    ({'overlap_branches': 'yes'}, r"^ldt\.overlap_branches: expected one of 'auto', true, false, got 'yes' \(text: "
+                                  r'write true or false without quotes\)$'),
 ])
 def test_values_just_past_their_ranges_name_the_range(options, message):
     """A value just past a range's end is refused, the error naming the range. Mutation testing (issue

@@ -43,5 +43,23 @@ def test_subimages_and_lmdb(prepare, demo_data, tmp_path, capsys):
     disk = DRealSRCameraDataset(dict(opts, io_backend={'type': 'disk'}, dataroot_gt=str(hr), dataroot_lq=str(lr)))
     assert len(lmdb) == len(disk) == 24
     assert np.array_equal(lmdb[3]['gt'].numpy(), disk[3]['gt'].numpy()) and lmdb[3]['gt'].shape[-1] == 32
-    assert prepare.main([str(root), '--crop', '30']) == 2
-    assert 'must be multiples of the scale' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--crop', '30', '--step', '16'], '--crop 30 and --step 16 must be multiples of --scale 4'),
+    (['--crop', '36'], '--crop 36 and the default --step (crop / 2 = 18) must be multiples of --scale 4'),
+    (['--crop', '32', '--scale', '0'],
+     "argument --scale: expected an integer >= 1, got '0' (python scripts/prepare_drealsr.py -h lists the flags)"),
+    (['--crop', '-8'],
+     "argument --crop: expected an integer >= 1, got '-8' (python scripts/prepare_drealsr.py -h lists the flags)"),
+    (['--crop', '32', '--step', '0'],
+     "argument --step: expected an integer >= 1, got '0' (python scripts/prepare_drealsr.py -h lists the flags)"),
+    (['--step', '16', '--by-camera', '{out}'], '--step 16: it is the step between --crop sub-images; give --crop SIZE too'),
+])
+def test_bad_crop_flags_are_one_line_before_anything_is_written(prepare, demo_data, tmp_path, capsys, flags, message):
+    """A step the user never gave was named as theirs, 0 was taken as the default, a scale of 0 divided
+    by zero, and a step without a crop did nothing; each is now refused before the per-camera copy."""
+    out = tmp_path / 'by_camera'
+    assert prepare.main([str(demo_data)] + [f.format(out=out) for f in flags]) == 2
+    assert capsys.readouterr().err == f'error: {message}\n'
+    assert not out.exists() and not (demo_data / 'Train_x4' / 'train_HR_sub').exists()

@@ -226,12 +226,12 @@ def test_fp16_steps_and_plain_batch_losses_are_never_recorded():
     assert recorders == [] and graph.recordings == 0
 
 
-@pytest.mark.parametrize('given, expected', [(None, 'auto'), ('auto', 'auto'), (True, 'true'), ('False', 'false')])
+@pytest.mark.parametrize('given, expected', [(None, 'auto'), ('auto', 'auto'), (True, 'true'), (False, 'false')])
 def test_cuda_graph_option_values(given, expected):
     assert graph_mode({} if given is None else {'cuda_graph': given}) == expected
 
 
-@pytest.mark.parametrize('given', ['yes', 1, [], 'on'])
+@pytest.mark.parametrize('given', ['yes', 1, [], 'on', 'False', 'AUTO'])
 def test_cuda_graph_option_refuses_other_values(given):
     with pytest.raises(InputError, match=r"^train\.cuda_graph: expected one of 'auto', true, false, got "):
         graph_mode({'cuda_graph': given})

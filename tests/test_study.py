@@ -117,6 +117,23 @@ def test_bad_study_is_one_error_before_anything_is_written(tmp_path, demo_data, 
     assert not (tmp_path / 'experiments').exists() and not (tmp_path / 'results').exists()
 
 
+@pytest.mark.parametrize('flags, message', [
+    (['--jobs', '0'], "argument --jobs: expected an integer >= 1, got '0' (python scripts/study.py -h lists the flags)"),
+    (['--colect'], 'unrecognized arguments: --colect (python scripts/study.py -h lists the flags)'),
+    (['--commands', '{tmp}'], "--commands '{tmp}' is a folder; expected a file to write the commands to"),
+    (['--commands', '{tmp}/no/such/x.sh'], "--commands '{tmp}/no/such/x.sh': its folder '{tmp}/no/such' does not exist"),
+])
+def test_bad_flags_are_one_line_before_anything_is_written(tmp_path, demo_data, capsys, flags, message):
+    """A slip on the command line reads like a slip in the study file: one ``error:`` line, exit code
+    2, no option file of any run written (``--commands`` used to write them, then fail on the file)."""
+    path = tiny_study(tmp_path, demo_data)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(str(tmp_path), ['-opt', path] + [f.format(tmp=tmp_path) for f in flags])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f'error: {message.format(tmp=tmp_path)}\n'
+    assert not (tmp_path / 'experiments').exists()
+
+
 def test_missing_data_stops_a_real_run_but_not_a_dry_run(tmp_path, demo_data, capsys):
     path = tiny_study(tmp_path, demo_data / 'nowhere')
     assert cli.main(str(tmp_path), ['-opt', path, '--dry-run']) == 0

@@ -51,6 +51,12 @@ def load_error(path, root) -> str:
     ({'methods': {'FT': {}, 'S': {'start': True, 'train': {}, 'scale': 4}}},
      "{study}: method 'S' has 'start: true' (it tests the starting weights, nothing is trained), so it takes no "
      'other key, got train, scale'),
+    ({'methods': {'FT': {}, '..': {'bicubic': True}}},
+     "{study}: method label '..' names no folder; expected letters or digits in it (run folders are named after "
+     'their method)'),
+    ({'methods': {'FT': {}, ' ': {}}},
+     "{study}: method label ' ' names no folder; expected letters or digits in it (run folders are named after "
+     'their method)'),
     ({'sweep': ['x']}, '{study}: sweep must map a dotted option key to a list of values'),
     ({'reference': 'LTD'}, "{study}: reference 'LTD' is not one of the methods (FT, LDT) (did you mean 'LDT'?)"),
     ({'methods': {'FT': {}, 'S': {'start': True}}},

@@ -133,6 +133,7 @@ def test_run_inference_follows_the_mode_and_precision():
 @pytest.mark.parametrize('section, message', [
     ({'tile_mode': 'tiles'}, "val.tile_mode: expected one of 'official', 'fixed', 'whole', or null, got 'tiles'"),
     ({'tile_mode': 'official', 'tile_size': 200}, "val.tile_size: only tile_mode 'fixed' uses it"),
+    ({'tile_mode': 'official', 'tile_overlap': 0}, "val.tile_overlap: only tile_mode 'fixed' uses it"),
     ({'tile_mode': 'fixed'}, "val.tile_size: tile_mode 'fixed' needs the tile size"),
     ({'tile_size': 32, 'tile_overlap': 32}, r'val.tile_overlap: expected an integer in \[0, tile_size=32\), got 32'),
     ({'precision': 'fp16'}, 'val.precision: fp16 needs a CUDA device'),

@@ -21,6 +21,7 @@ import torch
 import yaml
 
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.flags import FlagParser
 from basicsr_ldt.common.schema import TEST, TRAIN, apply_defaults, check_options, describe_file
 
 _SafeLoader = getattr(yaml, 'CSafeLoader', yaml.SafeLoader)   # libyaml when PyYAML has it: faster, same result
@@ -134,9 +135,9 @@ def force_options(opt: Dict[str, Any], entries: Optional[List[str]]) -> None:
         section[parts[-1]] = _forced_value(value)
 
 
-def argument_parser() -> argparse.ArgumentParser:
-    """BasicSR 1.4.2's flags, unchanged (``Train_pip.py -h``)."""
-    parser = argparse.ArgumentParser()
+def argument_parser(command: str) -> argparse.ArgumentParser:
+    """BasicSR 1.4.2's flags, unchanged (``Train_pip.py -h``); a bad one is one ``error:`` line."""
+    parser = FlagParser(command)
     parser.add_argument('-opt', type=str, required=True, help='Path to option YAML file.')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none', help='job launcher')
     parser.add_argument('--auto_resume', action='store_true')
@@ -189,7 +190,7 @@ def parse_options(root_path: str, is_train: bool = True) -> Tuple[Dict[str, Any]
     ``args.option_defaults`` is the log line naming the defaults filled in (or None)."""
     from basicsr.utils import set_random_seed
     from basicsr.utils.dist_util import get_dist_info
-    args = argument_parser().parse_args()
+    args = argument_parser('python Train_pip.py' if is_train else 'python test.py').parse_args()
     opt, args.option_defaults = read_checked_options(args.opt, TRAIN if is_train else TEST, args.force_yml)
     if is_train:
         check_gpu_count(opt.get('num_gpu', 'auto'))

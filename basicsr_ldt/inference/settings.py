@@ -68,9 +68,10 @@ def inference_settings(section: Optional[str], given: Optional[Mapping], device_
     if mode == 'fixed' and not values['tile_size']:
         raise InputError(f"{name('tile_size')}: {short('tile_mode')} 'fixed' needs the tile size in LR pixels "
                          f"(an integer >= 1), got {values['tile_size']!r}")
-    if mode != 'fixed' and values['tile_size']:
-        raise InputError(f"{name('tile_size')}: only {short('tile_mode')} 'fixed' uses it ({short('tile_mode')} is "
-                         f"{mode!r}); remove it or set it to 0")
+    for key in ('tile_size', 'tile_overlap'):   # a tile the mode never cuts: the user meant another mode
+        if mode != 'fixed' and values[key] != INFERENCE_DEFAULTS[key]:
+            raise InputError(f"{name(key)}: only {short('tile_mode')} 'fixed' uses it ({short('tile_mode')} is "
+                             f"{mode!r}); remove it or set it to {INFERENCE_DEFAULTS[key]}")
     if mode == 'fixed' and values['tile_overlap'] >= values['tile_size']:
         raise InputError(f"{name('tile_overlap')}: expected an integer in [0, {short('tile_size')}="
                          f"{values['tile_size']}), got {values['tile_overlap']}")

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from basicsr_ldt.ldt.ema_horizon import reference_exchanges, run_exchanges
-from basicsr_ldt.ldt.typed import boolean, check_options, choice, either, integer, number, optional, string, strings
+from basicsr_ldt.ldt.typed import (auto_or_boolean, boolean, check_options, choice, integer, number, optional, string,
+                                   strings)
 
 CRITERIA = ('var', 'mean', 'var_over_mean', 'random', 'sample_var', 'fisher')
 MODES = ('dual', 'single', 'alternating')
@@ -186,7 +187,7 @@ SPECS = {
     'deft_grouping': choice(*DEFT_GROUPINGS),
     'interval_iters': integer(1),
     'first_group': choice(*GROUPS),
-    'overlap_branches': either(boolean(), choice(OVERLAP_AUTO)),
+    'overlap_branches': auto_or_boolean(),
     'overlap_memory': optional(number(1, math.inf, '[)')),
 }
 #: Keys that change how a run executes, not what it computes: a saved state resumes under other values.

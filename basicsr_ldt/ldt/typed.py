@@ -49,9 +49,10 @@ def boolean() -> Spec:
     return Spec(lambda v: isinstance(v, bool), 'true or false')
 
 
-def either(*specs: Spec) -> Spec:
-    """Any of ``specs`` (``true``, ``false`` or ``'auto'``, say)."""
-    return Spec(lambda v: any(spec.accepts(v) for spec in specs), ', or '.join(spec.expected for spec in specs))
+def auto_or_boolean() -> Spec:
+    """``'auto'`` (the project decides by what was measured), ``true`` or ``false``: the same words,
+    case and quoting for every such key (a quoted ``'true'`` is text, as for every boolean key)."""
+    return Spec(lambda v: isinstance(v, bool) or (isinstance(v, str) and v == 'auto'), "one of 'auto', true, false")
 
 
 def string() -> Spec:
@@ -85,6 +86,8 @@ def optional(spec: Spec) -> Spec:
 def describe(value: Any) -> str:
     """The value as the user typed it, with a hint for YAML's exponent-without-dot trap."""
     text = repr(value)
+    if isinstance(value, str) and value.lower() in ('true', 'false', 'yes', 'no', 'on', 'off'):
+        return text + ' (text: write true or false without quotes)'
     if isinstance(value, str):
         try:
             float(value)
@@ -120,5 +123,15 @@ def check_options(section: str, options: Mapping, specs: Mapping[str, Spec],
             raise error(f'{called}: expected {spec.expected}, got {describe(value)}')
 
 
-__all__: Tuple[str, ...] = ('Spec', 'integer', 'number', 'boolean', 'string', 'strings', 'choice', 'mapping',
-                            'optional', 'check_options', 'lookup', 'describe')
+def auto_or_boolean_mode(options: Mapping, key: str, default: str, section: str,
+                         error: Type[Exception] = ValueError) -> str:
+    """``'auto'``, ``'true'`` or ``'false'`` for an :func:`auto_or_boolean` key of ``options`` (absent or
+    null: ``default``), a bad value refused as :func:`check_options` refuses it."""
+    value = options.get(key)
+    value = default if value is None else value
+    check_options(section, {key: value}, {key: auto_or_boolean()}, error)
+    return str(value).lower()
+
+
+__all__: Tuple[str, ...] = ('Spec', 'integer', 'number', 'boolean', 'auto_or_boolean', 'string', 'strings', 'choice',
+                            'mapping', 'optional', 'check_options', 'auto_or_boolean_mode', 'lookup', 'describe')

@@ -16,10 +16,10 @@ from basicsr.utils import get_root_logger
 
 import archs.compile as arch_compile
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.ldt.typed import auto_or_boolean_mode
 
 #: Defaults of the ``train:`` keys read here (documented in docs/options.md).
 COMPILE_DEFAULTS = {'compile': 'auto', 'compile_backend': 'inductor'}
-COMPILE_CHOICES = ('auto', 'true', 'false')
 
 
 @dataclass(frozen=True)
@@ -33,11 +33,7 @@ def compile_setting(train_opt: Dict[str, Any]) -> CompileSetting:
     """The checked ``train.compile`` / ``train.compile_backend``; bad values are one-line errors
     naming the key. A backend other than the default is looked up among torch's registered ones
     (listing them imports every backend: seconds, so only when one is named)."""
-    value = train_opt.get('compile')
-    value = COMPILE_DEFAULTS['compile'] if value is None else value
-    mode = str(value).lower() if isinstance(value, (bool, str)) else None
-    if mode not in COMPILE_CHOICES:
-        raise InputError(f"train.compile: expected one of 'auto', true, false, got {value!r}")
+    mode = auto_or_boolean_mode(train_opt, 'compile', COMPILE_DEFAULTS['compile'], 'train', InputError)
     backend = train_opt.get('compile_backend')
     backend = COMPILE_DEFAULTS['compile_backend'] if backend is None else backend
     if not isinstance(backend, str) or not backend:

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.ldt.typed import auto_or_boolean_mode
 
 #: Defaults of the ``train:`` keys read here (documented in docs/options.md).
 GRAPH_DEFAULTS = {'cuda_graph': 'auto'}
-GRAPH_CHOICES = ('auto', 'true', 'false')
 
 #: Architectures whose FT step ``train.cuda_graph: auto`` records on a CUDA device: those a GPU run
 #: measured faster replayed than without (``scripts/bench_ldt.py --compare-upstream``, 'ours graphed'
@@ -26,12 +26,7 @@ GRAPH_BY_DEFAULT: FrozenSet[str] = frozenset()
 
 def graph_mode(train_opt: Dict[str, Any]) -> str:
     """The checked ``train.cuda_graph``: 'auto', 'true' or 'false'; anything else is a one-line error."""
-    value = train_opt.get('cuda_graph')
-    value = GRAPH_DEFAULTS['cuda_graph'] if value is None else value
-    mode = str(value).lower() if isinstance(value, (bool, str)) else None
-    if mode not in GRAPH_CHOICES:
-        raise InputError(f"train.cuda_graph: expected one of 'auto', true, false, got {value!r}")
-    return mode
+    return auto_or_boolean_mode(train_opt, 'cuda_graph', GRAPH_DEFAULTS['cuda_graph'], 'train', InputError)
 
 
 def graph_decision(mode: str, network: nn.Module, device_type: str, amp: Optional[torch.dtype],

@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.flags import FlagParser
 from basicsr_ldt.common.options import closest_key_hint
 from basicsr_ldt.inference.api import load_network, network_scale, resolve_device, upscale
 from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, TILE_MODES, inference_settings
@@ -27,16 +28,9 @@ IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.tif', '.tiff', '.webp')
 OUTPUT_EXTENSIONS = ('png', 'tif')
 
 
-class _Parser(argparse.ArgumentParser):
-    """A bad flag is one line like every other bad input (``error: ...``, exit code 2), not usage + error."""
-
-    def error(self, message: str) -> None:
-        raise InputError(f'{message} (python inference.py -h lists the flags)')
-
-
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = _Parser(
-        description='Super-resolve images with a trained network (no ground truth needed).')
+    parser = FlagParser('python inference.py',
+                        description='Super-resolve images with a trained network (no ground truth needed).')
     parser.add_argument('--input', required=True, help='an image file or a folder of images')
     parser.add_argument('--output', required=True, help='folder for the results (created if missing)')
     parser.add_argument('--checkpoint', required=True,
@@ -51,7 +45,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              'official LDT evaluation; default: fixed with --tile-size, else whole)')
     parser.add_argument('--tile-size', '--tile', type=int, default=INFERENCE_DEFAULTS['tile_size'],
                         help='fixed mode: LR tile size in pixels (default: 0 = not tiled)')
-    parser.add_argument('--tile-overlap', type=int, default=INFERENCE_DEFAULTS['tile_overlap'],
+    parser.add_argument('--tile-overlap', type=int,
                         help=f"fixed mode: overlap between tiles (default: {INFERENCE_DEFAULTS['tile_overlap']})")
     parser.add_argument('--precision', default=INFERENCE_DEFAULTS['precision'],
                         help=f"{', '.join(INFERENCE_DTYPES)} (default: {INFERENCE_DEFAULTS['precision']}; fp16 on "

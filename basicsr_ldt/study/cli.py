@@ -6,6 +6,7 @@ from os import path as osp
 from typing import List, Optional, Sequence
 
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.flags import FlagParser, positive_int
 from basicsr_ldt.common.outputs import fail
 from basicsr_ldt.study import report
 from basicsr_ldt.study.plan import Study, load_study, missing_inputs
@@ -14,24 +15,19 @@ from basicsr_ldt.study.run import write_option_files
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description='Train and test every (method, sweep point, seed) run of a study, '
-                                     'skip finished runs, resume interrupted ones, and aggregate the results.')
+    parser = FlagParser('python scripts/study.py',
+                        description='Train and test every (method, sweep point, seed) run of a study, skip finished '
+                                    'runs, resume interrupted ones, and aggregate the results.')
     parser.add_argument('-opt', required=True, help='study file (options/study/<name>.yml)')
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument('--dry-run', action='store_true', help='validate the study and print the planned runs')
     mode.add_argument('--commands', metavar='FILE',
                       help='write one shell command per pending run to FILE instead of running them')
     mode.add_argument('--collect', action='store_true', help='only aggregate the results that exist')
-    parser.add_argument('--jobs', type=_positive, default=1, metavar='N',
+    parser.add_argument('--jobs', type=positive_int, default=1, metavar='N',
                         help='runs trained at a time (default 1); each gets OMP_NUM_THREADS = cores / N '
                              'unless OMP_NUM_THREADS is set')
     return parser.parse_args(argv)
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f'expected an integer >= 1, got {text!r}')
-    return int(text)
 
 
 def describe(root: str, study: Study) -> List[str]:
@@ -48,9 +44,11 @@ def describe(root: str, study: Study) -> List[str]:
 
 def main(root: str, argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; ``root`` is where ``Train_pip.py``, ``experiments/`` and ``results/`` are."""
-    args = parse_args(argv)
     root = osp.abspath(root)
     try:
+        args = parse_args(argv)
+        if args.commands:
+            check_commands_file(args.commands)
         study = load_study(args.opt, root)
         missing = missing_inputs(study, root)
         if args.dry_run:
@@ -76,6 +74,15 @@ def main(root: str, argv: Optional[Sequence[str]] = None) -> int:
         _report(root, study)
         return 1
     return _report(root, study)
+
+
+def check_commands_file(path: str) -> None:
+    """``--commands FILE`` names a file this run can write (checked before any option file is written)."""
+    if osp.isdir(path):
+        raise InputError(f"--commands '{path}' is a folder; expected a file to write the commands to")
+    folder = osp.dirname(osp.abspath(path))
+    if not osp.isdir(folder):
+        raise InputError(f"--commands '{path}': its folder '{folder}' does not exist")
 
 
 def _write_commands(root: str, study: Study, path: str) -> int:

@@ -215,6 +215,9 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
     if not isinstance(study['methods'], dict):
         raise InputError(f"study file '{path}': methods must map a label to option overrides")
     for label, overrides in study['methods'].items():
+        if run_name(str(label), {}, None).strip('.') == '':   # its runs' folder would be the study's or above it
+            raise InputError(f"study file '{path}': method label {label!r} names no folder; expected letters or "
+                             'digits in it (run folders are named after their method)')
         if not isinstance(overrides, (dict, type(None))):
             raise InputError(f"study file '{path}': method '{label}' must map to option overrides (a mapping)")
         for key, what in ((BICUBIC_KEY, 'it upscales the LR image'), (START_KEY, 'it tests the starting weights')):

@@ -9,7 +9,6 @@ temporary folder beside the target (BasicSR's ``load_file_from_url``, with torch
 only a complete, checked file is renamed into place, so a failed or interrupted download leaves no
 file under the final name.
 """
-import argparse
 import hashlib
 import http.client
 import os
@@ -24,6 +23,7 @@ from basicsr.archs import build_network
 from basicsr.utils.download_util import load_file_from_url
 
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.flags import FlagParser
 from basicsr_ldt.common.outputs import fail
 from basicsr_ldt.weights.checkpoint import load_weights
 from basicsr_ldt.weights.releases import PRETRAINED_DIR, Release, releases
@@ -180,12 +180,18 @@ def listing(folder: str = PRETRAINED_DIR, table: Optional[Mapping[str, Release]]
 
 
 def main(argv: Optional[Sequence[str]] = None, table: Optional[Mapping[str, Release]] = None) -> int:
-    parser = argparse.ArgumentParser(description='Download the upstream released weights the option files use into '
-                                     'pretrained/, check that each loads into its network, and pin its SHA-256.')
+    parser = FlagParser('python scripts/fetch_weights.py',
+                        description='Download the upstream released weights the option files use into pretrained/, '
+                                    'check that each loads into its network, and pin its SHA-256.')
     parser.add_argument('names', nargs='*', help='release names (see --list)')
     parser.add_argument('--list', action='store_true', help='list the releases, their state here and their source')
     parser.add_argument('--dir', default=PRETRAINED_DIR, help=f'where the files go (default {PRETRAINED_DIR})')
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+        if os.path.exists(args.dir) and not os.path.isdir(args.dir):
+            raise InputError(f"--dir '{args.dir}' is a file; expected the folder the weights go to (made when absent)")
+    except InputError as err:
+        fail(str(err))
     if args.list or not args.names:
         print(listing(args.dir, table))
         return 0
