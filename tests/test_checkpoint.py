@@ -51,7 +51,8 @@ def _experiment(tmp_path, iterations):
     states = tmp_path / 'experiments' / 'run' / 'training_states'
     for it in iterations:
         save_atomic({'epoch': it // 100, 'iter': it}, str(states / f'{it}.state'))
-    return {'auto_resume': True, 'rank': 0, 'network_g': {'type': 'MSRResNet'},
+    return {'auto_resume': True, 'rank': 0, 'network_g': {'type': 'MSRResNet'}, 'train': {'total_iter': 20000},
+            'datasets': {'train': {'cameras': ['Olympus']}},
             'path': {'training_states': str(states), 'models': str(tmp_path / 'experiments' / 'run' / 'models'),
                      'resume_state': None, 'pretrain_network_g': None}}
 
@@ -73,6 +74,31 @@ def test_auto_resume_takes_the_highest_iteration_not_the_last_name(tmp_path):
     assert opt['path']['resume_state'] == str(states / '10000.state')
     assert {p.name for p in states.iterdir()} == {'1.state', '2.state', '5000.state', '9999.state', '10000.state',
                                                   '15000.state.corrupt'}
+
+
+@pytest.mark.parametrize('change, message', [
+    ({'train': {'total_iter': 4}}, "train.total_iter 4 is below iteration 6, which training state '{state}' reached; "
+                                   'raise total_iter, or give the run a new name to train a shorter one'),
+    ({'datasets': {'train': {'cameras': ['Pan']}}},
+     "datasets.train.cameras ['Pan'] differ from the ['Olympus'] that training state '{state}' was trained on; "
+     'restore them, or give the run a new name'),
+    ({'datasets': {'train': {}}}, "datasets.train.cameras None differ from the ['Olympus'] that training state "),
+])
+def test_a_resume_under_a_shorter_run_or_other_cameras_is_refused(tmp_path, change, message):
+    """Resumed under a total_iter below the iteration reached, the run saved iteration 6's weights as the
+    shorter run's; resumed on other source cameras, it mixed two trainings under one name. Both trained on
+    silently. The run's own cameras (as a string too) and a state without the record resume."""
+    from basicsr_ldt.pipelines.train import load_resume_state
+    opt = _experiment(tmp_path, [])
+    states = tmp_path / 'experiments' / 'run' / 'training_states'
+    save_atomic({'epoch': 0, 'iter': 6, 'train_cameras': ['Olympus']}, str(states / '6.state'))
+    with pytest.raises(InputError) as err:
+        load_resume_state({**opt, **change})
+    assert str(err.value).startswith(message.format(state=states / '6.state'))
+    assert load_resume_state({**opt, 'train': {'total_iter': 6}})['iter'] == 6
+    assert load_resume_state({**_experiment(tmp_path, []), 'datasets': {'train': {'cameras': 'Olympus'}}})['iter'] == 6
+    save_atomic({'epoch': 0, 'iter': 6}, str(states / '6.state'))   # written before states recorded cameras
+    assert load_resume_state({**_experiment(tmp_path, []), 'datasets': {'train': {'cameras': ['Pan']}}})['iter'] == 6
 
 
 def test_a_damaged_state_is_moved_aside_by_rank_0_only(tmp_path, capsys):

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.data.cameras import CameraRule, pair_keys, strip_template
-from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset, subset_indices
+from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset, random_crop_and_flip, subset_indices
 
 
 def options(root, split='Train', **extra):
@@ -292,17 +292,20 @@ def test_dataset_training_patches_keep_lr_under_hr_and_reach_every_position(tmp_
 @pytest.mark.parametrize('lr_size, fits', [((3, 16), False), ((12, 3), False), ((4, 4), True)])
 def test_an_lr_image_smaller_than_the_patch_is_named(tmp_path, lr_size, fits):
     """An LR image narrower or lower than the LR patch (gt_size / scale = 4) stops with its name and
-    both sizes; one exactly the patch's size gives that one patch."""
+    both sizes, from its header when the dataset is built (the run used to make its folder, print its
+    banner and fail at the first batch), and at the crop for what headers do not show (lmdb); one exactly
+    the patch's size gives that one patch."""
     hr, lr = synthetic_pair(seed=2, lr_h=lr_size[0], lr_w=lr_size[1])
     write_pair(tmp_path, hr, lr)
-    dataset = DRealSRCameraDataset(options(tmp_path, gt_size=16))
     if fits:
-        assert tuple(dataset[0]['lq'].shape) == (3, 4, 4)
+        assert tuple(DRealSRCameraDataset(options(tmp_path, gt_size=16))[0]['lq'].shape) == (3, 4, 4)
         return
     h, w = lr_size
-    with pytest.raises(InputError, match=rf"^LR image 'P1140279_1' is {w}x{h}, smaller than the LR patch 4x4 "
-                                         r'\(gt_size 16 / scale 4\)$'):
-        dataset[0]
+    message = rf"^LR image 'P1140279_1' is {w}x{h}, smaller than the LR patch 4x4 \(gt_size 16 / scale 4\)$"
+    with pytest.raises(InputError, match=message):
+        DRealSRCameraDataset(options(tmp_path, gt_size=16))
+    with pytest.raises(InputError, match=message):
+        random_crop_and_flip(hr, lr, 16, 4, np.random.default_rng(0), True, True, 'P1140279_1')
 
 
 # ---------------------------------------------------------------- subsets of a camera selection (issue 58)

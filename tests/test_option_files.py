@@ -343,6 +343,7 @@ MODEL_VALUE_SLIPS = [
     (('val', 'tile_overlap'), -1, 'val.tile_overlap: expected an integer >= 0, got -1'),
     (('ldt', 'ratio_u'), 1.5, 'ldt.ratio_u: expected a number in (0, 1), got 1.5'),
     (('ldt', 'slices'), 1, 'ldt.slices: expected'),
+    (('train', 'scheduler', 'milestones'), ['1e5'], 'train.scheduler.milestones: expected a non-empty list'),
 ]
 
 
@@ -389,6 +390,55 @@ def test_each_model_value_slip_is_caught_by_the_early_check_itself(tmp_path, whe
             section = section[key]
         del section[where[-1]]   # the key left out: its default
         check_option_values(opt)
+
+
+#: (where in the options, value, the error): values of keys BasicSR reads without a check.
+BASICSR_VALUE_SLIPS = [
+    (('train', 'scheduler', 'milestones'), ['1e5'], "train.scheduler.milestones: expected a non-empty list, each a "
+     "whole number >= 1, got ['1e5']"),   # the learning rate silently never decayed
+    (('train', 'scheduler', 'gamma'), '5e-1', "train.scheduler.gamma: expected a number in (0, inf), got '5e-1' (text: "
+     'YAML reads numbers like 1e-4 without a dot as strings; write 1.0e-4 or !!float 1e-4)'),
+    (('train', 'optim_g', 'lr'), '2e-4', "train.optim_g.lr: expected a number in (0, inf), got '2e-4'"),
+    (('train', 'total_iter'), 2.5, 'train.total_iter: expected a whole number >= 1, got 2.5'),
+    (('logger', 'print_freq'), 0, 'logger.print_freq: expected a whole number >= 1, got 0'),
+    (('logger', 'save_checkpoint_freq'), -1, 'logger.save_checkpoint_freq: expected a whole number >= 1, got -1'),
+    (('datasets', 'train', 'batch_size_per_gpu'), 0, 'datasets.train.batch_size_per_gpu: expected an integer >= 1, '
+     'got 0'),
+    (('datasets', 'train', 'num_worker_per_gpu'), -1, 'datasets.train.num_worker_per_gpu: expected an integer >= 0'),
+    (('datasets', 'train', 'dataset_enlarge_ratio'), '10', "datasets.train.dataset_enlarge_ratio: expected an integer "
+     ">= 1, got '10'"),
+    (('datasets', 'train', 'prefetch_mode'), 'cuda', 'datasets.train.prefetch_mode: cuda copies batches to a GPU, and '
+     'this run is on cpu; use cpu (or leave it out)'),
+    (('val', 'metrics', 'psnr', 'test_y_channel'), 'false', "val.metrics.psnr.test_y_channel: expected true or false, "
+     "got 'false' (text: write true or false without quotes)"),   # was read as true
+    (('val', 'metrics', 'psnr', 'crop_border'), -4, 'val.metrics.psnr.crop_border: expected an integer >= 0, got -4'),
+    (('datasets', 'val_more', 'name'), 'Test_Sony_Canon', "datasets.val_more.name 'Test_Sony_Canon' is also the name "
+     'of datasets.val_targets; each validation set needs its own name (its results are kept under it)'),
+]
+
+
+@pytest.mark.parametrize('model_type', ['FTSRModel', 'SRModel'])
+@pytest.mark.parametrize('where, value, message', BASICSR_VALUE_SLIPS)
+def test_values_basicsr_reads_are_checked_before_the_run(tmp_path, model_type, where, value, message):
+    """A value BasicSR reads unchecked (a traceback at the first milestone, a save, a batch; or a silently
+    constant learning rate, a Y-channel PSNR asked off, a validation set never measured) is one line naming the
+    key, for this project's models and BasicSR's alike; without the key the options pass."""
+    from basicsr_ldt.models.option_values import check_option_values
+    opt = train_options(tmp_path, 'slip', model_type=model_type)
+    if where[1] == 'val_more':
+        opt['datasets']['val_more'] = dict(opt['datasets']['val_targets'], cameras=['Pan'])
+    section = opt
+    for key in where[:-1]:
+        section = section[key]
+    section[where[-1]] = value
+    with pytest.raises(InputError) as err:
+        check_option_values(opt)
+    assert str(err.value).startswith(message)
+    if where[1] == 'val_more':
+        section[where[-1]] = 'Test_Pan'
+    else:
+        del section[where[-1]]
+    check_option_values(opt)
 
 
 def test_cuda_graph_true_is_judged_on_the_device_and_processes_basicsr_will_use():

@@ -159,6 +159,8 @@ class DRealSRCameraDataset(data.Dataset):
                                      f'({type(err).__name__})') from None
             (gw, gh), (lw, lh) = sizes
             self._check_sizes(item['stem'], lw, lh, gw, gh)
+            if self.phase == 'train' and min(lw, lh) < self.opt['gt_size'] // self.scale:   # found at a crop otherwise
+                raise InputError(_patch_too_large(item['stem'], lw, lh, self.opt['gt_size'], self.scale))
 
     def _check_sizes(self, stem: str, lw: int, lh: int, gw: int, gh: int) -> bool:
         """Whether the HR image must be cropped to LR size x scale; raises for a pair that does not fit.
@@ -241,14 +243,19 @@ def _size_mismatch(stem: str, name: str, lw: int, lh: int, gw: int, gh: int, sca
             f'{lw * scale}x{lh * scale}, HR is {gw}x{gh}{allowed}')
 
 
+def _patch_too_large(stem: str, w: int, h: int, gt_size: int, scale: int) -> str:
+    lq_size = gt_size // scale
+    return (f"LR image '{stem}' is {w}x{h}, smaller than the LR patch {lq_size}x{lq_size} "
+            f'(gt_size {gt_size} / scale {scale})')
+
+
 def random_crop_and_flip(gt: np.ndarray, lq: np.ndarray, gt_size: int, scale: int, rng: np.random.Generator,
                          hflip: bool, rotate: bool, stem: str) -> Tuple[np.ndarray, np.ndarray]:
     """Aligned random crop (``gt_size`` on HR, ``gt_size/scale`` on LR) plus flips/transpose."""
     lq_size = gt_size // scale
     h, w = lq.shape[:2]
     if h < lq_size or w < lq_size:
-        raise InputError(f"LR image '{stem}' is {w}x{h}, smaller than the LR patch {lq_size}x{lq_size} "
-                         f'(gt_size {gt_size} / scale {scale})')
+        raise InputError(_patch_too_large(stem, w, h, gt_size, scale))
     top, left = int(rng.integers(0, h - lq_size + 1)), int(rng.integers(0, w - lq_size + 1))
     # Each step is written once and applied to both images, so that LR and HR cannot be cropped or
     # flipped differently (a misaligned pair has the right shapes and trains silently wrong).

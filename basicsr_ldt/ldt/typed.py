@@ -65,6 +65,18 @@ def strings() -> Spec:
                 'a string or a list of strings')
 
 
+def whole(low: int) -> Spec:
+    """A whole number >= ``low``: an integer, or a float without a fraction (``5000.0``), as BasicSR's
+    ``int()`` and ``%`` read iteration counts and frequencies."""
+    return Spec(lambda v: _is_number(v) and float(v).is_integer() and v >= low, f'a whole number >= {low}')
+
+
+def items(spec: Spec) -> Spec:
+    """A non-empty list whose every item is ``spec`` (YAML ``[a, b]``)."""
+    return Spec(lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(spec.accepts(x) for x in v),
+                f'a non-empty list, each {spec.expected}')
+
+
 def choice(*values: Any) -> Spec:
     return Spec(lambda v: isinstance(v, type(values[0])) and v in values,
                 'one of ' + ', '.join(repr(v) for v in values))
@@ -119,7 +131,7 @@ def check_options(section: str, options: Mapping, specs: Mapping[str, Spec],
     for key, spec in specs.items():
         value = lookup(options, key)
         if value is not _MISSING and not spec.accepts(value):
-            called = name(key) if name is not None else f'{section}.{key}'
+            called = name(key) if name is not None else f'{section}.{key}' if section else key
             raise error(f'{called}: expected {spec.expected}, got {describe(value)}')
 
 
@@ -133,5 +145,5 @@ def auto_or_boolean_mode(options: Mapping, key: str, default: str, section: str,
     return str(value).lower()
 
 
-__all__: Tuple[str, ...] = ('Spec', 'integer', 'number', 'boolean', 'auto_or_boolean', 'string', 'strings', 'choice',
+__all__: Tuple[str, ...] = ('Spec', 'integer', 'number', 'whole', 'items', 'boolean', 'auto_or_boolean', 'string', 'strings', 'choice',
                             'mapping', 'optional', 'check_options', 'auto_or_boolean_mode', 'lookup', 'describe')

@@ -38,6 +38,16 @@ SKIPPED_STEP = {'warmup': 'the head warm-up', 'profile': 'gradient profiling (sa
                 'auxiliary': 'the auxiliary branch'}
 
 
+def refuse_basicsr_ema(train_opt: Dict) -> None:
+    """BasicSR's weight EMA (``train.ema_decay``) is not LDT's: a run asking for it would be tested on
+    weights it never kept."""
+    if train_opt.get('ema_decay', 0):
+        raise InputError('train.ema_decay: LDTSRModel keeps its own EMA between branches; remove ema_decay')
+    if train_opt.get('ema_reference_iters') is not None:
+        raise InputError('train.ema_reference_iters: rescales BasicSR\'s train.ema_decay, which LDTSRModel does not '
+                         'use; its own EMA scales with ldt.ema_reference_iters')
+
+
 def ldt_config_from_options(opt: Dict) -> LDTConfig:
     """``LDTConfig`` from the ``ldt:`` section: ``method`` picks a preset, other keys override it."""
     section = dict(opt.get('ldt') or {})
@@ -161,11 +171,7 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
 
     def init_training_settings(self) -> None:
         train_opt = self.opt['train']
-        if train_opt.get('ema_decay', 0):
-            raise InputError('train.ema_decay: LDTSRModel keeps its own EMA between branches; remove ema_decay')
-        if train_opt.get('ema_reference_iters') is not None:
-            raise InputError('train.ema_reference_iters: rescales BasicSR\'s train.ema_decay, which LDTSRModel does not '
-                             'use; its own EMA scales with ldt.ema_reference_iters')
+        refuse_basicsr_ema(train_opt)
         self.setup_precision()
         self.net_g.train()
         self.ema_decay = 0

@@ -6,32 +6,87 @@ Why: the schema (``basicsr_ldt.common.schema``) knows every key, and the models 
 a slip there used to print a screen of log lines before its one error. The same functions the
 models call run here first, with the device and process layout BasicSR will pick; what depends on
 the model (``cuda_graph: true`` for a mode without a recorded step) is still checked when it is built.
+The values of the training keys BasicSR itself reads (optimizer, scheduler, logger, loader,
+metrics) are checked here too, for every model type: BasicSR reads them without a check.
 """
+import importlib.util
+import math
 from typing import Any, Dict
 
 import torch
 
+from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.schema import PROJECT_MODELS
+from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, items, number, optional, whole
 from basicsr_ldt.models.compiled_blocks import compile_setting, refuse_uncompilable
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
 from basicsr_ldt.models.cuda_graph import graph_mode, refuse_true, unrecordable_run
 from basicsr_ldt.models.ema_decay import scaled_ema_decay
 from basicsr_ldt.models.guarded_step import max_bad_steps_from_options, precision_from_options
 from basicsr_ldt.models.l2_sp import l2_sp_setting
-from basicsr_ldt.models.ldt_model import ldt_config_from_options
+from basicsr_ldt.models.ldt_model import ldt_config_from_options, refuse_basicsr_ema
 from basicsr_ldt.models.optimizers import fused_choice
 from basicsr_ldt.models.validation import basicsr_device_type, validation_settings
+
+
+#: Values of training keys BasicSR reads (``train.py``, ``base_model.py``, ``lr_scheduler.py``, its data
+#: loader): a YAML number without a dot (``lr: 2e-4``, ``milestones: [1e5]``) is a string there, and a
+#: string milestone never matches an iteration, so the learning rate silently never decays.
+BASICSR_TRAINING_VALUES = {
+    'train.total_iter': whole(1), 'train.warmup_iter': whole(-1),
+    'train.optim_g.lr': number(0, math.inf), 'train.optim_g.weight_decay': number(0, math.inf, '[)'),
+    'train.optim_g.betas': items(number(0, 1, '[)')), 'train.optim_g.eps': number(0, math.inf),
+    'train.scheduler.milestones': items(whole(1)), 'train.scheduler.gamma': number(0, math.inf),
+    'train.scheduler.periods': items(whole(1)), 'train.scheduler.restart_weights': items(number(0, math.inf, '[)')),
+    'train.scheduler.eta_min': number(0, math.inf, '[)'),
+    'logger.print_freq': whole(1), 'logger.save_checkpoint_freq': whole(1), 'logger.use_tb_logger': boolean(),
+}
+#: ``datasets.train``'s loader keys (BasicSR's ``build_dataloader`` and prefetchers).
+BASICSR_LOADER_VALUES = {
+    'batch_size_per_gpu': integer(1), 'num_worker_per_gpu': integer(0), 'dataset_enlarge_ratio': integer(1),
+    'prefetch_mode': optional(choice('cpu', 'cuda')), 'num_prefetch_queue': integer(1), 'pin_memory': boolean(),
+    'persistent_workers': boolean(),
+}
+#: Each ``val.metrics.<name>``'s arguments besides ``type`` (BasicSR's ``calculate_psnr``/``calculate_ssim``).
+BASICSR_METRIC_VALUES = {'crop_border': integer(0), 'test_y_channel': boolean(), 'input_order': choice('HWC', 'CHW'),
+                         'better': choice('higher', 'lower')}
+
+
+def check_basicsr_values(opt: Dict[str, Any], device_type: str) -> None:
+    """The values of the training keys BasicSR reads, for every model type: one line naming the key
+    instead of a traceback (or a silently constant learning rate) once the run has started."""
+    check_options('', opt, BASICSR_TRAINING_VALUES, InputError)
+    datasets = opt.get('datasets') or {}
+    check_options('datasets.train', datasets.get('train') or {}, BASICSR_LOADER_VALUES, InputError)
+    if (datasets.get('train') or {}).get('prefetch_mode') == 'cuda' and device_type != 'cuda':
+        raise InputError(f"datasets.train.prefetch_mode: cuda copies batches to a GPU, and this run is on "
+                         f"{device_type}; use cpu (or leave it out)")
+    for name, metric in ((opt.get('val') or {}).get('metrics') or {}).items():
+        check_options(f'val.metrics.{name}', metric or {}, BASICSR_METRIC_VALUES, InputError)
+    names: Dict[str, str] = {}
+    for section, dataset in datasets.items():   # validation results, best checkpoints and logs go by name
+        name = (dataset or {}).get('name', section)
+        if not str(section).startswith('val'):
+            continue
+        if name in names:
+            raise InputError(f"datasets.{section}.name '{name}' is also the name of datasets.{names[name]}; each "
+                             'validation set needs its own name (its results are kept under it)')
+        names[name] = section
+    wandb = (opt.get('logger') or {}).get('wandb') or {}
+    if wandb.get('project') is not None and importlib.util.find_spec('wandb') is None:
+        raise InputError('logger.wandb.project: wandb is not installed (pip install wandb), or remove the project')
 
 
 def check_option_values(opt: Dict[str, Any]) -> None:
     """Raise the model's one-line :class:`InputError` for a bad value of a key it reads without a network,
     on the device BasicSR picks from ``num_gpu`` on this machine (``auto``: the GPUs torch sees)."""
+    num_gpu = opt.get('num_gpu', 0)
+    num_gpu = torch.cuda.device_count() if num_gpu == 'auto' else num_gpu
+    check_basicsr_values(opt, basicsr_device_type(num_gpu))
     model_type = opt.get('model_type')
     if model_type not in PROJECT_MODELS:   # BasicSR's own models read none of these keys
         return
     train = opt.get('train') or {}
-    num_gpu = opt.get('num_gpu', 0)
-    num_gpu = torch.cuda.device_count() if num_gpu == 'auto' else num_gpu
     device_type = basicsr_device_type(num_gpu)
     validation_settings({**opt, 'num_gpu': num_gpu})
     refuse_uncompilable(compile_setting(train), (opt.get('network_g') or {}).get('type'))
@@ -45,6 +100,7 @@ def check_option_values(opt: Dict[str, Any]) -> None:
         corgrad_config_from_options(opt)
         scaled_ema_decay(train)
     elif model_type == 'LDTSRModel':
+        refuse_basicsr_ema(train)
         trained_networks = 2 if ldt_config_from_options(opt).mode == 'dual' else 1
     else:
         scaled_ema_decay(train)

@@ -6,7 +6,7 @@ uninterrupted one. The mixin fixes all three without touching BasicSR.
 """
 import os
 import random
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -16,6 +16,13 @@ from basicsr.utils import get_root_logger
 from basicsr.utils.dist_util import master_only
 
 from basicsr_ldt.weights.checkpoint import load_weights, save_atomic
+
+
+def training_cameras(opt: Dict[str, Any]) -> Optional[List[str]]:
+    """The source cameras ``datasets.train.cameras`` names (None: every camera of the folders), as a
+    training state records them: a run resumed on other cameras would mix two trainings under one name."""
+    cameras = opt['datasets']['train'].get('cameras')
+    return [cameras] if isinstance(cameras, str) else None if cameras is None else [str(c) for c in cameras]
 
 
 def rng_state() -> Dict[str, Any]:
@@ -119,7 +126,8 @@ class ResumableMixin:
         state = {'epoch': epoch, 'iter': current_iter,
                  'optimizers': [o.state_dict() for o in self.optimizers],
                  'schedulers': [s.state_dict() for s in self.schedulers],
-                 'rng': rng_state(), 'extra': self.extra_training_state()}
+                 'rng': rng_state(), 'extra': self.extra_training_state(),
+                 'train_cameras': training_cameras(self.opt)}
         save_atomic(state, os.path.join(self.opt['path']['training_states'], f'{current_iter}.state'))
 
     def resume_training(self, resume_state):

@@ -38,6 +38,7 @@ from basicsr_ldt.common.process_group import end_process_group
 from basicsr_ldt.data.sampler import training_sampler
 from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.option_values import check_option_values
+from basicsr_ldt.models.resumable import training_cameras
 from basicsr_ldt.weights.checkpoint import UnreadableCheckpoint, load_safe
 
 
@@ -89,6 +90,14 @@ def load_resume_state(opt: Dict) -> Optional[Dict]:
     opt['path']['resume_state'] = path
     if not isinstance(state, dict) or 'iter' not in state or 'epoch' not in state:
         raise InputError(f"training state '{path}' has no epoch/iter: not a BasicSR training state")
+    total = opt['train']['total_iter']
+    if state['iter'] > total:
+        raise InputError(f"train.total_iter {total} is below iteration {state['iter']}, which training state '{path}' "
+                         'reached; raise total_iter, or give the run a new name to train a shorter one')
+    recorded, cameras = state.get('train_cameras', 'unrecorded'), training_cameras(opt)
+    if recorded != 'unrecorded' and recorded != cameras:
+        raise InputError(f"datasets.train.cameras {cameras} differ from the {recorded} that training state '{path}' "
+                         'was trained on; restore them, or give the run a new name')
     check_resume(opt, state['iter'])
     return state
 
@@ -160,25 +169,34 @@ def train_pipeline(root_path: str) -> None:
             model.resume_training(resume_state)
             if opt['rank'] == 0:
                 remove_partial_writes(opt)
+        loaders = build_loaders(opt, model, train_set, val_sets)
     except InputError as err:
         outputs.rollback()
         fail(str(err))
     tb_logger = init_tb_loggers(opt)
-    _train(opt, model, train_set, val_sets, resume_state, tb_logger, logger)
+    _train(opt, model, train_set, val_sets, loaders, resume_state, tb_logger, logger)
     end_process_group()
 
 
-def _train(opt: Dict, model, train_set: Dataset, val_sets, resume_state, tb_logger, logger) -> None:
+def build_loaders(opt: Dict, model, train_set: Dataset, val_sets) -> Tuple:
+    """The training sampler and loader and the validation loaders (the sampler asks the model whether
+    batches are camera-balanced), refused while the new experiment folder can still be rolled back."""
     train_opt = opt['datasets']['train']
     sampler = training_sampler(train_set, opt, getattr(model, 'camera_balanced_batches', False))
     train_loader = build_dataloader(train_set, train_opt, num_gpu=opt['num_gpu'], dist=opt['dist'],
                                     sampler=sampler, seed=opt['manual_seed'])
     val_loaders = [build_dataloader(ds, dopt, num_gpu=opt['num_gpu'], dist=opt['dist'], sampler=None,
                                     seed=opt['manual_seed']) for dopt, ds in val_sets]
-    iters_per_epoch = len(train_loader)
-    if iters_per_epoch == 0:
+    if len(train_loader) == 0:
         raise InputError(f"training dataset '{train_opt['name']}' has {len(train_set)} images, fewer than one "
                          f"batch of {train_opt['batch_size_per_gpu']}")
+    return sampler, train_loader, val_loaders
+
+
+def _train(opt: Dict, model, train_set: Dataset, val_sets, loaders: Tuple, resume_state, tb_logger, logger) -> None:
+    train_opt = opt['datasets']['train']
+    sampler, train_loader, val_loaders = loaders
+    iters_per_epoch = len(train_loader)
     total_iters = int(opt['train']['total_iter'])
     total_epochs = math.ceil(total_iters / iters_per_epoch)
     logger.info(f'Training data: {len(train_set)} images {getattr(train_set, "cameras", "")}, '
