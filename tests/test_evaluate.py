@@ -363,6 +363,10 @@ def test_the_printed_table_and_the_markdown_copy_are_exactly_laid_out():
     ({'checkpoints': [{'path': 'a.pth', 'lable': 'x'}]},
      "unknown option 'lable' in checkpoints[0] (did you mean 'label'?); valid keys: bicubic, label, param_key, path"),
     ({'checkpoints': [{'path': 'a/x.pth'}, {'path': 'b/x.pth'}]}, "checkpoint labels must be unique, got ['x', 'x']"),
+    ({'checkpoints': [{'path': 'a.pth', 'label': '../../escape'}]},   # save_img wrote outside results/
+     "checkpoints[0].label: '../../escape' also names the folder of its images; expected no '/' and not only dots"),
+    ({'checkpoints': [{'path': 'a.pth'}, {'bicubic': True, 'label': '..'}]},
+     "checkpoints[1].label: '..' also names the folder of its images; expected no '/' and not only dots"),
 ])
 def test_bad_checkpoint_lists_are_one_whole_line(opt, message):
     with pytest.raises(InputError) as err:
@@ -386,7 +390,10 @@ def test_test_section_keys_datasets_and_crop_border_default_are_checked_before_a
             ({'datasets': {}}, "the option file has no 'datasets' section to test on"),
             ({'datasets': {'test_1': {**base['datasets']['test_1'], 'type': 'DRealSRDataset'}}},
              "datasets.test_1.type 'DRealSRDataset' is not registered (known: DRealSRCameraDataset,"),
-            ({'network_g': {'type': 'MSRResnet'}}, "network_g.type 'MSRResnet' is not registered (known: ")):
+            ({'network_g': {'type': 'MSRResnet'}}, "network_g.type 'MSRResnet' is not registered (known: "),
+            ({'datasets': {**base['datasets'], 'test_2': dataset(demo_data, 'Train', ['Canon', 'Sony'])}},
+             "camera 'Sony' is in datasets.test_1 and datasets.test_2; the table has one row per camera, so give each "
+             'camera in one section only')):   # their images were pooled in one row
         with pytest.raises(InputError) as err:
             _build({**base, **change}, cpu)
         assert str(err.value).startswith(message), str(err.value)

@@ -85,6 +85,10 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
         if 'wise_ft' in entry:
             result[-1]['wise_ft'] = entry['wise_ft']
     labels = [e['label'] for e in result]
+    for i, label in enumerate(labels):   # a label names its checkpoint's image folder too
+        if '/' in label or '\\' in label or label.strip('.') == '':
+            raise InputError(f"checkpoints[{i}].label: {label!r} also names the folder of its images; expected no "
+                             "'/' and not only dots")
     if len(set(labels)) != len(labels):
         raise InputError(f'checkpoint labels must be unique, got {labels}')
     return result
@@ -175,6 +179,13 @@ def _build(opt: Dict, device: torch.device):
         datasets.append(dataset_cls(dataset_opt))
     if not datasets:
         raise InputError("the option file has no 'datasets' section to test on")
+    sections = list((opt.get('datasets') or {}))
+    for i, first in enumerate(datasets):   # rows are per camera: two sections would pool their images in one
+        for j in range(i + 1, len(datasets)):
+            shared = sorted(set(first.cameras) & set(datasets[j].cameras))
+            if shared:
+                raise InputError(f"camera '{shared[0]}' is in datasets.{sections[i]} and datasets.{sections[j]}; the "
+                                 'table has one row per camera, so give each camera in one section only')
     checkpoints = checkpoints_of(opt)
     if not all(entry['bicubic'] for entry in checkpoints):   # Bicubic alone needs no network
         registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), 'network_g.type')
