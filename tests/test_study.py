@@ -185,6 +185,21 @@ def test_changed_options_of_a_started_run_are_refused(tmp_path, demo_data):
         runner.check_unchanged(root, changed)
 
 
+@pytest.mark.parametrize('mode', ['--collect', '--dry-run'])
+def test_collect_and_dry_run_refuse_results_of_other_options(tmp_path, demo_data, capsys, mode):
+    """--collect wrote a started run's old results under the edited study's method, and --dry-run called
+    it finished; both now refuse as a run does. Nothing is aggregated."""
+    root = str(tmp_path)
+    study = plan.load_study(tiny_study(tmp_path, demo_data), root)
+    runner.write_option_files(root, study, study.runs[0])
+    (tmp_path / 'experiments' / 'tiny' / study.runs[0].name).mkdir()
+    edited = tiny_study(tmp_path, demo_data, methods={'FT': {'train': {'total_iter': 7}}})
+    with pytest.raises(SystemExit):
+        cli.main(root, ['-opt', edited, mode])
+    assert capsys.readouterr().err.startswith("error: run 'FT_seed0' was started with other options")
+    assert not (tmp_path / 'results').exists()
+
+
 def record(method, seed, values):
     """A run record with PSNR values per camera and SSIM = PSNR / 100."""
     return {'run': f'{method}_seed{seed}', 'method': method, 'seed': seed, 'sweep': {}, 'sources': ['Olympus'],

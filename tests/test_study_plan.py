@@ -57,6 +57,14 @@ def load_error(path, root) -> str:
     ({'methods': {'FT': {}, ' ': {}}},
      "{study}: method label ' ' names no folder; expected letters or digits in it (run folders are named after "
      'their method)'),
+    ({'sweep': {'manual_seed': [1, 2]}}, "{study}: sweep 'manual_seed', which the study sets for every run (the "
+     "study's seeds list); remove it"),   # both points trained with seed 0 under two labels
+    ({'methods': {'FT': {'manual_seed': 5}}}, "{study}: method 'FT' sets 'manual_seed', which the study sets for every "
+     "run (the study's seeds list); remove it"),
+    ({'overrides': {'path': {'resume_state': 'x.state'}}}, "{study}: overrides sets 'path.resume_state', which the "
+     'study sets for every run (a started run resumes by itself); remove it'),
+    ({'overrides': {'name': 'x'}}, "{study}: overrides sets 'name', which the study sets for every run (each run is "
+     '<study>/<run>); remove it'),
     ({'sweep': ['x']}, '{study}: sweep must map a dotted option key to a list of values'),
     ({'reference': 'LTD'}, "{study}: reference 'LTD' is not one of the methods (FT, LDT) (did you mean 'LDT'?)"),
     ({'methods': {'FT': {}, 'S': {'start': True}}},

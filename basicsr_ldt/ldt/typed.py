@@ -9,7 +9,7 @@ so ``basicsr_ldt.ldt`` can use it without BasicSR.
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Tuple, Type
 
-_MISSING = object()
+MISSING = object()   # what lookup() returns for an absent key
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def lookup(options: Mapping, dotted: str) -> Any:
     value: Any = options
     for part in dotted.split('.'):
         if not isinstance(value, Mapping) or part not in value:
-            return _MISSING
+            return MISSING
         value = value[part]
     return value
 
@@ -130,7 +130,7 @@ def check_options(section: str, options: Mapping, specs: Mapping[str, Spec],
     """
     for key, spec in specs.items():
         value = lookup(options, key)
-        if value is not _MISSING and not spec.accepts(value):
+        if value is not MISSING and not spec.accepts(value):
             called = name(key) if name is not None else f'{section}.{key}' if section else key
             raise error(f'{called}: expected {spec.expected}, got {describe(value)}')
 
@@ -146,4 +146,4 @@ def auto_or_boolean_mode(options: Mapping, key: str, default: str, section: str,
 
 
 __all__: Tuple[str, ...] = ('Spec', 'integer', 'number', 'whole', 'items', 'boolean', 'auto_or_boolean', 'string', 'strings', 'choice',
-                            'mapping', 'optional', 'check_options', 'auto_or_boolean_mode', 'lookup', 'describe')
+                            'mapping', 'optional', 'check_options', 'auto_or_boolean_mode', 'lookup', 'MISSING', 'describe')

@@ -51,6 +51,7 @@ def main(root: str, argv: Optional[Sequence[str]] = None) -> int:
             check_commands_file(args.commands)
         study = load_study(args.opt, root)
         missing = missing_inputs(study, root)
+        check_unchanged(root, study)   # also before --collect: a run's results under options it was not trained with
         if args.dry_run:
             print('\n'.join(describe(root, study)))
             for item in missing:
@@ -61,7 +62,6 @@ def main(root: str, argv: Optional[Sequence[str]] = None) -> int:
         if missing:
             raise InputError(f"study '{study.name}' cannot run: {missing[0]} not found"
                              + (f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''))
-        check_unchanged(root, study)
     except InputError as err:
         fail(str(err))
     if args.commands:

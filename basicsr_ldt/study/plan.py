@@ -22,9 +22,13 @@ from basicsr_ldt.common.options import check_known_keys, closest_key_hint, regis
 from basicsr_ldt.common.schema import MAX_SEED, TEST, TRAIN, check_options, is_seed, section_keys
 from basicsr_ldt.corgrad import CorGradConfig
 from basicsr_ldt.ldt import LDTConfig
+from basicsr_ldt.ldt.typed import MISSING, lookup
 from basicsr_ldt.models.option_values import check_option_values
 from basicsr_ldt.weights.releases import fetch_hint, release_file
 
+#: Option keys the study writes into every run, and why.
+STUDY_SET = {'name': 'each run is <study>/<run>', 'manual_seed': "the study's seeds list",
+             'path.resume_state': 'a started run resumes by itself'}
 #: Keys of a study file. ``overrides`` applies to every method (before the method's own).
 STUDY_KEYS = ('name', 'train', 'test', 'seeds', 'methods', 'sweep', 'reference', 'overrides')
 #: A method's key naming another base training file than the study's ``train`` (e.g. per network).
@@ -237,6 +241,14 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
     for key, values in sweep.items():
         if not isinstance(values, list) or not values:
             raise InputError(f"study file '{path}': sweep '{key}' must be a non-empty list of values")
+    # The study writes these keys into every run: a value given for one would be dropped unseen.
+    sources = [('overrides', study.get('overrides'))] + [(f"method '{m}'", o) for m, o in study['methods'].items()]
+    given = [(f"sweep '{key}'", key) for key in sweep if key in STUDY_SET] + [
+        (f"{where} sets '{key}'", key) for where, overrides in sources if isinstance(overrides, Mapping)
+        for key in STUDY_SET if lookup(overrides, key) is not MISSING]
+    for what, key in given[:1]:
+        raise InputError(f"study file '{path}': {what}, which the study sets for every run ({STUDY_SET[key]}); "
+                         'remove it')
     reference = study.get('reference')
     if reference is not None and reference not in study['methods']:
         hint = closest_key_hint(str(reference), study['methods'])
