@@ -95,6 +95,20 @@ def test_wrong_checkpoint_fails_before_any_output(tmp_path, tiny, photos):
     assert not out.exists()
 
 
+@pytest.mark.parametrize('device', ['gpu', 'CPU', 'auto', 'mps'])
+def test_api_a_device_it_cannot_run_on_is_one_error(tiny, device):
+    """torch's device errors listed every backend it knows ('Expected one of cpu, cuda, ipu, ...')."""
+    with pytest.raises(InputError) as caught:
+        load_network(str(tiny / 'net_g_latest.pth'), opt=str(tiny / 'net.yml'), device=device)
+    assert str(caught.value) == f"device: expected 'cpu', 'cuda' or 'cuda:<index>', got {device!r}"
+
+
+def test_api_an_option_file_given_as_a_path_object(tiny, tiny_network):
+    """A ``pathlib.Path`` was read as a dict of options: 'no network_g section' of a file that has one."""
+    network = load_network(str(tiny / 'net_g_latest.pth'), opt=tiny / 'net.yml', device='cpu')
+    assert all(torch.equal(a, b) for a, b in zip(network.state_dict().values(), tiny_network.state_dict().values()))
+
+
 def test_api_matches_across_input_kinds(tiny):
     network = load_network(str(tiny / 'net_g_latest.pth'), opt=str(tiny / 'net.yml'), device='cpu')
     rng = np.random.default_rng(1)
@@ -173,10 +187,18 @@ def test_api_runs_a_network_kept_in_another_float_dtype(tiny_network):
     (torch.zeros(2, 1, 3, 8, 8), 'expected a float tensor NCHW or CHW with 3 channels in [0, 1], got torch.float32 '
                                  'of shape (2, 1, 3, 8, 8)'),
     ([[0, 0], [0, 0]], 'expected a numpy array or a torch tensor, got list'),
-    (np.zeros((8, 8, 5), np.uint8), 'expected an image of shape HxW, HxWx1, HxWx3 or HxWx4, got (8, 8, 5)'),
-    (np.zeros((8, 8, 2), np.uint8), 'expected an image of shape HxW, HxWx1, HxWx3 or HxWx4, got (8, 8, 2)'),
-    (np.zeros((1, 8, 8, 3), np.uint8), 'expected an image of shape HxW, HxWx1, HxWx3 or HxWx4, got (1, 8, 8, 3)'),
-], ids=['4-channels', 'uint8-tensor', '5-d', 'list', 'hxwx5', 'hxwx2', 'batch-of-arrays'])
+    (np.zeros((8, 8, 5), np.uint8), 'expected a non-empty image of shape HxW, HxWx1, HxWx3 or HxWx4, got (8, 8, 5)'),
+    (np.zeros((8, 8, 2), np.uint8), 'expected a non-empty image of shape HxW, HxWx1, HxWx3 or HxWx4, got (8, 8, 2)'),
+    (np.zeros((1, 8, 8, 3), np.uint8), 'expected a non-empty image of shape HxW, HxWx1, HxWx3 or HxWx4, got (1, 8, 8, 3)'),
+    (np.zeros((0, 0, 3), np.uint8), 'expected a non-empty image of shape HxW, HxWx1, HxWx3 or HxWx4, got (0, 0, 3)'),
+    (torch.zeros(1, 3, 0, 5), 'expected a float tensor NCHW or CHW with 3 channels in [0, 1], got torch.float32 of '
+                              'shape (1, 3, 0, 5)'),
+    (torch.full((3, 8, 8), 255.0), 'expected a float tensor with values in [0, 1], got values in [255, 255] (divide '
+                                   'by 255)'),   # was clipped to a white image
+    (torch.full((3, 8, 8), float('nan')), 'expected a float tensor with values in [0, 1], got values in [nan, nan]'),
+    (torch.full((3, 8, 8), -0.5), 'expected a float tensor with values in [0, 1], got values in [-0.5, -0.5]'),
+], ids=['4-channels', 'uint8-tensor', '5-d', 'list', 'hxwx5', 'hxwx2', 'batch-of-arrays', 'empty', 'empty-tensor',
+        '0-255', 'nan', 'negative'])
 def test_api_an_image_it_cannot_take_is_one_error_saying_what_it_takes(tiny_network, image, message):
     with pytest.raises(InputError) as caught:
         upscale(tiny_network, image)

@@ -5,6 +5,7 @@ loads weights from any checkpoint this project or an upstream release writes, on
 an image. ``inference.py`` is a thin loop over files around these two functions, so the command
 line and a notebook produce the same pixels.
 """
+import os
 import warnings
 from typing import Any, Dict, Mapping, Optional, Union
 
@@ -35,8 +36,8 @@ def network_options(arch: Optional[str] = None, opt: Union[str, Mapping, None] =
         raise InputError('give exactly one of arch (MambaIR, HAT, SAFMN) or opt (an option file or dict)')
     if opt is not None:
         where = 'options'
-        if isinstance(opt, str):   # plain YAML only: a Python tag in the file is refused, not run
-            where, opt = describe_file(opt), load_option_file(opt)
+        if isinstance(opt, (str, os.PathLike)):   # plain YAML only: a Python tag in the file is refused, not run
+            where, opt = describe_file(os.fspath(opt)), load_option_file(os.fspath(opt))
         if not isinstance(opt, Mapping) or not isinstance(opt.get('network_g'), Mapping):
             raise InputError(f"{where}: no 'network_g' section naming the network to build")
         check_network(opt['network_g'], 'network_g', where)
@@ -85,7 +86,12 @@ def resolve_device(device: Union[str, torch.device, None] = None) -> torch.devic
     """``device``, by default CUDA when torch sees it, else the CPU; CUDA asked for without it is an error."""
     if device is None:
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"device: expected 'cpu', 'cuda' or 'cuda:<index>', got {device!r}") from None
+    if device.type not in ('cpu', 'cuda'):   # the networks and the Triton scan run on these two
+        raise InputError(f"device: expected 'cpu', 'cuda' or 'cuda:<index>', got {str(device)!r}")
     if device.type == 'cuda' and not torch.cuda.is_available():
         raise InputError("device 'cuda' was asked for, but torch sees no CUDA device")
     return device
@@ -140,9 +146,13 @@ def upscale(network: nn.Module, image: Union[np.ndarray, torch.Tensor],
 def _upscale(network: nn.Module, image: Union[np.ndarray, torch.Tensor],
              settings: InferenceSettings) -> Union[np.ndarray, torch.Tensor]:
     if isinstance(image, torch.Tensor):
-        if image.dim() not in (3, 4) or image.shape[-3] != 3 or not image.is_floating_point():
+        if image.dim() not in (3, 4) or image.shape[-3] != 3 or not image.is_floating_point() or not image.numel():
             raise InputError(f'expected a float tensor NCHW or CHW with 3 channels in [0, 1], got '
                              f'{image.dtype} of shape {tuple(image.shape)}')
+        low, high = float(image.min()), float(image.max())   # NaN fails both comparisons
+        if not (low >= -1e-3 and high <= 1 + 1e-3):   # 0..255 was clipped to a white image
+            raise InputError(f'expected a float tensor with values in [0, 1], got values in [{low:g}, {high:g}]'
+                             + (' (divide by 255)' if high > 1 and high <= 255 else ''))
         batch = image if image.dim() == 4 else image.unsqueeze(0)
         out = _infer(network, batch, settings)
         return out if image.dim() == 4 else out[0]
@@ -155,8 +165,8 @@ def _upscale(network: nn.Module, image: Union[np.ndarray, torch.Tensor],
         out = _upscale(network, np.repeat(gray, 3, axis=2), settings)
         mean = out.astype(np.float64).mean(axis=2, keepdims=True)
         return np.round(mean).astype(image.dtype).reshape(out.shape[:2] + image.shape[2:])
-    if image.ndim != 3 or image.shape[2] not in (3, 4):
-        raise InputError(f'expected an image of shape HxW, HxWx1, HxWx3 or HxWx4, got {image.shape}')
+    if image.ndim != 3 or image.shape[2] not in (3, 4) or not image.size:
+        raise InputError(f'expected a non-empty image of shape HxW, HxWx1, HxWx3 or HxWx4, got {image.shape}')
     if image.shape[2] == 4:
         rgb = _upscale(network, np.ascontiguousarray(image[..., :3]), settings)
         return np.concatenate([rgb, resize_bicubic(image[..., 3:], rgb.shape[:2])], axis=2)
