@@ -91,3 +91,36 @@ def test_test_py_writes_one_grid_per_image(project, demo_data, tmp_path):
     result = run_entry(project, 'test.py', '-opt', write(project / 'bad.yml', bad), check=False)
     assert result.returncode == 2 and 'test.compare.methods.C: expected a checkpoint file or a folder' in result.stderr
     assert not (project / 'results' / 'bad').exists()
+
+
+def test_what_a_comparison_cannot_show_is_refused_when_it_is_built(demo_data, tmp_path):
+    """Checked before test.py makes its folder: a comparison with only the Bicubic baseline (a ValueError
+    at the first image), a folder whose saved output has another size than LR x scale (an AssertionError
+    after the first image). A checkpoint file in ``methods`` gives the weights ``path.param_key_g`` names,
+    as a ``checkpoints`` entry without ``param_key`` does (it always gave ``params``)."""
+    import pytest
+    from basicsr_ldt.common.errors import InputError
+    from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
+    from basicsr_ldt.inference.compare import COMPARE_DEFAULTS, Comparison
+    datasets = [DRealSRCameraDataset({**dataset(demo_data, 'Test', ['Sony']), 'phase': 'test', 'scale': 4})]
+    opt = {'scale': 4, 'network_g': TINY, 'path': {'param_key_g': 'params_ema'}}
+    cpu = torch.device('cpu')
+    with pytest.raises(InputError, match=r'^test\.compare: no method to compare, as every checkpoint is the Bicubic'):
+        Comparison(dict(COMPARE_DEFAULTS), opt, [{'label': 'Bicubic', 'bicubic': True}], datasets, cpu)
+    folder = tmp_path / 'saved'
+    folder.mkdir()
+    for item in datasets[0].items:
+        stem = item['lq_path'].rsplit('/', 1)[-1][:-4]
+        lq = cv2.imread(item['lq_path'])
+        cv2.imwrite(str(folder / f'{stem}.png'), cv2.resize(lq, (lq.shape[1] * 4, lq.shape[0] * 4)))
+    Comparison({**COMPARE_DEFAULTS, 'methods': {'S': str(folder)}}, opt, [], datasets, cpu)
+    cv2.imwrite(str(folder / f'{stem}.png'), cv2.resize(lq, (lq.shape[1] * 2, lq.shape[0] * 2)))
+    with pytest.raises(InputError, match=rf"^test\.compare\.methods\.S: '.*{stem}\.png' is {lq.shape[1] * 2}x"
+                                         rf"{lq.shape[0] * 2}, expected {lq.shape[1] * 4}x{lq.shape[0] * 4} \(LR x "):
+        Comparison({**COMPARE_DEFAULTS, 'methods': {'S': str(folder)}}, opt, [], datasets, cpu)
+    torch.manual_seed(0)
+    plain, ema = build_network(dict(TINY)), build_network(dict(TINY))
+    torch.save({'params': plain.state_dict(), 'params_ema': ema.state_dict()}, tmp_path / 'both.pth')
+    comparison = Comparison({**COMPARE_DEFAULTS, 'methods': {'N': str(tmp_path / 'both.pth')}}, opt, [], datasets, cpu)
+    loaded = comparison.sources['N'][1].state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in ema.state_dict().items())

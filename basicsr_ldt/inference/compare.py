@@ -171,23 +171,36 @@ class Comparison:
         for label, path in (settings['methods'] or {}).items():
             path = resolve_checkpoint(path)
             if os.path.isdir(path):
-                self._check_folder(label, path, datasets)
+                self._check_folder(label, path, datasets, opt.get('scale', 4))
                 self.sources[label] = ('folder', path)
-            elif os.path.isfile(path):
+            elif os.path.isfile(path):   # its weights chosen as a checkpoints entry without param_key chooses them
                 network = build_network(dict(opt['network_g']))
-                load_weights(network, path, 'params')
+                load_weights(network, path, (opt.get('path') or {}).get('param_key_g', 'params'))
                 self.sources[label] = ('network', network.to(device).eval())
             else:
                 raise InputError(f"test.compare.methods.{label}: expected a checkpoint file or a folder of SR "
                                  f"images, got '{path}' (does not exist)")
+        if not self.sources:
+            raise InputError('test.compare: no method to compare, as every checkpoint is the Bicubic baseline (the '
+                             'first panel of every grid anyway); add a network checkpoint or test.compare.methods')
 
     @staticmethod
-    def _check_folder(label: str, folder: str, datasets: Sequence) -> None:
+    def _check_folder(label: str, folder: str, datasets: Sequence, scale: int) -> None:
+        """Every test image has its output in the folder, of LR size x scale (from the headers)."""
+        from PIL import Image
         for dataset in datasets:
             for item in getattr(dataset, 'items', []):
                 stem = os.path.splitext(os.path.basename(item['lq_path']))[0]
-                if folder_image_path(folder, item['camera'], stem) is None:
+                path = folder_image_path(folder, item['camera'], stem)
+                if path is None:
                     raise InputError(f'test.compare.methods.{label}: {missing_output(folder, item["camera"], stem)}')
+                if not os.path.isfile(item['lq_path']):   # an lmdb key: the size is checked as the grid is made
+                    continue
+                with Image.open(item['lq_path']) as lq, Image.open(path) as sr:
+                    expected, got = (lq.size[0] * scale, lq.size[1] * scale), sr.size
+                if got != expected:
+                    raise InputError(f"test.compare.methods.{label}: '{path}' is {got[0]}x{got[1]}, expected "
+                                     f'{expected[0]}x{expected[1]} (LR x scale {scale})')
 
     def write(self, folder: str, item: Mapping, stem: str, results: Mapping[str, torch.Tensor], scale: int,
               test_opt: Mapping) -> str:
