@@ -200,6 +200,8 @@ def _train(data, **changes):
     ({'model_type': 'FTModel'}, "model_type 'FTModel' is not registered (did you mean 'FTSRModel'?)"),
     ({'num_gpu': 'two'}, "num_gpu: expected 'auto' or an integer >= 0, got 'two'"),
     ({'logger.wandb': {'project': 'p'}}, 'logger.wandb.project: needs logger.use_tb_logger: true'),
+    ({'network_g.upscale': 2}, 'network_g.upscale: 2, but scale is 4; the data, crops and metrics follow scale, the '
+                               'network upscales by its own factor: make them equal'),   # a shape error at iteration 1
 ])
 def test_every_section_is_checked_with_one_line_naming_the_key(demo_data, changes, message):
     with pytest.raises(InputError) as caught:

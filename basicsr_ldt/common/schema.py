@@ -25,6 +25,8 @@ from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import closest_key_hint
 
 TRAIN, TEST = 'train', 'test'
+#: The constructor argument that holds a network's upscaling factor, per architecture.
+SCALE_KEYS = ('upscale', 'upscaling_factor', 'scale')
 #: What each role is, in messages.
 ROLE_NAMES = {TRAIN: 'training (Train_pip.py)', TEST: 'test.py'}
 
@@ -502,6 +504,11 @@ def check_options(opt: Any, role: str, where: str, required: bool = True) -> Lis
     for net in ('network_g', 'network_d'):
         if opt.get(net) is not None:
             check_network(opt[net], net, where, required)
+    network, scale = opt.get('network_g'), opt.get('scale')
+    factor = next((k for k in SCALE_KEYS if k in network), None) if isinstance(network, Mapping) else None
+    if factor is not None and scale is not None and network[factor] != scale:   # BasicSR reads both, never together
+        checker.fail(f'network_g.{factor}: {network[factor]!r}, but scale is {scale!r}; the data, crops and metrics '
+                     'follow scale, the network upscales by its own factor: make them equal')
     return checker.defaults
 
 

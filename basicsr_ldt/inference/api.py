@@ -19,14 +19,12 @@ from basicsr.utils.registry import ARCH_REGISTRY
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.option_file import load_option_file
 from basicsr_ldt.common.options import registered
-from basicsr_ldt.common.schema import check_network, describe_file
+from basicsr_ldt.common.schema import SCALE_KEYS, check_network, describe_file
 from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, InferenceSettings, inference_settings
 from basicsr_ldt.inference.tiling import run_inference
 from basicsr_ldt.weights.checkpoint import load_weights
 from basicsr_ldt.weights.releases import ARCH_DEFAULTS
 
-#: The constructor argument that holds the upscaling factor, per architecture.
-SCALE_KEYS = ('upscale', 'upscaling_factor', 'scale')
 
 
 def network_options(arch: Optional[str] = None, opt: Union[str, Mapping, None] = None,
