@@ -211,6 +211,12 @@ def test_which_weights_a_checkpoint_gives(tmp_path):
     assert warnings == [f"checkpoint '{tmp_path / 'ema.pth'}' has no 'params' weights: loading 'params_ema'"]
     load_weights(fresh, str(tmp_path / 'bare.pth'))
     assert torch.equal(fresh.weight, plain.weight)
+    # A key named for this very file (a test.py entry's param_key) does not fall back: a row labelled
+    # EMA showed the other weights with only a warning in the log.
+    with pytest.raises(InputError) as err:
+        load_weights(fresh, str(tmp_path / 'ema.pth'), param_key='params', fallback=False)
+    assert str(err.value) == f"checkpoint '{tmp_path / 'ema.pth'}' has no 'params' weights (top-level keys: ['params_ema'])"
+    load_weights(fresh, str(tmp_path / 'bare.pth'), param_key='params_ema', fallback=False)   # a bare dict is the weights
     for name, key, holds in (('other', 'params', "['model', 'optimizer']"), ('other', None, "['model', 'optimizer']"),
                              ('tensor', 'params', 'Tensor')):
         with pytest.raises(InputError) as err:

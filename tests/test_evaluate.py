@@ -94,7 +94,7 @@ def test_bicubic_checkpoint_entry():
     entries = checkpoints_of({'checkpoints': [{'label': 'Bicubic', 'bicubic': True}, {'bicubic': True, 'label': 'B2'},
                                               {'label': 'FT', 'path': 'ft.pth'}]})
     assert entries[0] == {'label': 'Bicubic', 'bicubic': True}
-    assert entries[2] == {'label': 'FT', 'path': 'ft.pth', 'bicubic': False, 'param_key': 'params'}
+    assert entries[2] == {'label': 'FT', 'path': 'ft.pth', 'bicubic': False, 'param_key': 'params', 'exact_key': False}
     assert checkpoints_of({'checkpoints': [{'bicubic': True}]})[0]['label'] == 'Bicubic'
     with pytest.raises(InputError, match=r"checkpoints\[0\]: an entry with 'bicubic: true' .* takes no path"):
         checkpoints_of({'checkpoints': [{'bicubic': True, 'path': 'x.pth'}]})
@@ -289,15 +289,19 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
 def test_a_bad_wise_ft_block_is_one_line_naming_its_entry(wise_ft, message):
     """test.py's ``wise_ft:`` of the second entry, checked before any weights are read: the line
     names ``checkpoints[1]`` and what was expected; a good block keeps its ``start_param_key``
-    (default ``params``). Kills the message and key mutants of ``_wise_ft_entry`` (issue 58)."""
+    (default ``path.param_key_g``, else ``params``). Kills the message and key mutants of ``_wise_ft_entry`` (issue 58)."""
     with pytest.raises(InputError) as err:
         checkpoints_of({'checkpoints': [{'label': 'A', 'path': 'a.pth'}, {'path': 'r.pth', 'wise_ft': wise_ft}]})
     assert str(err.value) == message
     entries = checkpoints_of({'checkpoints': [
         {'path': 'r.pth', 'wise_ft': {'start': 's.pth', 'alpha': 1, 'start_param_key': 'params_ema'}},
         {'path': 'q.pth', 'wise_ft': {'start': 's.pth', 'alpha': 0}}]})
-    assert [e['wise_ft'] for e in entries] == [{'start': 's.pth', 'alpha': 1.0, 'start_param_key': 'params_ema'},
-                                               {'start': 's.pth', 'alpha': 0.0, 'start_param_key': 'params'}]
+    assert [e['wise_ft'] for e in entries] == [
+        {'start': 's.pth', 'alpha': 1.0, 'start_param_key': 'params_ema', 'start_exact': True},
+        {'start': 's.pth', 'alpha': 0.0, 'start_param_key': 'params', 'start_exact': False}]
+    ema_default = checkpoints_of({'path': {'param_key_g': 'params_ema'},
+                                  'checkpoints': [{'path': 'q.pth', 'wise_ft': {'start': 's.pth', 'alpha': 0}}]})
+    assert ema_default[0]['wise_ft']['start_param_key'] == 'params_ema'   # the file's key, falling back
 
 
 def test_the_test_log_gets_one_file_handler_however_often_it_is_asked(tmp_path, fresh_test_log):
@@ -340,6 +344,17 @@ def test_strict_load_g_decides_whether_a_partial_checkpoint_is_tested(tmp_path, 
         run('wise', {}, [{'label': 'w', 'path': str(tmp_path / 'full.pth'),
                           'wise_ft': {'start': str(tmp_path / 'part.pth'), 'alpha': 0.5}}])
     assert "checkpoints[0].wise_ft.start '" in capsys.readouterr().err
+    # A param_key written in the entry is exact (a row labelled EMA showed the file's params); BasicSR's
+    # path.param_key_g falls back as BasicSR does (the option files name params_ema for releases without it).
+    for name, path, entry in (('named', {}, {'param_key': 'params_ema'}),
+                              ('named_start', {}, {'wise_ft': {'start': str(tmp_path / 'full.pth'), 'alpha': 0.5,
+                                                               'start_param_key': 'params_ema'}})):
+        with pytest.raises(SystemExit):
+            run(name, path, [{'label': 'e', 'path': str(tmp_path / 'full.pth'), **entry}])
+        assert "full.pth' has no 'params_ema' weights (top-level keys: ['params'])" in capsys.readouterr().err
+    assert list(run('file_key', {'param_key_g': 'params_ema'}, [{'label': 'e', 'path': str(tmp_path / 'full.pth'),
+                                                                 'wise_ft': {'start': str(tmp_path / 'full.pth'),
+                                                                             'alpha': 0.5}}])) == ['e']
 
 
 def test_the_printed_table_and_the_markdown_copy_are_exactly_laid_out():

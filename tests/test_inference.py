@@ -103,6 +103,13 @@ def test_api_a_device_it_cannot_run_on_is_one_error(tiny, device):
     assert str(caught.value) == f"device: expected 'cpu', 'cuda' or 'cuda:<index>', got {device!r}"
 
 
+def test_api_a_param_key_the_checkpoint_lacks_is_one_error(tiny):
+    """It loaded the file's other weights with a warning in a log a notebook user never sees."""
+    with pytest.raises(InputError) as caught:
+        load_network(str(tiny / 'net_g_latest.pth'), opt=str(tiny / 'net.yml'), device='cpu', param_key='params_ema')
+    assert str(caught.value).endswith("has no 'params_ema' weights (top-level keys: ['params'])")
+
+
 def test_api_an_option_file_given_as_a_path_object(tiny, tiny_network):
     """A ``pathlib.Path`` was read as a dict of options: 'no network_g section' of a file that has one."""
     network = load_network(str(tiny / 'net_g_latest.pth'), opt=tiny / 'net.yml', device='cpu')

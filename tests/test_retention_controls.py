@@ -129,15 +129,15 @@ def test_start_and_wise_ft_expand_into_test_only_runs_after_the_runs_they_read(t
     assert study.start == 'Start' and study.untrained == ['Start']
     assert study.interpolations == {'WiSE-FT': ('FT', [0.25, 0.5]), 'WiSE-EMA': ('FT+EMA', [0.5])}
     start = study.runs[0]
-    assert start.test_opt['checkpoints'] == [{'label': 'Start', 'path': str(tmp_path / 'start.pth'),
-                                              'param_key': 'params'}]
+    assert start.test_opt['checkpoints'] == [{'label': 'Start', 'path': str(tmp_path / 'start.pth')}]
+    assert start.test_opt['path'] == {'param_key_g': 'params'}   # BasicSR's key: a release without it falls back
     wise = study.runs[names.index('WiSE-FT_alpha=0.5_seed1')]
     checkpoint = plan.final_checkpoint(str(tmp_path), 'tiny', 'FT_seed1')
     assert not wise.trained and wise.seed == 1 and wise.after == 'FT_seed1' and wise.inputs == [checkpoint]
     assert wise.sweep == {plan.ALPHA: 0.5} and wise.source_cameras() == ['Olympus']
     assert wise.test_opt['checkpoints'] == [{'label': wise.name, 'path': checkpoint, 'param_key': 'params',
-                                             'wise_ft': {'start': str(tmp_path / 'start.pth'),
-                                                         'start_param_key': 'params', 'alpha': 0.5}}]
+                                             'wise_ft': {'start': str(tmp_path / 'start.pth'), 'alpha': 0.5}}]
+    assert wise.test_opt['path'] == {'param_key_g': 'params'}
     ema = study.runs[names.index('WiSE-EMA_alpha=0.5_seed0')]
     assert ema.test_opt['checkpoints'][0]['param_key'] == 'params_ema'      # what FT+EMA is tested by
 
@@ -284,6 +284,7 @@ def test_start_and_wise_ft_tests_write_where_a_user_looks_at_the_trained_scale(t
     path = _wise_study(tmp_path, demo_data, seeds=[1])
     base = plan.read_yaml(str(tmp_path / 'base.yml'), 'base')
     base['scale'] = 2                                              # the test file says 4
+    base['network_g'] = {**base['network_g'], **{k: 2 for k in ('upscale', 'upscaling_factor') if k in base['network_g']}}
     write(tmp_path / 'base.yml', base)
     study = plan.load_study(path, str(tmp_path))
     runs = {r.name: r for r in study.runs}
@@ -296,7 +297,7 @@ def test_start_and_wise_ft_tests_write_where_a_user_looks_at_the_trained_scale(t
     assert wise.test_opt['network_g'] == runs['FT+EMA_seed1'].train_opt['network_g']
     assert plan.results_file(str(tmp_path), 'tiny', wise.name) == str(
         tmp_path / 'results' / 'tiny' / 'WiSE-EMA_alpha=0.5_seed1' / 'metrics.json')
-    assert 'compare' not in (wise.test_opt.get('test') or {}) and wise.test_opt['path'] == {}
+    assert 'compare' not in (wise.test_opt.get('test') or {}) and wise.test_opt['path'] == {'param_key_g': 'params'}
     assert runs['Start'].untrained_sources == ['Olympus'] and 'network_g' in runs['Start'].test_opt
 
 
@@ -306,15 +307,15 @@ def test_test_py_reads_each_checkpoint_entry_as_written():
     Bicubic entry refuses."""
     from basicsr_ldt.pipelines.evaluate import checkpoints_of
     assert checkpoints_of({'path': {'pretrain_network_g': 'w/net_g_5.pth'}}) == [
-        {'label': 'net_g_5', 'path': 'w/net_g_5.pth', 'bicubic': False, 'param_key': 'params'}]
+        {'label': 'net_g_5', 'path': 'w/net_g_5.pth', 'bicubic': False, 'param_key': 'params', 'exact_key': False}]
     assert checkpoints_of({'path': {'pretrain_network_g': 'w/a.pth', 'param_key_g': 'params_ema'}})[0][
         'param_key'] == 'params_ema'
     entries = checkpoints_of({'path': {'param_key_g': 'params_ema'}, 'checkpoints': [
         'runs/ft.pth', {'label': 'W', 'path': 'runs/ft.pth', 'wise_ft': {'start': 's.pth', 'alpha': 1}}]})
     assert entries == [
-        {'label': 'ft', 'path': 'runs/ft.pth', 'bicubic': False, 'param_key': 'params_ema'},
-        {'label': 'W', 'path': 'runs/ft.pth', 'bicubic': False, 'param_key': 'params_ema',
-         'wise_ft': {'start': 's.pth', 'alpha': 1.0, 'start_param_key': 'params'}}]
+        {'label': 'ft', 'path': 'runs/ft.pth', 'bicubic': False, 'param_key': 'params_ema', 'exact_key': False},
+        {'label': 'W', 'path': 'runs/ft.pth', 'bicubic': False, 'param_key': 'params_ema', 'exact_key': False,
+         'wise_ft': {'start': 's.pth', 'alpha': 1.0, 'start_param_key': 'params_ema', 'start_exact': False}}]
     assert isinstance(entries[1]['wise_ft']['alpha'], float)
     with pytest.raises(InputError, match=r"^checkpoints\[0\]: an entry with 'bicubic: true' upscales the LR image "
                                          r'and loads no weights, so it takes no path or param_key$'):
@@ -351,11 +352,11 @@ def test_retention_runs_carry_the_start_key_their_description_and_accept_the_end
     write(tmp_path / 'base.yml', base)
     study = plan.load_study(path, str(tmp_path))
     runs = {r.name: r for r in study.runs}
-    assert runs['Start'].test_opt['checkpoints'][0]['param_key'] == 'params_ema'
+    assert runs['Start'].test_opt['path']['param_key_g'] == 'params_ema'
     wise = [r for r in study.runs if r.method in ('WiSE-FT', 'WiSE-EMA')]
     assert [(r.name, r.method) for r in wise] == [('WiSE-FT_alpha=0.0_seed0', 'WiSE-FT'), ('WiSE-FT_alpha=1.0_seed0', 'WiSE-FT'),
                                                    ('WiSE-EMA_alpha=0.5_seed0', 'WiSE-EMA')]
-    assert {r.test_opt['checkpoints'][0]['wise_ft']['start_param_key'] for r in wise} == {'params_ema'}
+    assert {r.test_opt['path']['param_key_g'] for r in wise} == {'params_ema'}
     assert [r.description for r in wise] == ['no training: WiSE-FT of FT_seed0 at alpha 0.0',
                                              'no training: WiSE-FT of FT_seed0 at alpha 1.0',
                                              'no training: WiSE-FT of FT+EMA_seed0 (params_ema) at alpha 0.5']

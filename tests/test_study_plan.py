@@ -10,7 +10,7 @@ import yaml
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.study import plan
-from test_cli import write
+from test_cli import NETWORK, write
 from test_study import tiny_study
 
 START = {'path': {'pretrain_network_g': 'start.pth'}}
@@ -161,8 +161,11 @@ def test_every_runs_test_file_has_the_training_scale(tmp_path, demo_data, train_
     the test file's, and BasicSR's 4 without either."""
     drop_train = () if train_scale else ('scale',)
     drop_test = () if test_scale else ('scale',)
-    path = study_with(tmp_path, demo_data, train={'scale': train_scale} if train_scale else None,
-                      test={'scale': test_scale} if test_scale else None, drop_train=drop_train,
+    network = {**NETWORK, 'upscale': expected}   # the network's factor is the scale it trains and is tested at
+    path = study_with(tmp_path, demo_data, train={'scale': train_scale, 'network_g': network} if train_scale
+                      else {'network_g': network},
+                      test={'scale': test_scale, 'network_g': {**NETWORK, 'upscale': test_scale}} if test_scale
+                      else None, drop_train=drop_train,
                       drop_test=drop_test, seeds=[0], methods={'FT': {}, 'B': {'bicubic': True}})
     study = plan.load_study(path, str(tmp_path))
     assert {run.name: run.test_opt['scale'] for run in study.runs} == {'B': expected, 'FT_seed0': expected}

@@ -66,7 +66,7 @@ def load_network(checkpoint: str, arch: Optional[str] = None, opt: Union[str, Ma
     either. Checkpoints: this project's ``net_g_*.pth`` (LDT's composite included), upstream
     releases (``params`` / ``params_ema``) and bare state dicts, all read with
     ``weights_only=True``; ``param_key`` picks the entry (default: ``params_ema`` when the file
-    has it, else ``params``). A checkpoint of
+    has it, else ``params``; a key named that the file lacks is an error). A checkpoint of
     another network raises :class:`InputError` naming the missing/unexpected keys.
     """
     section = network_options(arch, opt, scale)
@@ -75,7 +75,7 @@ def load_network(checkpoint: str, arch: Optional[str] = None, opt: Union[str, Ma
         network = build_network(dict(section))
     except (TypeError, ValueError) as err:
         raise InputError(f"cannot build network_g {section.get('type')}: {err}") from None
-    load_weights(network, checkpoint, param_key)
+    load_weights(network, checkpoint, param_key, fallback=False)
     network.requires_grad_(False)
     return network.to(resolve_device(device)).eval()
 

@@ -56,8 +56,8 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
         path = opt.get('path', {}).get('pretrain_network_g')
         if not path:
             raise InputError("give the weights to test as 'path: pretrain_network_g' or a 'checkpoints' list")
-        entries = [{'label': osp.splitext(osp.basename(path))[0], 'path': path,
-                    'param_key': opt['path'].get('param_key_g', 'params')}]
+        entries = [{'label': osp.splitext(osp.basename(path))[0], 'path': path}]
+    default_key = (opt.get('path') or {}).get('param_key_g', 'params')   # BasicSR's: falls back when absent
     if not isinstance(entries, list) or not entries:
         raise InputError("'checkpoints' must be a non-empty list of {label, path[, param_key]} entries")
     result = []
@@ -69,7 +69,7 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
         check_known_keys(f'checkpoints[{i}]', entry, CHECKPOINT_SPECS)
         check_options(f'checkpoints[{i}]', entry, CHECKPOINT_SPECS, InputError)
         if wise_ft is not None:
-            entry['wise_ft'] = _wise_ft_entry(wise_ft, f'checkpoints[{i}]', entry)
+            entry['wise_ft'] = _wise_ft_entry(wise_ft, f'checkpoints[{i}]', entry, default_key)
         if entry.get('bicubic'):
             extra = [key for key in ('path', 'param_key') if key in entry]
             if extra:
@@ -80,8 +80,8 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
         if 'path' not in entry:
             raise InputError(f'checkpoints[{i}] has no path (or give bicubic: true for the Bicubic baseline)')
         label = entry.get('label') or osp.splitext(osp.basename(entry['path']))[0]
-        result.append({'label': label, 'path': entry['path'], 'bicubic': False,
-                       'param_key': entry.get('param_key', opt.get('path', {}).get('param_key_g', 'params'))})
+        result.append({'label': label, 'path': entry['path'], 'bicubic': False,   # a key named here is exact
+                       'param_key': entry.get('param_key', default_key), 'exact_key': 'param_key' in entry})
         if 'wise_ft' in entry:
             result[-1]['wise_ft'] = entry['wise_ft']
     labels = [e['label'] for e in result]
@@ -94,8 +94,9 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
     return result
 
 
-def _wise_ft_entry(spec, where: str, entry: Mapping) -> Dict:
-    """A checked ``wise_ft: {start, alpha[, start_param_key]}`` block (the start's key: ``params``)."""
+def _wise_ft_entry(spec, where: str, entry: Mapping, default_key: str) -> Dict:
+    """A checked ``wise_ft: {start, alpha[, start_param_key]}`` block (the start's key: ``default_key``,
+    ``path.param_key_g``'s, which may fall back; a ``start_param_key`` given is exact)."""
     if not isinstance(spec, Mapping):
         raise InputError(f'{where}.wise_ft: expected a mapping {{start, alpha[, start_param_key]}}, got {spec!r}')
     check_known_keys(f'{where}.wise_ft', spec, WISE_FT_SPECS)
@@ -105,7 +106,8 @@ def _wise_ft_entry(spec, where: str, entry: Mapping) -> Dict:
     check_options(f'{where}.wise_ft', spec, WISE_FT_SPECS, InputError)
     if entry.get('bicubic'):
         raise InputError(f"{where}: an entry with 'bicubic: true' loads no weights to interpolate (wise_ft)")
-    return {'start': spec['start'], 'alpha': float(spec['alpha']), 'start_param_key': spec.get('start_param_key', 'params')}
+    return {'start': spec['start'], 'alpha': float(spec['alpha']),
+            'start_param_key': spec.get('start_param_key', default_key), 'start_exact': 'start_param_key' in spec}
 
 
 def evaluate_image(sr: torch.Tensor, gt: torch.Tensor, crop_border: int, test_y_channel: bool) -> Dict[str, float]:
@@ -227,9 +229,11 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
                 wise = entry['wise_ft']
                 where = f'checkpoints[{checkpoints.index(entry)}]'
                 network.load_state_dict(wise_ft_state(network, entry['path'], entry['param_key'], wise['start'],
-                                                      wise['start_param_key'], wise['alpha'], where))
+                                                      wise['start_param_key'], wise['alpha'], where,
+                                                      (not entry['exact_key'], not wise['start_exact'])))
             else:
-                load_weights(network, entry['path'], entry['param_key'], strict=opt['path'].get('strict_load_g', True))
+                load_weights(network, entry['path'], entry['param_key'], strict=opt['path'].get('strict_load_g', True),
+                             fallback=not entry['exact_key'])
             networks.append(network.to(device).eval())
         comparison = Comparison(test_opt['compare'], opt, checkpoints, datasets, device) if test_opt['compare'] else None
         outputs.create(opt['path']['results_root'])

@@ -316,8 +316,9 @@ def start_evaluation_options(base: Dict[str, Any], study: str, name: str, train_
     if not path.get('pretrain_network_g'):
         raise InputError(f"{where}: '{START_KEY}: true' tests the weights the runs start from, and the base training "
                          'options name none (path.pretrain_network_g)')
-    return _network_test(base, study, name, train_opt,
-                         {'path': path['pretrain_network_g'], 'param_key': path.get('param_key_g', 'params')})
+    opt = _network_test(base, study, name, train_opt, {'path': path['pretrain_network_g']})
+    opt['path']['param_key_g'] = path.get('param_key_g', 'params')   # as training read it: falling back when absent
+    return opt
 
 
 def wise_ft_run(base: Dict[str, Any], study: str, label: str, of: Run, alpha: float, root: str) -> Run:
@@ -330,9 +331,9 @@ def wise_ft_run(base: Dict[str, Any], study: str, label: str, of: Run, alpha: fl
     name = run_name(label, point, of.seed)
     checkpoint = final_checkpoint(root, study, of.name)
     entry = {'path': checkpoint, 'param_key': 'params_ema' if of.uses_ema else 'params',
-             'wise_ft': {'start': start['pretrain_network_g'], 'start_param_key': start.get('param_key_g', 'params'),
-                         'alpha': alpha}}
+             'wise_ft': {'start': start['pretrain_network_g'], 'alpha': alpha}}
     opt = _network_test(base, study, name, of.train_opt, entry)
+    opt['path']['param_key_g'] = start.get('param_key_g', 'params')   # the start's, as training read it
     return Run(0, name, label, of.seed, point, None, opt, untrained_sources=of.source_cameras(), after=of.name,
                inputs=[checkpoint], description=f"no training: WiSE-FT of {of.name}{' (params_ema)' if of.uses_ema else ''}"
                                                 f' at alpha {alpha}')

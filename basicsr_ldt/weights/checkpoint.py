@@ -65,17 +65,22 @@ def _unpickler_complaint(err: Exception) -> str:
     return (after or ['not a pickle torch reads'])[0]
 
 
-def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'params') -> dict:
+def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'params',
+                       fallback: bool = True) -> dict:
     """The network weights in a BasicSR-style checkpoint (``params``/``params_ema``) or a bare dict.
 
     ``param_key=None`` takes ``params_ema``, else ``params``, else a bare state dict, silently (the
-    order a user of a released file expects); a named key that is absent falls back with a warning.
+    order a user of a released file expects). A named key that is absent falls back to the other
+    with a warning, as BasicSR's ``param_key_g`` does (option files name ``params_ema`` for releases
+    that hold only ``params``); with ``fallback`` False (a key the user named for this file: a test
+    entry's ``param_key``) it is refused, or a row labelled EMA would show other weights.
     """
     if param_key is None and isinstance(checkpoint, dict):
         param_key = next((k for k in ('params_ema', 'params') if k in checkpoint), None)
     if isinstance(checkpoint, dict) and param_key in checkpoint:
         state = checkpoint[param_key]
-    elif isinstance(checkpoint, dict) and param_key is not None and {'params', 'params_ema'} & set(checkpoint):
+    elif (fallback and isinstance(checkpoint, dict) and param_key is not None
+          and {'params', 'params_ema'} & set(checkpoint)):
         used = 'params_ema' if 'params_ema' in checkpoint else 'params'
         logging.getLogger('basicsr').warning(f"checkpoint '{path}' has no '{param_key}' weights: loading '{used}'")
         state = checkpoint[used]
@@ -87,17 +92,17 @@ def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'p
     return {k[7:] if k.startswith('module.') else k: v for k, v in state.items()}
 
 
-def read_state(path: str, param_key: Optional[str] = 'params') -> Tuple[str, dict]:
+def read_state(path: str, param_key: Optional[str] = 'params', fallback: bool = True) -> Tuple[str, dict]:
     """The resolved file and its network weights (``path`` may be a release name, see ``releases``)."""
     path = resolve_checkpoint(path)
-    return path, extract_state_dict(load_safe(path), path, param_key)
+    return path, extract_state_dict(load_safe(path), path, param_key, fallback)
 
 
 def fitting_state(network: torch.nn.Module, path: str, param_key: Optional[str] = 'params', strict: bool = True,
-                  what: str = 'checkpoint') -> dict:
+                  what: str = 'checkpoint', fallback: bool = True) -> dict:
     """The file's weights, refused in one line naming a few mismatched keys when they do not fit
     ``network`` (``what`` names the file's option in that line)."""
-    path, state = read_state(path, param_key)
+    path, state = read_state(path, param_key, fallback)
     own = network.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -118,8 +123,8 @@ def fitting_state(network: torch.nn.Module, path: str, param_key: Optional[str] 
 
 
 def load_weights(network: torch.nn.Module, path: str, param_key: Optional[str] = 'params',
-                 strict: bool = True) -> None:
+                 strict: bool = True, fallback: bool = True) -> None:
     """Load weights into ``network``, naming a few mismatched keys instead of a wall of text.
 
     ``path`` may be a release name (``HAT_SRx4``: ``pretrained/HAT_SRx4.pth``, see ``releases``)."""
-    network.load_state_dict(fitting_state(network, path, param_key, strict), strict=strict)
+    network.load_state_dict(fitting_state(network, path, param_key, strict, fallback=fallback), strict=strict)

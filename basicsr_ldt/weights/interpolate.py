@@ -9,7 +9,7 @@ Every parameter and floating-point buffer is interpolated, in float64 and then c
 network's dtype. Integer buffers (e.g. BatchNorm's batch counter) cannot be interpolated: they come
 from the run for alpha > 0 and from the start for alpha 0.
 """
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -33,13 +33,16 @@ def interpolate_states(start: Mapping[str, torch.Tensor], run: Mapping[str, torc
 
 
 def wise_ft_state(network: torch.nn.Module, run_path: str, run_key: Optional[str], start_path: str,
-                  start_key: Optional[str], alpha: float, where: str) -> Dict[str, torch.Tensor]:
+                  start_key: Optional[str], alpha: float, where: str,
+                  fallback: Tuple[bool, bool] = (True, True)) -> Dict[str, torch.Tensor]:
     """The interpolated state dict for ``network``; ``where`` names the option in errors
-    (``checkpoints[2]``): a start or run that does not fit the network, or alpha outside [0, 1]."""
+    (``checkpoints[2]``): a start or run that does not fit the network, or alpha outside [0, 1].
+    ``fallback``: whether the run's and the start's key may fall back to the file's other weights
+    (see :func:`basicsr_ldt.weights.checkpoint.extract_state_dict`)."""
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
         raise InputError(f'{where}.wise_ft.alpha: expected a number in [0, 1], got {alpha!r}')
-    run = fitting_state(network, run_path, run_key, what=f'{where}.path')
-    start = fitting_state(network, start_path, start_key, what=f'{where}.wise_ft.start')
+    run = fitting_state(network, run_path, run_key, what=f'{where}.path', fallback=fallback[0])
+    start = fitting_state(network, start_path, start_key, what=f'{where}.wise_ft.start', fallback=fallback[1])
     return interpolate_states(start, run, float(alpha))
 
 
