@@ -250,3 +250,31 @@ def test_each_cross_key_rule_is_one_whole_message(options, message, fixed):
         LDTConfig.from_dict(options)
     assert str(err.value) == message
     LDTConfig.from_dict({**options, **fixed})
+
+
+@pytest.mark.parametrize('method, overrides, message', [
+    ('deft', {'ratio_u': 0.3}, "ldt.ratio_u: method 'deft' does not read it (partition 'name' splits by name (DeFT)), "
+                               'so 0.3 would change nothing; remove it'),
+    ('lp_ft', {'ratio_u': 0.5}, "ldt.ratio_u: method 'lp_ft' does not read it (mode 'single' (FT, LP-FT) trains one "
+                                'network without groups)'),
+    ('ft', {'criterion': 'mean'}, "ldt.criterion: method 'ft' does not read it"),
+    ('ldt', {'interval_iters': 50}, "ldt.interval_iters: method 'ldt' does not read it (mode 'dual' (LDT-S's "
+                                    'alternation only))'),
+    ('ldt', {'w_fixed': 0.9}, "ldt.w_fixed: method 'ldt' does not read it (dpu: true ranks W per layer (eq. 10))"),
+    ('ldt_no_dpu', {'w_base_stable': 0.9}, "ldt.w_base_stable: method 'ldt_no_dpu' does not read it (dpu: false "
+                                           'gives every layer w_fixed)'),
+    ('ldt_s', {'buffers_from': 'auxiliary'}, "ldt.buffers_from: method 'ldt_s' does not read it (mode 'alternating' "
+                                             '(LDT-S) trains one network)'),
+])
+def test_a_value_the_method_never_reads_is_refused(method, overrides, message):
+    """A study sweeping ratio_u over DeFT trained the same run under two labels; a slip set a key its
+    method ignores. The preset's own value (a study's shared overrides) is accepted, as is what the
+    method reads (ratio_u for LDT, interval_iters for LDT-S, w_fixed without DPU)."""
+    with pytest.raises(ValueError) as err:
+        preset(method, **overrides)
+    assert str(err.value).startswith(message)
+    key = next(iter(overrides))
+    assert getattr(preset(method, **{key: getattr(preset(method), key)}), key) == getattr(preset(method), key)
+    preset('ldt', ratio_u=0.3)
+    preset('ldt_s', interval_iters=50)
+    preset('ldt_no_dpu', w_fixed=0.9)

@@ -124,6 +124,9 @@ def test_wise_ft_alphas_equal_as_numbers_are_one_alpha(tmp_path, demo_data):
     ({'model_type': 'LDTSRModel'}, 'ldt: head_warmup_iters (0) + profile_iters (300) must be smaller than '
      'train.total_iter (6), or no training would remain'),
     ({'model_type': 'CorGradSRModel', 'ldt': {'slices': 0}}, 'ldt.slices: expected an integer in [5, 100], got 0'),
+    ({'model_type': 'LDTSRModel', 'ldt': {'method': 'deft', 'ratio_u': 0.3}},   # a sweep's points: one run twice
+     "ldt.ratio_u: method 'deft' does not read it (partition 'name' splits by name (DeFT)), so 0.3 would change "
+     'nothing; remove it'),
     ({'model_type': 'LDTSRModel', 'ldt': {'method': 'ldt', 'profile_iters': 2}, 'train': {'l2_sp_weight': 0.01},
       **START}, 'train.l2_sp_weight: L2-SP anchors the one network a run trains; this method trains 2 (a '
      'cross-frozen pair). Use it with FT, LP-FT, LDT-S or CorGrad'),

@@ -251,6 +251,31 @@ def _validate(cfg: LDTConfig) -> None:
                          f"partition 'name', got {list(cfg.head_patterns)}")
 
 
+_GROUP_KEYS = ('criterion', 'partition', 'partition_file', 'ratio_u', 'ratio_s', 'force_stable', 'force_unstable',
+               'dpu', 'w_base_stable', 'r_base_stable', 'w_base_unstable', 'r_base_unstable', 'w_fixed', 'ema_every',
+               'ema_reference_every', 'buffers_from', 'profile_order', 'deft_grouping', 'interval_iters', 'first_group')
+
+
+def unread_options(cfg: LDTConfig) -> Dict[str, str]:
+    """The keys ``cfg`` never reads, each with the setting that makes it so: a value given for one
+    (or swept over it) would train the same run under another label."""
+    if cfg.mode == 'single':
+        return {key: "mode 'single' (FT, LP-FT) trains one network without groups" for key in _GROUP_KEYS}
+    unread = {}
+    if cfg.partition == 'name' or cfg.partition_file is not None:
+        why = "partition 'name' splits by name (DeFT)" if cfg.partition == 'name' else 'a partition_file gives the groups'
+        unread.update({key: why for key in ('ratio_u', 'ratio_s')})
+    if cfg.dpu:
+        unread['w_fixed'] = 'dpu: true ranks W per layer (eq. 10)'
+    else:
+        unread.update({f'{k}_{g}': 'dpu: false gives every layer w_fixed' for k in ('w_base', 'r_base') for g in GROUPS})
+    if cfg.mode == 'dual':
+        unread.update({key: "mode 'dual' (LDT-S's alternation only)" for key in ('interval_iters', 'first_group')})
+    else:
+        unread['buffers_from'] = "mode 'alternating' (LDT-S) trains one network"
+    return unread
+
+
 _PRESETS = {
     'ft': dict(mode='single', head_warmup_iters=0, profile_iters=0),
     'lp_ft': dict(mode='single', head_warmup_iters=1000, profile_iters=0),
@@ -279,4 +304,15 @@ def preset(name: str, **overrides: Any) -> LDTConfig:
         close = difflib.get_close_matches(name, PRESETS, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ''
         raise ValueError(f"unknown LDT preset '{name}' (known: {', '.join(PRESETS)}){hint}")
-    return LDTConfig.from_dict({**_PRESETS[name], **overrides})
+    config = LDTConfig.from_dict({**_PRESETS[name], **overrides})
+    start = LDTConfig.from_dict(_PRESETS[name])
+    for key, why in unread_options(config).items():
+        value = overrides.get(key, getattr(start, key))
+        if _plain(value) != _plain(getattr(start, key)):
+            raise ValueError(f"ldt.{key}: method '{name}' does not read it ({why}), so {value!r} would change "
+                             f'nothing; remove it')
+    return config
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) else value
