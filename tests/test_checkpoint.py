@@ -239,6 +239,14 @@ def test_explicit_resume_state_and_states_that_cannot_be_resumed(tmp_path, capsy
     assert load_resume_state(opt) is None and opt['path']['resume_state'] is None
     opt['path']['resume_state'] = str(states / '5000.state')
     assert load_resume_state(opt)['iter'] == 5000 and opt['path']['pretrain_network_g'].endswith('net_g_5000.pth')
+    other = tmp_path / 'experiments' / 'other' / 'training_states'   # its weights would be read from run/models
+    save_atomic({'epoch': 0, 'iter': 4}, str(other / '4.state'))
+    opt['path']['resume_state'] = str(other / '4.state')
+    with pytest.raises(InputError) as err:
+        load_resume_state(opt)
+    assert str(err.value) == (f"path.resume_state '{other / '4.state'}' is not in this experiment's training states "
+                              f"({states}): a resumed run reads its weights from {tmp_path / 'experiments' / 'run' / 'models'}; "
+                              "set name to the state's experiment")
     opt['path']['resume_state'] = str(states / 'latest.state')
     with pytest.raises(InputError, match=r"^cannot read training state '.*latest\.state': damaged or not a file saved "
                                          r'by torch\.save \(Unsupported operand 110\)$'):   # 'n', the file's first byte

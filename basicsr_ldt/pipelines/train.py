@@ -84,6 +84,11 @@ def load_resume_state(opt: Dict) -> Optional[Dict]:
         path, state = newest_readable_state(opt)
     else:
         path = opt['path'].get('resume_state')
+        folder = opt['path']['training_states']
+        if path is not None and osp.realpath(osp.dirname(path)) != osp.realpath(folder):
+            raise InputError(f"path.resume_state '{path}' is not in this experiment's training states ({folder}): a "
+                             f"resumed run reads its weights from {opt['path']['models']}; set name to the state's "
+                             'experiment')
         state = None if path is None else load_safe(path, 'training state')
     if path is None:
         return None
