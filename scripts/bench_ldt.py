@@ -87,6 +87,7 @@ from torch.autograd import DeviceType  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from archs.scan.dispatch import BACKENDS as SCAN_BACKENDS  # noqa: E402
+from basicsr_ldt.common.flags import non_negative_int, positive_int  # noqa: E402
 from basicsr_ldt.models.optimizers import adam_kwargs  # noqa: E402
 from basicsr_ldt.models.ldt_model import LDTSRModel as LDT_MODEL  # noqa: E402  (what train.compile: auto does for it)
 from basicsr_ldt.ldt import (AMP_DTYPES, LDT, GradientStatistics, LDTConfig, MixedPrecision,  # noqa: E402
@@ -404,21 +405,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--arch', default='msrresnet', choices=ARCHS,
                    help='mambair = classic SR x4 (embed_dim 180, 6x6 blocks); mambair_small for CPU runs')
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--device', choices=('cpu', 'cuda'), default='cuda' if torch.cuda.is_available() else 'cpu')
     p.add_argument('--amp', default='none', choices=list(AMP_DTYPES), help='autocast dtype, as train: amp')
-    p.add_argument('--patch', type=int, default=48, help='LR patch size')
-    p.add_argument('--batch', type=int, default=4)
-    p.add_argument('--scale', type=int, default=4)
-    p.add_argument('--iters', type=int, default=5, help='timed FT and dual steps each')
-    p.add_argument('--warm', type=int, default=None, help='untimed steps of each first (default 1 on CPU, 3 on CUDA)')
-    p.add_argument('--ema-every', type=int, default=10)
-    p.add_argument('--profile-passes', type=int, default=3, help='batches profiled for the partition')
-    p.add_argument('--samples', type=int, nargs='+', default=[10, 200], help='profiling sample counts')
-    p.add_argument('--profile-patch', type=int, default=12, help='LR patch for the profiling-memory runs')
-    p.add_argument('--profile-batch', type=int, default=1)
-    p.add_argument('--mem-iters', type=int, default=2, help='steps per memory run')
-    p.add_argument('--mem-reps', type=int, default=3, help='fresh runs per configuration (CPU)')
-    p.add_argument('--ldt-s-interval', type=int, default=100, help='LDT-S interval_iters (swap amortised over it)')
+    p.add_argument('--patch', type=positive_int, default=48, help='LR patch size')
+    p.add_argument('--batch', type=positive_int, default=4)
+    p.add_argument('--scale', type=positive_int, default=4)
+    p.add_argument('--iters', type=positive_int, default=5, help='timed FT and dual steps each')
+    p.add_argument('--warm', type=non_negative_int, default=None, help='untimed steps of each first (default 1 on CPU, 3 on CUDA)')
+    p.add_argument('--ema-every', type=positive_int, default=10)
+    p.add_argument('--profile-passes', type=positive_int, default=3, help='batches profiled for the partition')
+    p.add_argument('--samples', type=positive_int, nargs='+', default=[10, 200], help='profiling sample counts')
+    p.add_argument('--profile-patch', type=positive_int, default=12, help='LR patch for the profiling-memory runs')
+    p.add_argument('--profile-batch', type=positive_int, default=1)
+    p.add_argument('--mem-iters', type=positive_int, default=2, help='steps per memory run')
+    p.add_argument('--mem-reps', type=positive_int, default=3, help='fresh runs per configuration (CPU)')
+    p.add_argument('--ldt-s-interval', type=positive_int, default=100, help='LDT-S interval_iters (swap amortised over it)')
     p.add_argument('--ldt-s-only', action='store_true', help='measure only LDT-S against FT')
     p.add_argument('--no-profile-memory', action='store_true',
                    help='skip profiling peak memory against N (--samples); the step and memory ratios stay')

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from archs.scan.dispatch import ScanKernelFailed, select_kernel, selective_scan  # noqa: E402
+from basicsr_ldt.common.flags import non_negative_int, positive_int  # noqa: E402
 
 NAMES = ('u', 'delta', 'A', 'B', 'C', 'D', 'delta_bias')
 #: What :func:`output_and_grads` returns, in its order, as the FAIL lines name it.
@@ -615,16 +616,16 @@ def peak_rss_mb() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--batch', type=int, default=4)
-    parser.add_argument('--d-inner', type=int, default=360, help='embed_dim * mlp_ratio (classic: 180*2)')
-    parser.add_argument('--d-state', type=int, default=16)
-    parser.add_argument('--side', type=int, default=48, help='LR patch side; L = side**2')
-    parser.add_argument('--repeats', type=int, default=3, help='runs of our scan (median and best shown)')
+    parser.add_argument('--batch', type=positive_int, default=4)
+    parser.add_argument('--d-inner', type=positive_int, default=360, help='embed_dim * mlp_ratio (classic: 180*2)')
+    parser.add_argument('--d-state', type=positive_int, default=16)
+    parser.add_argument('--side', type=positive_int, default=48, help='LR patch side; L = side**2')
+    parser.add_argument('--repeats', type=positive_int, default=3, help='runs of our scan (median and best shown)')
     parser.add_argument('--skip-loop', action='store_true', help='time our scan only')
-    parser.add_argument('--threads', type=int, default=0, help='torch threads (0: leave default)')
+    parser.add_argument('--threads', type=non_negative_int, default=0, help='torch threads (0: leave default)')
     parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu',
                         help='cuda: the scan backends against each other on CUDA tensors')
-    parser.add_argument('--warmup', type=int, default=2, help='untimed runs per backend first (cuda only)')
+    parser.add_argument('--warmup', type=non_negative_int, default=2, help='untimed runs per backend first (cuda only)')
     parser.add_argument('--sweep-tile', type=int, default=250, metavar='SIDE',
                         help='with --sweep: then time the forward alone at a validation tile of this side, '
                              'batch 1 (0: skip)')

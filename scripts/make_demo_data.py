@@ -345,7 +345,9 @@ def folder_size(path: Path) -> int:
 
 
 def _check_args(cameras: Sequence[str], train_per_camera: int, test_per_camera: int,
-                hr_size: int, test_hr_size: int, pretrain_train_per_camera: int = 1) -> None:
+                hr_size: int, test_hr_size: int, pretrain_train_per_camera: int = 1, seed: int = 0) -> None:
+    if not 0 <= seed < 2 ** 32:   # numpy's generators take no other seed
+        raise ValueError(f'--seed must be an integer in [0, 2**32 - 1], got {seed}')
     for flag, value in (('--hr-size', hr_size), ('--test-hr-size', test_hr_size)):
         if value <= 0 or value % SCALE:
             raise ValueError(f'{flag} must be a positive multiple of {SCALE} (the x{SCALE} scale), '
@@ -425,15 +427,20 @@ def make_demo_data(out: Path = DEFAULT_OUT, seed: int = 0, cameras: Sequence[str
     start = time.perf_counter()
     out = Path(out).resolve()
     cameras = list(cameras)
-    _check_args(cameras, train_per_camera, test_per_camera, hr_size, test_hr_size, pretrain_train_per_camera)
+    _check_args(cameras, train_per_camera, test_per_camera, hr_size, test_hr_size, pretrain_train_per_camera, seed)
     if out.exists() and not force:
         raise FileExistsError(f'{out} already exists; pass --force to overwrite it')
+    if out.exists() and not (out / 'cameras.json').is_file():   # --force replaces what this script wrote, nothing else
+        raise FileExistsError(f'{out} exists and is no demo dataset (it has no cameras.json, which this script '
+                              'writes); --force replaces only a demo dataset: choose another --out')
     data_dir = skimage_data_dir()
     counts = {'train': {cam: pretrain_train_per_camera if cam in PRETRAIN_CAMERAS else train_per_camera
                         for cam in cameras},
               'test': {cam: test_per_camera for cam in cameras}}
     sizes = {'train': hr_size, 'test': test_hr_size}
 
+    if out.parent.exists() and not out.parent.is_dir():
+        raise FileExistsError(f'--out {out}: {out.parent} is a file, not a folder')
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f'.{out.name}.tmp-', dir=out.parent))
     try:

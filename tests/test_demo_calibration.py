@@ -55,6 +55,13 @@ def test_the_regime_s_thresholds_a_small_start_gain_passes_a_still_ft_fails(tmp_
 def test_missing_results_are_one_clear_error(tmp_path, capsys):
     assert cal.main(['--pretrained', str(tmp_path / 'nope.json'), '--study', str(tmp_path / 's.json')]) == 2
     assert "nope.json' does not exist: run test.py -opt options/demo/test_demo_pretrained.yml first" in capsys.readouterr().err
+    args = write(tmp_path)   # a study on a camera the pretrained test did not measure: was a KeyError traceback
+    study = json.loads((tmp_path / 'study.json').read_text())
+    study['summary'][1]['cameras']['Canon'] = study['summary'][1]['cameras']['Sony']
+    (tmp_path / 'study.json').write_text(json.dumps(study))
+    assert cal.main(args) == 2
+    assert capsys.readouterr().err == (f"demo_calibration: error: camera Canon is in '{tmp_path / 'study.json'}' but "
+                                       f"not in '{tmp_path / 'metrics.json'}'\n")
 
 
 # ---------------------------------------------------------------- one failing camera among passing ones (issue 58)

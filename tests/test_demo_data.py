@@ -225,6 +225,16 @@ def test_refuses_to_overwrite_without_force(tmp_path, capsys):
     after = all_files(out)
     assert after.keys() == before.keys() and after != before
     assert sorted(p.name for p in tmp_path.iterdir()) == ['demo'], 'no temp folders left behind'
+    # --force replaces a demo dataset only: any other folder (datasets/DRealSR, '.') stays as it is.
+    other = tmp_path / 'mine'
+    (other / 'photos').mkdir(parents=True)
+    assert mdd.main(['--out', str(other), '--force'] + args[2:]) == 2
+    assert 'is no demo dataset (it has no cameras.json' in capsys.readouterr().err
+    assert (other / 'photos').is_dir()
+    for flags, message in ((['--seed', '-1'], '--seed must be an integer in [0, 2**32 - 1], got -1'),
+                           (['--out', str(out / 'cameras.json' / 'sub')], 'cameras.json is a file, not a folder')):
+        assert mdd.main(args + flags) == 2
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize('flag', ['--hr-size', '--test-hr-size'])

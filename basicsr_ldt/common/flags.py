@@ -26,3 +26,10 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f'expected an integer >= 1, got {text!r}')
     return int(text)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse ``type`` for counts that may be 0 (warm-up steps, "leave the default")."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f'expected an integer >= 0, got {text!r}')
+    return int(text)
