@@ -58,7 +58,7 @@ def png(side: int) -> bytes:
     return data.tobytes()
 
 
-HR_BYTES, LR_BYTES = png(8), png(2)
+HR_BYTES, LR_BYTES = png(192), png(48)   # the release's patch size: the option files' gt_size 192 fits
 
 
 def write_pairs(hr_dir: Path, lr_dir: Path, hr_names: List[str], folder_of=None) -> None:
