@@ -106,6 +106,10 @@ def test_crops_follow_draw_numbers(demo_data):
 def test_missing_folder(tmp_path):
     with pytest.raises(InputError, match=f"folder '{tmp_path / 'nope'}' does not exist"):
         DRealSRCameraDataset(options(tmp_path, dataroot_gt=str(tmp_path / 'nope'), dataroot_lq=str(tmp_path)))
+    (tmp_path / 'cameras.json').write_text('{}')   # a file given as the folder was said not to exist
+    with pytest.raises(InputError, match=f"folder '{tmp_path / 'cameras.json'}' is a file; expected the folder of its "
+                                         'images$'):
+        DRealSRCameraDataset(options(tmp_path, dataroot_gt=str(tmp_path / 'cameras.json'), dataroot_lq=str(tmp_path)))
 
 
 def test_empty_folder(tmp_path):

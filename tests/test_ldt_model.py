@@ -17,7 +17,8 @@ NETWORK = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscalin
 
 def ldt_options(data, name, total_iter=8, **ldt):
     opt = train_options(data, name, total_iter=total_iter, model_type='LDTSRModel', network_g=NETWORK)
-    opt['ldt'] = {'head_warmup_iters': 2, 'profile_iters': 2, 'ema_every': 2, **ldt}
+    exchanges = {} if ldt.get('method') in ('ft', 'lp_ft') else {'ema_every': 2}   # one network: refused there
+    opt['ldt'] = {'head_warmup_iters': 2, 'profile_iters': 2, **exchanges, **ldt}
     opt['logger']['save_checkpoint_freq'] = 1
     return opt
 
@@ -99,8 +100,6 @@ def test_baselines_run_as_configurations(project, demo_data, method):
     if method in ('lp_ft', 'deft', 'ldt_random'):  # nothing to profile: partition by name / by seed
         extra['profile_iters'] = 0
     opt = ldt_options(demo_data, method, total_iter=6, **extra)
-    if method == 'lp_ft':   # one network, no exchanges: the key is refused there
-        del opt['ldt']['ema_every']
     run_entry(project, 'Train_pip.py', '-opt', write(project / f'{method}.yml', opt))
     exp = project / 'experiments' / method
     assert (exp / 'models' / 'net_g_latest.pth').is_file()

@@ -116,7 +116,8 @@ class DRealSRCameraDataset(data.Dataset):
         where = f"dataset '{self.name}' ({self.gt_root} | {self.lq_root})"
         for root in (self.gt_root, self.lq_root):
             if not os.path.isdir(root):
-                raise InputError(f"dataset '{self.name}': folder '{root}' does not exist")
+                what = 'is a file; expected the folder of its images' if os.path.exists(root) else 'does not exist'
+                raise InputError(f"dataset '{self.name}': folder '{root}' {what}")
         if backend == 'lmdb':
             gt_keys, lq_keys = _lmdb_keys(self.gt_root), _lmdb_keys(self.lq_root)
         else:   # relative file names with their extension, so 'a.png' beside 'a.jpg' is two files
