@@ -326,8 +326,9 @@ def test_strict_load_g_decides_whether_a_partial_checkpoint_is_tested(tmp_path, 
     torch.save({'params': {k: v for k, v in full.items() if not k.startswith('conv_last')}}, tmp_path / 'part.pth')
     torch.save({'params': full}, tmp_path / 'full.pth')
 
-    def run(name, path, checkpoints):
-        opt = {'name': name, 'scale': 4, 'num_gpu': 0, 'network_g': NETWORK, 'path': path, 'test': {'tile_size': 0},
+    def run(name, path, checkpoints, **test):
+        opt = {'name': name, 'scale': 4, 'num_gpu': 0, 'network_g': NETWORK, 'path': path,
+               'test': {'tile_size': 0, **test},
                'datasets': {'test_1': dataset(demo_data, 'Test', ['Sony'])}, 'checkpoints': checkpoints}
         yml = tmp_path / f'{name}.yml'
         yml.write_text(yaml.safe_dump(opt))
@@ -340,6 +341,12 @@ def test_strict_load_g_decides_whether_a_partial_checkpoint_is_tested(tmp_path, 
     assert "does not fit network MSRResNet: keys 2 missing (e.g. conv_last.bias, conv_last.weight)" in capsys.readouterr().err
     assert not (tmp_path / 'results' / 'strict').exists()
     assert list(run('loose', {'strict_load_g': False}, [part])) == ['part']
+    full = {'label': 'full', 'path': str(tmp_path / 'full.pth')}
+    with pytest.raises(SystemExit):   # a crop that leaves SSIM no window: NaN in every cell, exit 0
+        run('crop', {}, [full], crop_border=43)
+    assert "error: test.crop_border: 43 leaves 10 pixels of image '" in capsys.readouterr().err
+    assert not (tmp_path / 'results' / 'crop').exists()
+    assert list(run('crop_fits', {}, [full], crop_border=42)) == ['full']
     with pytest.raises(SystemExit):
         run('wise', {}, [{'label': 'w', 'path': str(tmp_path / 'full.pth'),
                           'wise_ft': {'start': str(tmp_path / 'part.pth'), 'alpha': 0.5}}])

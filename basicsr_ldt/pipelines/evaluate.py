@@ -110,6 +110,10 @@ def _wise_ft_entry(spec, where: str, entry: Mapping, default_key: str) -> Dict:
             'start_param_key': spec.get('start_param_key', default_key), 'start_exact': 'start_param_key' in spec}
 
 
+#: The side of the Gaussian window of BasicSR's SSIM (``calculate_ssim``, 11x11, valid convolution).
+SSIM_WINDOW = 11
+
+
 def evaluate_image(sr: torch.Tensor, gt: torch.Tensor, crop_border: int, test_y_channel: bool) -> Dict[str, float]:
     """PSNR/SSIM of one image with BasicSR's metric functions on uint8 images."""
     sr_img, gt_img = tensor2img(sr), tensor2img(gt)
@@ -259,6 +263,11 @@ def _test_every_image(opt: Dict, args, test_opt: Dict, datasets: List, checkpoin
         item = dataset[index]
         stem = osp.splitext(osp.basename(item['lq_path']))[0]
         lq, gt = item['lq'].unsqueeze(0).to(device), item['gt'].unsqueeze(0)
+        left = min(gt.shape[-2:]) - 2 * test_opt['crop_border']
+        if left < SSIM_WINDOW:   # SSIM of a smaller image is NaN (or a cv2 error): every cell would be
+            raise InputError(f"test.crop_border: {test_opt['crop_border']} leaves {left} pixels of image '{stem}' "
+                             f"({gt.shape[-1]}x{gt.shape[-2]}) on its short side, and SSIM needs at least "
+                             f'{SSIM_WINDOW}')
         results = {}
         for entry, network in zip(checkpoints, networks):
             if network is None:
