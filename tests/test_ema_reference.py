@@ -303,3 +303,20 @@ def test_rescaled_coefficients_follow_the_exchanges_of_any_run(train_iters, inte
     got = ldt.partition.dpu_coefficients
     for name, value in expected.items():
         assert got[name] == pytest.approx(value, rel=0, abs=1e-12), name
+
+
+def test_a_resumed_state_knows_the_run_length_its_coefficients_were_rescaled_for(monkeypatch):
+    """A run extended on resume keeps the coefficients rescaled for its first length (they are rescaled
+    once, when the partition is made): the state records that length, so the model can say so."""
+    config = LDTConfig(mode='dual', profile_iters=10, ema_every=1, ema_reference_iters=200000,
+                       ema_reference_every=10)
+    done = run(config, 30, monkeypatch)
+    state = done.state_dict()
+    assert state['total_iters'] == 30
+    longer = LDT(network(), config, lambda params, role: torch.optim.SGD(params, lr=1e-2), total_iters=60)
+    longer.load_state_dict(state)
+    assert (longer.partition_total_iters, longer.total_iters) == (30, 60)
+    assert longer.partition.dpu_coefficients == done.partition.dpu_coefficients
+    before = LDT(network(), config, lambda params, role: torch.optim.SGD(params, lr=1e-2), total_iters=60)
+    before.load_state_dict({k: v for k, v in state.items() if k != 'total_iters'})   # a state from before the record
+    assert before.partition_total_iters == 60

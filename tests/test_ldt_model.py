@@ -261,3 +261,16 @@ def test_the_partition_picture_shows_each_layers_statistic_and_the_w_the_run_use
     write_partition_report(partition, str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ['ldt_partition.json', 'ldt_partition.png']
     assert json.loads((tmp_path / 'ldt_partition.json').read_text())['layers'][4]['forced'] is True
+
+
+def test_a_run_extended_on_resume_says_its_coefficients_keep_their_first_rescaling(project, demo_data):
+    """ldt.ema_reference_iters rescales W once, when the partition is made; a run resumed with a longer
+    total_iter trained on with them without a word."""
+    opt = ldt_options(demo_data, 'extended', total_iter=6, ema_reference_iters=20)
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'extended.yml', opt))
+    opt['train']['total_iter'] = 8
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'extended.yml', opt), '--auto_resume')
+    logs = sorted((project / 'experiments' / 'extended').glob('train_extended_*.log'))
+    assert ('LDT EMA coefficients stay rescaled for the 6 iterations of the run their partition was made in; '
+            'train.total_iter is now 8') in logs[-1].read_text()
+    assert 'stay rescaled' not in logs[0].read_text()

@@ -53,6 +53,8 @@ class LDT:
         #: Iterations of the whole run (warm-up, counted profiling, training), when the caller knows
         #: them: the EMA coefficients scale to it (``ema_reference_iters``) and horizons are checked.
         self.total_iters = total_iters
+        #: The run length the partition's EMA coefficients were rescaled for (a resumed run may be longer).
+        self.partition_total_iters = total_iters
         self.precision = precision or MixedPrecision()
         self.primary = network
         self.optimizer_factory = optimizer_factory
@@ -284,6 +286,7 @@ class LDT:
             'partition': None if self.partition is None else self.partition.to_dict(),
             'optimizers': {k: o.state_dict() for k, o in self.optimizers.items()},
             'precision': self.precision.state_dict(),
+            'total_iters': self.partition_total_iters,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -300,6 +303,8 @@ class LDT:
         self.primary.load_state_dict(state['primary'])
         self.current_phase, self.pair, self.alternation, self.optimizers = None, None, None, {}
         self.partition = None if state['partition'] is None else Partition.from_dict(state['partition'])
+        # a state written before this was recorded: the run length it was rescaled for is unknown
+        self.partition_total_iters = state.get('total_iters', self.total_iters) if self.partition else self.total_iters
         if state['phase'] is not None:
             self._enter(state['phase'], saved_partition=self.partition)
         if state['statistics'] is not None:

@@ -431,3 +431,8 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         super().resume_training(resume_state)
         if self._phase is not None:
             self._log_phase(self._phase, f"resumed after iteration {resume_state['iter']}")
+        scaled, total = self.ldt.partition_total_iters, self.ldt.total_iters
+        if self.config.ema_reference_iters is not None and self.ldt.partition is not None and scaled != total:
+            get_root_logger().warning(f'LDT EMA coefficients stay rescaled for the {scaled} iterations of the run their '
+                                      f'partition was made in; train.total_iter is now {total} (ldt.ema_reference_iters '
+                                      'rescales once, when the partition is made)')
