@@ -55,3 +55,25 @@ def test_bad_method_options_fail_in_one_line_and_write_nothing(project, demo_dat
     result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'bad.yml', make(demo_data)), check=False)
     assert_one_line_failure(project, result, 'bad')
     assert last_line(result).startswith(message), last_line(result)
+
+
+@pytest.mark.parametrize('cameras, batch, message', [
+    (['Olympus'], 3, "datasets.train.cameras: CorGrad needs at least two source cameras (one gradient per camera), "
+                     "the training data has ['Olympus']"),
+    (['Olympus', 'Sony', 'Canon'], 2, 'datasets.train.batch_size_per_gpu: 2 is smaller than the 3 source cameras; '
+                                      'CorGrad needs every camera in every batch'),
+])
+def test_corgrads_data_is_checked_before_the_run_makes_anything(demo_data, cameras, batch, message):
+    """With the training set, the early check runs CorGrad's data rule (it came after the banner, some 215
+    lines into the run); without it, it cannot, and the model checks as it is built."""
+    from basicsr_ldt.common.errors import InputError
+    from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
+    from basicsr_ldt.models.option_values import check_option_values
+    opt = corgrad_options(demo_data, 'early', cameras=cameras)
+    opt['datasets']['train']['batch_size_per_gpu'] = batch
+    train_set = DRealSRCameraDataset({**opt['datasets']['train'], 'phase': 'train', 'scale': 4})
+    check_option_values(opt)
+    with pytest.raises(InputError) as err:
+        check_option_values(opt, train_set)
+    assert str(err.value) == message
+

@@ -47,6 +47,23 @@ def corgrad_config_from_options(opt: Dict) -> Tuple[CorGradConfig, List[str]]:
         raise InputError(str(err) if str(err).startswith('ldt.') else f'ldt: {err}') from None
 
 
+def source_cameras(opt: Dict, train_set) -> List[str]:
+    """The training data's cameras; fewer than two, or a batch too small to hold each, is bad input
+    (checked by the model and, before the run makes anything, by ``option_values``)."""
+    try:
+        cameras = sorted(set(dataset_cameras(train_set)))
+    except ValueError as err:
+        raise InputError(f'datasets.train: {err}') from None
+    if len(cameras) < 2:
+        raise InputError(f'datasets.train.cameras: CorGrad needs at least two source cameras (one gradient per '
+                         f'camera), the training data has {cameras}')
+    batch = int(opt['datasets']['train']['batch_size_per_gpu'])
+    if batch < len(cameras):
+        raise InputError(f'datasets.train.batch_size_per_gpu: {batch} is smaller than the {len(cameras)} source '
+                         'cameras; CorGrad needs every camera in every batch')
+    return cameras
+
+
 @MODEL_REGISTRY.register()
 class CorGradSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, ResumableMixin, AdamBuilderMixin,
                      SRModel):
@@ -75,21 +92,9 @@ class CorGradSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Res
                                + (f'; LDT options ignored by CorGrad: {", ".join(ignored)}' if ignored else ''))
 
     def _check_source_cameras(self) -> List[str]:
-        """The training data's cameras; fewer than two, or a batch too small to hold each, is bad input."""
         train_opt = self.opt['datasets']['train']
         dataset_cls = registered(DATASET_REGISTRY, train_opt.get('type'), 'datasets.train.type')
-        try:
-            cameras = sorted(set(dataset_cameras(dataset_cls(dict(train_opt)))))
-        except ValueError as err:
-            raise InputError(f'datasets.train: {err}') from None
-        if len(cameras) < 2:
-            raise InputError(f'datasets.train.cameras: CorGrad needs at least two source cameras (one gradient per '
-                             f'camera), the training data has {cameras}')
-        batch = int(train_opt['batch_size_per_gpu'])
-        if batch < len(cameras):
-            raise InputError(f'datasets.train.batch_size_per_gpu: {batch} is smaller than the {len(cameras)} source '
-                             'cameras; CorGrad needs every camera in every batch')
-        return cameras
+        return source_cameras(self.opt, dataset_cls(dict(train_opt)))
 
     def feed_data(self, data: Dict) -> None:
         super().feed_data(data)

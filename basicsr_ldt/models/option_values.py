@@ -11,15 +11,16 @@ metrics) are checked here too, for every model type: BasicSR reads them without 
 """
 import importlib.util
 import math
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
+from torch.utils.data import Dataset
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.schema import PROJECT_MODELS
 from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, items, number, optional, whole
 from basicsr_ldt.models.compiled_blocks import compile_setting, refuse_uncompilable
-from basicsr_ldt.models.corgrad_model import corgrad_config_from_options
+from basicsr_ldt.models.corgrad_model import corgrad_config_from_options, source_cameras
 from basicsr_ldt.models.cuda_graph import graph_mode, refuse_true, unrecordable_run
 from basicsr_ldt.models.ema_decay import scaled_ema_decay
 from basicsr_ldt.models.guarded_step import max_bad_steps_from_options, precision_from_options
@@ -77,9 +78,10 @@ def check_basicsr_values(opt: Dict[str, Any], device_type: str) -> None:
         raise InputError('logger.wandb.project: wandb is not installed (pip install wandb), or remove the project')
 
 
-def check_option_values(opt: Dict[str, Any]) -> None:
+def check_option_values(opt: Dict[str, Any], train_set: Optional[Dataset] = None) -> None:
     """Raise the model's one-line :class:`InputError` for a bad value of a key it reads without a network,
-    on the device BasicSR picks from ``num_gpu`` on this machine (``auto``: the GPUs torch sees)."""
+    on the device BasicSR picks from ``num_gpu`` on this machine (``auto``: the GPUs torch sees), and,
+    given the training set, what the model checks of its data (CorGrad's source cameras)."""
     num_gpu = opt.get('num_gpu', 0)
     num_gpu = torch.cuda.device_count() if num_gpu == 'auto' else num_gpu
     check_basicsr_values(opt, basicsr_device_type(num_gpu))
@@ -99,6 +101,8 @@ def check_option_values(opt: Dict[str, Any]) -> None:
     if model_type == 'CorGradSRModel' or (opt.get('ldt') or {}).get('method') == 'corgrad':
         corgrad_config_from_options(opt)
         scaled_ema_decay(train)
+        if train_set is not None:
+            source_cameras(opt, train_set)
     elif model_type == 'LDTSRModel':
         refuse_basicsr_ema(train)
         trained_networks = 2 if ldt_config_from_options(opt).mode == 'dual' else 1

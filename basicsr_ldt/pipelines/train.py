@@ -154,7 +154,7 @@ def train_pipeline(root_path: str) -> None:
     try:
         resume_state = load_resume_state(opt)
         train_set, val_sets = build_datasets(opt)
-        check_option_values(opt)
+        check_option_values(opt, train_set)
         if resume_state is None and opt['rank'] == 0:
             outputs.create(opt['path']['experiments_root'])
             for key in ('models', 'training_states', 'visualization'):
