@@ -103,6 +103,23 @@ def test_crops_follow_draw_numbers(demo_data):
     assert c['gt_path'] == a['gt_path'] and not np.array_equal(a['gt'].numpy(), c['gt'].numpy())
 
 
+@pytest.mark.parametrize('change, message', [
+    ({'io_backend': {'typ': 'lmdb'}}, "unknown option 'typ' in dataset 'd' io_backend (did you mean 'type'?)"),
+    ({'io_backend': {'type': 'disk', 'readonly': True}},   # a TypeError from BasicSR's FileClient at the first image
+     "unknown option 'readonly' in dataset 'd' io_backend (type disk)"),
+    ({'dataroot_lq': '{gt}'}, "dataset 'd': dataroot_gt and dataroot_lq are the same folder '{gt}'; expected the "
+                              'HR images and the LR images in two folders'),   # it said 'size mismatch' only
+])
+def test_a_backend_or_folder_slip_is_named(tmp_path, change, message):
+    hr, lr = synthetic_pair(seed=2)
+    write_pair(tmp_path, hr, lr)
+    opt = options(tmp_path)
+    change = {k: v.format(gt=opt['dataroot_gt']) if isinstance(v, str) else v for k, v in change.items()}
+    with pytest.raises(InputError) as err:
+        DRealSRCameraDataset({**opt, **change})
+    assert str(err.value).startswith(message.format(gt=opt['dataroot_gt']))
+
+
 def test_missing_folder(tmp_path):
     with pytest.raises(InputError, match=f"folder '{tmp_path / 'nope'}' does not exist"):
         DRealSRCameraDataset(options(tmp_path, dataroot_gt=str(tmp_path / 'nope'), dataroot_lq=str(tmp_path)))
@@ -624,8 +641,9 @@ def test_the_remaining_loader_messages_are_whole_lines(tmp_path):
         select_cameras([], ['Sony', 'Canon'], 'here')
     assert str(err.value) == "unknown camera(s) 'Sony', 'Canon' in here; cameras found (images): none"
     (tmp_path / 'db').mkdir()
+    (tmp_path / 'db_lq').mkdir()
     with pytest.raises(InputError) as err:
-        DRealSRCameraDataset({**opt, 'dataroot_gt': str(tmp_path / 'db'), 'dataroot_lq': str(tmp_path / 'db'),
+        DRealSRCameraDataset({**opt, 'dataroot_gt': str(tmp_path / 'db'), 'dataroot_lq': str(tmp_path / 'db_lq'),
                               'io_backend': {'type': 'lmdb'}})
     assert str(err.value) == f"lmdb folder '{tmp_path / 'db'}' has no meta_info.txt (expected BasicSR's lmdb layout)"
     second = synthetic(tmp_path / 'second')

@@ -66,6 +66,11 @@ def _lmdb_keys(root: str) -> List[str]:
         return sorted(os.path.splitext(line.split(' ')[0])[0] for line in handle if line.strip())
 
 
+#: What BasicSR's FileClient backends take besides ``type`` (lmdb: its ``LmdbBackend`` arguments; the
+#: database paths are the dataroots).
+IO_BACKEND_KEYS = {'disk': ('type',), 'lmdb': ('type', 'readonly', 'lock', 'readahead')}
+
+
 @DATASET_REGISTRY.register()
 class DRealSRCameraDataset(data.Dataset):
     """LR/HR pairs of the selected cameras of a DRealSR-style folder or lmdb.
@@ -94,10 +99,16 @@ class DRealSRCameraDataset(data.Dataset):
             if not opt.get(key):
                 raise InputError(f"dataset '{self.name}' needs option '{key}'")
         self.gt_root, self.lq_root = opt['dataroot_gt'], opt['dataroot_lq']
+        if os.path.realpath(self.gt_root) == os.path.realpath(self.lq_root):   # found as a size mismatch otherwise
+            raise InputError(f"dataset '{self.name}': dataroot_gt and dataroot_lq are the same folder "
+                             f"'{self.gt_root}'; expected the HR images and the LR images in two folders")
         self.io_backend_opt = dict(opt.get('io_backend') or {'type': 'disk'})
+        check_known_keys(f"dataset '{self.name}' io_backend", self.io_backend_opt, IO_BACKEND_KEYS['lmdb'])
         backend = self.io_backend_opt.get('type')
-        if backend not in ('disk', 'lmdb'):
+        if backend not in IO_BACKEND_KEYS:
             raise InputError(f"dataset '{self.name}': io_backend.type must be 'disk' or 'lmdb', got '{backend}'")
+        check_known_keys(f"dataset '{self.name}' io_backend (type {backend})", self.io_backend_opt,
+                         IO_BACKEND_KEYS[backend])
         if self.phase == 'train':
             if 'gt_size' not in opt:
                 raise InputError(f"training dataset '{self.name}' needs option 'gt_size' (HR patch size)")
