@@ -267,6 +267,7 @@ def test_api_tile_warning_points_at_the_callers_line(tiny_network):
                           'to 16'),
     ({'tile_mode': 'fixed'}, "tile_size: tile_mode 'fixed' needs the tile size in LR pixels (an integer >= 1), got 0"),
     ({'tile_size': -1}, 'tile_size: expected an integer >= 0, got -1'),
+    ({'tile_size': '8'}, "tile_size: expected an integer >= 0, got '8'"),   # Python: no hint about YAML
     ({'tile_size': 8, 'tile_overlap': 8}, 'tile_overlap: expected an integer in [0, tile_size=8), got 8'),
     ({'precision': 'half'}, "precision: expected one of 'fp32', 'bf16', 'fp16', got 'half'"),
     ({'precision': 'fp16'}, 'precision: fp16 needs a CUDA device and this run is on the CPU; use bf16 or fp32'),

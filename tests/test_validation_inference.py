@@ -137,6 +137,7 @@ def test_run_inference_follows_the_mode_and_precision():
     ({'tile_mode': 'fixed'}, "val.tile_size: tile_mode 'fixed' needs the tile size"),
     ({'tile_size': 32, 'tile_overlap': 32}, r'val.tile_overlap: expected an integer in \[0, tile_size=32\), got 32'),
     ({'precision': 'fp16'}, 'val.precision: fp16 needs a CUDA device'),
+    ({'tile_size': '8'}, r"val.tile_size: expected an integer >= 0, got '8' \(text: YAML reads numbers"),
     ({'precision': 'half'}, "val.precision: expected one of 'fp32', 'bf16', 'fp16', got 'half'"),
     ({'tile_mod': 'official'}, "unknown option 'tile_mod' in val \\(did you mean 'tile_mode'\\?\\)"),
     ({'val_freq': 'often'}, "val.val_freq: expected a number in \\(0, inf\\), got 'often'"),

@@ -62,7 +62,7 @@ def inference_settings(section: Optional[str], given: Optional[Mapping], device_
     if not section:   # a keyword or flag left at None is not given (YAML has null for that): no null to offer
         given = {k: v for k, v in given.items() if v is not None}
         specs = {**INFERENCE_SPECS, 'tile_mode': choice(*TILE_MODES)}
-    check_options(section or '', given, specs, InputError, name)
+    check_options(section or '', given, specs, InputError, name, yaml=bool(section))
     values = {**INFERENCE_DEFAULTS, **given}
     mode = values['tile_mode'] or ('fixed' if values['tile_size'] else 'whole')
     if mode == 'fixed' and not values['tile_size']:

@@ -120,19 +120,21 @@ def lookup(options: Mapping, dotted: str) -> Any:
 
 
 def check_options(section: str, options: Mapping, specs: Mapping[str, Spec],
-                  error: Type[Exception] = ValueError, name: Optional[Callable[[str], str]] = None) -> None:
+                  error: Type[Exception] = ValueError, name: Optional[Callable[[str], str]] = None,
+                  yaml: bool = True) -> None:
     """Raise ``error('<section>.<key>: expected ..., got ...')`` for the first value off its spec.
 
     Keys absent from ``options`` are not checked (defaults apply); unknown keys are the caller's
     concern (:func:`basicsr_ldt.common.options.check_known_keys`). ``name`` says how a key is
     called where the values did not come from a YAML section (a keyword argument, a command-line
-    flag); it replaces ``<section>.<key>``.
+    flag); it replaces ``<section>.<key>``. ``yaml`` False (values from Python or a command line) leaves
+    out the hints about how YAML reads text.
     """
     for key, spec in specs.items():
         value = lookup(options, key)
         if value is not MISSING and not spec.accepts(value):
             called = name(key) if name is not None else f'{section}.{key}' if section else key
-            raise error(f'{called}: expected {spec.expected}, got {describe(value)}')
+            raise error(f'{called}: expected {spec.expected}, got {describe(value) if yaml else repr(value)}')
 
 
 def auto_or_boolean_mode(options: Mapping, key: str, default: str, section: str,
