@@ -26,7 +26,6 @@ from basicsr_ldt.weights.checkpoint import load_weights
 from basicsr_ldt.weights.releases import ARCH_DEFAULTS
 
 
-
 def network_options(arch: Optional[str] = None, opt: Union[str, Mapping, None] = None,
                     scale: Optional[int] = None) -> Dict[str, Any]:
     """The ``network_g`` section to build: from an option file/dict, or an arch's classic defaults."""

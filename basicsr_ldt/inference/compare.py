@@ -194,7 +194,7 @@ class Comparison:
                 path = folder_image_path(folder, item['camera'], stem)
                 if path is None:
                     raise InputError(f'test.compare.methods.{label}: {missing_output(folder, item["camera"], stem)}')
-                if not os.path.isfile(item['lq_path']):   # an lmdb key: the size is checked as the grid is made
+                if not os.path.isfile(item['lq_path']):   # an lmdb key: no LR header to read here, not checked
                     continue
                 with Image.open(item['lq_path']) as lq, Image.open(path) as sr:
                     expected, got = (lq.size[0] * scale, lq.size[1] * scale), sr.size

@@ -147,5 +147,6 @@ def auto_or_boolean_mode(options: Mapping, key: str, default: str, section: str,
     return str(value).lower()
 
 
-__all__: Tuple[str, ...] = ('Spec', 'integer', 'number', 'whole', 'items', 'boolean', 'auto_or_boolean', 'string', 'strings', 'choice',
-                            'mapping', 'optional', 'check_options', 'auto_or_boolean_mode', 'lookup', 'MISSING', 'describe')
+__all__: Tuple[str, ...] = ('Spec', 'integer', 'number', 'whole', 'items', 'boolean', 'auto_or_boolean', 'string',
+                            'strings', 'choice', 'mapping', 'optional', 'check_options', 'auto_or_boolean_mode',
+                            'lookup', 'MISSING', 'describe')

@@ -84,12 +84,12 @@ def check_option_values(opt: Dict[str, Any], train_set: Optional[Dataset] = None
     given the training set, what the model checks of its data (CorGrad's source cameras)."""
     num_gpu = opt.get('num_gpu', 0)
     num_gpu = torch.cuda.device_count() if num_gpu == 'auto' else num_gpu
-    check_basicsr_values(opt, basicsr_device_type(num_gpu))
+    device_type = basicsr_device_type(num_gpu)
+    check_basicsr_values(opt, device_type)
     model_type = opt.get('model_type')
     if model_type not in PROJECT_MODELS:   # BasicSR's own models read none of these keys
         return
     train = opt.get('train') or {}
-    device_type = basicsr_device_type(num_gpu)
     validation_settings({**opt, 'num_gpu': num_gpu})
     refuse_uncompilable(compile_setting(train), (opt.get('network_g') or {}).get('type'))
     fused_choice(train.get('optim_g') or {})

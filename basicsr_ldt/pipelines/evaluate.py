@@ -264,7 +264,7 @@ def _test_every_image(opt: Dict, args, test_opt: Dict, datasets: List, checkpoin
         stem = osp.splitext(osp.basename(item['lq_path']))[0]
         lq, gt = item['lq'].unsqueeze(0).to(device), item['gt'].unsqueeze(0)
         left = min(gt.shape[-2:]) - 2 * test_opt['crop_border']
-        if left < SSIM_WINDOW:   # SSIM of a smaller image is NaN (or a cv2 error): every cell would be
+        if left < SSIM_WINDOW:   # SSIM of a smaller image is NaN (or a cv2 error) in every cell
             raise InputError(f"test.crop_border: {test_opt['crop_border']} leaves {left} pixels of image '{stem}' "
                              f"({gt.shape[-1]}x{gt.shape[-2]}) on its short side, and SSIM needs at least "
                              f'{SSIM_WINDOW}')

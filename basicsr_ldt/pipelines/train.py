@@ -99,10 +99,10 @@ def load_resume_state(opt: Dict) -> Optional[Dict]:
     if state['iter'] > total:
         raise InputError(f"train.total_iter {total} is below iteration {state['iter']}, which training state '{path}' "
                          'reached; raise total_iter, or give the run a new name to train a shorter one')
-    recorded, cameras = state.get('train_cameras', 'unrecorded'), training_cameras(opt)
-    if recorded != 'unrecorded' and recorded != cameras:
-        raise InputError(f"datasets.train.cameras {cameras} differ from the {recorded} that training state '{path}' "
-                         'was trained on; restore them, or give the run a new name')
+    cameras = training_cameras(opt)
+    if 'train_cameras' in state and state['train_cameras'] != cameras:   # states before the record: not compared
+        raise InputError(f"datasets.train.cameras {cameras} differ from the {state['train_cameras']} that training "
+                         f"state '{path}' was trained on; restore them, or give the run a new name")
     check_resume(opt, state['iter'])
     return state
 

@@ -246,7 +246,8 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
     given = [(f"sweep '{key}'", key) for key in sweep if key in STUDY_SET] + [
         (f"{where} sets '{key}'", key) for where, overrides in sources if isinstance(overrides, Mapping)
         for key in STUDY_SET if lookup(overrides, key) is not MISSING]
-    for what, key in given[:1]:
+    if given:
+        what, key = given[0]
         raise InputError(f"study file '{path}': {what}, which the study sets for every run ({STUDY_SET[key]}); "
                          'remove it')
     reference = study.get('reference')
