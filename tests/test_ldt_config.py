@@ -265,6 +265,12 @@ def test_each_cross_key_rule_is_one_whole_message(options, message, fixed):
                                            'gives every layer w_fixed)'),
     ('ldt_s', {'buffers_from': 'auxiliary'}, "ldt.buffers_from: method 'ldt_s' does not read it (mode 'alternating' "
                                              '(LDT-S) trains one network)'),
+    ('ldt', {'seed': 3}, "ldt.seed: method 'ldt' does not read it (criterion 'var' ranks by gradients; only 'random' "
+                         'draws from the seed), so 3 would change nothing; remove it'),
+    ('deft', {'seed': 3}, "ldt.seed: method 'deft' does not read it (partition 'name' without dpu ranks nothing)"),
+    ('ldt_random', {'seed': 3, 'partition_file': 'p.json', 'profile_iters': 0},
+     "ldt.seed: method 'ldt_random' does not read it (a partition_file gives the groups)"),
+    ('ft', {'seed': 3}, "ldt.seed: method 'ft' does not read it (mode 'single'"),
 ])
 def test_a_value_the_method_never_reads_is_refused(method, overrides, message):
     """A study sweeping ratio_u over DeFT trained the same run under two labels; a slip set a key its
@@ -278,3 +284,4 @@ def test_a_value_the_method_never_reads_is_refused(method, overrides, message):
     preset('ldt', ratio_u=0.3)
     preset('ldt_s', interval_iters=50)
     preset('ldt_no_dpu', w_fixed=0.9)
+    assert preset('ldt_random', seed=3).seed == preset('ldt', criterion='random', partition='name', seed=3).seed == 3

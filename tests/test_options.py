@@ -44,6 +44,22 @@ def test_ldt_section_errors_are_one_line():
         ldt_config_from_options({**base, 'ldt': {'method': 'dft'}})
 
 
+def test_random_draws_follow_manual_seed_unless_given():
+    """A study's seeds are replicates: each must draw its own random partition (criterion 'random') and
+    CorGrad camera orders, as each draws its own crops; with one fixed ldt.seed every seed of a random
+    control shared one partition. A seed written in the file wins; a run that draws nothing keeps 0, so
+    its saved LDT state resumes as before."""
+    base = {'train': {'total_iter': 1000}}
+    random = {'method': 'ldt_random'}
+    assert [ldt_config_from_options({**base, 'manual_seed': s, 'ldt': random}).seed for s in (0, 1, 2)] == [0, 1, 2]
+    assert ldt_config_from_options({**base, 'manual_seed': 5, 'ldt': {**random, 'seed': 2}}).seed == 2
+    assert ldt_config_from_options({**base, 'manual_seed': 5, 'ldt': {'method': 'ldt'}}).seed == 0
+    assert ldt_config_from_options({**base, 'ldt': random}).seed == 0
+    corgrad = {'method': 'corgrad'}
+    assert corgrad_config_from_options({**base, 'manual_seed': 4, 'ldt': corgrad})[0].seed == 4
+    assert corgrad_config_from_options({**base, 'manual_seed': 4, 'ldt': {**corgrad, 'seed': 1}})[0].seed == 1
+
+
 def test_the_schema_agrees_with_the_modules_that_read_the_keys():
     """Key lists that modules keep with their defaults are the schema's (one place decides)."""
     from basicsr_ldt.inference.compare import COMPARE_DEFAULTS  # noqa: F401  (test.compare: its own keys)

@@ -300,6 +300,27 @@ def test_demo_study_files_validate(name, seeds, sources, methods, start, budget)
         assert [lambdas[m] for m in sorted(lambdas, key=lambdas.get)][1] * 10 == max(lambdas.values())
 
 
+def test_partition_control_differs_from_ldt_paper_only_in_the_ranking():
+    """options/study/distortion_partition.yml answers one question (does the variance ranking matter?)
+    only if its control is LDT-paper with the ranking drawn at random and nothing else changed, each
+    seed drawing its own, in the distortion study's regime (its FT and LDT-paper runs are that study's)."""
+    from basicsr_ldt.models.ldt_model import ldt_config_from_options
+    control = plan.load_study(str(REPO / 'options' / 'study' / 'distortion_partition.yml'), str(REPO))
+    distortion = plan.load_study(str(REPO / 'options' / 'study' / 'distortion.yml'), str(REPO))
+    assert control.reference == 'LDT-random' and control.seeds == distortion.seeds
+    runs = {(r.method, r.seed): r.train_opt for r in control.runs if r.trained}
+    same = {(r.method, r.seed): r.train_opt for r in distortion.runs if r.trained}
+
+    def unnamed(opt):
+        return {k: v for k, v in opt.items() if k != 'name'}
+    for seed in control.seeds:
+        for method in ('FT', 'LDT-paper', 'L2-SP-0.001'):
+            assert unnamed(runs[method, seed]) == unnamed(same[method, seed])
+        paper, random = runs['LDT-paper', seed], runs['LDT-random', seed]
+        assert unnamed({**random, 'ldt': {**random['ldt'], 'criterion': 'var'}}) == unnamed(paper)
+        assert random['ldt']['criterion'] == 'random' and ldt_config_from_options(random).seed == seed
+
+
 def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
     """Four runs (FT and LDT, two seeds) through the real entry points, in subprocesses."""
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')

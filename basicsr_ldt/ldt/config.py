@@ -157,6 +157,12 @@ class LDTConfig:
             return False
         return self.partition == 'criterion' or self.dpu
 
+    def reads_seed(self) -> bool:
+        """Whether ``seed`` decides anything: only the 'random' criterion draws from it, and only where
+        the criterion ranks (no partition file; the partition by criterion, or DPU's coefficients)."""
+        return (self.mode != 'single' and self.criterion == 'random' and self.partition_file is None
+                and (self.partition == 'criterion' or self.dpu))
+
 
 #: Type and range of every key, one line each; cross-key rules are in :func:`_validate`.
 SPECS = {
@@ -253,7 +259,8 @@ def _validate(cfg: LDTConfig) -> None:
 
 _GROUP_KEYS = ('criterion', 'partition', 'partition_file', 'ratio_u', 'ratio_s', 'force_stable', 'force_unstable',
                'dpu', 'w_base_stable', 'r_base_stable', 'w_base_unstable', 'r_base_unstable', 'w_fixed', 'ema_every',
-               'ema_reference_every', 'buffers_from', 'profile_order', 'deft_grouping', 'interval_iters', 'first_group')
+               'ema_reference_every', 'buffers_from', 'profile_order', 'deft_grouping', 'interval_iters', 'first_group',
+               'seed')
 
 
 def unread_options(cfg: LDTConfig) -> Dict[str, str]:
@@ -269,6 +276,13 @@ def unread_options(cfg: LDTConfig) -> Dict[str, str]:
         unread['w_fixed'] = 'dpu: true ranks W per layer (eq. 10)'
     else:
         unread.update({f'{k}_{g}': 'dpu: false gives every layer w_fixed' for k in ('w_base', 'r_base') for g in GROUPS})
+    if not cfg.reads_seed():
+        if cfg.partition_file is not None:
+            unread['seed'] = 'a partition_file gives the groups'
+        elif cfg.partition == 'name' and not cfg.dpu:
+            unread['seed'] = "partition 'name' without dpu ranks nothing"
+        else:
+            unread['seed'] = f"criterion '{cfg.criterion}' ranks by gradients; only 'random' draws from the seed"
     if cfg.mode == 'dual':
         unread.update({key: "mode 'dual' (LDT-S's alternation only)" for key in ('interval_iters', 'first_group')})
     else:

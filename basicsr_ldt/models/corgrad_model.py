@@ -41,8 +41,10 @@ def corgrad_config_from_options(opt: Dict) -> Tuple[CorGradConfig, List[str]]:
     section.pop('method', None)
     ours = {f.name for f in dataclasses.fields(CorGradConfig)}
     ignored = sorted(k for k in section if k not in ours and k in {f.name for f in dataclasses.fields(LDTConfig)})
+    ours_given = {k: v for k, v in section.items() if k not in ignored}
+    ours_given.setdefault('seed', int(opt.get('manual_seed') or 0))   # each study seed its own camera orders
     try:
-        return CorGradConfig.from_dict({k: v for k, v in section.items() if k not in ignored}), ignored
+        return CorGradConfig.from_dict(ours_given), ignored
     except ValueError as err:  # typed checks already name 'ldt.<key>'
         raise InputError(str(err) if str(err).startswith('ldt.') else f'ldt: {err}') from None
 

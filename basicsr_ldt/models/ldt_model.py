@@ -6,6 +6,7 @@ feeds it the loss of each batch, and makes everything BasicSR does with ``net_g`
 ``net_g_*.pth``) use the composite network of eq. 12. Head warm-up and variance profiling read
 disjoint halves of the source data (D_S1, D_S2) through their own loaders.
 """
+import dataclasses
 from collections import OrderedDict
 from typing import Dict, Iterator, List, Optional
 
@@ -60,6 +61,8 @@ def ldt_config_from_options(opt: Dict) -> LDTConfig:
         config = preset(method, **section)
     except ValueError as err:  # typed checks already name 'ldt.<key>'
         raise InputError(str(err) if str(err).startswith('ldt.') else f'ldt: {err}') from None
+    if 'seed' not in section and config.reads_seed():   # a random partition per study seed, as the crops
+        config = dataclasses.replace(config, seed=int(opt.get('manual_seed') or 0))
     total = int(opt['train']['total_iter'])
     if config.head_warmup_iters + config.counted_profile_iters >= total:
         raise InputError(f'ldt: head_warmup_iters ({config.head_warmup_iters}) + profile_iters ({config.profile_iters}) '
