@@ -171,6 +171,20 @@ def test_size_mismatch_is_found_before_training(demo_data, tmp_path):
         DRealSRCameraDataset(options(root, cameras=['Sony']))
 
 
+def test_the_smallest_image_is_known_from_the_headers(demo_data, tmp_path):
+    """A metric's crop_border is checked against the image with the shortest side before a run starts
+    (validation would log NaN otherwise); the headers tell which one it is, wherever it lies in the list."""
+    root = copy_split(demo_data, tmp_path)
+    hrs = sorted((root / 'Train_x4' / 'train_HR').glob('sony*'))
+    for hr, rows in ((hrs[0], 48), (hrs[1], 40)):
+        lr = root / 'Train_x4' / 'train_LR' / hr.name.replace('_x4_', '_x1_')
+        cv2.imwrite(str(hr), cv2.imread(str(hr))[:rows])
+        cv2.imwrite(str(lr), cv2.imread(str(lr))[:rows // 4])
+    shot, _, patch = hrs[1].stem.partition('_x4_')
+    assert DRealSRCameraDataset(options(root, cameras=['Sony'])).smallest_hr == (f'{shot}_{patch}', 64, 40)
+    assert DRealSRCameraDataset(options(demo_data, 'Test', cameras=['Canon'])).smallest_hr[1:] == (96, 96)
+
+
 def test_unreadable_image_is_named_before_training(demo_data, tmp_path):
     root = copy_split(demo_data, tmp_path)
     _, hr, _ = first_pair(root, 'Canon')

@@ -140,7 +140,9 @@ def test_run_inference_follows_the_mode_and_precision():
     ({'tile_size': '8'}, r"val.tile_size: expected an integer >= 0, got '8' \(text: YAML reads numbers"),
     ({'precision': 'half'}, "val.precision: expected one of 'fp32', 'bf16', 'fp16', got 'half'"),
     ({'tile_mod': 'official'}, "unknown option 'tile_mod' in val \\(did you mean 'tile_mode'\\?\\)"),
-    ({'val_freq': 'often'}, "val.val_freq: expected a number in \\(0, inf\\), got 'often'"),
+    ({'val_freq': 'often'}, "val.val_freq: expected a whole number >= 1, got 'often'"),
+    ({'val_freq': 1.5}, r'val.val_freq: expected a whole number >= 1, got 1.5$'),   # validated every 3rd iteration
+    ({'val_freq': 0}, r'val.val_freq: expected a whole number >= 1, got 0$'),
     ({'save_img': 'no'}, "val.save_img: expected true or false, got 'no'"),
 ])
 def test_bad_val_options_are_one_line_naming_the_key(section, message):
@@ -405,3 +407,27 @@ def test_val_section_shape_scale_and_device_rules():
         validation_settings({'scale': 4, 'val': {'precision': 'fp16'}})
     assert validation_settings({'scale': 4, 'val': None}).tile_mode == 'whole'
     assert validation_settings({'val': {'tile_mode': 'whole'}}).tile_mode == 'whole'
+
+
+@pytest.mark.parametrize('metric, crop_border, left, needs', [('calculate_ssim', 43, 10, 'SSIM needs at least 11'),
+                                                             ('calculate_psnr', 48, 0, 'PSNR needs at least 1')])
+def test_a_validation_crop_too_large_for_the_images_is_refused_before_the_run(project, demo_data, monkeypatch, capsys,
+                                                                              metric, crop_border, left, needs):
+    """BasicSR logged NaN at every validation of such a run and exited 0; now it is one line naming the
+    metric's key and the image, and no experiment folder is made. One pixel less crop trains and validates."""
+    from basicsr_ldt.pipelines.train import train_pipeline
+    from test_cli import train_options, write
+
+    def run(name, crop):
+        opt = train_options(demo_data, name, total_iter=1)
+        opt['val']['metrics'] = {'m': {'type': metric, 'crop_border': crop, 'test_y_channel': True}}
+        monkeypatch.setattr('sys.argv', ['Train_pip.py', '-opt', write(project / f'{name}.yml', opt)])
+        train_pipeline(str(project))
+    with pytest.raises(SystemExit):
+        run('crop', crop_border)
+    err = capsys.readouterr().err
+    assert f"error: val.metrics.m.crop_border: {crop_border} leaves {left} pixels of image '" in err, err
+    assert f'(96x96) on its short side, and {needs}\n' in err
+    assert not (project / 'experiments' / 'crop').exists()
+    run('crop_fits', crop_border - 1)
+    assert (project / 'experiments' / 'crop_fits' / 'models' / 'net_g_latest.pth').is_file()

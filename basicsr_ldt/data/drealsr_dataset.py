@@ -117,6 +117,8 @@ class DRealSRCameraDataset(data.Dataset):
                                  f'scale {self.scale}')
         self.rule = CameraRule.from_options(opt.get('camera_rule'))
         self.items = self._scan(backend)
+        #: (stem, width, height) of the HR image with the shortest side, as measured; None: not read (lmdb)
+        self.smallest_hr: Optional[Tuple[str, int, int]] = None
         if backend == 'disk':
             self._check_headers()
         self.file_client: Optional[FileClient] = None
@@ -171,6 +173,8 @@ class DRealSRCameraDataset(data.Dataset):
                                      f'({type(err).__name__})') from None
             (gw, gh), (lw, lh) = sizes
             self._check_sizes(item['stem'], lw, lh, gw, gh)
+            if self.smallest_hr is None or min(lw, lh) < min(self.smallest_hr[1:]) // self.scale:
+                self.smallest_hr = (item['stem'], lw * self.scale, lh * self.scale)   # as measured (cropped)
             if self.phase == 'train' and min(lw, lh) < self.opt['gt_size'] // self.scale:   # found at a crop otherwise
                 raise InputError(_patch_too_large(item['stem'], lw, lh, self.opt['gt_size'], self.scale))
 

@@ -15,7 +15,7 @@ the best-checkpoint selection twice. A validation set is therefore run once per 
 again for the iteration it last ran at, the model logs one line and keeps that run's results.
 A training step always moves to a new iteration, so the same iteration means the same weights.
 """
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -23,14 +23,16 @@ from torch import nn
 from basicsr.utils import get_root_logger
 
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.metric_crop import check_crop_border
 from basicsr_ldt.common.options import check_known_keys
 from basicsr_ldt.common.schema import section_keys
 from basicsr_ldt.inference.settings import InferenceSettings, inference_settings
 from basicsr_ldt.inference.tiling import run_inference
-from basicsr_ldt.ldt.typed import boolean, check_options, mapping, number, optional
+from basicsr_ldt.ldt.typed import boolean, check_options, mapping, optional, whole
 
 #: Types of the ``val:`` keys BasicSR 1.4.2 reads in training (which keys ``val:`` takes: the schema).
-BASICSR_VAL_SPECS = {'val_freq': number(0, float('inf')), 'save_img': boolean(), 'pbar': boolean(),
+#: ``val_freq`` whole: BasicSR validates where ``current_iter % val_freq == 0`` (1.5 meant every 3rd).
+BASICSR_VAL_SPECS = {'val_freq': whole(1), 'save_img': boolean(), 'pbar': boolean(),
                      'metrics': optional(mapping(mapping()))}
 VAL_KEYS = section_keys('val')
 
@@ -55,6 +57,19 @@ def validation_settings(opt: Dict) -> InferenceSettings:
         raise InputError(f"scale: val.tile_mode {settings.tile_mode!r} pastes tiles at the network's scale; give the "
                          f"top-level 'scale' (an integer), got {opt.get('scale')!r}")
     return settings
+
+
+def check_validation_crops(opt: Dict, val_sets: Sequence[Tuple[Dict, Any]]) -> None:
+    """Each ``val.metrics`` crop against the smallest image of each validation set whose sizes were
+    read: BasicSR would log NaN for every validation of the run (SSIM over fewer pixels than its window)."""
+    for name, metric in ((opt.get('val') or {}).get('metrics') or {}).items():
+        if 'crop_border' not in (metric or {}):
+            continue
+        for _, dataset in val_sets:
+            smallest = getattr(dataset, 'smallest_hr', None)
+            if smallest is not None:
+                check_crop_border(f'val.metrics.{name}.crop_border', metric['crop_border'], metric.get('type'),
+                                  *smallest)
 
 
 class ValidationMixin:

@@ -24,6 +24,7 @@ from basicsr.utils.options import dict2str
 from basicsr.utils.registry import ARCH_REGISTRY, DATASET_REGISTRY
 
 from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.metric_crop import check_crop_border
 from basicsr_ldt.common.option_file import parse_options
 from basicsr_ldt.common.options import check_known_keys, registered, validate_dataset_options
 from basicsr_ldt.common.outputs import OutputFolder, fail
@@ -108,10 +109,6 @@ def _wise_ft_entry(spec, where: str, entry: Mapping, default_key: str) -> Dict:
         raise InputError(f"{where}: an entry with 'bicubic: true' loads no weights to interpolate (wise_ft)")
     return {'start': spec['start'], 'alpha': float(spec['alpha']),
             'start_param_key': spec.get('start_param_key', default_key), 'start_exact': 'start_param_key' in spec}
-
-
-#: The side of the Gaussian window of BasicSR's SSIM (``calculate_ssim``, 11x11, valid convolution).
-SSIM_WINDOW = 11
 
 
 def evaluate_image(sr: torch.Tensor, gt: torch.Tensor, crop_border: int, test_y_channel: bool) -> Dict[str, float]:
@@ -263,11 +260,7 @@ def _test_every_image(opt: Dict, args, test_opt: Dict, datasets: List, checkpoin
         item = dataset[index]
         stem = osp.splitext(osp.basename(item['lq_path']))[0]
         lq, gt = item['lq'].unsqueeze(0).to(device), item['gt'].unsqueeze(0)
-        left = min(gt.shape[-2:]) - 2 * test_opt['crop_border']
-        if left < SSIM_WINDOW:   # SSIM of a smaller image is NaN (or a cv2 error) in every cell
-            raise InputError(f"test.crop_border: {test_opt['crop_border']} leaves {left} pixels of image '{stem}' "
-                             f"({gt.shape[-1]}x{gt.shape[-2]}) on its short side, and SSIM needs at least "
-                             f'{SSIM_WINDOW}')
+        check_crop_border('test.crop_border', test_opt['crop_border'], 'calculate_ssim', stem, gt.shape[-1], gt.shape[-2])
         results = {}
         for entry, network in zip(checkpoints, networks):
             if network is None:

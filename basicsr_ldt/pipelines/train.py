@@ -39,6 +39,7 @@ from basicsr_ldt.data.sampler import training_sampler
 from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.option_values import check_option_values
 from basicsr_ldt.models.resumable import training_cameras
+from basicsr_ldt.models.validation import check_validation_crops
 from basicsr_ldt.weights.checkpoint import UnreadableCheckpoint, load_safe
 
 
@@ -155,6 +156,7 @@ def train_pipeline(root_path: str) -> None:
         resume_state = load_resume_state(opt)
         train_set, val_sets = build_datasets(opt)
         check_option_values(opt, train_set)
+        check_validation_crops(opt, val_sets)
         if resume_state is None and opt['rank'] == 0:
             outputs.create(opt['path']['experiments_root'])
             for key in ('models', 'training_states', 'visualization'):
