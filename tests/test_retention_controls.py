@@ -261,7 +261,11 @@ def test_every_study_with_a_start_writes_the_picture_and_section(tmp_path):
     result = report.aggregate(FakeStudyForReport(), _tradeoff_records())
     paths = report.write_report(str(tmp_path), result)
     assert str(tmp_path / 'tradeoff.png') in paths and (tmp_path / 'tradeoff.png').stat().st_size > 5000
-    assert '## Trade-off: gains over the start' in (tmp_path / 'study.md').read_text()
+    text = (tmp_path / 'study.md').read_text()
+    assert '## Trade-off: gains over the start' in text
+    assert ("Bicubic: the LR image upscaled bicubically (`cv2.resize` INTER_CUBIC), measured by the same code; Start: "
+            "the weights every run starts from (the base training options' `path.pretrain_network_g`). No training;"
+            in text)   # the start was described as bicubic upscaling
     saved = json.loads((tmp_path / 'study.json').read_text())['tradeoff']
     assert [r['method'] for r in saved['rows']] == ['FT', 'WiSE', 'LDT', 'Far']
     no_start = report.aggregate(FakeStudyForReport(), _tradeoff_records()[1:])

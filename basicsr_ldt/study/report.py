@@ -125,7 +125,7 @@ def aggregate(study: Study, records: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Everything ``study.json`` holds."""
     return {'name': study.name, 'study_file': study.path, 'train': study.train, 'test': study.test,
             'seeds': study.seeds, 'methods': list(study.methods), 'sweep': study.sweep,
-            'reference': study.reference, 'untrained': list(study.untrained),
+            'reference': study.reference, 'untrained': list(study.untrained), 'start': study.start,
             'cameras': ordered_cameras(study, records),
             'planned_runs': len(study.runs), 'runs': records, 'summary': summarise(study, records),
             'differences': differences(study, records), 'bootstrap': dict(BOOTSTRAP),
@@ -160,10 +160,15 @@ def markdown(result: Mapping[str, Any]) -> str:
              'runs finished. Cells: mean ± sample standard deviation over seeds; Mean = mean over the target '
              'cameras (each weighs the same; cameras the method trained on, marked "(source)", are left out) '
              'per seed, then over seeds.', '']
-    if result.get('untrained'):
-        lines += [f"{', '.join(result['untrained'])}: no training, the LR image upscaled bicubically "
-                  '(`cv2.resize` INTER_CUBIC), measured by the same code; deterministic, so tested once (n = 1) '
-                  'and paired with every seed in the differences.', '']
+    untrained, start = result.get('untrained') or [], result.get('start')
+    described = [f"{', '.join(m for m in untrained if m != start)}: the LR image upscaled bicubically (`cv2.resize` "
+                 'INTER_CUBIC), measured by the same code'] if set(untrained) - {start} else []
+    if start in untrained:
+        described.append(f"{start}: the weights every run starts from (the base training options' "
+                         '`path.pretrain_network_g`)')
+    if described:
+        lines += ['; '.join(described) + '. No training; deterministic, so tested once (n = 1) and paired with every '
+                  'seed in the differences.', '']
     for metric, title, digits in (('psnr', 'PSNR (dB)', 2), ('ssim', 'SSIM', 4)):
         lines += [f'## {title}', '', '| Method | ' + ' | '.join(columns) + ' | n |',
                   '|---|' + '---|' * (len(columns) + 1)]
