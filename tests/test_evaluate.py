@@ -419,3 +419,18 @@ def test_test_section_keys_datasets_and_crop_border_default_are_checked_before_a
         with pytest.raises(InputError) as err:
             _build({**base, **change}, cpu)
         assert str(err.value).startswith(message), str(err.value)
+
+
+def test_a_metric_crop_leaves_at_least_what_the_metric_needs():
+    """SSIM needs its 11-pixel window after the crop (exactly 11 is enough), any other metric one pixel;
+    the message names the metric."""
+    from basicsr_ldt.common.metric_crop import check_crop_border
+    check_crop_border('k', 42, 'calculate_ssim', 'a', 95, 200)          # 11 left
+    with pytest.raises(InputError, match=r"^k: 42 leaves 10 pixels of image 'a' \(94x200\) on its short side, and "
+                                         r'SSIM needs at least 11$'):
+        check_crop_border('k', 42, 'calculate_ssim', 'a', 94, 200)
+    check_crop_border('k', 47, 'calculate_psnr', 'a', 200, 95)          # 1 left
+    with pytest.raises(InputError, match=r'and PSNR needs at least 1$'):
+        check_crop_border('k', 47, 'calculate_psnr', 'a', 200, 94)
+    with pytest.raises(InputError, match=r'and calculate_niqe needs at least 1$'):
+        check_crop_border('k', 47, 'calculate_niqe', 'a', 200, 94)

@@ -271,6 +271,9 @@ def test_each_cross_key_rule_is_one_whole_message(options, message, fixed):
     ('ldt_random', {'seed': 3, 'partition_file': 'p.json', 'profile_iters': 0},
      "ldt.seed: method 'ldt_random' does not read it (a partition_file gives the groups)"),
     ('ft', {'seed': 3}, "ldt.seed: method 'ft' does not read it (mode 'single'"),
+    ('ldt_no_dpu', {'seed': 3}, "ldt.seed: method 'ldt_no_dpu' does not read it (criterion 'var' ranks by gradients"),
+    ('ldt', {'partition_file': 'p.json', 'profile_iters': 0, 'ratio_u': 0.3},
+     "ldt.ratio_u: method 'ldt' does not read it (a partition_file gives the groups)"),
 ])
 def test_a_value_the_method_never_reads_is_refused(method, overrides, message):
     """A study sweeping ratio_u over DeFT trained the same run under two labels; a slip set a key its
@@ -285,3 +288,18 @@ def test_a_value_the_method_never_reads_is_refused(method, overrides, message):
     preset('ldt_s', interval_iters=50)
     preset('ldt_no_dpu', w_fixed=0.9)
     assert preset('ldt_random', seed=3).seed == preset('ldt', criterion='random', partition='name', seed=3).seed == 3
+
+
+@pytest.mark.parametrize('options, reads', [
+    ({'criterion': 'random'}, True),
+    ({'criterion': 'random', 'partition': 'name'}, True),                 # DPU ranks within the named groups
+    ({'criterion': 'random', 'partition': 'name', 'dpu': False}, False),  # nothing ranked
+    ({'criterion': 'random', 'dpu': False}, True),                        # the partition itself is drawn
+    ({'criterion': 'random', 'partition_file': 'p.json', 'profile_iters': 0}, False),
+    ({'criterion': 'random', 'mode': 'single', 'profile_iters': 0}, False),
+    ({'criterion': 'var'}, False),
+])
+def test_the_seed_is_read_only_where_something_is_drawn(options, reads):
+    """Where the seed decides nothing, a study seed's run keeps ldt.seed 0 (its saved state resumes) and
+    an ldt.seed written is refused; where it does, each study seed draws its own ranking."""
+    assert LDTConfig.from_dict(options).reads_seed() is reads
