@@ -319,6 +319,12 @@ def test_partition_control_differs_from_ldt_paper_only_in_the_ranking():
         paper, random = runs['LDT-paper', seed], runs['LDT-random', seed]
         assert unnamed({**random, 'ldt': {**random['ldt'], 'criterion': 'var'}}) == unnamed(paper)
         assert random['ldt']['criterion'] == 'random' and ldt_config_from_options(random).seed == seed
+    replication = plan.load_study(str(REPO / 'options' / 'study' / 'distortion_partition_replication.yml'), str(REPO))
+    assert replication.seeds == [5, 6, 7, 8, 9] and replication.reference == 'LDT-random'
+    for run in (r for r in replication.runs if r.trained):   # the same runs on new seeds
+        first = runs[run.method, 0]
+        assert {k: v for k, v in run.train_opt.items() if k not in ('name', 'manual_seed')} == {
+            k: v for k, v in first.items() if k not in ('name', 'manual_seed')}
 
 
 def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
