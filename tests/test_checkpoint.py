@@ -8,7 +8,7 @@ import torch
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.weights import checkpoint
-from basicsr_ldt.weights.checkpoint import UnreadableCheckpoint, load_safe, load_weights, save_atomic
+from basicsr_ldt.weights.checkpoint import UnreadableCheckpoint, describe_unloaded, load_safe, load_weights, save_atomic
 
 
 def test_failed_write_leaves_previous_file_and_no_temp(tmp_path, monkeypatch):
@@ -145,7 +145,9 @@ def test_non_strict_loading_skips_key_differences_but_never_a_shape(tmp_path):
     bias_before = target[1].bias.clone()
     with pytest.raises(InputError, match=r'keys 1 missing \(e\.g\. 1\.bias\); 1 unexpected \(e\.g\. 2\.weight\)$'):
         load_weights(target, str(tmp_path / 'partial.pth'))
-    load_weights(target, str(tmp_path / 'partial.pth'), strict=False)
+    assert load_weights(target, str(tmp_path / 'partial.pth'), strict=False) == ['1.bias']   # said in the logs
+    assert describe_unloaded(['1.bias'], target) == ('; 1 of its 4 tensors are not in the file and keep their initial '
+                                                     'values (e.g. 1.bias)')
     assert torch.equal(target[0].weight, source[0].weight) and torch.equal(target[1].weight, source[1].weight)
     assert torch.equal(target[1].bias, bias_before)
     state['0.weight'] = torch.zeros(4, 2)
@@ -153,6 +155,11 @@ def test_non_strict_loading_skips_key_differences_but_never_a_shape(tmp_path):
     with pytest.raises(InputError, match=r'keys 1 with another shape \(e\.g\. 0\.weight: checkpoint \(4, 2\), '
                                          r'network \(3, 2\)\)$'):
         load_weights(target, str(tmp_path / 'shape.pth'), strict=False)
+    torch.save({'params': {'conv.weight': torch.ones(1)}}, tmp_path / 'other.pth')   # another network's weights
+    with pytest.raises(InputError, match=r"holds none of network Sequential's 4 tensors \(it has e\.g\. conv\.weight\): "
+                                         r'another network'):
+        load_weights(target, str(tmp_path / 'other.pth'), strict=False)   # tested the random start as a method
+    assert describe_unloaded([], target) == ''
 
 
 def test_a_write_cut_short_leaves_a_hidden_temporary_that_the_next_run_removes(tmp_path, monkeypatch):

@@ -341,6 +341,8 @@ def test_strict_load_g_decides_whether_a_partial_checkpoint_is_tested(tmp_path, 
     assert "does not fit network MSRResNet: keys 2 missing (e.g. conv_last.bias, conv_last.weight)" in capsys.readouterr().err
     assert not (tmp_path / 'results' / 'strict').exists()
     assert list(run('loose', {'strict_load_g': False}, [part])) == ['part']
+    log = next((tmp_path / 'results' / 'loose').glob('test_loose_*.log')).read_text()   # which weights were not loaded
+    assert "part: " + str(tmp_path / 'part.pth') + ' loaded with strict_load_g false; 2 of its 14 tensors are not' in log
     full = {'label': 'full', 'path': str(tmp_path / 'full.pth')}
     with pytest.raises(SystemExit):   # a crop that leaves SSIM no window: NaN in every cell, exit 0
         run('crop', {}, [full], crop_border=43)

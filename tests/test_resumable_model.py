@@ -9,6 +9,7 @@ from basicsr.archs import build_network
 from basicsr.models import build_model
 
 from basicsr_ldt.common.errors import InputError
+from conftest import basicsr_log
 from test_cli import NETWORK, train_options
 
 
@@ -29,6 +30,12 @@ def test_strict_load_g_decides_whether_other_keys_are_refused(tmp_path):
         _model(tmp_path, pretrain_network_g=str(tmp_path / 'extra.pth'))
     model = _model(tmp_path, pretrain_network_g=str(tmp_path / 'extra.pth'), strict_load_g=False)
     assert all(torch.equal(v, state[k]) for k, v in model.net_g.state_dict().items())
+    del state['conv_last.bias']
+    torch.save({'params': state}, tmp_path / 'part.pth')
+    with basicsr_log() as lines:   # the log said 'Loaded' of a start that was partly random
+        _model(tmp_path, pretrain_network_g=str(tmp_path / 'part.pth'), strict_load_g=False)
+    assert any(line.endswith('[params]; 1 of its 14 tensors are not in the file and keep their initial values (e.g. '
+                             'conv_last.bias)') for line in lines), lines
 
 
 def test_nan_in_the_ema_copy_is_not_saved(tmp_path):

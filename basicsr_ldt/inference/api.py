@@ -22,6 +22,7 @@ from basicsr_ldt.common.options import registered
 from basicsr_ldt.common.schema import SCALE_KEYS, check_network, describe_file
 from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, InferenceSettings, inference_settings
 from basicsr_ldt.inference.tiling import run_inference
+from basicsr_ldt.models.network_check import probe_network
 from basicsr_ldt.weights.checkpoint import load_weights
 from basicsr_ldt.weights.releases import ARCH_DEFAULTS
 
@@ -70,13 +71,12 @@ def load_network(checkpoint: str, arch: Optional[str] = None, opt: Union[str, Ma
     """
     section = network_options(arch, opt, scale)
     registered(ARCH_REGISTRY, section.get('type'), 'network_g.type')
-    try:
-        network = build_network(dict(section))
-    except (TypeError, ValueError) as err:
-        raise InputError(f"cannot build network_g {section.get('type')}: {err}") from None
+    device = resolve_device(device)
+    probe_network(section, device_type=device.type)
+    network = build_network(dict(section))
     load_weights(network, checkpoint, param_key, fallback=False)
     network.requires_grad_(False)
-    return network.to(resolve_device(device)).eval()
+    return network.to(device).eval()
 
 
 def resolve_device(device: Union[str, torch.device, None] = None) -> torch.device:

@@ -78,12 +78,17 @@ def check_basicsr_values(opt: Dict[str, Any], device_type: str) -> None:
         raise InputError('logger.wandb.project: wandb is not installed (pip install wandb), or remove the project')
 
 
+def gpus_used(opt: Dict[str, Any]) -> int:
+    """``num_gpu`` as BasicSR reads it on this machine (``auto``: the GPUs torch sees)."""
+    num_gpu = opt.get('num_gpu', 0)
+    return torch.cuda.device_count() if num_gpu == 'auto' else num_gpu
+
+
 def check_option_values(opt: Dict[str, Any], train_set: Optional[Dataset] = None) -> None:
     """Raise the model's one-line :class:`InputError` for a bad value of a key it reads without a network,
     on the device BasicSR picks from ``num_gpu`` on this machine (``auto``: the GPUs torch sees), and,
     given the training set, what the model checks of its data (CorGrad's source cameras)."""
-    num_gpu = opt.get('num_gpu', 0)
-    num_gpu = torch.cuda.device_count() if num_gpu == 'auto' else num_gpu
+    num_gpu = gpus_used(opt)
     device_type = basicsr_device_type(num_gpu)
     check_basicsr_values(opt, device_type)
     model_type = opt.get('model_type')

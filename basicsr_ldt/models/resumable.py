@@ -15,7 +15,7 @@ import torch.distributed as dist
 from basicsr.utils import get_root_logger
 from basicsr.utils.dist_util import master_only
 
-from basicsr_ldt.weights.checkpoint import load_weights, save_atomic
+from basicsr_ldt.weights.checkpoint import describe_unloaded, load_weights, save_atomic
 
 
 def training_cameras(opt: Dict[str, Any]) -> Optional[List[str]]:
@@ -70,8 +70,9 @@ class ResumableMixin:
         save_atomic(payload, os.path.join(self.opt['path']['models'], f'{net_label}_{label}.pth'))
 
     def load_network(self, net, load_path, strict=True, param_key='params'):
-        load_weights(self.get_bare_model(net), load_path, param_key, strict)
-        get_root_logger().info(f'Loaded {type(self.get_bare_model(net)).__name__} from {load_path} [{param_key}]')
+        missing = load_weights(self.get_bare_model(net), load_path, param_key, strict)
+        get_root_logger().info(f'Loaded {type(self.get_bare_model(net)).__name__} from {load_path} [{param_key}]'
+                               + describe_unloaded(missing, self.get_bare_model(net)))
 
     def replica_tensors(self) -> List[torch.Tensor]:
         """Tensors every rank must hold identically (checked at each checkpoint under torchrun)."""

@@ -32,8 +32,9 @@ from basicsr_ldt.common.schema import section_keys
 from basicsr_ldt.inference.compare import COMPARE_SPECS, Comparison, compare_settings
 from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, INFERENCE_SPECS, inference_settings
 from basicsr_ldt.inference.tiling import bicubic_upscale, run_inference
+from basicsr_ldt.models.network_check import probe_network
 from basicsr_ldt.ldt.typed import boolean, check_options, integer, number, optional, string
-from basicsr_ldt.weights.checkpoint import load_weights
+from basicsr_ldt.weights.checkpoint import describe_unloaded, load_weights
 from basicsr_ldt.weights.interpolate import wise_ft_state
 
 #: The ``test:`` section and its defaults (documented in docs/options.md).
@@ -192,6 +193,7 @@ def _build(opt: Dict, device: torch.device):
     checkpoints = checkpoints_of(opt)
     if not all(entry['bicubic'] for entry in checkpoints):   # Bicubic alone needs no network
         registered(ARCH_REGISTRY, (opt.get('network_g') or {}).get('type'), 'network_g.type')
+        probe_network(opt['network_g'], opt.get('scale', 4), device_type=device.type)
     test_opt['compare'] = compare_settings(test_opt['compare'])
     return test_opt, datasets, checkpoints
 
@@ -233,8 +235,9 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
                                                       wise['start_param_key'], wise['alpha'], where,
                                                       (not entry['exact_key'], not wise['start_exact'])))
             else:
-                load_weights(network, entry['path'], entry['param_key'], strict=opt['path'].get('strict_load_g', True),
-                             fallback=not entry['exact_key'])
+                missing = load_weights(network, entry['path'], entry['param_key'],
+                                       strict=opt['path'].get('strict_load_g', True), fallback=not entry['exact_key'])
+                entry['unloaded'] = describe_unloaded(missing, network)
             networks.append(network.to(device).eval())
         comparison = Comparison(test_opt['compare'], opt, checkpoints, datasets, device) if test_opt['compare'] else None
         outputs.create(opt['path']['results_root'])
@@ -253,6 +256,9 @@ def _test_every_image(opt: Dict, args, test_opt: Dict, datasets: List, checkpoin
         logger.info(args.option_defaults)
     logger.info(dict2str(opt))
     logger.info(f"Inference: {test_opt['inference'].describe()}")
+    for entry in checkpoints:
+        if entry.get('unloaded'):
+            logger.warning(f"{entry['label']}: {entry['path']} loaded with strict_load_g false{entry['unloaded']}")
     scale = opt.get('scale', 4)
     per_image = {entry['label']: [] for entry in checkpoints}
     images = [(ds, i) for ds in datasets for i in range(len(ds))]

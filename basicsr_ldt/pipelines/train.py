@@ -37,9 +37,10 @@ from basicsr_ldt.common.option_file import parse_options
 from basicsr_ldt.common.process_group import end_process_group
 from basicsr_ldt.data.sampler import training_sampler
 from basicsr_ldt.models.best import BestCheckpointMixin
-from basicsr_ldt.models.option_values import check_option_values
+from basicsr_ldt.models.network_check import probe_network
+from basicsr_ldt.models.option_values import check_option_values, gpus_used
 from basicsr_ldt.models.resumable import training_cameras
-from basicsr_ldt.models.validation import check_validation_crops
+from basicsr_ldt.models.validation import basicsr_device_type, check_validation_crops
 from basicsr_ldt.weights.checkpoint import UnreadableCheckpoint, load_safe
 
 
@@ -157,6 +158,7 @@ def train_pipeline(root_path: str) -> None:
         train_set, val_sets = build_datasets(opt)
         check_option_values(opt, train_set)
         check_validation_crops(opt, val_sets)
+        probe_network(opt['network_g'], opt.get('scale'), device_type=basicsr_device_type(gpus_used(opt)))
         if resume_state is None and opt['rank'] == 0:
             outputs.create(opt['path']['experiments_root'])
             for key in ('models', 'training_states', 'visualization'):
@@ -180,6 +182,9 @@ def train_pipeline(root_path: str) -> None:
     except InputError as err:
         outputs.rollback()
         fail(str(err))
+    except BaseException:   # a traceback (or Ctrl-C) while setting up: nothing half-made stays behind
+        outputs.rollback()
+        raise
     tb_logger = init_tb_loggers(opt)
     _train(opt, model, train_set, val_sets, loaders, resume_state, tb_logger, logger)
     end_process_group()

@@ -9,7 +9,7 @@ import os
 import pickle
 import re
 import tempfile
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -119,12 +119,27 @@ def fitting_state(network: torch.nn.Module, path: str, param_key: Optional[str] 
     if problems:
         raise InputError(f"{what} '{path}' does not fit network {type(network).__name__}: keys "
                          + '; '.join(problems))
+    if own and len(missing) == len(own):   # strict off: a network left wholly at its random start
+        raise InputError(f"{what} '{path}' holds none of network {type(network).__name__}'s {len(own)} tensors "
+                         f"(it has e.g. {', '.join(unexpected[:2]) or 'nothing'}): another network's weights? A "
+                         'non-strict load (strict_load_g: false) loads the tensors that match, and none does')
     return state
 
 
 def load_weights(network: torch.nn.Module, path: str, param_key: Optional[str] = 'params',
-                 strict: bool = True, fallback: bool = True) -> None:
-    """Load weights into ``network``, naming a few mismatched keys instead of a wall of text.
+                 strict: bool = True, fallback: bool = True) -> List[str]:
+    """Load weights into ``network``, naming a few mismatched keys instead of a wall of text; returns
+    the network's tensors the file lacks (only a non-strict load leaves any: callers say so).
 
     ``path`` may be a release name (``HAT_SRx4``: ``pretrained/HAT_SRx4.pth``, see ``releases``)."""
-    network.load_state_dict(fitting_state(network, path, param_key, strict, fallback=fallback), strict=strict)
+    state = fitting_state(network, path, param_key, strict, fallback=fallback)
+    network.load_state_dict(state, strict=strict)
+    return sorted(set(network.state_dict()) - set(state))
+
+
+def describe_unloaded(missing: Sequence[str], network: torch.nn.Module) -> str:
+    """'' for a whole load, else what a log says of the tensors left at their initial values."""
+    if not missing:
+        return ''
+    return (f'; {len(missing)} of its {len(network.state_dict())} tensors are not in the file and keep their '
+            f"initial values (e.g. {', '.join(missing[:3])})")

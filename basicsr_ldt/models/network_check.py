@@ -1,0 +1,118 @@
+"""``network_g`` checked before a run writes anything: its values, then one small image through it.
+
+The networks take their arguments unchecked. A zero or negative size is a traceback from torch
+inside the constructor; a channel count that does not divide (HAT's heads, SAFMN's four levels,
+MambaIR's channel attention below 30 channels) or an output of the wrong size (MambaIR without an
+upsampler at scale 4) is one at the first forward, after the experiment folder and log exist; and
+some slips run silently (``n_blocks: 0`` or ``depths: [0]`` train a network without a body,
+``mlp_ratio: 0`` one whose MLPs are their biases). So the values each shipped architecture reads
+are typed here, and the network is built on the CPU and given one 16x16 RGB image (what the data
+gives) before anything is written: any failure is one line naming ``network_g`` and the cause.
+"""
+import inspect
+import math
+import warnings
+from typing import Any, Dict, Mapping, Optional
+
+import torch
+
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.schema import SCALE_KEYS
+from archs.safmn_arch import SAFM_LEVELS
+from archs.scan.dispatch import resolve_backend
+from basicsr_ldt.ldt.typed import Spec, check_options, integer, items, number
+
+PROBE_SIDE = 16   # LR pixels: at most the demo's training patch, and every shipped network's padding unit
+
+_RGB = Spec(lambda v: v == 3 and not isinstance(v, bool), '3 (the data is RGB)')
+_POSITIVE = number(0, math.inf)
+_TRANSFORMER = {'img_size': integer(1), 'in_chans': _RGB, 'embed_dim': integer(1), 'depths': items(integer(1)),
+                'mlp_ratio': _POSITIVE, 'img_range': _POSITIVE, 'upscale': integer(1)}
+#: The value of each argument the shipped architectures (and BasicSR's MSRResNet) read; cross-key rules
+#: (HAT's heads dividing embed_dim, SAFMN's dim in four levels) are left to the probe.
+NETWORK_VALUES: Dict[str, Dict[str, Spec]] = {
+    'SAFMN': {'dim': integer(1), 'n_blocks': integer(1), 'ffn_scale': _POSITIVE, 'upscaling_factor': integer(1)},
+    'HAT': {**_TRANSFORMER, 'num_heads': items(integer(1)), 'window_size': integer(1), 'compress_ratio': integer(1),
+            'squeeze_factor': integer(1), 'overlap_ratio': number(0, 1, '[)')},
+    'MambaIR': {**_TRANSFORMER, 'd_state': integer(1)},
+    'MSRResNet': {'num_in_ch': _RGB, 'num_out_ch': _RGB, 'num_feat': integer(1), 'num_block': integer(1),
+                  'upscale': Spec(lambda v: v in (2, 3, 4) and not isinstance(v, bool), 'one of 2, 3, 4')},
+}
+
+
+def probe_network(section: Mapping[str, Any], scale: Optional[int] = None, path: str = 'network_g',
+                  device_type: str = 'cpu') -> None:
+    """Refuse a ``network_g`` whose values are off their type, that cannot be built, or that does not
+    turn a 16x16 RGB image into a (16 scale)-pixel one; the network is built on the CPU and dropped.
+    ``scale`` None: the network's own factor (its scale argument, else that argument's default);
+    ``device_type``: where the run puts the network (a CUDA-only scan kernel is refused elsewhere)."""
+    from basicsr.utils.registry import ARCH_REGISTRY
+    kind = section.get('type')
+    check_options(path, section, NETWORK_VALUES.get(kind, {}), InputError)
+    _check_channel_splits(section, path)
+    arch = ARCH_REGISTRY.get(kind)
+    if 'scan_backend' in section and device_type != 'cuda':
+        backend = resolve_backend(section['scan_backend'])   # the scan's own check of the name
+        if backend in ('cuda', 'triton'):
+            raise InputError(f'{path}.scan_backend: {backend!r} runs on CUDA tensors, and this run is on the '
+                             f"{device_type.upper()}: use 'auto' (or 'torch')")
+    arguments = {k: v for k, v in section.items() if k != 'type'}
+    if 'scan_backend' in inspect.signature(arch).parameters:
+        arguments['scan_backend'] = 'torch'   # the probe runs on the CPU whatever kernel the run will use
+    what = f'{path} type {kind}'
+    try:
+        with warnings.catch_warnings():   # zero-size layers warn before they fail; the error says it
+            warnings.simplefilter('ignore')
+            network = arch(**arguments).eval()
+    except Exception as err:   # the constructor's own words: torch's or the architecture's check
+        raise InputError(f'{what}: cannot be built: {_first_line(err)}') from None
+    try:
+        with torch.no_grad():
+            out = network(torch.rand(1, 3, PROBE_SIDE, PROBE_SIDE))
+    except Exception as err:
+        raise InputError(f'{what}: a {PROBE_SIDE}x{PROBE_SIDE} RGB image fails in its forward: '
+                         f'{_first_line(err)}') from None
+    parameters = inspect.signature(arch).parameters
+    if scale is None:
+        key = next((k for k in SCALE_KEYS if k in section or k in parameters), None)
+        scale = section.get(key, parameters[key].default) if key else None
+    if not isinstance(scale, int):
+        return
+    wanted = (1, 3, PROBE_SIDE * scale, PROBE_SIDE * scale)
+    if tuple(out.shape) != wanted:
+        raise InputError(f'{what}: a {PROBE_SIDE}x{PROBE_SIDE} RGB image comes out {tuple(out.shape)}, and scale '
+                         f'{scale} needs {wanted}' + (f" (upsampler {section.get('upsampler', '')!r})"
+                                                      if 'upsampler' in parameters else ''))
+
+
+def _check_channel_splits(section: Mapping[str, Any], path: str) -> None:
+    """The channel splits the shipped architectures make, named before torch fails on a zero or a
+    remainder: SAFMN's four levels, HAT's heads, the channel attention's squeeze (MambaIR's fixed 30)."""
+    kind, dim = section.get('type'), section.get('dim', section.get('embed_dim'))
+    if kind == 'SAFMN' and dim is not None and dim % SAFM_LEVELS:
+        raise InputError(f'{path}.dim: {dim}, but SAFMN splits its channels into {SAFM_LEVELS} levels: use a '
+                         'multiple of 4 (released: 36, 128)')
+    if kind not in ('HAT', 'MambaIR'):
+        return
+    dim = 96 if dim is None else dim   # both constructors' default embed_dim
+    if kind == 'MambaIR':
+        if dim < 30:
+            raise InputError(f"{path}.embed_dim: {dim}, but MambaIR's channel attention divides it by 30 (as "
+                             'upstream): use embed_dim >= 30')
+        return
+    for heads in section.get('num_heads', ()):
+        if dim % heads:
+            raise InputError(f'{path}.num_heads: {heads} does not divide embed_dim {dim}')
+    for key in ('squeeze_factor', 'compress_ratio'):
+        divisor = section.get(key, {'squeeze_factor': 30, 'compress_ratio': 3}[key])
+        if dim < divisor:
+            raise InputError(f'{path}.embed_dim: {dim} // {key} {divisor} leaves no channel: use embed_dim >= {divisor}')
+    window, ratio = section.get('window_size', 7), section.get('overlap_ratio', 0.5)
+    if int(window * ratio) % 2:
+        raise InputError(f"{path}.overlap_ratio: int(window_size {window} x overlap_ratio {ratio}) = "
+                         f"{int(window * ratio)} is odd, and HAT's overlapping window needs it even (released: 16 x 0.5)")
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return f'{type(err).__name__}: {text[0] if text else ""}'.rstrip(': ')
