@@ -68,6 +68,16 @@ def test_the_scale_defaults_to_the_networks_own_and_a_cuda_scan_passes_for_a_cud
     probe_network({**MAMBAIR, 'scan_backend': 'cuda'}, 4, device_type='cuda')   # the probe itself scans in torch
 
 
+def test_the_probe_leaves_the_runs_random_numbers_alone():
+    """The probe builds and runs a network after the run seeded torch: its draws must not move the run's
+    weights and crops (the demo's figures are reproduced to the bit)."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    probe_network(SAFMN, 4)
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_training_refuses_a_bad_network_before_the_experiment_folder(project, demo_data, monkeypatch, capsys):
     """Was a torch traceback at the first forward, with experiments/<name> and its log left behind."""
     from basicsr_ldt.pipelines.train import train_pipeline

@@ -56,10 +56,25 @@ def probe_network(section: Mapping[str, Any], scale: Optional[int] = None, path:
         if backend in ('cuda', 'triton'):
             raise InputError(f'{path}.scan_backend: {backend!r} runs on CUDA tensors, and this run is on the '
                              f"{device_type.upper()}: use 'auto' (or 'torch')")
-    arguments = {k: v for k, v in section.items() if k != 'type'}
-    if 'scan_backend' in inspect.signature(arch).parameters:
+    arguments, parameters = {k: v for k, v in section.items() if k != 'type'}, inspect.signature(arch).parameters
+    if 'scan_backend' in parameters:
         arguments['scan_backend'] = 'torch'   # the probe runs on the CPU whatever kernel the run will use
-    what = f'{path} type {kind}'
+    with torch.random.fork_rng(devices=[]):   # the run's own draws (its weights, crops) stay as without the probe
+        out = _probe(arch, arguments, f'{path} type {kind}')
+    if scale is None:
+        key = next((k for k in SCALE_KEYS if k in section or k in parameters), None)
+        scale = section.get(key, parameters[key].default) if key else None
+    if not isinstance(scale, int):
+        return
+    wanted = (1, 3, PROBE_SIDE * scale, PROBE_SIDE * scale)
+    if tuple(out.shape) != wanted:
+        upsampler = f" (upsampler {section.get('upsampler', '')!r})" if 'upsampler' in parameters else ''
+        raise InputError(f'{path} type {kind}: a {PROBE_SIDE}x{PROBE_SIDE} RGB image comes out {tuple(out.shape)}, '
+                         f'and scale {scale} needs {wanted}{upsampler}')
+
+
+def _probe(arch: Any, arguments: Mapping[str, Any], what: str) -> torch.Tensor:
+    """The network's output for one random 16x16 RGB image; a failure to build or run it is one line."""
     try:
         with warnings.catch_warnings():   # zero-size layers warn before they fail; the error says it
             warnings.simplefilter('ignore')
@@ -68,21 +83,10 @@ def probe_network(section: Mapping[str, Any], scale: Optional[int] = None, path:
         raise InputError(f'{what}: cannot be built: {_first_line(err)}') from None
     try:
         with torch.no_grad():
-            out = network(torch.rand(1, 3, PROBE_SIDE, PROBE_SIDE))
+            return network(torch.rand(1, 3, PROBE_SIDE, PROBE_SIDE))
     except Exception as err:
         raise InputError(f'{what}: a {PROBE_SIDE}x{PROBE_SIDE} RGB image fails in its forward: '
                          f'{_first_line(err)}') from None
-    parameters = inspect.signature(arch).parameters
-    if scale is None:
-        key = next((k for k in SCALE_KEYS if k in section or k in parameters), None)
-        scale = section.get(key, parameters[key].default) if key else None
-    if not isinstance(scale, int):
-        return
-    wanted = (1, 3, PROBE_SIDE * scale, PROBE_SIDE * scale)
-    if tuple(out.shape) != wanted:
-        raise InputError(f'{what}: a {PROBE_SIDE}x{PROBE_SIDE} RGB image comes out {tuple(out.shape)}, and scale '
-                         f'{scale} needs {wanted}' + (f" (upsampler {section.get('upsampler', '')!r})"
-                                                      if 'upsampler' in parameters else ''))
 
 
 def _check_channel_splits(section: Mapping[str, Any], path: str) -> None:
