@@ -413,6 +413,7 @@ def test_test_section_keys_datasets_and_crop_border_default_are_checked_before_a
     assert _build({**{k: v for k, v in base.items() if k != 'scale'}, 'network_g': NETWORK}, cpu)[0]['crop_border'] == 4
     for change, message in (
             ({'test': {'tile_sise': 8}}, "unknown option 'tile_sise' in test (did you mean 'tile_size'?)"),
+            ({'path': {'strict_load_g': 'false'}}, "path.strict_load_g: expected true or false, got 'false'"),
             ({'datasets': {}}, "the option file has no 'datasets' section to test on"),
             ({'datasets': {'test_1': {**base['datasets']['test_1'], 'type': 'DRealSRDataset'}}},
              "datasets.test_1.type 'DRealSRDataset' is not registered (known: DRealSRCameraDataset,"),

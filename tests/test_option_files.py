@@ -414,6 +414,7 @@ BASICSR_VALUE_SLIPS = [
     (('val', 'metrics', 'psnr', 'test_y_channel'), 'false', "val.metrics.psnr.test_y_channel: expected true or false, "
      "got 'false' (text: write true or false without quotes)"),   # was read as true
     (('val', 'metrics', 'psnr', 'crop_border'), -4, 'val.metrics.psnr.crop_border: expected an integer >= 0, got -4'),
+    (('path', 'strict_load_g'), 'false', "path.strict_load_g: expected true or false, got 'false'"),   # read as true
     (('datasets', 'val_more', 'name'), 'Test_Sony_Canon', "datasets.val_more.name 'Test_Sony_Canon' is also the name "
      'of datasets.val_targets; each validation set needs its own name (its results are kept under it)'),
 ]

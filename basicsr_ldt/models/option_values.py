@@ -41,6 +41,7 @@ BASICSR_TRAINING_VALUES = {
     'train.scheduler.periods': items(whole(1)), 'train.scheduler.restart_weights': items(number(0, math.inf, '[)')),
     'train.scheduler.eta_min': number(0, math.inf, '[)'),
     'logger.print_freq': whole(1), 'logger.save_checkpoint_freq': whole(1), 'logger.use_tb_logger': boolean(),
+    'path.strict_load_g': boolean(),   # 'false' as text was read as true
 }
 #: ``datasets.train``'s loader keys (BasicSR's ``build_dataloader`` and prefetchers).
 BASICSR_LOADER_VALUES = {

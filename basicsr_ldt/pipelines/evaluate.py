@@ -172,6 +172,7 @@ def _build(opt: Dict, device: torch.device):
     test_opt = dict(TEST_DEFAULTS)
     check_known_keys('test', opt.get('test') or {}, section_keys('test'))
     check_options('test', opt.get('test') or {}, TEST_SPECS, InputError)
+    check_options('path', opt.get('path') or {}, {'strict_load_g': boolean()}, InputError)   # 'false' read as true
     test_opt.update(opt.get('test') or {})
     test_opt['inference'] = inference_settings('test', opt.get('test'), device.type)
     if test_opt['crop_border'] is None:
