@@ -39,7 +39,13 @@ MAMBAIR = {'type': 'MambaIR', 'img_size': 16, 'embed_dim': 30, 'depths': [1], 'd
                                  "needs (1, 3, 64, 64) (upsampler '')"),
     (MAMBAIR, {'scan_backend': 'cuda'}, "network_g.scan_backend: 'cuda' runs on CUDA tensors, and this run is on the "
                                         "CPU: use 'auto' (or 'torch')"),
+    (MAMBAIR, {'scan_backend': 'triton'}, "network_g.scan_backend: 'triton' runs on CUDA tensors"),
     (MAMBAIR, {'scan_backend': 'fast'}, "network_g.scan_backend='fast': expected one of"),
+    (HAT, {'window_size': 32}, 'network_g type HAT: a 16x16 RGB image fails in its forward: IndexError: index '),
+    # embed_dim left to its default (96), as upstream's files do for HAT-S
+    (HAT, {'overlap_ratio': 0.75}, 'network_g.overlap_ratio: int(window_size 4 x overlap_ratio 0.75) = 3 is odd'),
+    ({k: v for k, v in HAT.items() if k != 'embed_dim'}, {'squeeze_factor': 100, 'num_heads': [6]},
+     'network_g.embed_dim: 96 // squeeze_factor 100 leaves no channel: use embed_dim >= 100'),
     (NETWORK, {'num_block': 0}, 'network_g.num_block: expected an integer >= 1, got 0'),
     (NETWORK, {'upscale': 8}, 'network_g.upscale: expected one of 2, 3, 4, got 8'),   # an AttributeError at build
 ])
@@ -55,7 +61,9 @@ def test_a_bad_network_value_is_one_line_naming_the_key(network, change, message
     {**HAT, 'window_size': 5},            # does not divide img_size: HAT pads its input
     {**HAT, 'overlap_ratio': 0},          # an ablation value
     {**MAMBAIR, 'scan_backend': 'torch'},
+    {**{k: v for k, v in HAT.items() if k != 'squeeze_factor'}, 'embed_dim': 30, 'num_heads': [6]},   # 30 // 30
     {**MAMBAIR, 'upsampler': '', 'upscale': 1},   # a same-size (denoising) network at scale 1
+    {'type': 'EDSR', 'num_in_ch': 3, 'num_out_ch': 3, 'num_feat': 8, 'num_block': 1, 'upscale': 4},   # no value table
 ])
 def test_values_that_run_are_accepted(network):
     probe_network(network, network['upscale'])
@@ -63,6 +71,16 @@ def test_values_that_run_are_accepted(network):
 
 def test_the_scale_defaults_to_the_networks_own_and_a_cuda_scan_passes_for_a_cuda_run():
     probe_network({**SAFMN, 'upscaling_factor': 2})
+    probe_network({k: v for k, v in SAFMN.items() if k != 'upscaling_factor'})   # its default, 4
+    with pytest.raises(InputError, match=r"needs \(1, 3, 32, 32\) \(upsampler ''\)$"):   # MambaIR's default upscale 2
+        probe_network({k: v for k, v in MAMBAIR.items() if k not in ('upscale', 'upsampler')})
+    # HAT's defaults for what a file leaves out (heads, squeeze and compress ratios, embed_dim 96)
+    probe_network({'type': 'HAT', 'img_size': 16, 'window_size': 4, 'depths': [1], 'num_heads': [6],
+                   'upsampler': 'pixelshuffle', 'upscale': 4})
+    probe_network({'type': 'HAT', 'img_size': 16, 'window_size': 4, 'depths': [1, 1, 1, 1], 'upsampler': 'pixelshuffle',
+                   'upscale': 4})
+    with pytest.raises(InputError, match=r'^network_g.overlap_ratio: int\(window_size 7 x overlap_ratio 0.5\) = 3 is odd'):
+        probe_network({k: v for k, v in HAT.items() if k != 'window_size'})   # upstream's default window 7: OCAB fails
     with pytest.raises(InputError, match=r'needs \(1, 3, 64, 64\)'):
         probe_network({**SAFMN, 'upscaling_factor': 2}, 4)
     probe_network({**MAMBAIR, 'scan_backend': 'cuda'}, 4, device_type='cuda')   # the probe itself scans in torch
