@@ -16,10 +16,11 @@ from typing import Any, Dict, Mapping, Optional
 
 import torch
 
-from basicsr_ldt.common.errors import InputError
-from basicsr_ldt.common.schema import SCALE_KEYS
+from archs.mambair_arch import CAB
 from archs.safmn_arch import SAFM_LEVELS
 from archs.scan.dispatch import resolve_backend
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.common.schema import SCALE_KEYS
 from basicsr_ldt.ldt.typed import Spec, check_options, integer, items, number
 
 PROBE_SIDE = 16   # LR pixels: at most the demo's training patch, and every shipped network's padding unit
@@ -28,8 +29,8 @@ _RGB = Spec(lambda v: v == 3 and not isinstance(v, bool), '3 (the data is RGB)')
 _POSITIVE = number(0, math.inf)
 _TRANSFORMER = {'img_size': integer(1), 'in_chans': _RGB, 'embed_dim': integer(1), 'depths': items(integer(1)),
                 'mlp_ratio': _POSITIVE, 'img_range': _POSITIVE, 'upscale': integer(1)}
-#: The value of each argument the shipped architectures (and BasicSR's MSRResNet) read; cross-key rules
-#: (HAT's heads dividing embed_dim, SAFMN's dim in four levels) are left to the probe.
+#: The value of each argument the shipped architectures (and BasicSR's MSRResNet) read; the rules across keys
+#: (HAT's heads dividing embed_dim, SAFMN's dim in four levels) are in ``_check_channel_splits``.
 NETWORK_VALUES: Dict[str, Dict[str, Spec]] = {
     'SAFMN': {'dim': integer(1), 'n_blocks': integer(1), 'ffn_scale': _POSITIVE, 'upscaling_factor': integer(1)},
     'HAT': {**_TRANSFORMER, 'num_heads': items(integer(1)), 'window_size': integer(1), 'compress_ratio': integer(1),
@@ -49,8 +50,8 @@ def probe_network(section: Mapping[str, Any], scale: Optional[int] = None, path:
     from basicsr.utils.registry import ARCH_REGISTRY
     kind = section.get('type')
     check_options(path, section, NETWORK_VALUES.get(kind, {}), InputError)
-    _check_channel_splits(section, path)
     arch = ARCH_REGISTRY.get(kind)
+    _check_channel_splits({**_defaults(arch), **section}, path)
     if 'scan_backend' in section and device_type != 'cuda':
         backend = resolve_backend(section['scan_backend'])   # the scan's own check of the name
         if backend in ('cuda', 'triton'):
@@ -89,29 +90,36 @@ def _probe(arch: Any, arguments: Mapping[str, Any], what: str) -> torch.Tensor:
                          f'{_first_line(err)}') from None
 
 
-def _check_channel_splits(section: Mapping[str, Any], path: str) -> None:
+def _defaults(target: Any) -> Dict[str, Any]:
+    """A constructor's default arguments (what a ``network_g`` leaving a key out builds)."""
+    return {name: p.default for name, p in inspect.signature(target).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def _check_channel_splits(values: Mapping[str, Any], path: str) -> None:
     """The channel splits the shipped architectures make, named before torch fails on a zero or a
-    remainder: SAFMN's four levels, HAT's heads, the channel attention's squeeze (MambaIR's fixed 30)."""
-    kind, dim = section.get('type'), section.get('dim', section.get('embed_dim'))
-    if kind == 'SAFMN' and dim is not None and dim % SAFM_LEVELS:
-        raise InputError(f'{path}.dim: {dim}, but SAFMN splits its channels into {SAFM_LEVELS} levels: use a '
-                         'multiple of 4 (released: 36, 128)')
-    if kind not in ('HAT', 'MambaIR'):
-        return
-    dim = 96 if dim is None else dim   # both constructors' default embed_dim
+    remainder: SAFMN's four levels, HAT's heads, the channel attention's squeeze (MambaIR's CAB keeps
+    its default); ``values`` holds the constructor's defaults for what the section leaves out."""
+    kind = values.get('type')
+    if kind == 'SAFMN' and values.get('dim') is not None and values['dim'] % SAFM_LEVELS:
+        raise InputError(f"{path}.dim: {values['dim']}, but SAFMN splits its channels into {SAFM_LEVELS} levels: "
+                         'use a multiple of 4 (released: 36, 128)')
     if kind == 'MambaIR':
-        if dim < 30:
-            raise InputError(f"{path}.embed_dim: {dim}, but MambaIR's channel attention divides it by 30 (as "
-                             'upstream): use embed_dim >= 30')
+        dim, squeeze = values['embed_dim'], _defaults(CAB)['squeeze_factor']
+        if dim < squeeze:
+            raise InputError(f"{path}.embed_dim: {dim}, but MambaIR's channel attention divides it by {squeeze} (as "
+                             f'upstream): use embed_dim >= {squeeze}')
+    if kind != 'HAT':
         return
-    for heads in section.get('num_heads', ()):
+    dim = values['embed_dim']
+    for heads in values['num_heads']:
         if dim % heads:
             raise InputError(f'{path}.num_heads: {heads} does not divide embed_dim {dim}')
     for key in ('squeeze_factor', 'compress_ratio'):
-        divisor = section.get(key, {'squeeze_factor': 30, 'compress_ratio': 3}[key])
-        if dim < divisor:
-            raise InputError(f'{path}.embed_dim: {dim} // {key} {divisor} leaves no channel: use embed_dim >= {divisor}')
-    window, ratio = section.get('window_size', 7), section.get('overlap_ratio', 0.5)
+        if dim < values[key]:
+            raise InputError(f'{path}.embed_dim: {dim} // {key} {values[key]} leaves no channel: use embed_dim >= '
+                             f'{values[key]}')
+    window, ratio = values['window_size'], values['overlap_ratio']
     if int(window * ratio) % 2:
         raise InputError(f"{path}.overlap_ratio: int(window_size {window} x overlap_ratio {ratio}) = "
                          f"{int(window * ratio)} is odd, and HAT's overlapping window needs it even (released: 16 x 0.5)")

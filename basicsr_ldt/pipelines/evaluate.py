@@ -32,8 +32,8 @@ from basicsr_ldt.common.schema import section_keys
 from basicsr_ldt.inference.compare import COMPARE_SPECS, Comparison, compare_settings
 from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, INFERENCE_SPECS, inference_settings
 from basicsr_ldt.inference.tiling import bicubic_upscale, run_inference
-from basicsr_ldt.models.network_check import probe_network
 from basicsr_ldt.ldt.typed import boolean, check_options, integer, number, optional, string
+from basicsr_ldt.models.network_check import probe_network
 from basicsr_ldt.weights.checkpoint import describe_unloaded, load_weights
 from basicsr_ldt.weights.interpolate import wise_ft_state
 
