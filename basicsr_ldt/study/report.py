@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from basicsr_ldt.study import tradeoff
+from basicsr_ldt.study.distance import add_distances
 from basicsr_ldt.study.plan import ALPHA, Run, Study, results_file
 
 METRICS = ('psnr', 'ssim')
@@ -287,6 +288,7 @@ def collect(root: str, study: Study) -> Dict[str, Any]:
         path = results_file(root, study.name, run.name)
         if osp.isfile(path):
             records.append(read_run(path, run))
+    add_distances(records, {run.name: run for run in study.runs}, study.start, root)
     return aggregate(study, records)
 
 

@@ -14,6 +14,12 @@ gain more than once, takes its highest value there (the best retention at that g
 the mean over seeds with a bootstrap interval. Where a seed's source gain lies outside the range the
 curve covers, the report says so and gives the distance (dB, in the plane of the two gains) to the
 curve's nearest point instead of extrapolating.
+
+The same comparison at the same distance from the start in weight space (``distance.py``): along the
+WiSE-FT curve the distance grows as alpha times the run's, so per seed the curve over distance is
+single-valued; a method's height above it on the targets (and on the source) says whether it keeps
+more of the start than moving as far along FT's direction does. A method farther from the start than
+the run the curve interpolates is outside it.
 """
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -72,6 +78,7 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
     wise = next(iter(study.interpolations), None)
     by_key = {_key(r['method'], r['sweep'], r['seed']): r for r in records}
     curves: Dict[str, List[Point]] = {}            # (sweep point, seed) -> the seed's curve
+    by_distance: Dict[str, List[Tuple[float, float, float]]] = {}     # ... -> (distance, source, targets)
     if wise is not None:
         of, alphas = study.interpolations[wise]
         for point in study.sweep_points():
@@ -84,6 +91,11 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
                     continue
                 ends.append((1.0, run_gains(run, start)))
                 curves[_key('', point, seed)] = [g for _, g in sorted(ends, key=lambda e: e[0])]
+                distances = [0.0] + [by_key[_key(wise, {**point, ALPHA: a}, seed)].get('distance') for a in alphas]
+                distances.append(run.get('distance'))
+                if all(d is not None for d in distances):
+                    ordered = sorted(zip([0.0] + list(alphas) + [1.0], distances, [g for _, g in ends]))
+                    by_distance[_key('', point, seed)] = [(d, g[0], g[1]) for _, d, g in ordered]
     rows = []
     for method in study.methods:
         if method in study.untrained:     # the start, and Bicubic: no network fine-tuned from the start
@@ -96,8 +108,12 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
                 continue
             row = {'method': method, 'sweep': point, 'n': len(gains), 'seeds': [s for s, _ in gains],
                    'source_gain': _spread([g[0] for _, g in gains]), 'target_gain': _spread([g[1] for _, g in gains])}
+            distances = [r.get('distance') for r in runs if run_gains(r, start) is not None]
+            row['distance'] = _spread(distances) if all(d is not None for d in distances) else None
             if wise is not None and method not in study.untrained and method != wise:
                 row['above_curve'] = _above(curves, point, gains, bootstrap)
+                if row['distance'] is not None:
+                    row['at_distance'] = _at_distance(by_distance, point, runs, start, bootstrap)
             rows.append(row)
     curve_rows = []
     if wise is not None:
@@ -107,8 +123,12 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
                 stacked = np.array([curves[_key('', point, s)] for s in seeds])       # seeds x points x 2
                 curve_rows.append({'sweep': point, 'seeds': seeds, 'alphas': [0.0] + sorted(alphas) + [1.0],
                                    'mean': stacked.mean(axis=0).tolist()})
+                if all(_key('', point, s) in by_distance for s in seeds):    # (distance, source, targets)
+                    curve_rows[-1]['by_distance'] = np.array([by_distance[_key('', point, s)] for s in seeds]
+                                                             ).mean(axis=0).tolist()
     return {'start': study.start, 'wise_ft': wise, 'of': study.interpolations[wise][0] if wise else None,
-            'rows': rows, 'curves': curve_rows}
+            'rows': rows, 'curves': curve_rows,
+            'distance_missing': [r['run'] for r in records if r.get('distance_missing')]}
 
 
 def _spread(values: Sequence[float]) -> Dict[str, Optional[float]]:
@@ -139,6 +159,34 @@ def _above(curves: Mapping[str, List[Point]], point: Mapping[str, Any], gains: S
     return result
 
 
+def _at_distance(curves: Mapping[str, List[Tuple[float, float, float]]], point: Mapping[str, Any],
+                 runs: Sequence[Mapping[str, Any]], start: Mapping[str, Any], bootstrap) -> Dict[str, Any]:
+    """Per seed: the targets' and the source's gain minus the curve's at the run's distance from the
+    start, or, beyond the curve's farthest point, the two distances."""
+    heights: Dict[str, List[float]] = {'targets': [], 'source': []}
+    seeds, outside = [], []
+    for record in runs:
+        gains = run_gains(record, start)
+        curve = curves.get(_key('', {k: v for k, v in point.items() if k != ALPHA}, record['seed']))
+        if gains is None or curve is None:
+            continue
+        seeds.append(record['seed'])
+        distance = record['distance']
+        source = curve_value([(d, s) for d, s, _ in curve], distance)
+        targets = curve_value([(d, t) for d, _, t in curve], distance)
+        if source is None or targets is None:
+            outside.append({'seed': record['seed'], 'distance': distance, 'curve_end': max(d for d, _, _ in curve)})
+            continue
+        heights['source'].append(gains[0] - source)
+        heights['targets'].append(gains[1] - targets)
+    result: Dict[str, Any] = {'seeds': seeds, 'outside': outside}
+    if heights['targets'] and not outside:
+        for name, values in heights.items():
+            low, high = bootstrap(values)
+            result[name] = {'mean': float(np.mean(values)), 'ci_low': low, 'ci_high': high}
+    return result
+
+
 def markdown_lines(table: Mapping[str, Any], point_key) -> List[str]:
     """The trade-off section of study.md."""
     lines = ['## Trade-off: gains over the start', '',
@@ -150,17 +198,51 @@ def markdown_lines(table: Mapping[str, Any], point_key) -> List[str]:
                       'passes a source gain twice) at the same source gain, mean over seeds [95% bootstrap interval]. '
                       'A method beats retention only where it is above zero; outside the range of source gains the '
                       'curve covers no value is given, only the distance to its nearest point.')
-    lines += ['', f"| Method | source gain | targets' Mean gain | above {table['wise_ft'] or 'the curve'} | n |",
-              '|---|---|---|---|---|']
+    distances = any(row.get('distance') for row in table['rows'])
+    if distances:
+        lines[-1] += (' Distance: ||theta - theta_start|| / ||theta_start|| of the tested weights (every parameter and '
+                      'floating buffer). "At the same distance": the gains minus the curve\'s at the method\'s distance '
+                      'from the start (the curve over distance: the start, each alpha, the run), targets / source, mean '
+                      'over seeds [95% bootstrap interval]; a method farther from the start than the run is outside.')
+    header = f"| Method | source gain | targets' Mean gain | above {table['wise_ft'] or 'the curve'} |"
+    rule = '|---|---|---|---|'
+    if distances:
+        header += f" distance from the start | above {table['wise_ft'] or 'the curve'} at the same distance: targets / source |"
+        rule += '---|---|'
+    lines += ['', header + ' n |', rule + '---|']
+    gone = table.get('distance_missing') or []
     for row in table['rows']:
         above = '(the curve)' if row['method'] == table['wise_ft'] else _above_cell(row.get('above_curve'))
         cells = [_cell(row['source_gain']), _cell(row['target_gain']), above]
+        if distances:
+            cells.append('-' if row.get('distance') is None else _cell(row['distance'], '.4f', ''))
+            cells.append('(the curve)' if row['method'] == table['wise_ft'] else _at_distance_cell(row.get('at_distance')))
         lines.append(f"| {point_key(row['method'], row['sweep'])} | " + ' | '.join(cells) + f" | {row['n']} |")
+    if gone:
+        lines += ['', f"No distance for {', '.join(gone)}: the weights these runs were tested with are gone."]
     return lines + ['']
 
 
-def _cell(stats: Mapping[str, Optional[float]]) -> str:
-    return f"{stats['mean']:+.3f}" + ('' if stats['std'] is None else f" ± {stats['std']:.3f}")
+def _at_distance_cell(at: Optional[Mapping[str, Any]]) -> str:
+    if not at:
+        return '-'
+    if at['outside']:
+        farthest = max(at['outside'], key=lambda o: o['distance'] - o['curve_end'])
+        return (f"outside: farther than the run for {len(at['outside'])} of {len(at['seeds'])} seeds (e.g. seed "
+                f"{farthest['seed']}: {farthest['distance']:.4f} against {farthest['curve_end']:.4f})")
+    if 'targets' not in at:
+        return '-'
+    return ' / '.join(_interval(at[name]) for name in ('targets', 'source'))
+
+
+def _interval(stats: Mapping[str, Optional[float]]) -> str:
+    if stats['ci_low'] is None:
+        return f"**{stats['mean']:+.3f}**"
+    return f"**{stats['mean']:+.3f}** [{stats['ci_low']:+.3f}, {stats['ci_high']:+.3f}]"
+
+
+def _cell(stats: Mapping[str, Optional[float]], digits: str = '.3f', sign: str = '+') -> str:
+    return f"{stats['mean']:{sign}{digits}}" + ('' if stats['std'] is None else f" ± {stats['std']:{digits}}")
 
 
 def _above_cell(above: Optional[Mapping[str, Any]]) -> str:
@@ -174,39 +256,49 @@ def _above_cell(above: Optional[Mapping[str, Any]]) -> str:
                 f"{first['curve_range'][1]:+.3f}); nearest point {distance:.3f} dB away")
     if 'mean' not in above:
         return '-'
-    interval = '' if above['ci_low'] is None else f" [{above['ci_low']:+.3f}, {above['ci_high']:+.3f}]"
-    return f"**{above['mean']:+.3f}**{interval}"
+    return _interval(above)
 
 
 def plot(path: str, table: Mapping[str, Any], point_key, title: str) -> None:
     """Targets' Mean gain against source gain: methods as points (seed std as error bars), the WiSE-FT
-    curve as a line through the start, its alphas and the interpolated run."""
+    curve as a line through the start, its alphas and the interpolated run; with distances, a second
+    panel of the targets' gain against the distance from the start."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.0, 5.0))
-    ax.axhline(0.0, color='0.6', lw=0.8)
-    ax.axvline(0.0, color='0.6', lw=0.8)
-    for curve in table['curves']:
-        xs, ys = zip(*curve['mean'])
-        suffix = f" ({', '.join(f'{k}={v}' for k, v in curve['sweep'].items())})" if curve['sweep'] else ''
-        ax.plot(xs, ys, '-', color='0.35', lw=1.5, zorder=1,
-                label=f"{table['wise_ft']} curve{suffix}: start, alpha, {table['of']}")
-        for alpha, x, y in zip(curve['alphas'], xs, ys):
-            ax.annotate(f'{alpha:g}', (x, y), textcoords='offset points', xytext=(4, -10), fontsize=7, color='0.35')
-    ax.plot([0.0], [0.0], 'k*', ms=10, label=f"{table['start']} (0, 0)", zorder=3)
     points = [row for row in table['rows'] if row['method'] != table['wise_ft']]
-    for number, row in enumerate(points):     # colours repeat after ten: the marker tells them apart
-        sx, sy = row['source_gain'], row['target_gain']
-        ax.errorbar([sx['mean']], [sy['mean']], xerr=[sx['std'] or 0.0], yerr=[sy['std'] or 0.0],
-                    fmt=MARKERS[number % len(MARKERS)], capsize=3, zorder=2,
-                    label=f"{point_key(row['method'], row['sweep'])} (n={row['n']})")
-    ax.set_xlabel('source gain over the start (dB PSNR)')
-    ax.set_ylabel("targets' Mean gain over the start (dB PSNR)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc='best')
+    with_distance = any(row.get('distance') for row in points)
+    fig, axes = plt.subplots(1, 2 if with_distance else 1, figsize=(13.0 if with_distance else 7.0, 5.0), squeeze=False)
+    panels = [(axes[0][0], 'mean', lambda row: row['source_gain'], 'source gain over the start (dB PSNR)')]
+    if with_distance:
+        panels.append((axes[0][1], 'by_distance', lambda row: row.get('distance'),
+                       'distance from the start, ||theta - theta_start|| / ||theta_start||'))
+    for ax, curve_key, x_of, x_label in panels:
+        ax.axhline(0.0, color='0.6', lw=0.8)
+        ax.axvline(0.0, color='0.6', lw=0.8)
+        for curve in table['curves']:
+            if curve_key not in curve:
+                continue
+            xs, ys = [p[0] for p in curve[curve_key]], [p[-1] for p in curve[curve_key]]
+            suffix = f" ({', '.join(f'{k}={v}' for k, v in curve['sweep'].items())})" if curve['sweep'] else ''
+            ax.plot(xs, ys, '-', color='0.35', lw=1.5, zorder=1,
+                    label=f"{table['wise_ft']} curve{suffix}: start, alpha, {table['of']}")
+            for alpha, x, y in zip(curve['alphas'], xs, ys):
+                ax.annotate(f'{alpha:g}', (x, y), textcoords='offset points', xytext=(4, -10), fontsize=7, color='0.35')
+        ax.plot([0.0], [0.0], 'k*', ms=10, label=f"{table['start']} (0, 0)", zorder=3)
+        for number, row in enumerate(points):     # colours repeat after ten: the marker tells them apart
+            sx, sy = x_of(row), row['target_gain']
+            if sx is None:
+                continue
+            ax.errorbar([sx['mean']], [sy['mean']], xerr=[sx['std'] or 0.0], yerr=[sy['std'] or 0.0],
+                        fmt=MARKERS[number % len(MARKERS)], color=f'C{number % 10}', capsize=3, zorder=2,
+                        label=f"{point_key(row['method'], row['sweep'])} (n={row['n']})")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("targets' Mean gain over the start (dB PSNR)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_title(title)
+    axes[0][0].legend(fontsize=7, loc='best')
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,148 @@
+"""Distance from the start in weight space, and the retention figure at the same distance.
+
+What a user relies on: each run's distance is ||theta - theta_start|| / ||theta_start|| of exactly the
+weights it was tested with (the EMA copy of an EMA run, a WiSE-FT interpolation), over every parameter
+and floating buffer; a run whose weights are gone is named, not given a made-up distance; and the
+height above the WiSE-FT curve at the same distance is read off each seed's curve, never extrapolated.
+References are computed here by hand.
+"""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from basicsr_ldt.common.errors import InputError
+from basicsr_ldt.study import plan, report, tradeoff
+from basicsr_ldt.study.distance import relative_distance
+from test_retention_controls import FakeStudy, FakeStudyForReport, _checkpoints, _tradeoff_records, _wise_study
+
+
+def _hand_distance(state, start):
+    keys = [k for k, v in start.items() if v.is_floating_point()]
+    moved = sum(float(((state[k].double() - start[k].double()) ** 2).sum()) for k in keys)
+    return math.sqrt(moved / sum(float((start[k].double() ** 2).sum()) for k in keys))
+
+
+def test_relative_distance_counts_every_floating_tensor_and_no_integer_one():
+    start = {'w': torch.tensor([[3.0, 0.0], [0.0, 4.0]]), 'mean': torch.tensor([0.0]),
+             'count': torch.tensor(7)}
+    moved = {'w': torch.tensor([[3.0, 1.0], [0.0, 4.0]]), 'mean': torch.tensor([2.0]),
+             'count': torch.tensor(900)}                  # an integer counter is not a weight
+    assert relative_distance(moved, start, 'run') == pytest.approx(math.sqrt(1.0 + 4.0) / 5.0)
+    assert relative_distance(start, start, 'run') == 0.0
+    with pytest.raises(InputError, match=r"^run X does not hold the start's tensors \(1 missing, 0 with another "
+                                         r'shape, e.g. mean\): its distance from the start is undefined$'):
+        relative_distance({'w': moved['w']}, start, 'run X')
+    with pytest.raises(InputError, match=r'\(0 missing, 1 with another shape, e.g. w\)'):
+        relative_distance({**moved, 'w': torch.zeros(3)}, start, 'run X')
+    with pytest.raises(InputError, match="the start's weights are all zero"):
+        relative_distance(moved, {k: torch.zeros_like(v) for k, v in start.items()}, 'run X')
+
+
+def _finish(tmp_path, study, states):
+    """Each trained run's final checkpoint (``states``: run -> saved dict) and every run's metrics."""
+    for run in study.runs:
+        if run.name in states:
+            path = plan.final_checkpoint(str(tmp_path), study.name, run.name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            torch.save(states[run.name], path)
+        results = plan.results_file(str(tmp_path), study.name, run.name)
+        os.makedirs(os.path.dirname(results), exist_ok=True)
+        summary = {cam: {'psnr': 30.0, 'ssim': 0.5, 'images': 1} for cam in ('Sony', 'Canon', 'Olympus')}
+        with open(results, 'w', encoding='utf-8') as handle:
+            json.dump({'summary': {run.name: summary}}, handle)
+
+
+def test_each_run_is_measured_by_the_weights_it_was_tested_with(tmp_path, demo_data):
+    start, run, ema = _checkpoints(tmp_path)
+    study = plan.load_study(_wise_study(tmp_path, demo_data, seeds=[0]), str(tmp_path))
+    _finish(tmp_path, study, {'FT_seed0': {'params': run}, 'FT+EMA_seed0': {'params': start, 'params_ema': ema}})
+    distances = {r['run']: r['distance'] for r in report.collect(str(tmp_path), study)['runs']}
+    ft = _hand_distance(run, start)
+    assert distances['Start'] == 0.0
+    assert distances['FT_seed0'] == pytest.approx(ft, rel=1e-12)
+    assert distances['FT+EMA_seed0'] == pytest.approx(_hand_distance(ema, start), rel=1e-12)   # not its params
+    assert distances['WiSE-FT_alpha=0.25_seed0'] == pytest.approx(0.25 * ft, rel=1e-6)
+    assert distances['WiSE-FT_alpha=0.5_seed0'] == pytest.approx(0.5 * ft, rel=1e-6)
+    assert distances['WiSE-EMA_alpha=0.5_seed0'] == pytest.approx(0.5 * _hand_distance(ema, start), rel=1e-6)
+
+    os.remove(plan.final_checkpoint(str(tmp_path), study.name, 'FT+EMA_seed0'))      # deleted to save space
+    result = report.collect(str(tmp_path), study)
+    gone = {r['run']: r.get('distance_missing') for r in result['runs'] if r['distance'] is None}
+    path = plan.final_checkpoint(str(tmp_path), study.name, 'FT+EMA_seed0')
+    assert gone == {'FT+EMA_seed0': f"weights '{path}' are gone", 'WiSE-EMA_alpha=0.5_seed0': f"weights '{path}' are gone"}
+    rows = {r['method']: r for r in result['tradeoff']['rows']}
+    assert rows['FT+EMA']['distance'] is None and rows['FT']['distance']['mean'] == pytest.approx(ft)
+    assert ('No distance for FT+EMA_seed0, WiSE-EMA_alpha=0.5_seed0: the weights these runs were tested with are '
+            'gone.') in report.markdown(result)
+
+
+def _with_distances():
+    """The trade-off records of test_retention_controls with distances: seed 0's curve (distance,
+    source, targets) runs (0, 0, 0) -> (0.1, 0.2, 0.3) -> FT (0.2, 0.4, -0.1); seed 1's (0, 0, 0) ->
+    (0.15, 0.2, 0.1) -> FT (0.3, 0.6, 0.1)."""
+    distance = {('WiSE', 0): 0.1, ('FT', 0): 0.2, ('WiSE', 1): 0.15, ('FT', 1): 0.3,
+                ('LDT', 0): 0.15, ('LDT', 1): 0.075, ('Far', 0): 0.25, ('Far', 1): 0.2}
+    records = _tradeoff_records()
+    for record in records:
+        record['distance'] = distance.get((record['method'], record['seed']), 0.0)
+    records[1]['distance'] = None                                    # Bicubic: no weights
+    return records
+
+
+def test_the_height_at_the_same_distance_is_read_off_each_seeds_curve():
+    table = tradeoff.tradeoff(FakeStudy(), _with_distances(), report.bootstrap_ci)
+    rows = {r['method']: r for r in table['rows']}
+    ldt = rows['LDT']
+    # LDT gains: (0.3, 0.25) on seed 0, (0.3, 0.05) on seed 1. Seed 0 at 0.15: half-way from (0.1, 0.2, 0.3) to
+    # (0.2, 0.4, -0.1), the curve (0.3, 0.1): heights targets 0.15, source 0. Seed 1 at 0.075: half-way from the
+    # start to (0.15, 0.2, 0.1), the curve (0.1, 0.05): heights targets 0, source 0.2.
+    assert ldt['at_distance']['targets'] == pytest.approx({'mean': 0.075, 'ci_low': 0.0, 'ci_high': 0.15})
+    assert ldt['at_distance']['source'] == pytest.approx({'mean': 0.1, 'ci_low': 0.0, 'ci_high': 0.2})
+    assert ldt['distance'] == pytest.approx({'mean': 0.1125, 'std': float(np.std([0.15, 0.075], ddof=1))})
+    assert rows['FT']['at_distance']['targets']['mean'] == pytest.approx(0.0)       # its own end of the curve
+    far = rows['Far']['at_distance']
+    assert 'targets' not in far and far['outside'] == [{'seed': 0, 'distance': 0.25, 'curve_end': 0.2}]
+    assert 'at_distance' not in rows['WiSE'] and rows['WiSE']['distance']['mean'] == pytest.approx(0.125)
+    (curve,) = table['curves']
+    np.testing.assert_allclose(curve['by_distance'], [[0.0, 0.0, 0.0], [0.125, 0.2, 0.2], [0.25, 0.5, 0.0]],
+                               atol=1e-12)
+    text = '\n'.join(tradeoff.markdown_lines(table, report.point_key))
+    assert ('| LDT | +0.300 ± 0.000 | +0.150 ± 0.141 | **+0.050** [-0.050, +0.150] | 0.1125 ± 0.0530 | **+0.075** '
+            '[+0.000, +0.150] / **+0.100** [+0.000, +0.200] | 2 |') in text
+    assert 'outside: farther than the run for 1 of 2 seeds (e.g. seed 0: 0.2500 against 0.2000)' in text
+    assert 'above WiSE at the same distance: targets / source |' in text
+
+
+def test_without_distances_the_table_and_picture_keep_their_one_panel_form(tmp_path):
+    plain = report.aggregate(FakeStudyForReport(), _tradeoff_records())
+    assert 'distance from the start' not in '\n'.join(tradeoff.markdown_lines(plain['tradeoff'], report.point_key))
+    report.write_report(str(tmp_path / 'plain'), plain)
+    measured = report.aggregate(FakeStudyForReport(), _with_distances())
+    report.write_report(str(tmp_path / 'measured'), measured)
+    import matplotlib.image
+    one = matplotlib.image.imread(str(tmp_path / 'plain' / 'tradeoff.png'))
+    two = matplotlib.image.imread(str(tmp_path / 'measured' / 'tradeoff.png'))
+    assert two.shape[1] > 1.5 * one.shape[1]                         # a second panel: gains against distance
+
+
+def test_a_start_named_by_its_release_is_read_from_pretrained(tmp_path, demo_data, monkeypatch):
+    """The paper's studies start from a release name (``MambaIR_SR_x4``): test.py resolves it to
+    pretrained/<name>.pth, and so must the distance, or every run would be called 'gone'."""
+    from basicsr_ldt.weights import releases
+    start, run, _ = _checkpoints(tmp_path)
+    monkeypatch.setattr(releases, 'PRETRAINED_DIR', str(tmp_path / 'pretrained'))
+    os.makedirs(tmp_path / 'pretrained')
+    os.replace(tmp_path / 'start.pth', tmp_path / 'pretrained' / 'HAT_SRx4.pth')
+    path = _wise_study(tmp_path, demo_data, seeds=[0], methods={'Start': {'start': True}, 'FT': {}})
+    base = plan.read_yaml(str(tmp_path / 'base.yml'), 'base')
+    base['path']['pretrain_network_g'] = 'HAT_SRx4'
+    with open(tmp_path / 'base.yml', 'w', encoding='utf-8') as handle:
+        json.dump(base, handle)                                            # YAML reads JSON
+    study = plan.load_study(path, str(tmp_path))
+    _finish(tmp_path, study, {'FT_seed0': {'params': run}})
+    distances = {r['run']: r['distance'] for r in report.collect(str(tmp_path), study)['runs']}
+    assert distances == {'Start': 0.0, 'FT_seed0': pytest.approx(_hand_distance(run, start), rel=1e-12)}
