@@ -327,6 +327,26 @@ def test_partition_control_differs_from_ldt_paper_only_in_the_ranking():
             k: v for k, v in first.items() if k not in ('name', 'manual_seed')}
 
 
+def test_movement_studies_repeat_the_distortion_runs_and_differ_only_in_the_curve():
+    """options/study/distortion_movement*.yml measure distances of the networks the distortion and partition
+    studies trained: the same training options per method and seed; the fine file samples WiSE-FT closer to FT."""
+    load = {name: plan.load_study(str(REPO / 'options' / 'study' / f'{name}.yml'), str(REPO))
+            for name in ('distortion', 'distortion_partition', 'distortion_movement', 'distortion_movement_fine')}
+
+    def trained(study):
+        return {(r.method, r.seed): {k: v for k, v in r.train_opt.items() if k != 'name'} for r in study.runs if r.trained}
+    earlier = {**trained(load['distortion']), **trained(load['distortion_partition'])}
+    movement, fine = trained(load['distortion_movement']), trained(load['distortion_movement_fine'])
+    assert {m for m, _ in movement} == {'FT', 'FT+EMA', 'LDT-paper', 'LDT-random', 'L2-SP-0.001', 'L2-SP-0.01',
+                                        'L2-SP-0.1'}
+    assert all(movement[key] == earlier[key] for key in movement) and all(fine[key] == movement[key] for key in fine)
+    assert {m for m, _ in fine} == {'FT', 'FT+EMA', 'LDT-paper', 'LDT-random'}
+    assert load['distortion_movement'].interpolations == {'WiSE-FT': ('FT', [0.25, 0.5, 0.75])}
+    assert load['distortion_movement_fine'].interpolations == {
+        'WiSE-FT': ('FT', [0.25, 0.5, 0.75, 0.8, 0.85, 0.9, 0.95])}
+    assert all(s.start == 'Start' for s in load.values())
+
+
 def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
     """Four runs (FT and LDT, two seeds) through the real entry points, in subprocesses."""
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
