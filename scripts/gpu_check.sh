@@ -429,8 +429,8 @@ run_step test_bf16 30 check_test "$PY" test.py -opt options/demo/test_demo_mamba
 run_step torchrun_ddp_2 40 check_ddp \
   "$PY" -m torch.distributed.run --nproc_per_node=2 --master_port="${GPU_CHECK_PORT:-29511}" Train_pip.py \
   -opt options/demo/train_demo_mambair_ldt_gpu.yml --launcher pytorch --force_yml name=gpu_check_ddp \
-  datasets:train:batch_size_per_gpu=2 train:total_iter=40 ldt:head_warmup_iters=10 ldt:profile_iters=10 \
-  logger:save_checkpoint_freq=20 logger:print_freq=20 val:val_freq=40
+  datasets:train:batch_size_per_gpu=2 train:total_iter=40 "train:scheduler:milestones=[32]" ldt:head_warmup_iters=10 \
+  ldt:profile_iters=10 logger:save_checkpoint_freq=20 logger:print_freq=20 val:val_freq=40
 # eager, as every earlier run measured them; with --speed (#59: LDT/FT with the defaults) as train.compile: auto
 # runs them on CUDA: MambaIR's FT step compiled, LDT's dual step eager (bench_ldt_mambair_compiled compiles both)
 for arch in mambair:50 hat:50 safmn:30; do

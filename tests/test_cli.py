@@ -30,7 +30,7 @@ def train_options(data, name='ft', total_iter=6, **overrides):
         'network_g': NETWORK,
         'path': {'pretrain_network_g': None, 'strict_load_g': True, 'resume_state': None},
         'train': {'optim_g': {'type': 'Adam', 'lr': 1e-3, 'betas': [0.9, 0.99]},
-                  'scheduler': {'type': 'MultiStepLR', 'milestones': [4], 'gamma': 0.5},
+                  'scheduler': {'type': 'MultiStepLR', 'milestones': [min(4, total_iter)], 'gamma': 0.5},
                   'total_iter': total_iter, 'warmup_iter': -1,
                   'pixel_opt': {'type': 'L1Loss', 'loss_weight': 1.0, 'reduction': 'mean'}},
         'val': {'val_freq': 1000, 'save_img': False,
@@ -72,14 +72,18 @@ def test_train_then_test_writes_checkpoint_log_and_camera_table(project, demo_da
 
 
 def test_auto_resume_reproduces_uninterrupted_run(project, demo_data):
-    run_entry(project, 'Train_pip.py', '-opt', write(project / 'a.yml', train_options(demo_data, 'full')))
+    def halved_at_2(name, total_iter=6):     # one schedule for all three runs, the milestone inside the shortest
+        opt = train_options(demo_data, name, total_iter=total_iter)
+        opt['train']['scheduler']['milestones'] = [2]
+        return opt
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'a.yml', halved_at_2('full')))
     # Interrupted twin: stop after iteration 2 (its last state), then resume to the end.
-    run_entry(project, 'Train_pip.py', '-opt', write(project / 'b.yml', train_options(demo_data, 'cut', total_iter=3)))
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'b.yml', halved_at_2('cut', total_iter=3)))
     states = project / 'experiments' / 'cut' / 'training_states'
     (states / '3.state').unlink(missing_ok=True)
     partial = states / '.3.state.x1y2.tmp'  # what a kill during the write of 3.state leaves
     partial.write_bytes(b'half a checkpoint')
-    run_entry(project, 'Train_pip.py', '-opt', write(project / 'b.yml', train_options(demo_data, 'cut')), '--auto_resume')
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'b.yml', halved_at_2('cut')), '--auto_resume')
     full = torch.load(project / 'experiments' / 'full' / 'models' / 'net_g_latest.pth', weights_only=True)['params']
     cut = torch.load(project / 'experiments' / 'cut' / 'models' / 'net_g_latest.pth', weights_only=True)['params']
     assert full.keys() == cut.keys()

@@ -165,7 +165,7 @@ def ldt_options(total_iter=500, **ldt):
      r'ldt\.ema_reference_iters: a partition_file carries its own coefficients'),
     # 500 - 300 profiling = 200 training iterations, an exchange every 400: none.
     ({'ema_every': 400, 'ema_reference_iters': 200000}, r'ldt\.ema_reference_iters: a run of 500 iterations leaves '
-                                                         r'200 training iterations, in which the stable, unstable EMA'),
+                                                         r'200 training iterations, in which the stable and unstable EMAs get no exchange'),
     ({'ema_reference_iter': 200000}, r"did you mean 'ema_reference_iters'"),
 ])
 def test_bad_option_values_are_refused_up_front(ldt, message):

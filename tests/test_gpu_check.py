@@ -382,6 +382,7 @@ def test_gpu_check_option_files_train_and_test_on_cpu(project, demo_data, demo_m
     train['datasets']['val_large']['cameras'] = ['Sony']
     train['ldt'].update(head_warmup_iters=1, profile_iters=2, ema_every=1)
     train['train']['total_iter'] = 4
+    train['train']['scheduler']['milestones'] = [2]                  # within the shortened run
     train['logger'].update(print_freq=1, save_checkpoint_freq=4)
     train['val']['val_freq'] = 3      # at 3 and at the end (4)
     run_entry(project, 'Train_pip.py', '-opt', write(project / 'train.yml', train))
@@ -738,3 +739,21 @@ def test_the_scan_step_fails_on_a_backend_over_its_bound(tmp_path, rc):
     if rc == 0:
         assert f'    {FAIL_LINE}' in report.splitlines()
     assert re.search(r'^result: 1 step\(s\) failed', report, re.M) and result.returncode != 0
+
+
+def test_the_torchrun_steps_overrides_pass_the_checks_a_run_makes_first():
+    """gpu_check.sh shortens the GPU demo run for torchrun with --force_yml; a slip there (a milestone
+    beyond the shortened run) would cost a GPU lease to find. The same checks, here on the CPU."""
+    import shlex
+    from basicsr_ldt.common.option_file import force_options, load_option_file
+    from basicsr_ldt.models.ldt_model import ldt_config_from_options
+    from basicsr_ldt.models.option_values import check_basicsr_values
+    script = (REPO / 'scripts' / 'gpu_check.sh').read_text()
+    command = script[script.index('run_step torchrun_ddp_2'):]
+    command = command[:command.index('\n#')].replace('\\\n', ' ')
+    words = shlex.split(command)
+    opt = load_option_file(str(REPO / words[words.index('-opt') + 1]))
+    force_options(opt, words[words.index('--force_yml') + 1:])
+    assert opt['train']['total_iter'] == 40 and opt['train']['scheduler']['milestones'] == [32]
+    check_basicsr_values(opt, 'cuda')
+    assert ldt_config_from_options(opt).head_warmup_iters == 10

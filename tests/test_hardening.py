@@ -99,12 +99,12 @@ def test_consecutive_non_finite_losses_are_skipped_then_stop_the_run(project, de
     models = project / 'experiments' / 'nan' / 'models'
     before = (models / 'net_g_6.pth').read_bytes()
     opt = make(total_iter=12)
-    opt['train']['pixel_opt']['loss_weight'] = float('nan')
+    opt['train']['pixel_opt']['loss_weight'] = 1e300      # finite, accepted; the float32 loss overflows to inf
     opt['train']['max_bad_steps'] = 3
     opt['logger']['save_checkpoint_freq'] = 1
     result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'n.yml', opt), '--auto_resume', check=False)
     assert result.returncode == 3 and 'Traceback' not in result.stderr
-    where, values = ('the primary branch', 'l_primary=nan') if model == 'LDTSRModel' else ('fine-tuning', 'l_pix=nan')
+    where, values = ('the primary branch', 'l_primary=inf') if model == 'LDTSRModel' else ('fine-tuning', 'l_pix=inf')
     assert last_line(result) == (f'error: non-finite loss at iteration 9 in {where} ({values}): 3 consecutive bad '
                                  'steps (train.max_bad_steps = 3); training stopped, the last saved checkpoint is intact')
     log = sorted((project / 'experiments' / 'nan').glob('train_nan_*.log'))[-1].read_text()

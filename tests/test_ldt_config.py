@@ -274,6 +274,20 @@ def test_each_cross_key_rule_is_one_whole_message(options, message, fixed):
     ('ldt_no_dpu', {'seed': 3}, "ldt.seed: method 'ldt_no_dpu' does not read it (criterion 'var' ranks by gradients"),
     ('ldt', {'partition_file': 'p.json', 'profile_iters': 0, 'ratio_u': 0.3},
      "ldt.ratio_u: method 'ldt' does not read it (a partition_file gives the groups)"),
+    # a criterion sweep over DeFT, or beside a partition file, trained one run twice (audit 2026-11-29)
+    ('deft', {'criterion': 'fisher'}, "ldt.criterion: method 'deft' does not read it (partition 'name' without dpu "
+                                      "ranks nothing), so 'fisher' would change nothing; remove it"),
+    ('ldt', {'partition_file': 'p.json', 'profile_iters': 0, 'criterion': 'fisher'},
+     "ldt.criterion: method 'ldt' does not read it (a partition_file gives the groups)"),
+    ('ldt', {'partition_file': 'p.json', 'profile_iters': 0, 'force_stable': ['conv_first']},
+     "ldt.force_stable: method 'ldt' does not read it (a partition_file gives the groups)"),
+    ('deft', {'profile_order': 'file_order', 'profile_counts_in_total_iter': False},
+     "ldt.profile_order: method 'deft' does not read it (profile_iters 0: nothing is profiled)"),
+    ('deft', {'profile_counts_in_total_iter': False},
+     "ldt.profile_counts_in_total_iter: method 'deft' does not read it (profile_iters 0: nothing is profiled)"),
+    ('ldt', {'head_patterns': ['nosuch']}, "ldt.head_patterns: method 'ldt' does not read it (head_warmup_iters 0 "
+                                           "and no split by the head's name (DeFT): no head is chosen)"),
+    ('ft', {'head_patterns': ['conv_last']}, "ldt.head_patterns: method 'ft' does not read it (head_warmup_iters 0"),
 ])
 def test_a_value_the_method_never_reads_is_refused(method, overrides, message):
     """A study sweeping ratio_u over DeFT trained the same run under two labels; a slip set a key its
@@ -285,6 +299,12 @@ def test_a_value_the_method_never_reads_is_refused(method, overrides, message):
     key = next(iter(overrides))
     assert getattr(preset(method, **{key: getattr(preset(method), key)}), key) == getattr(preset(method), key)
     preset('ldt', ratio_u=0.3)
+    preset('ldt', head_warmup_iters=10, head_patterns=['conv_last'])     # what each method reads stays allowed
+    preset('deft', head_patterns=['conv_last'])
+    preset('lp_ft', head_patterns=['conv_last'])
+    preset('ldt', criterion='fisher', profile_order='file_order', profile_counts_in_total_iter=False)
+    preset('ldt_no_dpu', criterion='fisher')                              # the partition ranks by it
+    preset('ldt', partition='name', criterion='fisher')                   # dpu ranks by the criterion
     preset('ldt_s', interval_iters=50)
     preset('ldt_no_dpu', w_fixed=0.9)
     assert preset('ldt_random', seed=3).seed == preset('ldt', criterion='random', partition='name', seed=3).seed == 3
@@ -303,3 +323,23 @@ def test_the_seed_is_read_only_where_something_is_drawn(options, reads):
     """Where the seed decides nothing, a study seed's run keeps ldt.seed 0 (its saved state resumes) and
     an ldt.seed written is refused; where it does, each study seed draws its own ranking."""
     assert LDTConfig.from_dict(options).reads_seed() is reads
+
+
+@pytest.mark.parametrize('method, overrides, total, message', [
+    ('ldt', {'ema_every': 50, 'profile_iters': 2}, 4, "ldt.ema_every: a run of 4 iterations leaves 2 training "
+     "iterations, in which the stable and unstable EMAs get no exchange (ema_every 50), so the saved network would "
+     "keep the start's stable and unstable layers; train longer or exchange more often"),
+    ('ldt', {'profile_iters': 2}, 11, 'ldt.ema_every: a run of 11 iterations leaves 9 training iterations'),  # default 10
+    ('ldt_s', {'interval_iters': 100, 'profile_iters': 2, 'ema_every': 1}, 4, "ldt.interval_iters: a run of 4 "
+     "iterations leaves 2 training iterations, in which the unstable EMA gets no exchange (ema_every 1, "
+     "interval_iters 100), so the saved network would keep the start's unstable layers"),
+])
+def test_a_run_in_which_a_group_never_gets_an_exchange_is_refused(method, overrides, total, message):
+    """The audit's run: ema_every 50 in a 4-iteration run saved a composite equal to the start, rc 0, with only
+    a warning about horizons; LDT-S with an interval longer than the run left the unstable group untrained."""
+    config = preset(method, **overrides)
+    with pytest.raises(ValueError) as err:
+        config.check_run_length(total)
+    assert str(err.value).startswith(message)
+    config.check_run_length(total + 100)                                   # long enough: every group exchanges
+    preset('ft').check_run_length(1)                                       # one network: no exchange to miss

@@ -18,6 +18,8 @@ NETWORK = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscalin
 def ldt_options(data, name, total_iter=8, **ldt):
     opt = train_options(data, name, total_iter=total_iter, model_type='LDTSRModel', network_g=NETWORK)
     exchanges = {} if ldt.get('method') in ('ft', 'lp_ft') else {'ema_every': 2}   # one network: refused there
+    if ldt.get('method') == 'ldt_s':          # each group trains within the run (else refused: see test_ldt_config)
+        exchanges['interval_iters'] = 2
     opt['ldt'] = {'head_warmup_iters': 2, 'profile_iters': 2, **exchanges, **ldt}
     opt['logger']['save_checkpoint_freq'] = 1
     return opt
@@ -158,14 +160,17 @@ def test_each_name_pattern_logs_the_parameters_it_selects_before_training(tmp_pa
 
 def test_head_patterns_are_checked_before_training_exactly_when_something_uses_them(tmp_path, demo_data):
     """The head is used by the warm-up and by a split by name (``partition: name``); with neither,
-    head patterns that select nothing do not stop the run (nothing reads them)."""
+    nothing reads head patterns, so patterns other than the preset's are refused as unread (they would
+    change nothing; before, ones that selected nothing passed unnoticed)."""
     message = (r"^ldt\.head_patterns \['upsample'\] match no parameter of SAFMN \(its last parameters: "
                r'feats\.10\.ccm\.ccm\.2\.weight, feats\.10\.ccm\.ccm\.2\.bias, to_img\.0\.weight, to_img\.0\.bias\)$')
     with pytest.raises(InputError, match=message):
         _built(tmp_path, demo_data, head_warmup_iters=0, partition='name', head_patterns=['upsample'])
     with pytest.raises(InputError, match=message):
         _built(tmp_path, demo_data, head_warmup_iters=1, head_patterns=['upsample'])
-    lines = _built(tmp_path, demo_data, head_warmup_iters=0, head_patterns=['upsample'])
+    with pytest.raises(InputError, match=r"^ldt\.head_patterns: method 'ldt' does not read it \(head_warmup_iters 0"):
+        _built(tmp_path, demo_data, head_warmup_iters=0, head_patterns=['upsample'])
+    lines = _built(tmp_path, demo_data, head_warmup_iters=0)
     assert not [line for line in lines if line.startswith('ldt.head_patterns')]
 
 

@@ -33,6 +33,8 @@ def official_on_demo(data, name, total_iter=4):
     opt['datasets']['train'].update(gt_size=32, num_worker_per_gpu=0)
     opt['path']['pretrain_network_g'] = None
     opt['train']['total_iter'] = total_iter
+    opt['train']['scheduler']['milestones'] = [total_iter]         # the official constant rate, over this run
+    opt['ldt']['ema_every'] = 1        # the official 10 gives a 4-iteration run no exchange (refused: nothing trained)
     opt['val']['val_freq'] = 2
     opt['logger'].update(print_freq=1, save_checkpoint_freq=2, use_tb_logger=False)
     return opt

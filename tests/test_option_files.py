@@ -355,7 +355,7 @@ def slipped_options(data, where, value, model_type=None):
     opt = train_options(data, 'slip')
     if where[0] == 'ldt':
         opt['model_type'] = model_type or 'LDTSRModel'
-        opt['ldt'] = {'method': 'corgrad'} if where[1] == 'slices' else {'profile_iters': 2}
+        opt['ldt'] = {'method': 'corgrad'} if where[1] == 'slices' else {'profile_iters': 2, 'ema_every': 1}
         if opt['model_type'] == 'CorGradSRModel':
             del opt['ldt']['method']
     section = opt
@@ -398,9 +398,19 @@ def test_each_model_value_slip_is_caught_by_the_early_check_itself(tmp_path, whe
 BASICSR_VALUE_SLIPS = [
     (('train', 'scheduler', 'milestones'), ['1e5'], "train.scheduler.milestones: expected a non-empty list, each a "
      "whole number >= 1, got ['1e5']"),   # the learning rate silently never decayed
-    (('train', 'scheduler', 'gamma'), '5e-1', "train.scheduler.gamma: expected a number in (0, inf), got '5e-1' (text: "
+    (('train', 'scheduler', 'gamma'), '5e-1', "train.scheduler.gamma: expected a number in (0, 1], got '5e-1' (text: "
      'YAML reads numbers like 1e-4 without a dot as strings; write 1.0e-4 or !!float 1e-4)'),
     (('train', 'optim_g', 'lr'), '2e-4', "train.optim_g.lr: expected a number in (0, inf), got '2e-4'"),
+    (('train', 'scheduler', 'gamma'), 2.0, 'train.scheduler.gamma: expected a number in (0, 1], got 2.0'),   # grew
+    (('train', 'optim_g', 'betas'), [0.9], 'train.optim_g.betas: expected a list of 2 items, each a number in [0, 1), '
+     'got [0.9]'),                                              # a torch IndexError once the run had started
+    (('train', 'pixel_opt', 'loss_weight'), 0, 'train.pixel_opt.loss_weight: expected a number in (0, inf), got 0'),
+    (('train', 'pixel_opt', 'loss_weight'), -1.0, 'train.pixel_opt.loss_weight: expected a number in (0, inf)'),
+    (('train', 'pixel_opt', 'reduction'), 'none', "train.pixel_opt.reduction: expected one of 'mean', 'sum', got 'none'"),
+    (('train', 'scheduler', 'milestones'), [800], 'train.scheduler.milestones: 800 lies beyond train.total_iter (6), '
+     'so the rate never changes there; expected milestones <= total_iter (for a constant rate: milestones: [6])'),
+    (('train', 'warmup_iter'), 6, 'train.warmup_iter: 6 is not below train.total_iter (6), so the rate never reaches '
+     'optim_g.lr; expected fewer warm-up iterations (or -1: none)'),
     (('train', 'total_iter'), 2.5, 'train.total_iter: expected a whole number >= 1, got 2.5'),
     (('logger', 'print_freq'), 0, 'logger.print_freq: expected a whole number >= 1, got 0'),
     (('logger', 'save_checkpoint_freq'), -1, 'logger.save_checkpoint_freq: expected a whole number >= 1, got -1'),
@@ -528,6 +538,50 @@ def test_the_early_check_reads_auto_gpus_as_this_machine_and_l2_sp_by_the_networ
                 'train': {**opt['train'], 'l2_sp_weight': 0.01}}
     with pytest.raises(InputError, match=r'^train\.l2_sp_weight: L2-SP anchors the one network a run trains; this '
                                          r'method trains 2 \(a cross-frozen pair\)'):
-        check_option_values({**anchored, 'ldt': {'profile_iters': 2}})
-    check_option_values({**anchored, 'ldt': {'method': 'ldt_s', 'profile_iters': 2}})
+        check_option_values({**anchored, 'ldt': {'profile_iters': 2, 'ema_every': 1}})
+    check_option_values({**anchored, 'ldt': {'method': 'ldt_s', 'profile_iters': 2, 'ema_every': 1, 'interval_iters': 2}})
     check_option_values({**anchored, 'model_type': 'FTSRModel'})
+
+
+def test_a_cosine_schedule_must_cover_the_run_exactly(tmp_path):
+    """Periods shorter than the run: BasicSR trained until they ended, then failed with a TypeError and left
+    a folder; longer: the rate never reached eta_min. Restart weights go one per period."""
+    from basicsr_ldt.models.option_values import check_option_values
+    opt = train_options(tmp_path, 'cosine', total_iter=6)
+    opt['train']['scheduler'] = {'type': 'CosineAnnealingRestartLR', 'periods': [2, 4], 'restart_weights': [1, 0.5],
+                                 'eta_min': 1e-7}
+    check_option_values(opt)
+    for periods, total in (([2], 6), ([4, 4], 6)):
+        opt['train']['scheduler'].update(periods=periods, restart_weights=[1] * len(periods))
+        with pytest.raises(InputError) as err:
+            check_option_values(opt)
+        assert str(err.value) == (f'train.scheduler.periods: sum to {sum(periods)}, and train.total_iter is {total}; '
+                                  'expected the periods to cover the run exactly (shorter: BasicSR fails once they '
+                                  'end; longer: the rate never reaches eta_min)')
+    opt['train']['scheduler'].update(periods=[2, 4], restart_weights=[1])
+    with pytest.raises(InputError, match=r'^train\.scheduler\.restart_weights: 1 weights for 2 periods; expected one '
+                                         r'per period$'):
+        check_option_values(opt)
+
+
+def test_validation_that_measures_and_keeps_nothing_is_refused(tmp_path):
+    """``val: {val_freq: 2}`` without metrics ran the network over every validation image and logged nothing."""
+    from basicsr_ldt.models.option_values import check_option_values
+    opt = train_options(tmp_path, 'val')
+    del opt['val']['metrics']
+    with pytest.raises(InputError, match=r'^val\.metrics: validation measures nothing without metrics and keeps '
+                                         r'nothing without save_img: true'):
+        check_option_values(opt)
+    opt['val']['save_img'] = True                                          # images only: BasicSR's own use
+    check_option_values(opt)
+    opt['val'] = None
+    check_option_values(opt)
+
+
+def test_validating_on_a_camera_the_run_trains_on_is_said_in_the_log(project, demo_data):
+    opt = train_options(demo_data, 'seen', total_iter=2)
+    opt['datasets']['val_targets']['cameras'] = ['Olympus', 'Sony']        # Olympus is the source
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'seen.yml', opt))
+    log = next((project / 'experiments' / 'seen').glob('train_seen_*.log')).read_text()
+    assert ('WARNING: Validation data Test_Sony_Canon includes Olympus, which the run trains on: its figures, and '
+            'the checkpoint val.save_best picks, mix source and target cameras') in log

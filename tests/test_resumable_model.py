@@ -38,6 +38,22 @@ def test_strict_load_g_decides_whether_other_keys_are_refused(tmp_path):
                              'conv_last.bias)') for line in lines), lines
 
 
+def test_the_log_names_the_weights_loaded_when_the_key_asked_for_falls_back(tmp_path):
+    """``param_key_g: param`` (a typo) fell back to 'params' with a warning, and the next line said
+    'Loaded ... [param]'; a bare state dict has no key at all."""
+    torch.manual_seed(0)
+    state = build_network(dict(NETWORK)).state_dict()
+    torch.save({'params': state}, tmp_path / 'start.pth')
+    torch.save(state, tmp_path / 'bare.pth')
+    with basicsr_log() as lines:
+        _model(tmp_path, pretrain_network_g=str(tmp_path / 'start.pth'), param_key_g='param')
+    loaded = [line for line in lines if 'Loaded MSRResNet from' in line]
+    assert loaded and loaded[0].endswith(f"from {tmp_path / 'start.pth'} [params]"), lines
+    with basicsr_log() as lines:
+        _model(tmp_path, pretrain_network_g=str(tmp_path / 'bare.pth'))
+    assert any(line.endswith(f"from {tmp_path / 'bare.pth'} [a bare state dict]") for line in lines), lines
+
+
 def test_nan_in_the_ema_copy_is_not_saved(tmp_path):
     """``net_g_<iter>.pth`` holds the EMA copy as ``params_ema`` beside ``params``; NaN in the EMA copy
     stops the save like NaN in net_g (neither weights nor training state written)."""

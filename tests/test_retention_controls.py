@@ -163,6 +163,15 @@ def test_bad_retention_methods_are_one_error_before_anything_is_written(tmp_path
     assert not (tmp_path / 'experiments').exists() and not (tmp_path / 'results').exists()
 
 
+def test_a_wise_ft_reference_is_refused(tmp_path, demo_data):
+    """``reference: WiSE-FT`` passed --dry-run, and the report then paired no method with it."""
+    with pytest.raises(InputError, match=r"reference 'WiSE-FT' is a WiSE-FT method, one row per alpha, which no other "
+                                         r'method is paired with; expected a method that trains'):
+        plan.load_study(_wise_study(tmp_path, demo_data, reference='WiSE-FT'), str(tmp_path))
+    for reference in ('Start', 'FT+EMA'):
+        assert plan.load_study(_wise_study(tmp_path, demo_data, reference=reference), str(tmp_path)).reference == reference
+
+
 def test_a_start_row_needs_a_start_and_wise_ft_a_run_that_has_one(tmp_path, demo_data):
     for methods, message in (({'FT': {}, 'S': {'start': True}}, r"'start: true' tests the weights the runs start "
                                                                r'from, and the base training options name none'),

@@ -265,7 +265,7 @@ def test_ldt_model_records_only_the_dual_step_and_auto_waits_for_a_gpu_run(tmp_p
     monkeypatch.setattr(guarded_step, 'graph_decision', lambda *args: (True, ''))   # what true on a GPU decides
     assert _ldt_model(tmp_path / 'on', demo_data).ldt.graphs is graphs_in_one_pool
     monkeypatch.undo()
-    for ldt, mode in (({'method': 'ft'}, 'single'), ({**ldt_options(demo_data, 's')['ldt'], 'method': 'ldt_s'}, 'alternating')):
+    for ldt, mode in (({'method': 'ft'}, 'single'), (ldt_options(demo_data, 's', method='ldt_s')['ldt'], 'alternating')):
         with pytest.raises(InputError, match=rf"^train\.cuda_graph: true, but ldt\.mode '{mode}' has no dual step"):
             _ldt_model(tmp_path / mode, demo_data, cuda_graph=True, ldt=ldt)   # refused before the device is asked
 

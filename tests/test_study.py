@@ -41,7 +41,7 @@ def test_expansion_crosses_methods_sweep_and_seeds(tmp_path, demo_data):
     path = tiny_study(tmp_path, demo_data, seeds=[3, 5],
                       methods={'FT': {}, 'FT+EMA': {'train': {'ema_decay': 0.999}},
                                'LDT': {'model_type': 'LDTSRModel',
-                                       'ldt': {'method': 'ldt_no_dpu', 'profile_iters': 2}}},
+                                       'ldt': {'method': 'ldt_no_dpu', 'profile_iters': 2, 'ema_every': 1}}},
                       sweep={'train.optim_g.lr': [1e-3, 5e-4]}, reference='LDT')
     study = plan.load_study(path, str(tmp_path))
     assert len(study.runs) == 3 * 2 * 2 and study.reference == 'LDT'
@@ -73,15 +73,19 @@ def test_method_with_its_own_base_file(tmp_path, demo_data):
     assert study.runs[1].test_opt['network_g']['type'] == 'SAFMN'
 
 
+PSNR = {'psnr': {'type': 'calculate_psnr', 'crop_border': 4, 'test_y_channel': True}}
+
+
 def test_a_method_sets_how_validation_cuts_images(tmp_path, demo_data):
     """The val: inference keys (test:'s, docs/options.md) are options a method may override, though the
     base file has no val: section; the run validates as they say."""
     from basicsr_ldt.models.validation import validation_settings
     inference = {'tile_mode': 'fixed', 'tile_size': 24, 'tile_overlap': 8, 'precision': 'bf16'}
     path = tiny_study(tmp_path, demo_data, seeds=[0],
-                      methods={'FT': {}, 'FT tiled': {'val': {**inference, 'save_best': False}}})
+                      methods={'FT': {}, 'FT tiled': {'val': {**inference, 'save_best': False, 'metrics': PSNR}}})
     runs = plan.load_study(path, str(tmp_path)).runs
-    assert runs[0].train_opt['val'] is None and runs[1].train_opt['val'] == {**inference, 'save_best': False}
+    assert runs[0].train_opt['val'] is None
+    assert runs[1].train_opt['val'] == {**inference, 'save_best': False, 'metrics': PSNR}
     settings = validation_settings(runs[1].train_opt)
     assert (settings.tile_mode, settings.tile_size, settings.tile_overlap, settings.precision) == \
         ('fixed', 24, 8, 'bf16')

@@ -127,7 +127,7 @@ def test_wise_ft_alphas_equal_as_numbers_are_one_alpha(tmp_path, demo_data):
     ({'model_type': 'LDTSRModel', 'ldt': {'method': 'deft', 'ratio_u': 0.3}},   # a sweep's points: one run twice
      "ldt.ratio_u: method 'deft' does not read it (partition 'name' splits by name (DeFT)), so 0.3 would change "
      'nothing; remove it'),
-    ({'model_type': 'LDTSRModel', 'ldt': {'method': 'ldt', 'profile_iters': 2}, 'train': {'l2_sp_weight': 0.01},
+    ({'model_type': 'LDTSRModel', 'ldt': {'method': 'ldt', 'profile_iters': 2, 'ema_every': 1}, 'train': {'l2_sp_weight': 0.01},
       **START}, 'train.l2_sp_weight: L2-SP anchors the one network a run trains; this method trains 2 (a '
      'cross-frozen pair). Use it with FT, LP-FT, LDT-S or CorGrad'),
 ])
@@ -141,7 +141,7 @@ def test_each_runs_training_options_are_checked_at_load_naming_the_run(tmp_path,
 def test_load_time_checks_accept_what_runs(tmp_path, demo_data):
     """A one-iteration run, and CorGrad (one network) with L2-SP: the model type says CorGrad even
     when the ldt: block names no method."""
-    methods = {'One': {'train': {'total_iter': 1}},
+    methods = {'One': {'train': {'total_iter': 1, 'scheduler': {'milestones': [1]}}},
                'C': {'model_type': 'CorGradSRModel', 'ldt': {'profile_iters': 2}, 'train': {'l2_sp_weight': 0.01}}}
     study = plan.load_study(tiny_study(tmp_path, demo_data, overrides=START, seeds=[0], methods=methods),
                             str(tmp_path))

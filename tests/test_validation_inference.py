@@ -168,7 +168,7 @@ def _model(demo_data, model_type, val):
     from test_ldt_model import NETWORK
     opt = train_options(demo_data, 'v', model_type=model_type, network_g=dict(NETWORK))
     if model_type == 'LDTSRModel':
-        opt['ldt'] = {'head_warmup_iters': 1, 'profile_iters': 2}
+        opt['ldt'] = {'head_warmup_iters': 1, 'profile_iters': 2, 'ema_every': 1}
     if model_type == 'CorGradSRModel':
         opt['datasets']['train']['cameras'] = ['Olympus', 'Sony']
     opt['val'].update(val)

@@ -136,17 +136,24 @@ class LDTConfig:
         return reference_exchanges(self.ema_reference_iters, self.ema_reference_every)
 
     def check_run_length(self, total_iters: int) -> None:
-        """Refuse to scale the EMA coefficients for a run in which a group's EMA never moves."""
-        if self.ema_reference_iters is None:
+        """Refuse a run in which a group's EMA never moves: with no exchange that group of the composite
+        (eq. 12) stays at the start, so the saved network would be partly or wholly untrained."""
+        if self.mode == 'single':
             return
         exchanges = self.run_exchanges(total_iters)
         empty = [g for g, n in exchanges.items() if n < 1]
-        if empty:
-            raise ValueError(f'ldt.ema_reference_iters: a run of {total_iters} iterations leaves '
-                             f'{self.train_iters(total_iters)} training iterations, in which the {", ".join(empty)} '
-                             f'EMA gets no exchange (ema_every {self.ema_every}'
-                             + (f', interval_iters {self.interval_iters}' if self.mode == 'alternating' else '')
-                             + '): nothing to rescale for; train longer or exchange more often')
+        if not empty:
+            return
+        spacing = f'ema_every {self.ema_every}' + (f', interval_iters {self.interval_iters}'
+                                                   if self.mode == 'alternating' else '')
+        left = (f'a run of {total_iters} iterations leaves {self.train_iters(total_iters)} training iterations, in '
+                f'which the {" and ".join(empty)} EMA{"s get" if len(empty) > 1 else " gets"} no exchange ({spacing})')
+        if self.ema_reference_iters is not None:
+            raise ValueError(f'ldt.ema_reference_iters: {left}: nothing to rescale for; train longer or exchange '
+                             'more often')
+        key = 'interval_iters' if self.mode == 'alternating' and self.interval_iters > self.ema_every else 'ema_every'
+        raise ValueError(f'ldt.{key}: {left}, so the saved network would keep the start\'s {" and ".join(empty)} '
+                         'layers; train longer or exchange more often')
 
     def needs_profiling(self) -> bool:
         """Whether the partition or the DPU coefficients depend on gradient statistics."""
@@ -266,9 +273,19 @@ _GROUP_KEYS = ('criterion', 'partition', 'partition_file', 'ratio_u', 'ratio_s',
 def unread_options(cfg: LDTConfig) -> Dict[str, str]:
     """The keys ``cfg`` never reads, each with the setting that makes it so: a value given for one
     (or swept over it) would train the same run under another label."""
-    if cfg.mode == 'single':
-        return {key: "mode 'single' (FT, LP-FT) trains one network without groups" for key in _GROUP_KEYS}
     unread = {}
+    if not cfg.head_warmup_iters and (cfg.partition, cfg.deft_grouping) != ('name', 'head'):
+        unread['head_patterns'] = "head_warmup_iters 0 and no split by the head's name (DeFT): no head is chosen"
+    if not cfg.profile_iters:
+        unread.update({key: 'profile_iters 0: nothing is profiled' for key in ('profile_order',
+                                                                                'profile_counts_in_total_iter')})
+    if cfg.mode == 'single':
+        return {**unread, **{key: "mode 'single' (FT, LP-FT) trains one network without groups" for key in _GROUP_KEYS}}
+    if cfg.partition_file is not None:
+        unread.update({key: 'a partition_file gives the groups' for key in ('criterion', 'force_stable',
+                                                                             'force_unstable')})
+    elif cfg.partition == 'name' and not cfg.dpu:
+        unread['criterion'] = "partition 'name' without dpu ranks nothing"
     if cfg.partition == 'name' or cfg.partition_file is not None:
         why = "partition 'name' splits by name (DeFT)" if cfg.partition == 'name' else 'a partition_file gives the groups'
         unread.update({key: why for key in ('ratio_u', 'ratio_s')})

@@ -71,10 +71,11 @@ def whole(low: int) -> Spec:
     return Spec(lambda v: _is_number(v) and float(v).is_integer() and v >= low, f'a whole number >= {low}')
 
 
-def items(spec: Spec) -> Spec:
-    """A non-empty list whose every item is ``spec`` (YAML ``[a, b]``)."""
-    return Spec(lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(spec.accepts(x) for x in v),
-                f'a non-empty list, each {spec.expected}')
+def items(spec: Spec, length: Optional[int] = None) -> Spec:
+    """A non-empty list whose every item is ``spec`` (YAML ``[a, b]``), of ``length`` items if given."""
+    size = (lambda v: len(v) > 0) if length is None else (lambda v: len(v) == length)
+    return Spec(lambda v: isinstance(v, (list, tuple)) and size(v) and all(spec.accepts(x) for x in v),
+                f"a {'non-empty list' if length is None else f'list of {length} items'}, each {spec.expected}")
 
 
 def choice(*values: Any) -> Spec:

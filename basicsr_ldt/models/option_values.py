@@ -36,8 +36,10 @@ from basicsr_ldt.models.validation import basicsr_device_type, validation_settin
 BASICSR_TRAINING_VALUES = {
     'train.total_iter': whole(1), 'train.warmup_iter': whole(-1),
     'train.optim_g.lr': number(0, math.inf), 'train.optim_g.weight_decay': number(0, math.inf, '[)'),
-    'train.optim_g.betas': items(number(0, 1, '[)')), 'train.optim_g.eps': number(0, math.inf),
-    'train.scheduler.milestones': items(whole(1)), 'train.scheduler.gamma': number(0, math.inf),
+    'train.optim_g.betas': items(number(0, 1, '[)'), length=2), 'train.optim_g.eps': number(0, math.inf),
+    'train.scheduler.milestones': items(whole(1)),
+    'train.scheduler.gamma': number(0, 1, '(]'),     # above 1 the rate grows at each milestone
+    'train.pixel_opt.loss_weight': number(0, math.inf), 'train.pixel_opt.reduction': choice('mean', 'sum'),
     'train.scheduler.periods': items(whole(1)), 'train.scheduler.restart_weights': items(number(0, math.inf, '[)')),
     'train.scheduler.eta_min': number(0, math.inf, '[)'),
     'logger.print_freq': whole(1), 'logger.save_checkpoint_freq': whole(1), 'logger.use_tb_logger': boolean(),
@@ -58,11 +60,17 @@ def check_basicsr_values(opt: Dict[str, Any], device_type: str) -> None:
     """The values of the training keys BasicSR reads, for every model type: one line naming the key
     instead of a traceback (or a silently constant learning rate) once the run has started."""
     check_options('', opt, BASICSR_TRAINING_VALUES, InputError)
+    check_schedule(opt.get('train') or {})
     datasets = opt.get('datasets') or {}
     check_options('datasets.train', datasets.get('train') or {}, BASICSR_LOADER_VALUES, InputError)
     if (datasets.get('train') or {}).get('prefetch_mode') == 'cuda' and device_type != 'cuda':
         raise InputError(f"datasets.train.prefetch_mode: cuda copies batches to a GPU, and this run is on "
                          f"{device_type}; use cpu (or leave it out)")
+    val = opt.get('val')
+    if isinstance(val, dict) and val and not val.get('metrics') and not val.get('save_img'):
+        raise InputError("val.metrics: validation measures nothing without metrics and keeps nothing without "
+                         "save_img: true; expected metrics (e.g. psnr: {type: calculate_psnr, crop_border: 4, "
+                         "test_y_channel: true}), save_img: true, or no val section")
     for name, metric in ((opt.get('val') or {}).get('metrics') or {}).items():
         check_options(f'val.metrics.{name}', metric or {}, BASICSR_METRIC_VALUES, InputError)
     names: Dict[str, str] = {}
@@ -77,6 +85,35 @@ def check_basicsr_values(opt: Dict[str, Any], device_type: str) -> None:
     wandb = (opt.get('logger') or {}).get('wandb') or {}
     if wandb.get('project') is not None and importlib.util.find_spec('wandb') is None:
         raise InputError('logger.wandb.project: wandb is not installed (pip install wandb), or remove the project')
+
+
+def check_schedule(train: Dict[str, Any]) -> None:
+    """The learning-rate schedule against the run's length: a milestone, a cosine period or a warm-up
+    the run never reaches leaves the rate where the file says it changes (a study's shorter override
+    of ``total_iter`` kept the base file's milestones, and the rate never halved)."""
+    total = train.get('total_iter')
+    scheduler = train.get('scheduler') or {}
+    if total is None:
+        return
+    beyond = [m for m in scheduler.get('milestones') or [] if m > total]
+    if beyond:
+        raise InputError(f'train.scheduler.milestones: {beyond[0]:g} lies beyond train.total_iter ({total:g}), so the '
+                         f'rate never changes there; expected milestones <= total_iter (for a constant rate: '
+                         f'milestones: [{total:g}])')
+    periods = scheduler.get('periods')
+    if periods is not None:
+        if sum(periods) != total:
+            raise InputError(f'train.scheduler.periods: sum to {sum(periods):g}, and train.total_iter is {total:g}; '
+                             'expected the periods to cover the run exactly (shorter: BasicSR fails once they end; '
+                             'longer: the rate never reaches eta_min)')
+        weights = scheduler.get('restart_weights')
+        if weights is not None and len(weights) != len(periods):
+            raise InputError(f'train.scheduler.restart_weights: {len(weights)} weights for {len(periods)} periods; '
+                             'expected one per period')
+    warmup = train.get('warmup_iter', -1)
+    if warmup >= total:
+        raise InputError(f'train.warmup_iter: {warmup:g} is not below train.total_iter ({total:g}), so the rate never '
+                         'reaches optim_g.lr; expected fewer warm-up iterations (or -1: none)')
 
 
 def gpus_used(opt: Dict[str, Any]) -> int:

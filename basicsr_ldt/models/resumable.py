@@ -70,9 +70,9 @@ class ResumableMixin:
         save_atomic(payload, os.path.join(self.opt['path']['models'], f'{net_label}_{label}.pth'))
 
     def load_network(self, net, load_path, strict=True, param_key='params'):
-        missing = load_weights(self.get_bare_model(net), load_path, param_key, strict)
-        get_root_logger().info(f'Loaded {type(self.get_bare_model(net)).__name__} from {load_path} [{param_key}]'
-                               + describe_unloaded(missing, self.get_bare_model(net)))
+        loaded = load_weights(self.get_bare_model(net), load_path, param_key, strict)
+        get_root_logger().info(f'Loaded {type(self.get_bare_model(net)).__name__} from {load_path} '
+                               f"[{loaded.key or 'a bare state dict'}]" + describe_unloaded(loaded.missing, self.get_bare_model(net)))
 
     def replica_tensors(self) -> List[torch.Tensor]:
         """Tensors every rank must hold identically (checked at each checkpoint under torchrun)."""

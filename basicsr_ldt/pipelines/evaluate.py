@@ -236,9 +236,9 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
                                                       wise['start_param_key'], wise['alpha'], where,
                                                       (not entry['exact_key'], not wise['start_exact'])))
             else:
-                missing = load_weights(network, entry['path'], entry['param_key'],
-                                       strict=opt['path'].get('strict_load_g', True), fallback=not entry['exact_key'])
-                entry['unloaded'] = describe_unloaded(missing, network)
+                loaded = load_weights(network, entry['path'], entry['param_key'],
+                                      strict=opt['path'].get('strict_load_g', True), fallback=not entry['exact_key'])
+                entry['unloaded'] = describe_unloaded(loaded.missing, network)
             networks.append(network.to(device).eval())
         comparison = Comparison(test_opt['compare'], opt, checkpoints, datasets, device) if test_opt['compare'] else None
         outputs.create(opt['path']['results_root'])

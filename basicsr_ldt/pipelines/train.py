@@ -213,8 +213,13 @@ def _train(opt: Dict, model, train_set: Dataset, val_sets, loaders: Tuple, resum
     total_epochs = math.ceil(total_iters / iters_per_epoch)
     logger.info(f'Training data: {len(train_set)} images {getattr(train_set, "cameras", "")}, '
                 f'{iters_per_epoch} iterations per epoch, {total_epochs} epochs, {total_iters} iterations.')
+    trained = set(getattr(train_set, 'cameras', None) or ())
     for dopt, ds in val_sets:
         logger.info(f'Validation data {dopt["name"]}: {len(ds)} images {getattr(ds, "cameras", "")}')
+        shared = sorted(trained & set(getattr(ds, 'cameras', None) or ()))
+        if shared:   # legitimate (watching the source), but a mean over it is not a target figure
+            logger.warning(f'Validation data {dopt["name"]} includes {", ".join(shared)}, which the run trains on: '
+                           'its figures, and the checkpoint val.save_best picks, mix source and target cameras')
 
     start_epoch, current_iter = 0, 0
     if resume_state is not None:

@@ -255,6 +255,10 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
         hint = closest_key_hint(str(reference), study['methods'])
         raise InputError(f"study file '{path}': reference '{reference}' is not one of the methods "
                          f"({', '.join(map(str, study['methods']))}){hint}")
+    if reference is not None and isinstance(study['methods'][reference], Mapping) \
+            and WISE_FT_KEY in study['methods'][reference]:
+        raise InputError(f"study file '{path}': reference '{reference}' is a WiSE-FT method, one row per alpha, which "
+                         'no other method is paired with; expected a method that trains (or the start, or Bicubic)')
 
 
 def _check_wise_ft(study: Mapping[str, Any], path: str, label: str, overrides: Mapping[str, Any]) -> None:

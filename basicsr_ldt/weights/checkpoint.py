@@ -9,7 +9,7 @@ import os
 import pickle
 import re
 import tempfile
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -19,6 +19,18 @@ from basicsr_ldt.weights.releases import fetch_hint, resolve_checkpoint
 
 class UnreadableCheckpoint(InputError):
     """The file is there but is not a readable checkpoint (truncated, empty, not a torch file)."""
+
+
+class Weights(dict):
+    """A state dict and the checkpoint key it was read from (``None``: a bare state dict), so a log
+    line names the weights loaded, not the key asked for when that one fell back to the other."""
+    key: Optional[str] = None
+
+
+class Loaded(NamedTuple):
+    """What :func:`load_weights` loaded: the network's tensors the file lacks, and the key read."""
+    missing: List[str]
+    key: Optional[str]
 
 
 def save_atomic(obj: Any, path: str) -> None:
@@ -77,6 +89,7 @@ def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'p
     """
     if param_key is None and isinstance(checkpoint, dict):
         param_key = next((k for k in ('params_ema', 'params') if k in checkpoint), None)
+    used: Optional[str] = param_key
     if isinstance(checkpoint, dict) and param_key in checkpoint:
         state = checkpoint[param_key]
     elif (fallback and isinstance(checkpoint, dict) and param_key is not None
@@ -85,11 +98,13 @@ def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'p
         logging.getLogger('basicsr').warning(f"checkpoint '{path}' has no '{param_key}' weights: loading '{used}'")
         state = checkpoint[used]
     elif isinstance(checkpoint, dict) and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
-        state = checkpoint
+        state, used = checkpoint, None
     else:
         keys = list(checkpoint)[:5] if isinstance(checkpoint, dict) else type(checkpoint).__name__
         raise InputError(f"checkpoint '{path}' has no '{param_key or 'params'}' weights (top-level keys: {keys})")
-    return {k[7:] if k.startswith('module.') else k: v for k, v in state.items()}
+    weights = Weights((k[7:] if k.startswith('module.') else k, v) for k, v in state.items())
+    weights.key = used
+    return weights
 
 
 def read_state(path: str, param_key: Optional[str] = 'params', fallback: bool = True) -> Tuple[str, dict]:
@@ -127,14 +142,15 @@ def fitting_state(network: torch.nn.Module, path: str, param_key: Optional[str] 
 
 
 def load_weights(network: torch.nn.Module, path: str, param_key: Optional[str] = 'params',
-                 strict: bool = True, fallback: bool = True) -> List[str]:
+                 strict: bool = True, fallback: bool = True) -> Loaded:
     """Load weights into ``network``, naming a few mismatched keys instead of a wall of text; returns
-    the network's tensors the file lacks (only a non-strict load leaves any: callers say so).
+    the network's tensors the file lacks (only a non-strict load leaves any: callers say so) and the
+    key the weights were read from.
 
     ``path`` may be a release name (``HAT_SRx4``: ``pretrained/HAT_SRx4.pth``, see ``releases``)."""
     state = fitting_state(network, path, param_key, strict, fallback=fallback)
     network.load_state_dict(state, strict=strict)
-    return sorted(set(network.state_dict()) - set(state))
+    return Loaded(sorted(set(network.state_dict()) - set(state)), getattr(state, 'key', param_key))
 
 
 def describe_unloaded(missing: Sequence[str], network: torch.nn.Module) -> str:
