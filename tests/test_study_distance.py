@@ -100,8 +100,11 @@ def test_the_height_at_the_same_distance_is_read_off_each_seeds_curve():
     # LDT gains: (0.3, 0.25) on seed 0, (0.3, 0.05) on seed 1. Seed 0 at 0.15: half-way from (0.1, 0.2, 0.3) to
     # (0.2, 0.4, -0.1), the curve (0.3, 0.1): heights targets 0.15, source 0. Seed 1 at 0.075: half-way from the
     # start to (0.15, 0.2, 0.1), the curve (0.1, 0.05): heights targets 0, source 0.2.
-    assert ldt['at_distance']['targets'] == pytest.approx({'mean': 0.075, 'ci_low': 0.0, 'ci_high': 0.15})
-    assert ldt['at_distance']['source'] == pytest.approx({'mean': 0.1, 'ci_low': 0.0, 'ci_high': 0.2})
+    targets, source = ldt['at_distance']['targets'], ldt['at_distance']['source']
+    assert targets.pop('per_seed') == pytest.approx([0.15, 0.0]) and source.pop('per_seed') == pytest.approx([0.0, 0.2])
+    assert targets == pytest.approx({'mean': 0.075, 'ci_low': 0.0, 'ci_high': 0.15})
+    assert source == pytest.approx({'mean': 0.1, 'ci_low': 0.0, 'ci_high': 0.2})
+    assert ldt['at_distance']['seeds'] == [0, 1]
     assert ldt['distance'] == pytest.approx({'mean': 0.1125, 'std': float(np.std([0.15, 0.075], ddof=1))})
     assert rows['FT']['at_distance']['targets']['mean'] == pytest.approx(0.0)       # its own end of the curve
     far = rows['Far']['at_distance']

@@ -181,9 +181,9 @@ def _at_distance(curves: Mapping[str, List[Tuple[float, float, float]]], point: 
         heights['targets'].append(gains[1] - targets)
     result: Dict[str, Any] = {'seeds': seeds, 'outside': outside}
     if heights['targets'] and not outside:
-        for name, values in heights.items():
+        for name, values in heights.items():    # per seed too: paired differences between methods (by seed)
             low, high = bootstrap(values)
-            result[name] = {'mean': float(np.mean(values)), 'ci_low': low, 'ci_high': high}
+            result[name] = {'mean': float(np.mean(values)), 'ci_low': low, 'ci_high': high, 'per_seed': values}
     return result
 
 
