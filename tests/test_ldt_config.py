@@ -343,3 +343,15 @@ def test_a_run_in_which_a_group_never_gets_an_exchange_is_refused(method, overri
     assert str(err.value).startswith(message)
     config.check_run_length(total + 100)                                   # long enough: every group exchanges
     preset('ft').check_run_length(1)                                       # one network: no exchange to miss
+
+
+def test_one_exchange_is_enough_and_the_key_named_is_the_longer_spacing():
+    """The edges of the rule above (mutation testing: '< 1' as '<= 1', the key chosen on equal spacings):
+    a run whose groups get one exchange each trains; LDT-S with equal spacings names ema_every."""
+    preset('ldt', profile_iters=2, ema_every=4).check_run_length(6)         # 4 training iterations: one exchange
+    with pytest.raises(ValueError, match=r'^ldt\.ema_every: a run of 6 iterations leaves 4 training iterations, in '
+                                         r'which the stable and unstable EMAs get no exchange \(ema_every 5\)'):
+        preset('ldt', profile_iters=2, ema_every=5).check_run_length(6)
+    with pytest.raises(ValueError, match=r'^ldt\.ema_every: .*\(ema_every 50, interval_iters 50\)'):
+        preset('ldt_s', profile_iters=2, ema_every=50, interval_iters=50).check_run_length(6)
+    preset('deft', head_warmup_iters=0, head_patterns=['conv_last'])        # a split by the head's name reads them

@@ -585,3 +585,23 @@ def test_validating_on_a_camera_the_run_trains_on_is_said_in_the_log(project, de
     log = next((project / 'experiments' / 'seen').glob('train_seen_*.log')).read_text()
     assert ('WARNING: Validation data Test_Sony_Canon includes Olympus, which the run trains on: its figures, and '
             'the checkpoint val.save_best picks, mix source and target cameras') in log
+
+
+def test_the_schedule_rules_allow_what_reaches_the_run_end():
+    """The official constant rate (a milestone at total_iter), a one-iteration run without a warm-up key, a
+    warm-up shorter than the run (mutation testing: '>' as '>=', the warm-up's default)."""
+    from basicsr_ldt.models.option_values import check_option_values
+    opt = train_options(REPO / 'unused', 'edges', total_iter=6)
+    opt['train']['scheduler']['milestones'] = [6]
+    check_option_values(opt)
+    opt['train'].update(total_iter=1, scheduler={'type': 'MultiStepLR', 'milestones': [1], 'gamma': 0.5})
+    del opt['train']['warmup_iter']
+    check_option_values(opt)
+    opt['train'].update(total_iter=6, warmup_iter=5)
+    check_option_values(opt)
+    opt['val'] = {'val_freq': 2}
+    with pytest.raises(InputError) as err:
+        check_option_values(opt)
+    assert str(err.value) == ("val.metrics: validation measures nothing without metrics and keeps nothing without "
+                              "save_img: true; expected metrics (e.g. psnr: {type: calculate_psnr, crop_border: 4, "
+                              "test_y_channel: true}), save_img: true, or no val section")

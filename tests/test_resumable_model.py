@@ -49,6 +49,10 @@ def test_the_log_names_the_weights_loaded_when_the_key_asked_for_falls_back(tmp_
         _model(tmp_path, pretrain_network_g=str(tmp_path / 'start.pth'), param_key_g='param')
     loaded = [line for line in lines if 'Loaded MSRResNet from' in line]
     assert loaded and loaded[0].endswith(f"from {tmp_path / 'start.pth'} [params]"), lines
+    with basicsr_log() as lines:                 # the key asked for and found (the EMA copy falls back to it)
+        _model(tmp_path, pretrain_network_g=str(tmp_path / 'start.pth'))
+    loaded = [line for line in lines if 'Loaded MSRResNet from' in line]
+    assert len(loaded) == 2 and all(line.endswith(f"from {tmp_path / 'start.pth'} [params]") for line in loaded), lines
     with basicsr_log() as lines:
         _model(tmp_path, pretrain_network_g=str(tmp_path / 'bare.pth'))
     assert any(line.endswith(f"from {tmp_path / 'bare.pth'} [a bare state dict]") for line in lines), lines

@@ -149,3 +149,41 @@ def test_a_start_named_by_its_release_is_read_from_pretrained(tmp_path, demo_dat
     _finish(tmp_path, study, {'FT_seed0': {'params': run}})
     distances = {r['run']: r['distance'] for r in report.collect(str(tmp_path), study)['runs']}
     assert distances == {'Start': 0.0, 'FT_seed0': pytest.approx(_hand_distance(run, start), rel=1e-12)}
+
+
+def test_relative_paths_keys_and_untrained_rows_are_read_as_test_py_read_them(tmp_path, demo_data, monkeypatch):
+    """Study files name the start relative to the project (``pretrained/demo/...``), read from the study's
+    root whatever the working folder; each entry's key is the one test.py read (a start file may hold an EMA
+    copy beside the ``params`` the runs started from); Bicubic has no weights; without the start's results
+    there is no distance. (Mutation testing: the root join, the key and the Bicubic test survived.)"""
+    start, run, ema = _checkpoints(tmp_path)
+    os.makedirs(tmp_path / 'pretrained')
+    torch.save({'params': start, 'params_ema': ema}, tmp_path / 'pretrained' / 'start.pth')
+    methods = {'Start': {'start': True}, 'Bicubic': {'bicubic': True}, 'FT': {},
+               'WiSE-FT': {'wise_ft': {'of': 'FT', 'alphas': [0.5]}}}
+    path = _wise_study(tmp_path, demo_data, seeds=[0], methods=methods)
+    base = plan.read_yaml(str(tmp_path / 'base.yml'), 'base')
+    base['path']['pretrain_network_g'] = 'pretrained/start.pth'          # relative, as the shipped studies
+    with open(tmp_path / 'base.yml', 'w', encoding='utf-8') as handle:
+        json.dump(base, handle)
+    study = plan.load_study(path, str(tmp_path))
+    _finish(tmp_path, study, {'FT_seed0': {'params': run}})
+    monkeypatch.chdir(tmp_path / 'pretrained')                            # not the study's root
+    records = report.collect(str(tmp_path), study)['runs']
+    distances = {r['run']: r['distance'] for r in records}
+    assert distances['Start'] == 0.0 and distances['Bicubic'] is None
+    assert distances['FT_seed0'] == pytest.approx(_hand_distance(run, start), rel=1e-12)   # from params, not the EMA
+    assert distances['WiSE-FT_alpha=0.5_seed0'] == pytest.approx(0.5 * _hand_distance(run, start), rel=1e-6)
+    os.remove(plan.results_file(str(tmp_path), study.name, 'Start'))
+    assert all('distance' not in r for r in report.collect(str(tmp_path), study)['runs'])
+
+
+def test_a_seed_without_a_curve_is_left_out_of_the_height_not_the_rest():
+    """A seed whose WiSE-FT runs have not finished has no curve: its LDT run gets no height, and the
+    other seeds still do (mutation testing: 'or' as 'and', 'continue' as 'break')."""
+    records = _with_distances()
+    records.insert(2, {**records[-4], 'run': 'LDT_7', 'seed': 7})           # an LDT run of seed 7, listed first
+    study = FakeStudy()
+    study.seeds = [7, 0, 1]
+    ldt = {r['method']: r for r in tradeoff.tradeoff(study, records, report.bootstrap_ci)['rows']}['LDT']
+    assert ldt['at_distance']['seeds'] == [0, 1] and ldt['at_distance']['targets']['mean'] == pytest.approx(0.075)

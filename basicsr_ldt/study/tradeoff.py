@@ -167,7 +167,7 @@ def _at_distance(curves: Mapping[str, List[Tuple[float, float, float]]], point: 
     seeds, outside = [], []
     for record in runs:
         gains = run_gains(record, start)
-        curve = curves.get(_key('', {k: v for k, v in point.items() if k != ALPHA}, record['seed']))
+        curve = curves.get(_key('', point, record['seed']))      # a trained method's point: no alpha in it
         if gains is None or curve is None:
             continue
         seeds.append(record['seed'])
