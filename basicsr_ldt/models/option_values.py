@@ -71,7 +71,7 @@ def check_basicsr_values(opt: Dict[str, Any], device_type: str) -> None:
         raise InputError("val.metrics: validation measures nothing without metrics and keeps nothing without "
                          "save_img: true; expected metrics (e.g. psnr: {type: calculate_psnr, crop_border: 4, "
                          "test_y_channel: true}), save_img: true, or no val section")
-    for name, metric in ((opt.get('val') or {}).get('metrics') or {}).items():
+    for name, metric in ((val or {}).get('metrics') or {}).items():
         check_options(f'val.metrics.{name}', metric or {}, BASICSR_METRIC_VALUES, InputError)
     names: Dict[str, str] = {}
     for section, dataset in datasets.items():   # validation results, best checkpoints and logs go by name

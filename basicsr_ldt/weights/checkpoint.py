@@ -78,7 +78,7 @@ def _unpickler_complaint(err: Exception) -> str:
 
 
 def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'params',
-                       fallback: bool = True) -> dict:
+                       fallback: bool = True) -> Weights:
     """The network weights in a BasicSR-style checkpoint (``params``/``params_ema``) or a bare dict.
 
     ``param_key=None`` takes ``params_ema``, else ``params``, else a bare state dict, silently (the
@@ -107,14 +107,14 @@ def extract_state_dict(checkpoint: Any, path: str, param_key: Optional[str] = 'p
     return weights
 
 
-def read_state(path: str, param_key: Optional[str] = 'params', fallback: bool = True) -> Tuple[str, dict]:
+def read_state(path: str, param_key: Optional[str] = 'params', fallback: bool = True) -> Tuple[str, Weights]:
     """The resolved file and its network weights (``path`` may be a release name, see ``releases``)."""
     path = resolve_checkpoint(path)
     return path, extract_state_dict(load_safe(path), path, param_key, fallback)
 
 
 def fitting_state(network: torch.nn.Module, path: str, param_key: Optional[str] = 'params', strict: bool = True,
-                  what: str = 'checkpoint', fallback: bool = True) -> dict:
+                  what: str = 'checkpoint', fallback: bool = True) -> Weights:
     """The file's weights, refused in one line naming a few mismatched keys when they do not fit
     ``network`` (``what`` names the file's option in that line)."""
     path, state = read_state(path, param_key, fallback)
@@ -150,7 +150,7 @@ def load_weights(network: torch.nn.Module, path: str, param_key: Optional[str] =
     ``path`` may be a release name (``HAT_SRx4``: ``pretrained/HAT_SRx4.pth``, see ``releases``)."""
     state = fitting_state(network, path, param_key, strict, fallback=fallback)
     network.load_state_dict(state, strict=strict)
-    return Loaded(sorted(set(network.state_dict()) - set(state)), getattr(state, 'key', param_key))
+    return Loaded(sorted(set(network.state_dict()) - set(state)), state.key)
 
 
 def describe_unloaded(missing: Sequence[str], network: torch.nn.Module) -> str:
