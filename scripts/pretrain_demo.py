@@ -7,12 +7,15 @@
                                                 #   and say whether the result is byte-identical to the shipped file
     python scripts/pretrain_demo.py --replace   # ... and install the result (and its sha256) as the shipped file
     python scripts/pretrain_demo.py --start mix [--check | --replace]   # the same for the extra Mix start
+    python scripts/pretrain_demo.py --start mambair [--check | --replace]   # ... and the small MambaIR start
 
-Two starts (``STARTS``): ``clean``, the demo's start, ``pretrained/demo/SAFMN_demo_Clean_x4.pth``,
+Three starts (``STARTS``): ``clean``, the demo's start, ``pretrained/demo/SAFMN_demo_Clean_x4.pth``,
 trained on classic-SR pairs without any degradation (the ``Clean`` camera: HR crop, LR its x4 area
-resize), as the released DF2K weights the paper fine-tunes are trained on bicubic pairs; and
+resize), as the released DF2K weights the paper fine-tunes are trained on bicubic pairs;
 ``mix``, ``pretrained/demo/SAFMN_demo_Mix_x4.pth``, trained on per-pair draws from the demo cameras'
-degradation family (the demo's start before; the second demo study still uses it).
+degradation family (the demo's start before; the second demo study still uses it); and
+``mambair``, ``pretrained/demo/MambaIR_demo_Clean_x4.pth``, a small MambaIR trained as the
+``clean`` start: the start of the MambaIR distortion study (options/study/distortion_mambair.yml).
 
 Why a shipped checkpoint: the demo fine-tunes from a network that really does super-resolution
 (the paper starts from released DF2K weights), and training one takes longer than the rest of
@@ -58,6 +61,8 @@ STARTS = {
                    REPO / 'experiments' / 'demo_pretrain_Clean' / 'models' / 'net_g_latest.pth'),
     'mix': Start(REPO / 'options' / 'demo' / 'pretrain_demo_mix.yml', PRETRAINED / 'SAFMN_demo_Mix_x4.pth',
                  REPO / 'experiments' / 'demo_pretrain_Mix' / 'models' / 'net_g_latest.pth'),
+    'mambair': Start(REPO / 'options' / 'demo' / 'pretrain_demo_mambair.yml', PRETRAINED / 'MambaIR_demo_Clean_x4.pth',
+                     REPO / 'experiments' / 'demo_pretrain_mambair_Clean' / 'models' / 'net_g_latest.pth'),
 }
 DEMO_START = 'clean'
 THREADS = 1
@@ -136,7 +141,8 @@ def install(start: Start, trained: Path) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--start', choices=tuple(STARTS), default=DEMO_START,
-                        help=f'which start (default {DEMO_START}: the demo\'s; mix: the second demo study\'s)')
+                        help=f'which start (default {DEMO_START}: the demo\'s; mix: the second demo study\'s; '
+                             'mambair: the MambaIR distortion study\'s)')
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument('--check', action='store_true', help='only verify the shipped checkpoint against its sha256')
     mode.add_argument('--replace', action='store_true', help='install the re-created checkpoint as the shipped one')
