@@ -76,8 +76,16 @@ def test_each_run_is_measured_by_the_weights_it_was_tested_with(tmp_path, demo_d
     assert gone == {'FT+EMA_seed0': f"weights '{path}' are gone", 'WiSE-EMA_alpha=0.5_seed0': f"weights '{path}' are gone"}
     rows = {r['method']: r for r in result['tradeoff']['rows']}
     assert rows['FT+EMA']['distance'] is None and rows['FT']['distance']['mean'] == pytest.approx(ft)
-    assert ('No distance for FT+EMA_seed0, WiSE-EMA_alpha=0.5_seed0: the weights these runs were tested with are '
-            'gone.') in report.markdown(result)
+    assert ('No distance for FT+EMA_seed0, WiSE-EMA_alpha=0.5_seed0: the weights these runs were tested with, or '
+            "the start's, are gone (study.json's `distance_missing` names the file).") in report.markdown(result)
+
+    os.remove(tmp_path / 'start.pth')                 # the start too: the report goes on without any distance
+    result = report.collect(str(tmp_path), study)
+    gone = {r['run']: r.get('distance_missing') for r in result['runs'] if r['distance'] is None}
+    assert set(gone) == {r.name for r in study.runs}
+    assert set(gone.values()) == {f"the start's weights '{tmp_path / 'start.pth'}' are gone"}
+    assert all(r['distance'] is None for r in result['tradeoff']['rows'])
+    assert "No distance for Start, FT_seed0" in report.markdown(result)
 
 
 def _with_distances():

@@ -73,11 +73,17 @@ def _read(root: str, path: str, param_key: str, exact: bool) -> State:
 
 def add_distances(records: List[Dict], runs: Mapping[str, object], start: Optional[str], root: str) -> None:
     """Set each record's ``distance`` from the start's weights (None for Bicubic, or where the run's
-    weights are gone: ``distance_missing`` then names the file). Needs the start's record."""
+    weights or the start's are gone: ``distance_missing`` then names the file). Needs the start's record."""
     start_run = next((runs[r['run']] for r in records if r['method'] == start), None)
     if start_run is None:
         return
-    origin = tested_state(start_run.test_opt, root)
+    try:
+        origin = tested_state(start_run.test_opt, root)
+    except WeightsGone as err:   # the report goes on without distances, and says why
+        for record in records:
+            bicubic = checkpoints_of(runs[record['run']].test_opt)[0]['bicubic']
+            record['distance'], record['distance_missing'] = None, None if bicubic else f'the start\'s {err}'
+        return
     for record in records:
         run = runs[record['run']]
         try:

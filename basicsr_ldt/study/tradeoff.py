@@ -219,7 +219,8 @@ def markdown_lines(table: Mapping[str, Any], point_key) -> List[str]:
             cells.append('(the curve)' if row['method'] == table['wise_ft'] else _at_distance_cell(row.get('at_distance')))
         lines.append(f"| {point_key(row['method'], row['sweep'])} | " + ' | '.join(cells) + f" | {row['n']} |")
     if gone:
-        lines += ['', f"No distance for {', '.join(gone)}: the weights these runs were tested with are gone."]
+        lines += ['', f"No distance for {', '.join(gone)}: the weights these runs were tested with, or the "
+                          "start's, are gone (study.json's `distance_missing` names the file)."]
     return lines + ['']
 
 
