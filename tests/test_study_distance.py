@@ -128,6 +128,27 @@ def test_the_height_at_the_same_distance_is_read_off_each_seeds_curve():
     assert 'above WiSE at the same distance: targets / source |' in text
 
 
+def test_two_methods_heights_are_compared_seed_by_seed():
+    """Does one method keep more than another at the same distance (the partition control's question):
+    their heights' differences per seed, not the difference of the two means alone."""
+    records = _with_distances()
+    for record in records:            # Far moved in: seed 0 at 0.1 (curve targets 0.3), seed 1 at 0.15 (0.1)
+        if record['method'] == 'Far':
+            record['distance'] = {0: 0.1, 1: 0.15}[record['seed']]
+    table = tradeoff.tradeoff(FakeStudy(), records, report.bootstrap_ci)
+    # Heights on the targets: LDT 0.15, 0.0 (above); Far 0.0 - 0.3 = -0.3 and 0.1 - 0.1 = 0.0. FT, the run the
+    # curve interpolates (height 0 by construction), and WiSE (the curve) are not paired.
+    (pair,) = table['height_pairs']
+    assert (pair['method'], pair['minus'], pair['seeds']) == ('LDT', 'Far', [0, 1])
+    assert pair['per_seed'] == pytest.approx([0.45, 0.0])
+    assert (pair['mean'], pair['ci_low'], pair['ci_high']) == pytest.approx((0.225, 0.0, 0.45))
+    text = '\n'.join(tradeoff.markdown_lines(table, report.point_key))
+    assert '| LDT - Far | **+0.225** [+0.000, +0.450] | +0.450, +0.000 | 2 |' in text
+    records = [r for r in records if not (r['method'] == 'Far' and r['seed'] == 1)]
+    (pair,) = tradeoff.tradeoff(FakeStudy(), records, report.bootstrap_ci)['height_pairs']
+    assert pair['seeds'] == [0] and pair['per_seed'] == pytest.approx([0.45])      # only the seeds both have
+
+
 def test_without_distances_the_table_and_picture_keep_their_one_panel_form(tmp_path):
     plain = report.aggregate(FakeStudyForReport(), _tradeoff_records())
     assert 'distance from the start' not in '\n'.join(tradeoff.markdown_lines(plain['tradeoff'], report.point_key))

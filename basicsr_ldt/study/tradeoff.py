@@ -127,8 +127,34 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
                     curve_rows[-1]['by_distance'] = np.array([by_distance[_key('', point, s)] for s in seeds]
                                                              ).mean(axis=0).tolist()
     return {'start': study.start, 'wise_ft': wise, 'of': study.interpolations[wise][0] if wise else None,
-            'rows': rows, 'curves': curve_rows,
+            'rows': rows, 'curves': curve_rows, 'height_pairs': _height_pairs(rows, study.interpolations[wise][0] if wise else None, bootstrap),
             'distance_missing': [r['run'] for r in records if r.get('distance_missing')]}
+
+
+def _height_pairs(rows: Sequence[Mapping[str, Any]], of: Optional[str], bootstrap) -> List[Dict[str, Any]]:
+    """Every two methods with heights at the same distance (same sweep point; not ``of``, the run the
+    curve interpolates, whose height is 0 by construction): the first's targets' height minus the
+    second's, paired by seed over the seeds both have, with a bootstrap interval.
+
+    Why: "does the variance ranking protect beyond the distance" compares two methods' heights seed by
+    seed (each seed's curve is its own FT's); their means' difference has no interval of its own."""
+    measured = [r for r in rows if 'targets' in (r.get('at_distance') or {}) and r['method'] != of]
+    pairs = []
+    for i, first in enumerate(measured):
+        for second in measured[i + 1:]:
+            if first['sweep'] != second['sweep']:
+                continue
+            heights = [dict(zip(r['at_distance']['seeds'], r['at_distance']['targets']['per_seed']))
+                       for r in (first, second)]
+            seeds = [s for s in heights[0] if s in heights[1]]
+            if not seeds:
+                continue
+            differences = [heights[0][s] - heights[1][s] for s in seeds]
+            low, high = bootstrap(differences)
+            pairs.append({'method': first['method'], 'minus': second['method'], 'sweep': first['sweep'],
+                          'seeds': seeds, 'mean': float(np.mean(differences)), 'ci_low': low, 'ci_high': high,
+                          'per_seed': differences})
+    return pairs
 
 
 def _spread(values: Sequence[float]) -> Dict[str, Optional[float]]:
@@ -218,6 +244,14 @@ def markdown_lines(table: Mapping[str, Any], point_key) -> List[str]:
             cells.append('-' if row.get('distance') is None else _cell(row['distance'], '.4f', ''))
             cells.append('(the curve)' if row['method'] == table['wise_ft'] else _at_distance_cell(row.get('at_distance')))
         lines.append(f"| {point_key(row['method'], row['sweep'])} | " + ' | '.join(cells) + f" | {row['n']} |")
+    if table.get('height_pairs'):
+        lines += ['', "Targets' heights at the same distance, paired by seed (the first method's minus the second's, "
+                      'over the seeds both have; mean [95% bootstrap interval]):', '',
+                  '| Methods | difference of the targets\' heights | per seed | n |', '|---|---|---|---|']
+        for pair in table['height_pairs']:
+            names = f"{point_key(pair['method'], pair['sweep'])} - {point_key(pair['minus'], pair['sweep'])}"
+            per_seed = ', '.join(f'{v:+.3f}' for v in pair['per_seed'])
+            lines.append(f"| {names} | {_interval(pair)} | {per_seed} | {len(pair['seeds'])} |")
     if gone:
         lines += ['', f"No distance for {', '.join(gone)}: the weights these runs were tested with, or the "
                           "start's, are gone (study.json's `distance_missing` names the file)."]
