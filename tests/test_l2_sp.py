@@ -194,3 +194,22 @@ def test_a_study_refuses_l2_sp_on_the_pair_when_planned(demo_data, tmp_path, met
             check_training_options(opt, 'study')
     else:
         check_training_options(opt, 'study')
+
+
+def test_a_resumed_run_is_anchored_to_its_start_not_to_the_state_it_resumes_from(project, demo_data, tmp_path):
+    """BasicSR's resume points path.pretrain_network_g at the resumed state's weights; an L2-SP run
+    resumed there would be pulled toward its own iteration-2 weights (l_l2sp 0 at the first step after
+    the resume). Resumed, it must end with the uninterrupted run's weights."""
+    start = _start_file(tmp_path)
+
+    def options(name, total_iter=4):
+        opt = _with_l2_sp(train_options(demo_data, name, total_iter=total_iter), start, 0.5)
+        opt['train']['scheduler']['milestones'] = [2]
+        opt['logger']['save_checkpoint_freq'] = 2
+        return opt
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'full.yml', options('full')))
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', options('cut', total_iter=2)))
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', options('cut')), '--auto_resume')
+    weights = {name: torch.load(project / 'experiments' / name / 'models' / 'net_g_latest.pth',
+                                weights_only=True)['params'] for name in ('full', 'cut')}
+    assert all(torch.equal(weights['full'][k], weights['cut'][k]) for k in weights['full'])

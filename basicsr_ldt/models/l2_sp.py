@@ -26,6 +26,9 @@ from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.weights.checkpoint import read_state
 
 OPTION = 'train.l2_sp_weight'
+#: ``path`` keys the training pipeline sets on a resume to the run's start as the option file names it: BasicSR's
+#: ``check_resume`` points ``pretrain_network_g`` (and ``param_key_g``) at the resumed state's own weights.
+START_KEY, START_PARAM_KEY = 'start_network_g', 'start_param_key_g'
 
 
 def l2_sp_weight(train_opt: Mapping) -> float:
@@ -75,8 +78,9 @@ class L2SPPenalty(nn.Module):
 
 def start_values(network: nn.Module, path_opt: Mapping) -> Dict[str, torch.Tensor]:
     """The start's values of the network's parameters it holds (``path.pretrain_network_g``)."""
-    start = path_opt['pretrain_network_g']
-    _, state = read_state(start, path_opt.get('param_key_g', 'params'))
+    resumed = START_KEY in path_opt
+    start = path_opt[START_KEY if resumed else 'pretrain_network_g']
+    _, state = read_state(start, path_opt[START_PARAM_KEY] if resumed else path_opt.get('param_key_g', 'params'))
     params = dict(network.named_parameters())
     wrong = sorted(k for k in set(params) & set(state) if params[k].shape != state[k].shape)
     if wrong:
@@ -115,4 +119,4 @@ def build_l2_sp(network: nn.Module, opt: Mapping, trained_networks: int = 1) -> 
     return L2SPPenalty(network, start_values(network, opt.get('path') or {}), weight)
 
 
-__all__ = ['L2SPPenalty', 'build_l2_sp', 'l2_sp_setting', 'l2_sp_weight', 'start_values']
+__all__ = ['L2SPPenalty', 'START_KEY', 'START_PARAM_KEY', 'build_l2_sp', 'l2_sp_setting', 'l2_sp_weight', 'start_values']

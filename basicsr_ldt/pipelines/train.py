@@ -37,6 +37,7 @@ from basicsr_ldt.common.option_file import parse_options
 from basicsr_ldt.common.process_group import end_process_group
 from basicsr_ldt.data.sampler import training_sampler
 from basicsr_ldt.models.best import BestCheckpointMixin
+from basicsr_ldt.models.l2_sp import START_KEY, START_PARAM_KEY
 from basicsr_ldt.models.network_check import probe_network
 from basicsr_ldt.models.option_values import check_option_values, gpus_used
 from basicsr_ldt.models.resumable import training_cameras
@@ -105,6 +106,8 @@ def load_resume_state(opt: Dict) -> Optional[Dict]:
     if 'train_cameras' in state and state['train_cameras'] != cameras:   # states before the record: not compared
         raise InputError(f"datasets.train.cameras {cameras} differ from the {state['train_cameras']} that training "
                          f"state '{path}' was trained on; restore them, or give the run a new name")
+    start = opt['path']   # BasicSR points pretrain_network_g at the state's weights; L2-SP still anchors to the start
+    start[START_KEY], start[START_PARAM_KEY] = start.get('pretrain_network_g'), start.get('param_key_g', 'params')
     check_resume(opt, state['iter'])
     return state
 
