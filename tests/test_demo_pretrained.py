@@ -7,7 +7,8 @@ file too.
 
 The test images are rebuilt here with make_demo_data (test crops, noise and the Mix pairs'
 degradations depend only on the seed, the camera and the index, not on the number of train pairs,
-so they are byte for byte the demo's test images).
+so they are byte for byte the demo's test images). The small MambaIR start (the MambaIR distortion
+study's) is held to the same two checks.
 """
 import hashlib
 import re
@@ -24,6 +25,7 @@ from conftest import REPO, load_script
 
 CHECKPOINT = REPO / 'pretrained' / 'demo' / 'SAFMN_demo_Clean_x4.pth'
 MIX_CHECKPOINT = REPO / 'pretrained' / 'demo' / 'SAFMN_demo_Mix_x4.pth'
+MAMBAIR_CHECKPOINT = REPO / 'pretrained' / 'demo' / 'MambaIR_demo_Clean_x4.pth'
 MARGIN_DB = 0.0    # scripts/demo_calibration.py START_MARGIN_DB: any gain over bicubic
 CAMERAS = ('Clean', 'Olympus', 'Pan', 'Sony', 'DSC', 'IMG', 'Canon')
 PREFIXES = {'Clean': 'Clean', 'Olympus': 'P', 'Pan': 'panasonic', 'Sony': 'sony', 'DSC': 'DSC', 'IMG': 'IMG',
@@ -44,7 +46,8 @@ def test_pairs(tmp_path_factory, demo_module):
     return pairs
 
 
-@pytest.mark.parametrize('checkpoint, start', [(CHECKPOINT, 'clean'), (MIX_CHECKPOINT, 'mix')])
+@pytest.mark.parametrize('checkpoint, start', [(CHECKPOINT, 'clean'), (MIX_CHECKPOINT, 'mix'),
+                                               (MAMBAIR_CHECKPOINT, 'mambair')])
 def test_shipped_checkpoint_is_the_recorded_one(checkpoint, start):
     recorded = (checkpoint.parent / (checkpoint.name + '.sha256')).read_text().split()
     assert recorded[1] == checkpoint.name
@@ -69,10 +72,12 @@ def mean_psnr(network, pairs):
     return float(np.mean(bicubic)), float(np.mean(sr_values))
 
 
-def test_pretrained_start_beats_bicubic_on_every_camera(test_pairs):
-    options = yaml.safe_load((REPO / 'options' / 'demo' / 'pretrain_demo.yml').read_text())
+@pytest.mark.parametrize('options, checkpoint', [('pretrain_demo.yml', CHECKPOINT),
+                                                  ('pretrain_demo_mambair.yml', MAMBAIR_CHECKPOINT)])
+def test_pretrained_start_beats_bicubic_on_every_camera(test_pairs, options, checkpoint):
+    options = yaml.safe_load((REPO / 'options' / 'demo' / options).read_text())
     network = build_network(dict(options['network_g'])).eval()
-    network.load_state_dict(torch.load(CHECKPOINT, map_location='cpu', weights_only=True)['params'])
+    network.load_state_dict(torch.load(checkpoint, map_location='cpu', weights_only=True)['params'])
     scores = {camera: mean_psnr(network, pairs) for camera, pairs in test_pairs.items()}
     short = {c: f'{s:.2f} vs bicubic {b:.2f} dB' for c, (b, s) in scores.items() if s - b <= MARGIN_DB}
     assert not short, f'the pretrained start is not above bicubic on: {short}'
