@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import yaml
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -202,6 +203,39 @@ def test_collect_and_dry_run_refuse_results_of_other_options(tmp_path, demo_data
         cli.main(root, ['-opt', edited, mode])
     assert capsys.readouterr().err.startswith("error: run 'FT_seed0' was started with other options")
     assert not (tmp_path / 'results').exists()
+
+
+def test_results_tested_with_other_test_options_are_refused_not_pooled(tmp_path, demo_data, capsys):
+    """A camera added to the study's test file: every run that has results was tested without it. Skipped
+    as finished, they were pooled with runs tested with it (a Mean over other cameras) and the report
+    crashed on the missing column; a run without training (here: a new start) kept its old results too."""
+    root = str(tmp_path)
+    study = plan.load_study(tiny_study(tmp_path, demo_data), root)
+    tested = study.runs[1]
+    runner.write_option_files(root, study, tested)
+    results = Path(plan.results_file(root, 'tiny', tested.name))
+    results.parent.mkdir(parents=True)
+    results.write_text('{}')
+    runner.check_unchanged(root, study)                   # same test options: fine
+    untested = study.runs[0]                              # a test file written, no results yet: fine
+    runner.write_option_files(root, study, untested)
+    test = yaml.safe_load((tmp_path / 'test.yml').read_text())
+    test['datasets']['test_1']['cameras'] = ['Sony', 'Canon', 'Olympus']
+    write(tmp_path / 'test.yml', test)
+    edited = plan.load_study(str(tmp_path / 'study.yml'), root)
+    with pytest.raises(InputError, match=rf"^run '{tested.name}' was tested with other test options "
+                                         rf"\({re.escape(runner.option_files(root, study, tested)[-1])}\), which the study "
+                                         r'no longer makes; delete results/tiny \(trained weights are kept and tested '
+                                         r'again\) or give the study another name$'):
+        runner.check_unchanged(root, edited)
+    with pytest.raises(SystemExit):
+        cli.main(root, ['-opt', str(tmp_path / 'study.yml'), '--collect'])
+    assert capsys.readouterr().err.startswith(f"error: run '{tested.name}' was tested with other test options")
+    runner.write_option_files(root, study, study.runs[2])
+    Path(plan.results_file(root, 'tiny', study.runs[2].name)).parent.mkdir(parents=True)
+    Path(plan.results_file(root, 'tiny', study.runs[2].name)).write_text('{}')
+    with pytest.raises(InputError, match=rf"^run '{tested.name}' \(and 1 more run\(s\)\) was tested"):
+        runner.check_unchanged(root, edited)
 
 
 def record(method, seed, values):

@@ -70,17 +70,26 @@ def run_state(root: str, study: Study, run: Run) -> str:
 
 
 def check_unchanged(root: str, study: Study) -> None:
-    """Refuse to continue a started run whose options the study file no longer produces: its
-    results would be attributed to options it was not trained with."""
+    """Refuse to continue a started run whose options the study file no longer produces, and to use
+    results tested with other test options (another camera list, start or test file): they would be
+    attributed to options the run was not trained or tested with, or pooled with runs tested otherwise."""
+    retest = []
     for run in study.runs:
-        if not run.trained:
-            continue
-        train_file = option_files(root, study, run)[0]
+        files = option_files(root, study, run)
         started = osp.isdir(osp.join(root, 'experiments', study.name, run.name))
-        if started and osp.isfile(train_file) and read_yaml(train_file, 'option file') != _plain(run.train_opt):
-            raise InputError(f"run '{run.name}' was started with other options ({train_file}); delete "
+        if run.trained and started and osp.isfile(files[0]) and read_yaml(files[0], 'option file') != _plain(run.train_opt):
+            raise InputError(f"run '{run.name}' was started with other options ({files[0]}); delete "
                              f"experiments/{study.name}/{run.name} and results/{study.name}/{run.name} to "
                              'train it again, or give the study another name')
+        tested = osp.isfile(results_file(root, study.name, run.name)) and osp.isfile(files[-1])
+        if tested and read_yaml(files[-1], 'option file') != _plain(run.test_opt):
+            retest.append((run.name, files[-1]))
+    if retest:
+        name, file = retest[0]
+        more = f' (and {len(retest) - 1} more run(s))' if len(retest) > 1 else ''
+        raise InputError(f"run '{name}'{more} was tested with other test options ({file}), which the study no longer "
+                         f"makes; delete results/{study.name} (trained weights are kept and tested again) or give "
+                         'the study another name')
 
 
 def _plain(opt):
