@@ -145,9 +145,11 @@ def test_non_strict_loading_skips_key_differences_but_never_a_shape(tmp_path):
     bias_before = target[1].bias.clone()
     with pytest.raises(InputError, match=r'keys 1 missing \(e\.g\. 1\.bias\); 1 unexpected \(e\.g\. 2\.weight\)$'):
         load_weights(target, str(tmp_path / 'partial.pth'))
-    assert load_weights(target, str(tmp_path / 'partial.pth'), strict=False).missing == ['1.bias']   # said in the logs
-    assert describe_unloaded(['1.bias'], target) == ('; 1 of its 4 tensors are not in the file and keep their initial '
-                                                     'values (e.g. 1.bias)')
+    loaded = load_weights(target, str(tmp_path / 'partial.pth'), strict=False)      # both said in the logs
+    assert (loaded.missing, loaded.unused) == (['1.bias'], ['2.weight'])
+    assert describe_unloaded(loaded, target) == ('; 1 of its 4 tensors are not in the file and keep their initial '
+                                                 'values (e.g. 1.bias); 1 tensors of the file are not in the network '
+                                                 'and were not loaded (e.g. 2.weight)')
     assert torch.equal(target[0].weight, source[0].weight) and torch.equal(target[1].weight, source[1].weight)
     assert torch.equal(target[1].bias, bias_before)
     state['0.weight'] = torch.zeros(4, 2)
@@ -159,7 +161,22 @@ def test_non_strict_loading_skips_key_differences_but_never_a_shape(tmp_path):
     with pytest.raises(InputError, match=r"holds none of network Sequential's 4 tensors \(it has e\.g\. conv\.weight\): "
                                          r'another network'):
         load_weights(target, str(tmp_path / 'other.pth'), strict=False)   # tested the random start as a method
-    assert describe_unloaded([], target) == ''
+    torch.save({'params': source.state_dict()}, tmp_path / 'whole.pth')
+    assert describe_unloaded(load_weights(target, str(tmp_path / 'whole.pth')), target) == ''
+
+
+def test_weights_holding_nan_or_inf_are_refused_by_name(tmp_path):
+    """The file of a run that diverged: tested, it scored a few dB with no complaint; trained from, every step
+    was skipped and the run blamed its own training."""
+    network = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 2))
+    state = dict(network.state_dict())
+    state['1.weight'] = state['1.weight'].clone()
+    state['1.weight'][0, 0] = float('inf')
+    state['0.bias'] = torch.full((3,), float('nan'))
+    torch.save({'params': state}, tmp_path / 'diverged.pth')
+    with pytest.raises(InputError, match=r"^checkpoint '.*diverged\.pth' holds NaN or inf in 2 of its weight tensors "
+                                         r'\(e\.g\. 0\.bias\): the file of a run that diverged\?'):
+        load_weights(network, str(tmp_path / 'diverged.pth'))
 
 
 def test_a_write_cut_short_leaves_a_hidden_temporary_that_the_next_run_removes(tmp_path, monkeypatch):
@@ -281,8 +298,14 @@ def test_damaged_files_and_folders_are_named_as_such_not_as_code(tmp_path):
     (tmp_path / 'cut.pth').write_bytes((tmp_path / 'whole.pth').read_bytes()[:2000])
     (tmp_path / 'noise.pth').write_bytes(bytes(range(200, 256)) * 20)
     torch.save({'params': {}, 'opt': argparse.Namespace(lr=1)}, tmp_path / 'objects.pth')
+    (tmp_path / 'url.pth').write_text('https://huggingface.co/some/weights.pth\n')   # a link saved as the file
+    (tmp_path / 'text.pth').write_text('about this file\n')
     cases = {'cut.pth': r"cannot read checkpoint '.*cut\.pth': damaged or truncated \(.+\)$",
              'noise.pth': r"cannot read checkpoint '.*noise\.pth': damaged or not a file saved by torch\.save \(.+\)$",
+             'url.pth': r"cannot read checkpoint '.*url\.pth': damaged or not a file saved by torch\.save \(the "
+                        r'unpickler met KeyError: 116\)$',
+             'text.pth': r"cannot read checkpoint '.*text\.pth': damaged or not a file saved by torch\.save \(the "
+                         r'unpickler met IndexError: pop from empty list\)$',
              'objects.pth': r"refusing to load checkpoint '.*objects\.pth': it contains pickled objects other than "
                             r'tensors and plain containers \(argparse\.Namespace\), and loading them could run '
                             r'arbitrary code$',
@@ -291,4 +314,4 @@ def test_damaged_files_and_folders_are_named_as_such_not_as_code(tmp_path):
         with pytest.raises(InputError, match='^' + message) as err:
             load_safe(str(tmp_path / name))
         assert 'weights_only' not in str(err.value) and '\n' not in str(err.value)
-        assert isinstance(err.value, UnreadableCheckpoint) is name.startswith(('cut', 'noise'))   # moved aside on resume
+        assert isinstance(err.value, UnreadableCheckpoint) is name.startswith(('cut', 'noise', 'url', 'text'))   # moved aside on resume

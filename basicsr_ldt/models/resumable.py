@@ -72,7 +72,7 @@ class ResumableMixin:
     def load_network(self, net, load_path, strict=True, param_key='params'):
         loaded = load_weights(self.get_bare_model(net), load_path, param_key, strict)
         get_root_logger().info(f'Loaded {type(self.get_bare_model(net)).__name__} from {load_path} '
-                               f"[{loaded.key or 'a bare state dict'}]" + describe_unloaded(loaded.missing, self.get_bare_model(net)))
+                               f"[{loaded.key or 'a bare state dict'}]" + describe_unloaded(loaded, self.get_bare_model(net)))
 
     def replica_tensors(self) -> List[torch.Tensor]:
         """Tensors every rank must hold identically (checked at each checkpoint under torchrun)."""

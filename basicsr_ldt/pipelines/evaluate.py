@@ -238,7 +238,7 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
             else:
                 loaded = load_weights(network, entry['path'], entry['param_key'],
                                       strict=opt['path'].get('strict_load_g', True), fallback=not entry['exact_key'])
-                entry['unloaded'] = describe_unloaded(loaded.missing, network)
+                entry['unloaded'] = describe_unloaded(loaded, network)
             networks.append(network.to(device).eval())
         comparison = Comparison(test_opt['compare'], opt, checkpoints, datasets, device) if test_opt['compare'] else None
         outputs.create(opt['path']['results_root'])

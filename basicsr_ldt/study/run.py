@@ -77,7 +77,8 @@ def check_unchanged(root: str, study: Study) -> None:
     for run in study.runs:
         files = option_files(root, study, run)
         started = osp.isdir(osp.join(root, 'experiments', study.name, run.name))
-        if run.trained and started and osp.isfile(files[0]) and read_yaml(files[0], 'option file') != _plain(run.train_opt):
+        if run.trained and started and osp.isfile(files[0]) \
+                and read_yaml(files[0], 'option file') != _plain(run.train_opt):
             raise InputError(f"run '{run.name}' was started with other options ({files[0]}); delete "
                              f"experiments/{study.name}/{run.name} and results/{study.name}/{run.name} to "
                              'train it again, or give the study another name')

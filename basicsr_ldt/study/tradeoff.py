@@ -127,7 +127,8 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
                     curve_rows[-1]['by_distance'] = np.array([by_distance[_key('', point, s)] for s in seeds]
                                                              ).mean(axis=0).tolist()
     return {'start': study.start, 'wise_ft': wise, 'of': study.interpolations[wise][0] if wise else None,
-            'rows': rows, 'curves': curve_rows, 'height_pairs': _height_pairs(rows, study.interpolations[wise][0] if wise else None, bootstrap),
+            'rows': rows, 'curves': curve_rows,
+            'height_pairs': _height_pairs(rows, study.interpolations[wise][0] if wise else None, bootstrap),
             'distance_missing': [r['run'] for r in records if r.get('distance_missing')]}
 
 

@@ -9,7 +9,7 @@ import os
 import pickle
 import re
 import tempfile
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -28,9 +28,11 @@ class Weights(dict):
 
 
 class Loaded(NamedTuple):
-    """What :func:`load_weights` loaded: the network's tensors the file lacks, and the key read."""
+    """What :func:`load_weights` loaded: the network's tensors the file lacks, the key read, and the
+    file's tensors the network has no place for (a non-strict load drops them)."""
     missing: List[str]
     key: Optional[str]
+    unused: List[str]
 
 
 def save_atomic(obj: Any, path: str) -> None:
@@ -68,6 +70,9 @@ def load_safe(path: str, what: str = 'checkpoint') -> Any:
     except (RuntimeError, EOFError, OSError) as err:
         reason = str(err).split('\n')[0] or type(err).__name__
         raise UnreadableCheckpoint(f"cannot read {what} '{path}': damaged or truncated ({reason})") from None
+    except (LookupError, ValueError) as err:   # text (a URL, a download's error page) or bytes the unpickler trips on
+        raise UnreadableCheckpoint(f"cannot read {what} '{path}': damaged or not a file saved by torch.save (the "
+                                   f'unpickler met {type(err).__name__}: {err})') from None
 
 
 def _unpickler_complaint(err: Exception) -> str:
@@ -134,6 +139,12 @@ def fitting_state(network: torch.nn.Module, path: str, param_key: Optional[str] 
     if problems:
         raise InputError(f"{what} '{path}' does not fit network {type(network).__name__}: keys "
                          + '; '.join(problems))
+    weights = dict(network.named_parameters())
+    broken = sorted(k for k in set(weights) & set(state)
+                    if state[k].is_floating_point() and not torch.isfinite(state[k]).all())
+    if broken:
+        raise InputError(f"{what} '{path}' holds NaN or inf in {len(broken)} of its weight tensors (e.g. {broken[0]}): "
+                         'the file of a run that diverged? Every output of the network would be NaN')
     if own and len(missing) == len(own):   # strict off: a network left wholly at its random start
         raise InputError(f"{what} '{path}' holds none of network {type(network).__name__}'s {len(own)} tensors "
                          f"(it has e.g. {', '.join(unexpected[:2]) or 'nothing'}): another network's weights? A "
@@ -149,13 +160,19 @@ def load_weights(network: torch.nn.Module, path: str, param_key: Optional[str] =
 
     ``path`` may be a release name (``HAT_SRx4``: ``pretrained/HAT_SRx4.pth``, see ``releases``)."""
     state = fitting_state(network, path, param_key, strict, fallback=fallback)
+    own = set(network.state_dict())
     network.load_state_dict(state, strict=strict)
-    return Loaded(sorted(set(network.state_dict()) - set(state)), state.key)
+    return Loaded(sorted(own - set(state)), state.key, sorted(set(state) - own))
 
 
-def describe_unloaded(missing: Sequence[str], network: torch.nn.Module) -> str:
-    """'' for a whole load, else what a log says of the tensors left at their initial values."""
-    if not missing:
-        return ''
-    return (f'; {len(missing)} of its {len(network.state_dict())} tensors are not in the file and keep their '
-            f"initial values (e.g. {', '.join(missing[:3])})")
+def describe_unloaded(loaded: Loaded, network: torch.nn.Module) -> str:
+    """'' for a whole load, else what a log says of the tensors left at their initial values and of
+    the file's tensors left out."""
+    parts = []
+    if loaded.missing:
+        parts.append(f'{len(loaded.missing)} of its {len(network.state_dict())} tensors are not in the file and keep '
+                     f"their initial values (e.g. {', '.join(loaded.missing[:3])})")
+    if loaded.unused:
+        parts.append(f'{len(loaded.unused)} tensors of the file are not in the network and were not loaded (e.g. '
+                     f"{', '.join(loaded.unused[:3])})")
+    return ''.join(f'; {part}' for part in parts)
