@@ -74,6 +74,16 @@ def load_error(path, root) -> str:
     ({'overrides': {'traim': 1}, 'methods': {'B': {'bicubic': True}}},
      "study 'tiny' overrides: 'traim' is not an option of the base file (did you mean 'train'?)"),
     ({'methods': {'FT': {'base': 'nope.yml'}}}, "method 'FT': base training file 'nope.yml' does not exist"),
+    ({'sweep': {'train.optim_g.lr': [1e-3, 5e-4]}, 'methods': {'FT': {}, 'FT-2': {'train': {'optim_g': {'lr': 2e-3}}}}},
+     "{study}: method 'FT-2' sets 'train.optim_g.lr', which the sweep sets for every run (that value would never be "
+     'trained); remove one of the two'),    # planned FT-2 at 1e-3 and 5e-4 only: 2e-3 never ran
+    ({'sweep': {'train.total_iter': [4, 6]}, 'overrides': {'train': {'total_iter': 8}}},
+     "{study}: overrides sets 'train.total_iter', which the sweep sets for every run (that value would never be "
+     'trained); remove one of the two'),
+    ({'overrides': START, 'methods': {'S': {'start': True}, 'FT': {},
+                                      'FT-other': {'path': {'pretrain_network_g': 'other.pth'}}}},
+     "{study}: method 'FT-other' starts from 'other.pth', not from the study's start 'S' ('start.pth'): its gains and "
+     'distance would be measured from weights it did not start from'),
 ])
 def test_study_file_mistakes_are_one_whole_message_naming_the_file_and_the_key(tmp_path, demo_data, changes, message):
     """Kills mutants that drop or garble the ``where`` of these messages (the study file, the method,

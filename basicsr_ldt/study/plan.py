@@ -250,6 +250,12 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
         what, key = given[0]
         raise InputError(f"study file '{path}': {what}, which the study sets for every run ({STUDY_SET[key]}); "
                          'remove it')
+    swept = [(where, key) for where, overrides in sources if isinstance(overrides, Mapping)
+             for key in sweep if lookup(overrides, key) is not MISSING]
+    if swept:
+        where, key = swept[0]
+        raise InputError(f"study file '{path}': {where} sets '{key}', which the sweep sets for every run (that value "
+                         'would never be trained); remove one of the two')
     reference = study.get('reference')
     if reference is not None and reference not in study['methods']:
         hint = closest_key_hint(str(reference), study['methods'])
@@ -442,6 +448,11 @@ def load_study(path: str, root: str) -> Study:
             train_opt['manual_seed'] = seed
             train_opt.setdefault('path', {})['resume_state'] = None
             check_training_options(train_opt, f"run '{run}'")
+            if starts and (train_opt.get('path') or {}).get('pretrain_network_g') != merged['path']['pretrain_network_g']:
+                raise InputError(f"study file '{path}': method '{label}' starts from "
+                                 f"{train_opt['path'].get('pretrain_network_g')!r}, not from the study's start "
+                                 f"'{starts[0]}' ({merged['path']['pretrain_network_g']!r}): its gains and distance "
+                                 'would be measured from weights it did not start from')
             ema = bool((train_opt.get('train') or {}).get('ema_decay', 0))
             runs.append(Run(len(runs), run, label, seed, dict(point), train_opt,
                             evaluation_options(base_test, name, run, train_opt, root, ema)))
