@@ -384,6 +384,9 @@ def test_the_printed_table_and_the_markdown_copy_are_exactly_laid_out():
 
 @pytest.mark.parametrize('opt, message', [
     ({}, "give the weights to test as 'path: pretrain_network_g' or a 'checkpoints' list"),
+    ({'path': {'pretrain_network_g': 'b.pth'}, 'checkpoints': [{'path': 'a.pth'}]},    # b.pth was never tested
+     "path.pretrain_network_g and 'checkpoints' both name weights to test, and only the checkpoints list would be "
+     "tested; make the file an entry of 'checkpoints', or remove one of the two"),
     ({'checkpoints': 'x.pth'}, "'checkpoints' must be a non-empty list of {label, path[, param_key]} entries"),
     ({'checkpoints': []}, "'checkpoints' must be a non-empty list of {label, path[, param_key]} entries"),
     ({'checkpoints': [{'path': 'a.pth', 'lable': 'x'}]},

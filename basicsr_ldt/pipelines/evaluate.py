@@ -54,6 +54,9 @@ BICUBIC_LABEL = 'Bicubic'
 def checkpoints_of(opt: Mapping) -> List[Dict]:
     """The checkpoints to compare: ``checkpoints:`` entries, or ``path.pretrain_network_g``."""
     entries = opt.get('checkpoints')
+    if entries is not None and (opt.get('path') or {}).get('pretrain_network_g'):
+        raise InputError("path.pretrain_network_g and 'checkpoints' both name weights to test, and only the checkpoints "
+                         "list would be tested; make the file an entry of 'checkpoints', or remove one of the two")
     if entries is None:
         path = opt.get('path', {}).get('pretrain_network_g')
         if not path:
