@@ -576,6 +576,15 @@ def test_messages_name_the_dataset_and_what_was_selected(tmp_path):
     with pytest.raises(InputError) as err:
         DRealSRCameraDataset({**opt, 'cameras': ['Sony'], 'subset': {'parts': 2, 'index': 0}})
     assert str(err.value) == f"{where}: the selection (cameras=['Sony'], subset={{'parts': 2, 'index': 0}}) is empty"
+    # A test or validation part without one of its cameras: that camera's column would vanish from the table.
+    sony_in = [any(it['camera'] == 'Sony' for it in DRealSRCameraDataset({**opt, 'phase': 'train', 'gt_size': 4, 'subset': {
+        'parts': 2, 'index': i}}).items) for i in (0, 1)]                  # training parts may lack one (LDT's D_S1/D_S2)
+    without = sony_in.index(False)
+    with pytest.raises(InputError) as err:
+        DRealSRCameraDataset({**opt, 'subset': {'parts': 2, 'index': without}})
+    assert str(err.value) == (f"{where}: subset {{'parts': 2, 'index': {without}}} leaves camera(s) ['Sony'] with no "
+                              'image (the part is drawn over all cameras together); use fewer parts or list fewer cameras')
+    assert len(DRealSRCameraDataset({**opt, 'subset': {'parts': 2, 'index': 1 - without}}).items) == 2   # both cameras
     with pytest.raises(InputError) as err:
         DRealSRCameraDataset({**opt, 'camera_rule': {'source': 'filename', 'pattern': '^Z'}})
     assert str(err.value) == "cannot tell the camera of 'Canon_1': camera_rule.pattern '^Z' does not match its file name"
@@ -599,7 +608,8 @@ def test_a_file_gone_after_the_check_is_named_when_read(tmp_path):
 def test_subset_defaults_and_the_all_selection(tmp_path):
     """``subset`` without ``index``/``seed`` is part 0 with seed 0, without ``parts`` the whole
     selection; ``cameras: all`` (or ``[all]``, or absent) keeps every camera."""
-    opt = synthetic(tmp_path, names=[f'Canon_{k}' for k in range(6)] + ['sony_9'])
+    opt = {**synthetic(tmp_path, names=[f'Canon_{k}' for k in range(6)] + ['sony_9']), 'phase': 'train',
+           'gt_size': 4}                            # a training part: a test part losing sony_9 is refused
     stems = lambda **o: [it['stem'] for it in DRealSRCameraDataset({**opt, **o}).items]  # noqa: E731
     everything = stems()
     assert len(everything) == 7 and stems(cameras='all') == stems(cameras=['all']) == everything

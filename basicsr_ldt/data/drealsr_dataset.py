@@ -146,6 +146,10 @@ class DRealSRCameraDataset(data.Dataset):
         if subset is not None:
             check_known_keys(f"dataset '{self.name}' subset", subset, ('parts', 'index', 'seed'))
             part = subset_indices(len(chosen), subset.get('parts', 1), subset.get('index', 0), subset.get('seed', 0))
+            lost = sorted({cameras[i] for i in chosen} - {cameras[chosen[k]] for k in part})
+            if lost and part and self.phase != 'train':   # its column would vanish from the table, the Mean change
+                raise InputError(f'{where}: subset {subset} leaves camera(s) {lost} with no image (the part is drawn '
+                                 'over all cameras together); use fewer parts or list fewer cameras')
             chosen = [chosen[i] for i in part]
         if not chosen:
             raise InputError(f'{where}: the selection (cameras={self.opt.get("cameras")}, subset={subset}) is empty')
