@@ -1,6 +1,7 @@
 """End to end through the real entry points: Train_pip.py trains and resumes, test.py reports per camera,
 and bad input stops with one line before anything is written."""
 import json
+import re
 
 import pytest
 import torch
@@ -89,6 +90,44 @@ def test_auto_resume_reproduces_uninterrupted_run(project, demo_data):
     assert full.keys() == cut.keys()
     assert all(torch.equal(full[k], cut[k]) for k in full)
     assert not partial.exists()
+
+
+@pytest.mark.parametrize('change, key, now, saved', [
+    (lambda o: o['train']['optim_g'].update(lr=0.01), 'train.optim_g',
+     "{'type': 'Adam', 'lr': 0.01, 'betas': [0.9, 0.99]}", "{'type': 'Adam', 'lr': 0.001, 'betas': [0.9, 0.99]}"),
+    (lambda o: o['train']['scheduler'].update(milestones=[3]), 'train.scheduler',
+     "{'type': 'MultiStepLR', 'milestones': [3], 'gamma': 0.5}", "{'type': 'MultiStepLR', 'milestones': [2], 'gamma': 0.5}"),
+    (lambda o: o['datasets']['train'].update(gt_size=16), 'datasets.train.gt_size', '16', '32'),
+    (lambda o: o.update(manual_seed=5), 'manual_seed', '5', '0'),
+])
+def test_auto_resume_refuses_options_the_state_would_silently_override(project, demo_data, change, key, now, saved):
+    """The log's option dump said lr 0.01 while the run went on at the state's 1e-3 (BasicSR restores the
+    optimizer and scheduler states); other crops or seeds mixed two trainings under one name. An extended
+    total_iter and execution choices (fused Adam, workers) still resume."""
+    opt = train_options(demo_data, 'cut', total_iter=2)
+    opt['train']['scheduler']['milestones'] = [2]
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', opt))
+    opt['train']['total_iter'] = 4
+    change(opt)
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', opt), '--auto_resume', check=False)
+    state = project / 'experiments' / 'cut' / 'training_states' / '2.state'
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+        f"error: {key} is {now} in the option file but {saved} in training state '{state}': a resumed run keeps the "
+        "state's optimizer, schedule and data draws, so the new value would be logged and not used; restore it, or "
+        'give the run a new name')
+    assert not (project / 'experiments' / 'cut' / 'training_states' / '4.state').exists()
+
+
+def test_auto_resume_accepts_a_longer_run_and_other_execution_choices(project, demo_data):
+    opt = train_options(demo_data, 'cut', total_iter=2)
+    opt['train']['scheduler']['milestones'] = [2]
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', opt))
+    opt['train']['total_iter'] = 3
+    opt['train']['optim_g']['fused'] = False
+    opt['datasets']['train']['num_worker_per_gpu'] = 1
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', opt), '--auto_resume')
+    resumed = sorted((project / 'experiments' / 'cut').glob('train_cut_*.log'))[-1].read_text()
+    assert re.search(r'iter:\s+3,', resumed) and not re.search(r'iter:\s+2,', resumed)   # went on from 2
 
 
 def test_auto_resume_moves_damaged_states_aside_and_resumes_from_a_readable_one(project, demo_data):

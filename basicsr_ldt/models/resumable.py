@@ -4,6 +4,7 @@ BasicSR 1.4.2 writes checkpoints in place (a kill mid-write destroys them), load
 states onto CUDA only, and keeps no random-number state, so a resumed run drifts from an
 uninterrupted one. The mixin fixes all three without touching BasicSR.
 """
+import copy
 import os
 import random
 from typing import Any, Dict, List, Optional
@@ -23,6 +24,30 @@ def training_cameras(opt: Dict[str, Any]) -> Optional[List[str]]:
     training state records them: a run resumed on other cameras would mix two trainings under one name."""
     cameras = opt['datasets']['train'].get('cameras')
     return [cameras] if isinstance(cameras, str) else None if cameras is None else [str(c) for c in cameras]
+
+
+#: Options a training state fixes: on a resume BasicSR restores the optimizer's and scheduler's own state (the
+#: file's lr, betas, milestones are not read again) and the data draws continue, so a value changed in the
+#: option file would be logged as used and ignored, or mix two trainings under one name. ``total_iter`` may
+#: grow (a run extended); execution choices (``optim_g.fused``/``foreach``, workers, compile, precision) may change.
+RESUME_FIXED = ('scale', 'manual_seed', 'train.optim_g', 'train.scheduler', 'train.warmup_iter', 'train.pixel_opt',
+                'train.ema_decay', 'train.ema_reference_iters', 'train.l2_sp_weight', 'datasets.train.gt_size',
+                'datasets.train.batch_size_per_gpu', 'datasets.train.use_hflip', 'datasets.train.use_rot',
+                'datasets.train.dataset_enlarge_ratio', 'datasets.train.subset', 'datasets.train.cameras')
+EXECUTION_ONLY = ('fused', 'foreach')
+
+
+def resume_fixed(opt: Dict[str, Any]) -> Dict[str, Any]:
+    """The values of ``RESUME_FIXED`` in ``opt`` (absent keys as None), as a training state records them."""
+    values = {}
+    for dotted in RESUME_FIXED:
+        value: Any = opt
+        for part in dotted.split('.'):
+            value = value.get(part) if isinstance(value, dict) else None
+        if dotted == 'train.optim_g' and isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k not in EXECUTION_ONLY}
+        values[dotted] = copy.deepcopy(value)
+    return values
 
 
 def rng_state() -> Dict[str, Any]:
@@ -49,6 +74,10 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 class ResumableMixin:
     """Atomic ``net_*.pth`` and ``*.state`` files; training states that also hold RNG state and
     whatever :meth:`extra_training_state` returns (a subclass's method state)."""
+
+    def __init__(self, opt: Dict[str, Any]) -> None:
+        self.fixed_options = resume_fixed(opt)   # before BasicSR's setup pops optim_g.type and scheduler.type
+        super().__init__(opt)
 
     def model_to_device(self, net):
         # BasicSR's DDP wrapper pins a CUDA device; on CPU (gloo) DDP takes no device ids.
@@ -128,7 +157,7 @@ class ResumableMixin:
                  'optimizers': [o.state_dict() for o in self.optimizers],
                  'schedulers': [s.state_dict() for s in self.schedulers],
                  'rng': rng_state(), 'extra': self.extra_training_state(),
-                 'train_cameras': training_cameras(self.opt)}
+                 'train_cameras': training_cameras(self.opt), 'fixed_options': self.fixed_options}
         save_atomic(state, os.path.join(self.opt['path']['training_states'], f'{current_iter}.state'))
 
     def resume_training(self, resume_state):

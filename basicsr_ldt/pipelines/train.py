@@ -40,7 +40,7 @@ from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.l2_sp import START_KEY, START_PARAM_KEY
 from basicsr_ldt.models.network_check import probe_network
 from basicsr_ldt.models.option_values import check_option_values, gpus_used
-from basicsr_ldt.models.resumable import training_cameras
+from basicsr_ldt.models.resumable import resume_fixed, training_cameras
 from basicsr_ldt.models.validation import basicsr_device_type, check_validation_crops
 from basicsr_ldt.weights.checkpoint import UnreadableCheckpoint, load_safe
 
@@ -106,6 +106,14 @@ def load_resume_state(opt: Dict) -> Optional[Dict]:
     if 'train_cameras' in state and state['train_cameras'] != cameras:   # states before the record: not compared
         raise InputError(f"datasets.train.cameras {cameras} differ from the {state['train_cameras']} that training "
                          f"state '{path}' was trained on; restore them, or give the run a new name")
+    saved, now = state.get('fixed_options') or {}, resume_fixed(opt)
+    changed = [key for key in saved if saved[key] != now.get(key)]
+    if changed:
+        more = f' ({len(changed) - 1} more option(s) differ too)' if len(changed) > 1 else ''
+        raise InputError(f"{changed[0]} is {now.get(changed[0])!r} in the option file but {saved[changed[0]]!r} in "
+                         f"training state '{path}'{more}: a resumed run keeps the state's optimizer, schedule and "
+                         'data draws, so the new value would be logged and not used; restore it, or give the run a '
+                         'new name')
     start = opt['path']   # BasicSR points pretrain_network_g at the state's weights; L2-SP still anchors to the start
     start[START_KEY], start[START_PARAM_KEY] = start.get('pretrain_network_g'), start.get('param_key_g', 'params')
     check_resume(opt, state['iter'])
