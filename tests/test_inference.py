@@ -421,3 +421,19 @@ def test_output_slips_are_one_line_and_a_run_that_wrote_nothing_leaves_no_folder
     (tmp_path / 'kept').mkdir()   # a folder the user made stays, even empty
     assert inference_main(['--input', str(broken), '--output', str(tmp_path / 'kept'), *network]) == 1
     assert (tmp_path / 'kept').is_dir()
+
+
+def test_a_second_run_into_the_input_folder_refuses_to_upscale_its_own_outputs(tmp_path, tiny):
+    """``--output`` = the input folder writes a_x4.png beside a.png; run again with --force, it upscaled
+    a_x4.png into a_x4_x4.png (16x) and overwrote a_x4.png with the x4 of a.png, counting both as written."""
+    folder = tmp_path / 'photos'
+    folder.mkdir()
+    cv2.imwrite(str(folder / 'a.png'), np.full((8, 8, 3), 90, np.uint8))
+    network = ('--checkpoint', str(tiny / 'net_g_latest.pth'), '--opt', str(tiny / 'net.yml'))
+    assert inference_main(['--input', str(folder), '--output', str(folder), *network]) == 0
+    assert (folder / 'a_x4.png').is_file()
+    with pytest.raises(InputError, match=rf"^'{re.escape(str(folder / 'a_x4.png'))}' is an input and also the output "
+                                         rf"of '{re.escape(str(folder / 'a.png'))}' \(an earlier run's output in the "
+                                         r'input folder\?\); choose another --output, or move the earlier outputs away$'):
+        inference_main(['--input', str(folder), '--output', str(folder), '--force', *network])
+    assert sorted(p.name for p in folder.iterdir()) == ['a.png', 'a_x4.png']

@@ -87,6 +87,12 @@ def output_paths(files: Sequence[str], folder: str, suffix: str, ext: str, force
         seen[target] = source
         if os.path.abspath(source) == os.path.abspath(target):
             raise InputError(f"output '{target}' is the input image itself; choose another --output or --suffix")
+    inputs = {os.path.abspath(f) for f in files}
+    overwritten = [(s, t) for s, t in zip(files, outputs) if os.path.abspath(t) in inputs]
+    if overwritten:   # an earlier run's outputs in the input folder: upscaled again, and overwritten
+        source, target = overwritten[0]
+        raise InputError(f"'{target}' is an input and also the output of '{source}' (an earlier run's output in the "
+                         'input folder?); choose another --output, or move the earlier outputs away')
     existing = [t for t in outputs if os.path.exists(t)]
     if existing and not force:
         raise InputError(f"{len(existing)} output file(s) exist already (e.g. '{existing[0]}'); "
