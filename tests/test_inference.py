@@ -322,8 +322,8 @@ def test_cli_in_process_writes_each_image_as_its_flags_say(tmp_path, tiny, tiny_
     and exit code 1; existing outputs are refused unless ``--force``."""
     import basicsr_ldt.pipelines.upscale as pipeline
     devices = []
-    load = pipeline.load_network
-    monkeypatch.setattr(pipeline, 'load_network', lambda *a, **k: devices.append(k['device']) or load(*a, **k))
+    load = pipeline.loaded_network
+    monkeypatch.setattr(pipeline, 'loaded_network', lambda *a, **k: devices.append(k['device']) or load(*a, **k))
     out = tmp_path / 'out'
     args = ['--input', str(photos), '--output', str(out), '--checkpoint', str(tiny / 'net_g_latest.pth'),
             '--opt', str(tiny / 'net.yml'), '--device', 'cpu']
@@ -331,6 +331,7 @@ def test_cli_in_process_writes_each_image_as_its_flags_say(tmp_path, tiny, tiny_
     assert inference_main(args + tiles) == 1
     printed = capsys.readouterr().out
     assert f"failed: '{photos / 'broken.png'}': cannot read it: not an image, or the file is corrupt" in printed
+    assert f"weights: {tiny / 'net_g_latest.pth'} [params]\n" in printed        # which of the file's weights ran
     assert re.search(rf'^4 written, 1 failed, to {re.escape(str(out))} \(', printed, re.M), printed
     assert devices == [torch.device('cpu')]
     assert sorted(p.name for p in out.iterdir()) == ['alpha_x4.png', 'gray16_x4.png', 'photo_x4.png', 'rgb_x4.png']
@@ -373,16 +374,17 @@ def test_cli_network_flags_in_process(tmp_path, tiny, photos, monkeypatch):
         inference_main(base + tiny_checkpoint + ['--opt', str(tiny / 'net.yml'), '--scale', '2'])
     calls = []
 
-    def load_network(checkpoint, **chosen):
+    def loaded_network(checkpoint, **chosen):
         calls.append((checkpoint, chosen))
         raise InputError('stop here')
 
-    monkeypatch.setattr(pipeline, 'load_network', load_network)
+    monkeypatch.setattr(pipeline, 'loaded_network', loaded_network)
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)   # --device cpu is honoured beside a GPU
     for extra, arch, opt in (([], 'HAT', None), (['--opt', str(tiny / 'net.yml')], None, str(tiny / 'net.yml'))):
         with pytest.raises(InputError, match='^stop here$'):
-            inference_main(base + ['--checkpoint', 'HAT_SRx4', '--device', 'cpu'] + extra)
-        assert calls[-1] == ('HAT_SRx4', {'arch': arch, 'opt': opt, 'device': torch.device('cpu'), 'scale': None})
+            inference_main(base + ['--checkpoint', 'HAT_SRx4', '--device', 'cpu', '--param-key', 'params'] + extra)
+        assert calls[-1] == ('HAT_SRx4', {'arch': arch, 'opt': opt, 'device': torch.device('cpu'), 'scale': None,
+                                          'param_key': 'params'})
     assert not out.exists()
 
 

@@ -7,7 +7,7 @@ line and a notebook produce the same pixels.
 """
 import os
 import warnings
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -69,14 +69,22 @@ def load_network(checkpoint: str, arch: Optional[str] = None, opt: Union[str, Ma
     has it, else ``params``; a key named that the file lacks is an error). A checkpoint of
     another network raises :class:`InputError` naming the missing/unexpected keys.
     """
+    return loaded_network(checkpoint, arch, opt, device, scale, param_key)[0]
+
+
+def loaded_network(checkpoint: str, arch: Optional[str] = None, opt: Union[str, Mapping, None] = None,
+                   device: Union[str, torch.device, None] = None, scale: Optional[int] = None,
+                   param_key: Optional[str] = None) -> Tuple[nn.Module, Optional[str]]:
+    """:func:`load_network`, and the key its weights were read from (None: a bare state dict), for
+    ``inference.py`` to say which of a file's weights (``params`` or ``params_ema``) it ran."""
     section = network_options(arch, opt, scale)
     registered(ARCH_REGISTRY, section.get('type'), 'network_g.type')
     device = resolve_device(device)
     probe_network(section, device_type=device.type)
     network = build_network(dict(section))
-    load_weights(network, checkpoint, param_key, fallback=False)
+    key = load_weights(network, checkpoint, param_key, fallback=False).key
     network.requires_grad_(False)
-    return network.to(device).eval()
+    return network.to(device).eval(), key
 
 
 def resolve_device(device: Union[str, torch.device, None] = None) -> torch.device:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.flags import FlagParser
 from basicsr_ldt.common.options import closest_key_hint
-from basicsr_ldt.inference.api import load_network, network_scale, resolve_device, upscale
+from basicsr_ldt.inference.api import loaded_network, network_scale, resolve_device, upscale
 from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, TILE_MODES, inference_settings
 from basicsr_ldt.ldt.precision import INFERENCE_DTYPES
 from basicsr_ldt.weights.releases import releases
@@ -40,6 +40,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                                        'a release name as --checkpoint implies its network)')
     parser.add_argument('--scale', type=int, help='upscaling factor for --arch (default: 4) or to override --opt')
     parser.add_argument('--opt', help='a train/test option file whose network_g describes the network')
+    parser.add_argument('--param-key', help="which weights of the checkpoint: params or params_ema (default: params_ema "
+                                            'when the file has it, else params; the run says which it read)')
     parser.add_argument('--tile-mode', default=INFERENCE_DEFAULTS['tile_mode'],
                         help=f"how images are cut, as test:/val: tile_mode: {', '.join(TILE_MODES)} (official = the "
                              'official LDT evaluation; default: fixed with --tile-size, else whole)')
@@ -145,7 +147,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     inference = {key: getattr(args, key) for key in INFERENCE_DEFAULTS}
     inference_settings(None, inference, device.type, flags=True)   # test's and val's checks, named as flags
     files = list_images(args.input)
-    network = load_network(args.checkpoint, arch=args.arch, opt=args.opt, device=device, scale=args.scale)
+    network, key = loaded_network(args.checkpoint, arch=args.arch, opt=args.opt, device=device, scale=args.scale,
+                                  param_key=args.param_key)
+    print(f"weights: {args.checkpoint} [{key or 'a bare state dict'}]", flush=True)
     scale = network_scale(network)
     suffix = f'_x{scale}' if args.suffix is None else args.suffix
     outputs = output_paths(files, args.output, suffix, args.ext, args.force)
