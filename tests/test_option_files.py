@@ -317,6 +317,13 @@ def test_more_gpus_than_the_machine_has_is_one_line(project, demo_data):
         "error: num_gpu: 2, but torch sees no CUDA device here; expected at most 0 ('auto' takes what there is: "
         'the CPU)')
     assert not (project / 'experiments').exists()
+    test_opt = {'name': 'onegpu', 'scale': 4, 'num_gpu': 1, 'network_g': opt['network_g'], 'path': {},
+                'datasets': {'test_1': opt['datasets']['val_targets']}, 'checkpoints': [{'bicubic': True}]}
+    result = run_entry(project, 'test.py', '-opt', write(project / 'onegpu.yml', test_opt), check=False)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (   # it tested on the CPU silently
+        "error: num_gpu: 1, but torch sees no CUDA device here; expected at most 0 ('auto' takes what there is: the "
+        'CPU)')
+    assert not (project / 'results').exists()
 
 
 def test_launcher_pytorch_outside_torchrun_is_one_line(project, demo_data):

@@ -158,8 +158,8 @@ def read_checked_options(path: str, role: str, forced: Optional[List[str]] = Non
 
 
 def check_gpu_count(num_gpu: Any) -> None:
-    """A training ``num_gpu`` this machine has (BasicSR moves the network to CUDA for any count but 0,
-    and spreads it over that many GPUs: a traceback from deep in the model's setup otherwise)."""
+    """A ``num_gpu`` this machine has (training: BasicSR moves the network to CUDA for any count but 0,
+    a traceback from deep in the model's setup otherwise; test.py ran on the CPU without a word)."""
     present = torch.cuda.device_count()
     if num_gpu != 'auto' and num_gpu > present:
         there = f'{present} CUDA device{"s" if present != 1 else ""}' if present else 'no CUDA device'
@@ -192,8 +192,7 @@ def parse_options(root_path: str, is_train: bool = True) -> Tuple[Dict[str, Any]
     from basicsr.utils.dist_util import get_dist_info
     args = argument_parser('python Train_pip.py' if is_train else 'python test.py').parse_args()
     opt, args.option_defaults = read_checked_options(args.opt, TRAIN if is_train else TEST, args.force_yml)
-    if is_train:
-        check_gpu_count(opt.get('num_gpu', 'auto'))
+    check_gpu_count(opt.get('num_gpu', 'auto'))   # test.py too: it ran on the CPU without a word
 
     _start_launcher(args.launcher, opt)
     opt['dist'] = args.launcher != 'none'
