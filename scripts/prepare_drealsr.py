@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Check a DRealSR download before training: cameras x splits, layout and naming; regroup, crop, lmdb.
+"""Check a DRealSR download before training: cameras x splits, layout, naming, every image's header and size;
+regroup, crop, lmdb.
 
     python scripts/prepare_drealsr.py datasets/DRealSR                     # report cameras and counts
     python scripts/prepare_drealsr.py datasets/DRealSR --by-camera OUT     # copy into per-camera subfolders
@@ -28,6 +29,7 @@ from basicsr_ldt.data.cameras import (CameraRule, camera_counts, drealsr_name_pa
                                       pair_keys, split_extension)
 from basicsr_ldt.common.errors import InputError  # noqa: E402
 from basicsr_ldt.common.flags import FlagParser, positive_int  # noqa: E402
+from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset  # noqa: E402
 
 #: (split, HR folder, LR folder): the published layout first, then the official LDT code's.
 SPLITS = (('Train_x4', 'train_HR', 'train_LR'), ('Test_x4', 'test_HR', 'test_LR'),
@@ -51,6 +53,14 @@ def scan_split(root: str, split: str, hr: str, lr: str, scale: int, rule: Camera
     pairs = pair_keys(gt_files, lq_files, None, None, where)
     cameras = rule.cameras_of([stem for stem, _, _ in pairs], where)
     return {'gt_dir': gt_dir, 'lq_dir': lq_dir, 'pairs': pairs, 'cameras': cameras}
+
+
+def check_images(info: Dict, split: str, scale: int, camera_rule: Optional[Dict]) -> None:
+    """Every pair's headers as training and test.py read them (the dataset's own check): an image that is
+    not one, or an LR whose size x scale is not its HR's, stops here instead of in a run."""
+    DRealSRCameraDataset({'name': split, 'dataroot_gt': info['gt_dir'], 'dataroot_lq': info['lq_dir'],
+                          'io_backend': {'type': 'disk'}, 'scale': scale, 'phase': 'test',
+                          **({'camera_rule': camera_rule} if camera_rule else {})})
 
 
 def naming(pairs: Sequence[tuple]) -> str:
@@ -196,11 +206,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = parser.parse_args(argv)
         step = crop_step(args.crop, args.step, args.scale)
-        rule = CameraRule.from_options({'pattern': args.camera_pattern} if args.camera_pattern else None)
+        camera_rule = {'pattern': args.camera_pattern} if args.camera_pattern else None
+        rule = CameraRule.from_options(camera_rule)
         splits = {}
         for split, hr, lr in SPLITS:
             info = scan_split(args.root, split, hr, lr, args.scale, rule)
             if info is not None:
+                check_images(info, split, args.scale, camera_rule)
                 splits[split] = info
         if not splits:
             raise InputError(f"'{args.root}' has neither Train_x4/train_HR|train_LR nor Test_x4/test_HR|test_LR "

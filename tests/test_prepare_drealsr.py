@@ -63,3 +63,19 @@ def test_bad_crop_flags_are_one_line_before_anything_is_written(prepare, demo_da
     assert prepare.main([str(demo_data)] + [f.format(out=out) for f in flags]) == 2
     assert capsys.readouterr().err == f'error: {message}\n'
     assert not out.exists() and not (demo_data / 'Train_x4' / 'train_HR_sub').exists()
+
+
+def test_the_check_of_a_download_reads_every_images_header(prepare, demo_data, tmp_path, capsys):
+    """The README's "check what your copy holds" step passed a text file saved as an HR image, an LR image
+    of the wrong size and --scale 2 on x4 data; each is named now, as a run would name it, before any run."""
+    import shutil
+    root = tmp_path / 'd'
+    shutil.copytree(demo_data, root)
+    assert prepare.main([str(root), '--scale', '2']) == 2
+    assert capsys.readouterr().err.startswith("error: size mismatch for 'Canon_0_0' in dataset 'Train_x4': LR "
+                                              '16x16 times scale 2 is 32x32, HR is 64x64')
+    hr = sorted((root / 'Test_x4' / 'test_HR').iterdir())[0]
+    hr.write_text('not an image')
+    assert prepare.main([str(root)]) == 2
+    assert capsys.readouterr().err == (f"error: image '{hr}' of dataset 'Test_x4' is corrupt or not an image "
+                                       '(UnidentifiedImageError)\n')
