@@ -241,15 +241,18 @@ def test_bf16_ldt_run_through_every_phase_then_bf16_test(project, demo_data):
 def test_weights_holding_nan_are_never_saved(tmp_path):
     from basicsr_ldt.models.resumable import ResumableMixin
 
-    class Model(ResumableMixin):
-        opt = {'path': {'models': str(tmp_path)}}
+    class Base:                                     # BasicSR's BaseModel takes the options
+        def __init__(self, opt):
+            self.opt = opt
+
+    class Model(ResumableMixin, Base):
         net_g = _net()
 
         @staticmethod
         def get_bare_model(network):
             return network
 
-    model = Model()
+    model = Model({'path': {'models': str(tmp_path)}})
     model.check_savable(5)                          # finite weights: nothing to object to
     with torch.no_grad():
         model.net_g[3].weight[0, 0, 0, 0] = math.inf

@@ -58,7 +58,7 @@ def test_dataset_section(change, message):
     ({'test': {'compare': {'crops': 'two'}}}, "test.compare.crops: expected an integer in [0, 8], got 'two'"),
     ({'test': {'compare': {'methods': ['a.pth']}}}, "test.compare.methods: expected a mapping of names to"),
     ({'test': {'compare': {'crop': 2}}}, "unknown option 'crop' in test.compare (did you mean 'crops'?)"),
-    ({'checkpoints': [{'label': 7, 'path': 'x.pth'}]}, 'checkpoints[0].label: expected a non-empty string, got 7'),
+    ({'checkpoints': [{'label': 7, 'path': 'x.pth'}], 'path': {}}, 'checkpoints[0].label: expected a non-empty string, got 7'),
 ])
 def test_test_section(change, message, demo_data):
     opt = {'scale': 4, 'network_g': {'type': 'SAFMN', 'dim': 8}, 'path': {'pretrain_network_g': 'x.pth'},

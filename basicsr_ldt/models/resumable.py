@@ -27,11 +27,12 @@ def training_cameras(opt: Dict[str, Any]) -> Optional[List[str]]:
 
 
 #: Options a training state fixes: on a resume BasicSR restores the optimizer's and scheduler's own state (the
-#: file's lr, betas, milestones are not read again) and the data draws continue, so a value changed in the
-#: option file would be logged as used and ignored, or mix two trainings under one name. ``total_iter`` may
-#: grow (a run extended); execution choices (``optim_g.fused``/``foreach``, workers, compile, precision) may change.
-RESUME_FIXED = ('scale', 'manual_seed', 'train.optim_g', 'train.scheduler', 'train.warmup_iter', 'train.pixel_opt',
-                'train.ema_decay', 'train.ema_reference_iters', 'train.l2_sp_weight', 'datasets.train.gt_size',
+#: file's lr, betas, milestones are not read again) and the random state (a new ``manual_seed`` is not used), and
+#: the data draws continue where they were (other crops or batches would mix two data streams under one name):
+#: a value changed there would be logged as used and ignored. Values read afresh at each build (the loss, EMA,
+#: L2-SP, ``max_bad_steps``) and execution choices (``optim_g.fused``/``foreach``, workers, compile, precision)
+#: may change; ``total_iter`` may grow (a run extended).
+RESUME_FIXED = ('scale', 'manual_seed', 'train.optim_g', 'train.scheduler', 'datasets.train.gt_size',
                 'datasets.train.batch_size_per_gpu', 'datasets.train.use_hflip', 'datasets.train.use_rot',
                 'datasets.train.dataset_enlarge_ratio', 'datasets.train.subset', 'datasets.train.cameras')
 EXECUTION_ONLY = ('fused', 'foreach')
