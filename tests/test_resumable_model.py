@@ -77,3 +77,27 @@ def test_nan_in_the_ema_copy_is_not_saved(tmp_path):
     with pytest.raises(FloatingPointError, match='2 weight tensors hold NaN/inf at iteration 6: not saving'):
         model.save(0, 6)
     assert os.listdir(tmp_path / 'models') == ['net_g_2.pth'] and os.listdir(tmp_path / 'states') == ['2.state']
+
+
+def test_a_training_state_records_what_it_fixes_and_leaves_execution_choices_out():
+    """What ``--auto_resume`` compares (``RESUME_FIXED``): the optimizer without fused/foreach (an execution
+    choice), the schedule, seed and crops; an absent key as None; copies, so BasicSR's later pops of
+    ``optim_g.type`` and ``scheduler.type`` from the live options do not change the record."""
+    from basicsr_ldt.models.resumable import RESUME_FIXED, resume_fixed
+    opt = {'scale': 4, 'manual_seed': 3,
+           'train': {'optim_g': {'type': 'Adam', 'lr': 1e-3, 'fused': True, 'foreach': False},
+                     'scheduler': {'type': 'MultiStepLR', 'milestones': [2], 'gamma': 0.5}, 'pixel_opt': {}},
+           'datasets': {'train': {'gt_size': 32, 'batch_size_per_gpu': 2, 'cameras': ['Olympus']}}}
+    record = resume_fixed(opt)
+    assert list(record) == list(RESUME_FIXED)
+    assert record['train.optim_g'] == {'type': 'Adam', 'lr': 1e-3}
+    assert record['train.scheduler'] == {'type': 'MultiStepLR', 'milestones': [2], 'gamma': 0.5}
+    assert (record['scale'], record['manual_seed'], record['datasets.train.gt_size']) == (4, 3, 32)
+    assert record['datasets.train.batch_size_per_gpu'] == 2 and record['datasets.train.cameras'] == ['Olympus']
+    assert record['datasets.train.use_rot'] is None and record['datasets.train.subset'] is None
+    opt['train']['optim_g'].pop('type')
+    opt['train']['scheduler'].pop('type')
+    opt['datasets']['train']['cameras'].append('Pan')
+    assert record['train.optim_g']['type'] == 'Adam' and record['train.scheduler']['type'] == 'MultiStepLR'
+    assert record['datasets.train.cameras'] == ['Olympus']
+    assert resume_fixed({'train': None})['train.optim_g'] is None      # a section absent or empty
