@@ -66,6 +66,8 @@ def load_error(path, root) -> str:
     ({'overrides': {'name': 'x'}}, "{study}: overrides sets 'name', which the study sets for every run (each run is "
      '<study>/<run>); remove it'),
     ({'sweep': ['x']}, '{study}: sweep must map a dotted option key to a list of values'),
+    ({'sweep': {'train.optim_g.lr': [1e-3, 0.0010]}},        # was 'two runs would share the folder name ...; rename a method'
+     "{study}: sweep 'train.optim_g.lr' lists a value twice: [0.001, 0.001]"),
     ({'reference': 'LTD'}, "{study}: reference 'LTD' is not one of the methods (FT, LDT) (did you mean 'LDT'?)"),
     ({'methods': {'FT': {}, 'S': {'start': True}}},
      "{study}: method 'S': 'start: true' tests the weights the runs start from, and the base training options "

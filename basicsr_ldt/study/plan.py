@@ -241,6 +241,8 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
     for key, values in sweep.items():
         if not isinstance(values, list) or not values:
             raise InputError(f"study file '{path}': sweep '{key}' must be a non-empty list of values")
+        if len({json.dumps(v, sort_keys=True) for v in values}) < len(values):   # 0.4 and 0.40 are one value
+            raise InputError(f"study file '{path}': sweep '{key}' lists a value twice: {values}")
     # The study writes these keys into every run: a value given for one would be dropped unseen.
     sources = [('overrides', study.get('overrides'))] + [(f"method '{m}'", o) for m, o in study['methods'].items()]
     given = [(f"sweep '{key}'", key) for key in sweep if key in STUDY_SET] + [
