@@ -366,6 +366,9 @@ def test_strict_load_g_decides_whether_a_partial_checkpoint_is_tested(tmp_path, 
     assert list(run('file_key', {'param_key_g': 'params_ema'}, [{'label': 'e', 'path': str(tmp_path / 'full.pth'),
                                                                  'wise_ft': {'start': str(tmp_path / 'full.pth'),
                                                                              'alpha': 0.5}}])) == ['e']
+    with basicsr_log() as lines:   # the fallback's console warning came before the test log began: the log says it too
+        assert list(run('fallback', {'param_key_g': 'params_ema'}, [full])) == ['full']
+    assert f"full: {tmp_path / 'full.pth'} has no 'params_ema' weights: loaded 'params'" in lines, lines
 
 
 def test_the_printed_table_and_the_markdown_copy_are_exactly_laid_out():

@@ -241,7 +241,7 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
             else:
                 loaded = load_weights(network, entry['path'], entry['param_key'],
                                       strict=opt['path'].get('strict_load_g', True), fallback=not entry['exact_key'])
-                entry['unloaded'] = describe_unloaded(loaded, network)
+                entry['unloaded'], entry['loaded_key'] = describe_unloaded(loaded, network), loaded.key
             networks.append(network.to(device).eval())
         comparison = Comparison(test_opt['compare'], opt, checkpoints, datasets, device) if test_opt['compare'] else None
         outputs.create(opt['path']['results_root'])
@@ -263,6 +263,9 @@ def _test_every_image(opt: Dict, args, test_opt: Dict, datasets: List, checkpoin
     for entry in checkpoints:
         if entry.get('unloaded'):
             logger.warning(f"{entry['label']}: {entry['path']} loaded with strict_load_g false{entry['unloaded']}")
+        if entry.get('loaded_key') not in (None, entry.get('param_key')):   # the console said it before the log began
+            logger.warning(f"{entry['label']}: {entry['path']} has no '{entry['param_key']}' weights: loaded "
+                           f"'{entry['loaded_key']}'")
     scale = opt.get('scale', 4)
     per_image = {entry['label']: [] for entry in checkpoints}
     images = [(ds, i) for ds in datasets for i in range(len(ds))]
