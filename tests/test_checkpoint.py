@@ -174,9 +174,10 @@ def test_weights_holding_nan_or_inf_are_refused_by_name(tmp_path):
     state['1.weight'][0, 0] = float('inf')
     state['0.bias'] = torch.full((3,), float('nan'))
     torch.save({'params': state}, tmp_path / 'diverged.pth')
-    with pytest.raises(InputError, match=r"^checkpoint '.*diverged\.pth' holds NaN or inf in 2 of its weight tensors "
-                                         r'\(e\.g\. 0\.bias\): the file of a run that diverged\?'):
+    with pytest.raises(InputError) as err:
         load_weights(network, str(tmp_path / 'diverged.pth'))
+    assert str(err.value) == (f"checkpoint '{tmp_path / 'diverged.pth'}' holds NaN or inf in 2 of its weight tensors "
+                              '(e.g. 0.bias): the file of a run that diverged? Every output of the network would be NaN')
 
 
 def test_a_write_cut_short_leaves_a_hidden_temporary_that_the_next_run_removes(tmp_path, monkeypatch):

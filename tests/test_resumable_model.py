@@ -98,6 +98,8 @@ def test_a_training_state_records_what_it_fixes_and_leaves_execution_choices_out
     opt['train']['optim_g'].pop('type')
     opt['train']['scheduler'].pop('type')
     opt['datasets']['train']['cameras'].append('Pan')
+    opt['train']['scheduler']['milestones'].append(9)       # nested: a shallow copy would follow it
     assert record['train.optim_g']['type'] == 'Adam' and record['train.scheduler']['type'] == 'MultiStepLR'
+    assert record['train.scheduler']['milestones'] == [2]
     assert record['datasets.train.cameras'] == ['Olympus']
     assert resume_fixed({'train': None})['train.optim_g'] is None      # a section absent or empty

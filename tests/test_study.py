@@ -186,8 +186,11 @@ def test_changed_options_of_a_started_run_are_refused(tmp_path, demo_data):
     (tmp_path / 'experiments' / 'tiny' / study.runs[0].name).mkdir()
     runner.check_unchanged(root, study)  # same options: fine
     changed = plan.load_study(tiny_study(tmp_path, demo_data, methods={'FT': {'train': {'total_iter': 7}}}), root)
-    with pytest.raises(InputError, match="run 'FT_seed0' was started with other options"):
+    with pytest.raises(InputError) as err:
         runner.check_unchanged(root, changed)
+    assert str(err.value) == (f"run 'FT_seed0' was started with other options ({runner.option_files(root, study, study.runs[0])[0]}"
+                              "); delete experiments/tiny/FT_seed0 and results/tiny/FT_seed0 to train it again, or give "
+                              'the study another name')
 
 
 @pytest.mark.parametrize('mode', ['--collect', '--dry-run'])

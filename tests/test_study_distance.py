@@ -147,6 +147,12 @@ def test_two_methods_heights_are_compared_seed_by_seed():
     records = [r for r in records if not (r['method'] == 'Far' and r['seed'] == 1)]
     (pair,) = tradeoff.tradeoff(FakeStudy(), records, report.bootstrap_ci)['height_pairs']
     assert pair['seeds'] == [0] and pair['per_seed'] == pytest.approx([0.45])      # only the seeds both have
+    records = [r for r in _with_distances() if not (r['method'] == 'LDT' and r['seed'] == 1)]
+    for record in records:
+        if record['method'] == 'Far':
+            record['distance'] = {0: 0.1, 1: 0.15}[record['seed']]
+    (pair,) = tradeoff.tradeoff(FakeStudy(), records, report.bootstrap_ci)['height_pairs']
+    assert pair['seeds'] == [0] and pair['per_seed'] == pytest.approx([0.45])      # the first one lacking a seed too
 
 
 def test_without_distances_the_table_and_picture_keep_their_one_panel_form(tmp_path):
