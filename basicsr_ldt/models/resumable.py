@@ -16,6 +16,7 @@ import torch.distributed as dist
 from basicsr.utils import get_root_logger
 from basicsr.utils.dist_util import master_only
 
+from basicsr_ldt.ldt.typed import MISSING, lookup
 from basicsr_ldt.weights.checkpoint import describe_unloaded, load_weights, save_atomic
 
 
@@ -42,9 +43,8 @@ def resume_fixed(opt: Dict[str, Any]) -> Dict[str, Any]:
     """The values of ``RESUME_FIXED`` in ``opt`` (absent keys as None), as a training state records them."""
     values = {}
     for dotted in RESUME_FIXED:
-        value: Any = opt
-        for part in dotted.split('.'):
-            value = value.get(part) if isinstance(value, dict) else None
+        value = lookup(opt, dotted)
+        value = None if value is MISSING else value
         if dotted == 'train.optim_g' and isinstance(value, dict):
             value = {k: v for k, v in value.items() if k not in EXECUTION_ONLY}
         values[dotted] = copy.deepcopy(value)
