@@ -114,8 +114,8 @@ def load_resume_state(opt: Dict) -> Optional[Dict]:
                          f"training state '{path}'{more}: a resumed run keeps the state's optimizer, schedule and "
                          'data draws, so the new value would be logged and not used; restore it, or give the run a '
                          'new name')
-    start = opt['path']   # BasicSR points pretrain_network_g at the state's weights; L2-SP still anchors to the start
-    start[START_KEY], start[START_PARAM_KEY] = start.get('pretrain_network_g'), start.get('param_key_g', 'params')
+    paths = opt['path']   # BasicSR points pretrain_network_g at the state's weights; L2-SP still anchors to the start
+    paths[START_KEY], paths[START_PARAM_KEY] = paths.get('pretrain_network_g'), paths.get('param_key_g', 'params')
     check_resume(opt, state['iter'])
     return state
 
