@@ -388,6 +388,25 @@ def test_movement_studies_repeat_the_distortion_runs_and_differ_only_in_the_curv
     assert all(s.start == 'Start' for s in load.values())
 
 
+def test_the_far_mambair_study_repeats_the_mambair_runs_and_adds_only_fine_tuning_at_twice_the_lr():
+    """distortion_mambair_far.yml answers distortion_mambair.yml's undecided rule on a curve that reaches
+    LDT-paper's distance: its FT and LDT runs must be that study's, and FT-2lr FT with only the lr doubled."""
+    load = {name: plan.load_study(str(REPO / 'options' / 'study' / f'{name}.yml'), str(REPO))
+            for name in ('distortion_mambair', 'distortion_mambair_far')}
+
+    def trained(study):
+        return {(r.method, r.seed): {k: v for k, v in r.train_opt.items() if k != 'name'} for r in study.runs if r.trained}
+    first, far = trained(load['distortion_mambair']), trained(load['distortion_mambair_far'])
+    assert {m for m, _ in far} == {'FT', 'FT-2lr', 'LDT-paper', 'LDT-random'}
+    assert all(far[key] == first[key] for key in far if key[0] != 'FT-2lr')
+    for seed in range(5):
+        doubled = far['FT-2lr', seed]
+        assert doubled['train']['optim_g'].pop('lr') == 2 * first['FT', seed]['train']['optim_g'].pop('lr')
+        assert doubled == first['FT', seed]
+    assert load['distortion_mambair_far'].interpolations == {
+        'WiSE-FT-2lr': ('FT-2lr', [0.25, 0.4, 0.5, 0.55, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95])}
+
+
 def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
     """Four runs (FT and LDT, two seeds) through the real entry points, in subprocesses."""
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
