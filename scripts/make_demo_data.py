@@ -495,9 +495,17 @@ def format_summary(summary: dict) -> str:
     return '\n'.join(lines)
 
 
+class _FlagParser(argparse.ArgumentParser):
+    """Flag errors as one line, like every other error of this script (argparse prints its usage block
+    first). Not ``basicsr_ldt.common.flags``: importing the package would load torch and BasicSR into
+    a script that needs neither."""
+
+    def error(self, message: str) -> None:
+        raise ValueError(f'{message} (make_demo_data.py -h lists the flags)')
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _FlagParser(description=__doc__.split('\n\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument('--out', type=Path, default=DEFAULT_OUT, help='output folder')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--cameras', nargs='+', default=list(DEFAULT_CAMERAS),
@@ -514,8 +522,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
     try:
+        args = parse_args(argv)
         make_demo_data(args.out, seed=args.seed, cameras=args.cameras,
                        train_per_camera=args.train_per_camera, test_per_camera=args.test_per_camera,
                        pretrain_train_per_camera=args.pretrain_train_per_camera,

@@ -118,6 +118,23 @@ def test_auto_resume_refuses_options_the_state_would_silently_override(project, 
     assert not (project / 'experiments' / 'cut' / 'training_states' / '4.state').exists()
 
 
+def test_a_refused_resume_leaves_the_experiment_folder_as_it_was(project, demo_data):
+    """Refused after the log was opened (an FT state resumed as LDT): no new log, the copied option
+    file as the run that wrote the state left it."""
+    opt = train_options(demo_data, 'cut', total_iter=2, network_g={'type': 'SAFMN', 'dim': 8, 'n_blocks': 1,
+                                                                  'ffn_scale': 2.0, 'upscaling_factor': 4})
+    opt['train']['scheduler']['milestones'] = [2]
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', opt))
+    exp = project / 'experiments' / 'cut'
+    before = {path.name: path.read_bytes() for path in exp.iterdir() if path.is_file()}
+    opt.update(model_type='LDTSRModel', ldt={'head_warmup_iters': 2, 'profile_iters': 2, 'ema_every': 2})
+    opt['train']['total_iter'] = 8
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', opt), '--auto_resume', check=False)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+        'error: the training state holds no LDT state: it was not written by LDTSRModel')
+    assert {path.name: path.read_bytes() for path in exp.iterdir() if path.is_file()} == before
+
+
 def test_auto_resume_accepts_a_longer_run_and_other_execution_choices(project, demo_data):
     opt = train_options(demo_data, 'cut', total_iter=2)
     opt['train']['scheduler']['milestones'] = [2]

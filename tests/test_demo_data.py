@@ -235,6 +235,10 @@ def test_refuses_to_overwrite_without_force(tmp_path, capsys):
                            (['--out', str(out / 'cameras.json' / 'sub')], 'cameras.json is a file, not a folder')):
         assert mdd.main(args + flags) == 2
         assert message in capsys.readouterr().err
+    for flags, message in ((['--camras', 'Sony'], 'unrecognized arguments: --camras Sony'),
+                           (['--seed', 'x'], "argument --seed: invalid int value: 'x'")):
+        assert mdd.main(args + flags) == 2     # one line, not argparse's usage block
+        assert capsys.readouterr().err == f'make_demo_data: error: {message} (make_demo_data.py -h lists the flags)\n'
 
 
 @pytest.mark.parametrize('flag', ['--hr-size', '--test-hr-size'])

@@ -1,6 +1,7 @@
 """test.py's numbers are BasicSR's numbers, grouped by camera; tiling does not change them; the
 Bicubic row is OpenCV's bicubic of the LR image, measured by the same code as the networks."""
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -366,9 +367,16 @@ def test_strict_load_g_decides_whether_a_partial_checkpoint_is_tested(tmp_path, 
     assert list(run('file_key', {'param_key_g': 'params_ema'}, [{'label': 'e', 'path': str(tmp_path / 'full.pth'),
                                                                  'wise_ft': {'start': str(tmp_path / 'full.pth'),
                                                                              'alpha': 0.5}}])) == ['e']
+    basicsr = logging.getLogger('basicsr')   # one test per process in test.py: this run gets its own log file
+    for handler in [h for h in basicsr.handlers if isinstance(h, logging.FileHandler)]:
+        basicsr.removeHandler(handler)
+        handler.close()
     with basicsr_log() as lines:   # the fallback's console warning came before the test log began: the log says it too
         assert list(run('fallback', {'param_key_g': 'params_ema'}, [full])) == ['full']
-    assert f"full: {tmp_path / 'full.pth'} has no 'params_ema' weights: loaded 'params'" in lines, lines
+    assert [line for line in lines if 'weights: load' in line] == [     # once, not again when the log begins
+        f"checkpoint '{tmp_path / 'full.pth'}' has no 'params_ema' weights: loading 'params'"]
+    log = next((tmp_path / 'results' / 'fallback').glob('test_fallback_*.log')).read_text()
+    assert f"WARNING: full: {tmp_path / 'full.pth'} has no 'params_ema' weights: loaded 'params'\n" in log
 
 
 def test_the_printed_table_and_the_markdown_copy_are_exactly_laid_out():

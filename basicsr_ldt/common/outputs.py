@@ -3,7 +3,8 @@
 BasicSR renames an existing ``experiments/<name>`` to ``<name>_archived_<time>`` and creates a new
 one. If the run then fails on bad input (a wrong camera, a missing checkpoint), the user is left
 with an empty experiment folder and their previous results moved aside. :class:`OutputFolder`
-undoes both when setup fails.
+undoes both when setup fails, and, for a resumed run that writes into its existing folder, removes
+the new log and puts back the option file it overwrote.
 """
 import os
 import shutil
@@ -17,6 +18,16 @@ class OutputFolder:
 
     def __init__(self) -> None:
         self._created: List[Tuple[str, Optional[str], List[str]]] = []
+        self._kept: List[Tuple[str, Optional[bytes]]] = []
+
+    def keep(self, path: str) -> None:
+        """Call before writing file ``path`` into a folder that is not this run's own: a rollback
+        removes it again, or restores the contents it had now."""
+        previous = None
+        if os.path.isfile(path):
+            with open(path, 'rb') as handle:
+                previous = handle.read()
+        self._kept.append((path, previous))
 
     def create(self, path: str) -> None:
         """Make ``path`` fresh; an existing folder is renamed to ``<path>_archived_<time>``."""
@@ -34,7 +45,17 @@ class OutputFolder:
 
     def rollback(self) -> None:
         """Remove what :meth:`create` made (the folders above it too, left empty) and put archived
-        folders back."""
+        folders back; files passed to :meth:`keep` are removed or restored."""
+        for handler in _file_handlers():   # closed before its file is removed
+            handler.close()
+        for path, previous in reversed(self._kept):
+            if previous is None:
+                if os.path.isfile(path):
+                    os.remove(path)
+            else:
+                with open(path, 'wb') as handle:
+                    handle.write(previous)
+        self._kept.clear()
         for path, archived, parents in reversed(self._created):
             shutil.rmtree(path, ignore_errors=True)
             if archived is not None and os.path.exists(archived):
@@ -45,8 +66,6 @@ class OutputFolder:
                 except OSError:   # another of this run's folders, or someone else's, is in it
                     break
         self._created.clear()
-        for handler in _file_handlers():
-            handler.close()
 
 
 def _file_handlers():

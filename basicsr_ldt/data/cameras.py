@@ -18,6 +18,7 @@ github ZaizuoTang/LDT ``Train_pip.py``):
 A :class:`CameraRule` covers both layouts and maps those prefixes and folders to the LDT paper's
 six branch names, so choosing source and target cameras is a matter of listing names in the YAML.
 """
+import logging
 import os
 import re
 from collections import Counter
@@ -74,6 +75,9 @@ class CameraRule:
     source: str = 'auto'
     pattern: str = DEFAULT_CAMERA_PATTERN
     aliases: Dict[str, str] = field(default_factory=lambda: dict(DEFAULT_CAMERA_ALIASES))
+    #: The aliases the option file gave (not the defaults): one that names no folder or prefix found is
+    #: most likely misspelt, and its images then carry the unaliased name.
+    given: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.source not in ('auto', 'folder', 'filename'):
@@ -93,7 +97,7 @@ class CameraRule:
         aliases = dict(DEFAULT_CAMERA_ALIASES)
         aliases.update(opt.get('aliases') or {})
         return cls(source=opt.get('source', 'auto'), pattern=opt.get('pattern', DEFAULT_CAMERA_PATTERN),
-                   aliases=aliases)
+                   aliases=aliases, given=tuple(opt.get('aliases') or {}))
 
     @property
     def known_cameras(self) -> set:
@@ -133,6 +137,12 @@ class CameraRule:
         """
         labels = [self.label_of(key) for key in keys]
         cameras = [self.aliases.get(label, label) for label, _ in labels]
+        found = {label for label, _ in labels}
+        unused = [alias for alias in self.given if alias not in found]
+        if unused:
+            logging.getLogger('basicsr').warning(
+                f"camera_rule.aliases {', '.join(map(repr, unused))} name(s) no camera folder or file prefix in "
+                f"{where} (found: {', '.join(sorted(found))}); check the spelling")
         if self.pattern == DEFAULT_CAMERA_PATTERN:
             from_prefix = [(label, camera) for (label, source), camera in zip(labels, cameras) if source == 'prefix']
             unknown = sorted({label for label, camera in from_prefix if camera not in self.known_cameras})

@@ -252,6 +252,15 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
         fail(str(err))
 
 
+def _to_log_file(logger: logging.Logger, message: str) -> None:
+    """A warning the console showed as it happened, before the log file began: written to the file
+    only, so the console does not show it twice."""
+    record = logger.makeRecord(logger.name, logging.WARNING, __file__, 0, message, None, None)
+    for handler in logger.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def _test_every_image(opt: Dict, args, test_opt: Dict, datasets: List, checkpoints: List[Dict], networks: List,
                       comparison: Optional[Comparison], device: torch.device) -> 'OrderedDict[str, OrderedDict]':
     """Run every network on every test image, then write and return the per-camera tables."""
@@ -263,9 +272,9 @@ def _test_every_image(opt: Dict, args, test_opt: Dict, datasets: List, checkpoin
     for entry in checkpoints:
         if entry.get('unloaded'):
             logger.warning(f"{entry['label']}: {entry['path']} loaded with strict_load_g false{entry['unloaded']}")
-        if entry.get('loaded_key') not in (None, entry.get('param_key')):   # the console said it before the log began
-            logger.warning(f"{entry['label']}: {entry['path']} has no '{entry['param_key']}' weights: loaded "
-                           f"'{entry['loaded_key']}'")
+        if entry.get('loaded_key') not in (None, entry.get('param_key')):
+            _to_log_file(logger, f"{entry['label']}: {entry['path']} has no '{entry['param_key']}' weights: loaded "
+                                 f"'{entry['loaded_key']}'")
     scale = opt.get('scale', 4)
     per_image = {entry['label']: [] for entry in checkpoints}
     images = [(ds, i) for ds in datasets for i in range(len(ds))]

@@ -174,8 +174,11 @@ def train_pipeline(root_path: str) -> None:
             outputs.create(opt['path']['experiments_root'])
             for key in ('models', 'training_states', 'visualization'):
                 os.makedirs(opt['path'][key], exist_ok=True)
-        copy_opt_file(args.opt, opt['path']['experiments_root'])
         log_file = osp.join(opt['path']['log'], f"train_{opt['name'].replace('/', '_')}_{get_time_str()}.log")
+        if opt['rank'] == 0:   # a resumed run writes into its folder: a refusal removes what it wrote there
+            outputs.keep(osp.join(opt['path']['experiments_root'], osp.basename(args.opt)))
+            outputs.keep(log_file)
+        copy_opt_file(args.opt, opt['path']['experiments_root'])
         logger = get_root_logger(logger_name='basicsr', log_level=logging.INFO, log_file=log_file)
         logger.info(get_env_info())
         if args.option_defaults:

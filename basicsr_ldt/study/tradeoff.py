@@ -102,18 +102,18 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
             continue
         for point in study.method_points(method):
             runs = [r for r in records if r['method'] == method and r['sweep'] == point]
-            gains = [(r['seed'], run_gains(r, start)) for r in runs]
-            gains = [(seed, g) for seed, g in gains if g is not None]
+            tested = [(r, g) for r in runs if (g := run_gains(r, start)) is not None]   # source cameras tested
+            gains = [(r['seed'], g) for r, g in tested]
             if not gains:
                 continue
             row = {'method': method, 'sweep': point, 'n': len(gains), 'seeds': [s for s, _ in gains],
                    'source_gain': _spread([g[0] for _, g in gains]), 'target_gain': _spread([g[1] for _, g in gains])}
-            distances = [r.get('distance') for r in runs if run_gains(r, start) is not None]
+            distances = [r.get('distance') for r, _ in tested]
             row['distance'] = _spread(distances) if all(d is not None for d in distances) else None
             if wise is not None and method not in study.untrained and method != wise:
                 row['above_curve'] = _above(curves, point, gains, bootstrap)
                 if row['distance'] is not None:
-                    row['at_distance'] = _at_distance(by_distance, point, runs, start, bootstrap)
+                    row['at_distance'] = _at_distance(by_distance, point, tested, bootstrap)
             rows.append(row)
     curve_rows = []
     if wise is not None:
@@ -187,15 +187,14 @@ def _above(curves: Mapping[str, List[Point]], point: Mapping[str, Any], gains: S
 
 
 def _at_distance(curves: Mapping[str, List[Tuple[float, float, float]]], point: Mapping[str, Any],
-                 runs: Sequence[Mapping[str, Any]], start: Mapping[str, Any], bootstrap) -> Dict[str, Any]:
-    """Per seed: the targets' and the source's gain minus the curve's at the run's distance from the
-    start, or, beyond the curve's farthest point, the two distances."""
+                 tested: Sequence[Tuple[Mapping[str, Any], Point]], bootstrap) -> Dict[str, Any]:
+    """Per seed (``tested``: each run with its gains): the targets' and the source's gain minus the
+    curve's at the run's distance from the start, or, beyond the curve's farthest point, the two distances."""
     heights: Dict[str, List[float]] = {'targets': [], 'source': []}
     seeds, outside = [], []
-    for record in runs:
-        gains = run_gains(record, start)
+    for record, gains in tested:
         curve = curves.get(_key('', point, record['seed']))      # a trained method's point: no alpha in it
-        if gains is None or curve is None:
+        if curve is None:
             continue
         seeds.append(record['seed'])
         distance = record['distance']
