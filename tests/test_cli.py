@@ -65,7 +65,8 @@ def test_train_then_test_writes_checkpoint_log_and_camera_table(project, demo_da
     out = project / 'results' / 'eval'
     lines = (out / 'metrics.md').read_text().splitlines()
     assert lines[0] == '| Camera | Images | iter2 PSNR | iter2 SSIM | final PSNR | final SSIM |'
-    assert [line.split(' | ')[0] for line in lines[2:]] == ['| Canon', '| Olympus', '| Sony', '| Mean']
+    assert [line.split(' | ')[0] for line in lines[2:6]] == ['| Canon', '| Olympus', '| Sony', '| Mean']
+    assert lines[6:] == ['', 'PSNR (dB) / SSIM on the Y channel, crop_border 4; 16-pixel tiles overlapping by 4, fp32']
     summary = json.loads((out / 'metrics.json').read_text())
     assert summary['summary']['final']['Mean']['images'] == 6 and len(summary['images']['final']) == 6
     assert 'Camera' in result.stdout and (out / 'metrics.csv').read_text().startswith('checkpoint,camera,')
@@ -133,6 +134,25 @@ def test_a_refused_resume_leaves_the_experiment_folder_as_it_was(project, demo_d
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
         'error: the training state holds no LDT state: it was not written by LDTSRModel')
     assert {path.name: path.read_bytes() for path in exp.iterdir() if path.is_file()} == before
+
+
+def test_a_run_that_will_save_no_training_state_says_so(project, demo_data):
+    """save_checkpoint_freq above total_iter: BasicSR writes the final network only, so an interrupted run
+    could not resume; said once in the log."""
+    opt = train_options(demo_data, 'nostate', total_iter=2)
+    opt['train']['scheduler']['milestones'] = [2]
+    opt['logger']['save_checkpoint_freq'] = 5
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'nostate.yml', opt))
+    exp = project / 'experiments' / 'nostate'
+    log = next(exp.glob('train_nostate_*.log')).read_text()
+    assert log.count('WARNING: logger.save_checkpoint_freq 5 is above train.total_iter 2: no training state will be '
+                     'saved, so an interrupted run starts again from iteration 1 (only the final network is '
+                     'written)') == 1
+    assert not list((exp / 'training_states').iterdir()) and (exp / 'models' / 'net_g_latest.pth').is_file()
+    opt['logger']['save_checkpoint_freq'] = 2
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'nostate.yml', opt))
+    log = sorted(exp.glob('train_nostate_*.log'))[-1].read_text()
+    assert 'no training state will be saved' not in log and (exp / 'training_states' / '2.state').is_file()
 
 
 def test_auto_resume_accepts_a_longer_run_and_other_execution_choices(project, demo_data):

@@ -77,3 +77,18 @@ def test_corgrads_data_is_checked_before_the_run_makes_anything(demo_data, camer
         check_option_values(opt, train_set)
     assert str(err.value) == message
 
+
+
+def test_the_log_says_alpha_does_nothing_on_two_cameras():
+    """Two norms: norm - mean equals the std, so no camera is dominant and eq. 11 never runs (docs/methods.md);
+    an alpha sweep over camera pairs trained one run several times, while the log printed alpha every step."""
+    from basicsr_ldt.corgrad.algorithm import CorGradConfig
+    from basicsr_ldt.models.corgrad_model import describe_corgrad
+    config = CorGradConfig(slices=5, alpha=0.6)
+    assert describe_corgrad(config, ['Olympus', 'Pan'], []) == (
+        "CorGrad over source cameras ['Olympus', 'Pan']: 5 slices per layer, alpha 0.6 (decay log); with two source "
+        'cameras no gradient is ever dominant, so alpha and its decay change nothing, paper variant, camera-balanced '
+        'batches')
+    assert describe_corgrad(config, CAMERAS, ['ratio_u']) == (
+        "CorGrad over source cameras ['Olympus', 'Sony', 'Canon']: 5 slices per layer, alpha 0.6 (decay log), paper "
+        'variant, camera-balanced batches; LDT options ignored by CorGrad: ratio_u')

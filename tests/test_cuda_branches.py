@@ -1054,7 +1054,8 @@ def test_gpu_check_reads_the_mean_psnr_of_test_py_table(tmp_path, psnr, ok):
     from basicsr_ldt.pipelines.evaluate import write_results
     rows = OrderedDict([('Sony', {'psnr': psnr, 'ssim': 0.8, 'images': 2}),
                         ('Mean', {'psnr': psnr, 'ssim': 0.8, 'images': 2})])
-    write_results(str(tmp_path), OrderedDict([('LDT-bf16', rows), ('Other', rows)]), {})
+    write_results(str(tmp_path), OrderedDict([('LDT-bf16', rows), ('Other', rows)]), {},
+                  {'channel': 'Y', 'crop_border': 4, 'inference': 'whole images, bf16'})
     code = _gpu_check_python('"$PY" - "$table"')
     run = subprocess.run([sys.executable, '-', str(tmp_path / 'metrics.md')], input=code, capture_output=True,
                          text=True, timeout=60)

@@ -269,7 +269,9 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
         values = saved['summary'][label][camera]
         assert (int(images), psnr, ssim) == (values['images'], f"{values['psnr']:.4f}", f"{values['ssim']:.6f}")
     markdown = (folder / 'metrics.md').read_text()
-    assert markdown == format_table(saved['summary'], markdown=True) + '\n'
+    caption = 'PSNR (dB) / SSIM on the Y channel, crop_border 4; whole images, fp32'
+    assert markdown == format_table(saved['summary'], markdown=True) + f'\n\n{caption}\n'
+    assert saved['measured'] == {'channel': 'Y', 'crop_border': 4, 'inference': 'whole images, fp32'}
     assert markdown.splitlines()[0].startswith('| Camera | Images | tuned PSNR | tuned SSIM | Bicubic PSNR')
     grids = sorted(path.name for path in (folder / 'compare').iterdir())
     assert len(grids) == 4 and all(any(g.endswith(f"{r['image']}.png") for g in grids) for r in saved['images']['tuned'])
@@ -278,7 +280,7 @@ def test_test_py_in_process_writes_every_table_image_and_log_line_for_each_kind_
     log = logs[0].read_text()
     assert format_table(saved['summary'], markdown=False) in log and 'Results written to' in log
     assert re.match(r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO: ', log), log[:80]
-    assert format_table(saved['summary'], markdown=False) + '\n' in capsys.readouterr().out   # printed too
+    assert format_table(saved['summary'], markdown=False) + f'\n{caption}\n' in capsys.readouterr().out   # printed too
 
 
 @pytest.mark.parametrize('wise_ft, message', [
@@ -453,3 +455,16 @@ def test_a_metric_crop_leaves_at_least_what_the_metric_needs():
         check_crop_border('k', 47, 'calculate_psnr', 'a', 200, 94)
     with pytest.raises(InputError, match=r'and calculate_niqe needs at least 1$'):
         check_crop_border('k', 47, 'calculate_niqe', 'a', 200, 94)
+
+
+def test_the_tables_say_how_they_were_measured():
+    """RGB without a crop read about 1.7 dB below the default Y channel with crop 4 under the same "PSNR"
+    header: the files now carry the channel, the crop and the inference."""
+    from basicsr_ldt.inference.settings import inference_settings
+    from basicsr_ldt.pipelines.evaluate import measured_as, measurement_line
+    test_opt = {'test_y_channel': False, 'crop_border': 0,
+                'inference': inference_settings('test', {'tile_size': 64, 'tile_overlap': 8}, 'cpu')}
+    assert measured_as(test_opt) == {'channel': 'RGB', 'crop_border': 0,
+                                     'inference': '64-pixel tiles overlapping by 8, fp32'}
+    assert measurement_line(measured_as(test_opt)) == ('PSNR (dB) / SSIM on RGB, crop_border 0; '
+                                                       '64-pixel tiles overlapping by 8, fp32')

@@ -258,6 +258,9 @@ def test_each_cross_key_rule_is_one_whole_message(options, message, fixed):
     ('lp_ft', {'ratio_u': 0.5}, "ldt.ratio_u: method 'lp_ft' does not read it (mode 'single' (FT, LP-FT) trains one "
                                 'network without groups)'),
     ('ft', {'criterion': 'mean'}, "ldt.criterion: method 'ft' does not read it"),
+    ('lp_ft', {'head_warmup_iters': 0}, "ldt.head_warmup_iters: 0 leaves method 'lp_ft' without its linear-probing "
+                                        'phase, so it would train plain FT under the LP-FT label; use method: ft, or '
+                                        'give warm-up iterations'),
     ('ldt', {'interval_iters': 50}, "ldt.interval_iters: method 'ldt' does not read it (mode 'dual' (LDT-S's "
                                     'alternation only))'),
     ('ldt', {'w_fixed': 0.9}, "ldt.w_fixed: method 'ldt' does not read it (dpu: true ranks W per layer (eq. 10))"),

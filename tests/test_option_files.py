@@ -571,6 +571,58 @@ def test_a_cosine_schedule_must_cover_the_run_exactly(tmp_path):
         check_option_values(opt)
 
 
+@pytest.mark.parametrize('train, message', [
+    ({'warmup_iter': 6, 'scheduler': {'type': 'MultiStepLR', 'milestones': [4], 'gamma': 0.5}},
+     'train.scheduler.milestones: 4 takes effect at iteration 5, inside the warm-up (train.warmup_iter 6 sets the '
+     'rate at iterations 1-5), which overwrites it: the rate would never decay there; expected milestones >= 5'),
+    ({'scheduler': {'type': 'CosineAnnealingRestartLR', 'periods': [8], 'restart_weights': [0], 'eta_min': 0}},
+     'train.scheduler.restart_weights: expected a non-empty list, each a number in (0, inf), got [0]'),
+    ({'scheduler': {'type': 'MultiStepRestartLR', 'milestones': [4], 'restarts': [3], 'restart_weights': [0.0]}},
+     'train.scheduler.restart_weights: expected a non-empty list, each a number in (0, inf), got [0.0]'),
+    ({'scheduler': {'type': 'MultiStepRestartLR', 'milestones': [4], 'restarts': [9], 'restart_weights': [1]}},
+     'train.scheduler.restarts: 9 lies beyond train.total_iter (8), so the rate never changes there; expected '
+     'restarts <= total_iter'),
+    ({'scheduler': {'type': 'MultiStepRestartLR', 'milestones': [4], 'restarts': [3, 6]}},
+     'train.scheduler.restart_weights: 1 weight(s) for 2 restart(s); expected one per restart'),
+    ({'scheduler': {'type': 'CosineAnnealingRestartLR', 'periods': [8], 'eta_min': 0.01}},
+     'train.scheduler.eta_min: 0.01 is above train.optim_g.lr (0.001), so the cosine would raise the rate; expected '
+     'eta_min <= lr (0: decay to 0)'),
+])
+def test_schedules_that_silently_do_something_else_are_refused(tmp_path, train, message):
+    """Each of these trained without a word: a milestone inside the warm-up never decayed the rate, a restart
+    weight of 0 trained nothing from there on, a restart past the end never came, eta_min above lr raised it."""
+    from basicsr_ldt.models.option_values import check_option_values
+    opt = train_options(tmp_path, 'schedule', total_iter=8)
+    opt['train'].update(train)
+    with pytest.raises(InputError) as err:
+        check_option_values(opt)
+    assert str(err.value) == message
+
+
+def test_schedules_at_the_edges_of_those_checks_are_accepted(tmp_path):
+    from basicsr_ldt.models.option_values import check_option_values
+    opt = train_options(tmp_path, 'schedule', total_iter=8)
+    for train in ({'warmup_iter': 6, 'scheduler': {'type': 'MultiStepLR', 'milestones': [5], 'gamma': 0.5}},
+                  {'scheduler': {'type': 'MultiStepRestartLR', 'milestones': [4], 'restarts': [8],
+                                 'restart_weights': [0.5]}},
+                  {'scheduler': {'type': 'CosineAnnealingRestartLR', 'periods': [8], 'eta_min': 0.001}}):
+        check_option_values({**opt, 'train': {**opt['train'], **train}})
+
+
+def test_validation_without_a_validation_set_is_refused(tmp_path):
+    """A val section with metrics but no datasets.val_*: the log announced validation settings and nothing was
+    ever validated. The reverse (val: ~ beside validation sets) is how studies skip validation: accepted."""
+    from basicsr_ldt.models.option_values import check_option_values
+    opt = train_options(tmp_path, 'val')
+    check_option_values({**opt, 'val': None})
+    del opt['datasets']['val_targets']
+    with pytest.raises(InputError) as err:
+        check_option_values(opt)
+    assert str(err.value) == ("val: the option file has no 'datasets: val_*' section, so validation would never run "
+                              'and val.metrics measure nothing; add a validation dataset, or remove val (val: ~)')
+    check_option_values({**opt, 'val': None})
+
+
 def test_validation_that_measures_and_keeps_nothing_is_refused(tmp_path):
     """``val: {val_freq: 2}`` without metrics ran the network over every validation image and logged nothing."""
     from basicsr_ldt.models.option_values import check_option_values
@@ -604,7 +656,7 @@ def test_the_schedule_rules_allow_what_reaches_the_run_end():
     opt['train'].update(total_iter=1, scheduler={'type': 'MultiStepLR', 'milestones': [1], 'gamma': 0.5})
     del opt['train']['warmup_iter']
     check_option_values(opt)
-    opt['train'].update(total_iter=6, warmup_iter=5)
+    opt['train'].update(total_iter=6, warmup_iter=5, scheduler={'type': 'MultiStepLR', 'milestones': [4], 'gamma': 0.5})
     check_option_values(opt)
     opt['val'] = {'val_freq': 2}
     with pytest.raises(InputError) as err:

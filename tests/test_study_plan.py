@@ -82,6 +82,14 @@ def load_error(path, root) -> str:
     ({'sweep': {'train.total_iter': [4, 6]}, 'overrides': {'train': {'total_iter': 8}}},
      "{study}: overrides sets 'train.total_iter', which the sweep sets for every run (that value would never be "
      'trained); remove one of the two'),
+    ({'methods': {'FT': {}, 'LDT-random': {'model_type': 'LDTSRModel', 'ldt': {
+        'method': 'ldt', 'criterion': 'random', 'profile_iters': 2, 'ema_every': 1, 'seed': 0}}}},
+     "{study}: method 'LDT-random' runs with ldt.seed: 0 (from the study file or its base), so every seed would draw "
+     "the same random layer partition and CorGrad camera order; remove it (it follows manual_seed, which the study "
+     'sets per seed)'),   # two "seeds" of one partition, reported as independent draws
+    ({'overrides': {'datasets': {'train': {'seed': 3}}}},
+     "{study}: method 'FT' runs with datasets.train.seed: 3 (from the study file or its base), so every seed would "
+     'draw the same training crops and flips; remove it (it follows manual_seed, which the study sets per seed)'),
     ({'overrides': START, 'methods': {'S': {'start': True}, 'FT': {},
                                       'FT-other': {'path': {'pretrain_network_g': 'other.pth'}}}},
      "{study}: method 'FT-other' starts from 'other.pth', not from the study's start 'S' ('start.pth'): its gains and "
@@ -273,3 +281,11 @@ def test_a_base_training_file_without_a_path_section_gets_one_that_starts_fresh(
     path = study_with(tmp_path, demo_data, drop_train=('path',), seeds=[0], methods={'FT': {}})
     (run,) = plan.load_study(path, str(tmp_path)).runs
     assert run.train_opt['path'] == {'resume_state': None}
+
+
+def test_a_pinned_draw_is_accepted_in_a_one_seed_study(tmp_path, demo_data):
+    """One seed has nothing to repeat: a fixed ldt.seed there is the user's choice of partition."""
+    path = tiny_study(tmp_path, demo_data, seeds=[4], methods={'LDT-random': {'model_type': 'LDTSRModel', 'ldt': {
+        'method': 'ldt', 'criterion': 'random', 'profile_iters': 2, 'ema_every': 1, 'seed': 0}}})
+    run = plan.load_study(path, str(tmp_path)).runs[0]
+    assert (run.train_opt['manual_seed'], run.train_opt['ldt']['seed']) == (4, 0)

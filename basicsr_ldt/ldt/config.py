@@ -336,6 +336,9 @@ def preset(name: str, **overrides: Any) -> LDTConfig:
         hint = f"; did you mean '{close[0]}'?" if close else ''
         raise ValueError(f"unknown LDT preset '{name}' (known: {', '.join(PRESETS)}){hint}")
     config = LDTConfig.from_dict({**_PRESETS[name], **overrides})
+    if name == 'lp_ft' and config.head_warmup_iters == 0:   # its log says fine-tuning from iteration 1, nothing else
+        raise ValueError("ldt.head_warmup_iters: 0 leaves method 'lp_ft' without its linear-probing phase, so it "
+                         "would train plain FT under the LP-FT label; use method: ft, or give warm-up iterations")
     start = LDTConfig.from_dict(_PRESETS[name])
     for key, why in unread_options(config).items():
         value = overrides.get(key, getattr(start, key))

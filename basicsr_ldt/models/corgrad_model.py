@@ -49,6 +49,16 @@ def corgrad_config_from_options(opt: Dict) -> Tuple[CorGradConfig, List[str]]:
         raise InputError(str(err) if str(err).startswith('ldt.') else f'ldt: {err}') from None
 
 
+def describe_corgrad(config, cameras: List[str], ignored: List[str]) -> str:
+    """The log's line on the run's CorGrad. On two cameras alpha is logged every iteration and never
+    used (no gradient is ever dominant: norm - mean equals the std), so the line says so."""
+    unused = ('; with two source cameras no gradient is ever dominant, so alpha and its decay change nothing'
+              if len(cameras) == 2 else '')
+    return (f'CorGrad over source cameras {cameras}: {config.slices} slices per layer, alpha {config.alpha} (decay '
+            f'{config.decay}){unused}, {config.corgrad_variant} variant, camera-balanced batches'
+            + (f'; LDT options ignored by CorGrad: {", ".join(ignored)}' if ignored else ''))
+
+
 def source_cameras(opt: Dict, train_set) -> List[str]:
     """The training data's cameras; fewer than two, or a batch too small to hold each, is bad input
     (checked by the model and, before the run makes anything, by ``option_values``)."""
@@ -87,11 +97,7 @@ class CorGradSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Res
         # reached through ldt.method: corgrad on an LDTSRModel file, which may set train.cuda_graph
         self.step_graph_wanted('', unrecorded="CorGrad's step is not recorded (FTSRModel's step and LDT's dual step are)")
         self.corgrad = CorGrad(self.net_g, self.optimizer_g, self.corgrad_config, int(self.opt['train']['total_iter']))
-        config = self.corgrad_config
-        get_root_logger().info(f'CorGrad over source cameras {self.source_cameras}: {config.slices} '
-                               f'slices per layer, alpha {config.alpha} (decay {config.decay}), '
-                               f'{config.corgrad_variant} variant, camera-balanced batches'
-                               + (f'; LDT options ignored by CorGrad: {", ".join(ignored)}' if ignored else ''))
+        get_root_logger().info(describe_corgrad(self.corgrad_config, self.source_cameras, ignored))
 
     def _check_source_cameras(self) -> List[str]:
         train_opt = self.opt['datasets']['train']

@@ -40,7 +40,8 @@ BASICSR_TRAINING_VALUES = {
     'train.scheduler.milestones': items(whole(1)),
     'train.scheduler.gamma': number(0, 1, '(]'),     # above 1 the rate grows at each milestone
     'train.pixel_opt.loss_weight': number(0, math.inf), 'train.pixel_opt.reduction': choice('mean', 'sum'),
-    'train.scheduler.periods': items(whole(1)), 'train.scheduler.restart_weights': items(number(0, math.inf, '[)')),
+    'train.scheduler.periods': items(whole(1)), 'train.scheduler.restarts': items(whole(1)),
+    'train.scheduler.restart_weights': items(number(0, math.inf)),   # 0: the rate is 0 from the restart on
     'train.scheduler.eta_min': number(0, math.inf, '[)'),
     'logger.print_freq': whole(1), 'logger.save_checkpoint_freq': whole(1), 'logger.use_tb_logger': boolean(),
     'path.strict_load_g': boolean(),   # 'false' as text was read as true
@@ -71,6 +72,9 @@ def check_basicsr_values(opt: Dict[str, Any], device_type: str) -> None:
         raise InputError("val.metrics: validation measures nothing without metrics and keeps nothing without "
                          "save_img: true; expected metrics (e.g. psnr: {type: calculate_psnr, crop_border: 4, "
                          "test_y_channel: true}), save_img: true, or no val section")
+    if isinstance(val, dict) and val and 'train' in datasets and not any(str(k).startswith('val') for k in datasets):
+        raise InputError("val: the option file has no 'datasets: val_*' section, so validation would never run and "
+                         'val.metrics measure nothing; add a validation dataset, or remove val (val: ~)')
     for name, metric in ((val or {}).get('metrics') or {}).items():
         check_options(f'val.metrics.{name}', metric or {}, BASICSR_METRIC_VALUES, InputError)
     names: Dict[str, str] = {}
@@ -95,11 +99,16 @@ def check_schedule(train: Dict[str, Any]) -> None:
     scheduler = train.get('scheduler') or {}
     if total is None:
         return
-    beyond = [m for m in scheduler.get('milestones') or [] if m > total]
-    if beyond:
-        raise InputError(f'train.scheduler.milestones: {beyond[0]:g} lies beyond train.total_iter ({total:g}), so the '
-                         f'rate never changes there; expected milestones <= total_iter (for a constant rate: '
-                         f'milestones: [{total:g}])')
+    for key in ('milestones', 'restarts'):
+        beyond = [m for m in scheduler.get(key) or [] if m > total]
+        if beyond:
+            raise InputError(f'train.scheduler.{key}: {beyond[0]:g} lies beyond train.total_iter ({total:g}), so the '
+                             f'rate never changes there; expected {key} <= total_iter'
+                             + (f' (for a constant rate: milestones: [{total:g}])' if key == 'milestones' else ''))
+    restarts = scheduler.get('restarts')
+    if restarts is not None and len(scheduler.get('restart_weights') or [1]) != len(restarts):
+        raise InputError(f"train.scheduler.restart_weights: {len(scheduler.get('restart_weights') or [1])} weight(s) "
+                         f'for {len(restarts)} restart(s); expected one per restart')
     periods = scheduler.get('periods')
     if periods is not None:
         if sum(periods) != total:
@@ -110,10 +119,22 @@ def check_schedule(train: Dict[str, Any]) -> None:
         if weights is not None and len(weights) != len(periods):
             raise InputError(f'train.scheduler.restart_weights: {len(weights)} weights for {len(periods)} periods; '
                              'expected one per period')
+    lr, eta_min = (train.get('optim_g') or {}).get('lr'), scheduler.get('eta_min')
+    if isinstance(lr, (int, float)) and isinstance(eta_min, (int, float)) and eta_min > lr:
+        raise InputError(f'train.scheduler.eta_min: {eta_min:g} is above train.optim_g.lr ({lr:g}), so the cosine '
+                         'would raise the rate; expected eta_min <= lr (0: decay to 0)')
     warmup = train.get('warmup_iter', -1)
     if warmup >= total:
         raise InputError(f'train.warmup_iter: {warmup:g} is not below train.total_iter ({total:g}), so the rate never '
                          'reaches optim_g.lr; expected fewer warm-up iterations (or -1: none)')
+    # BasicSR's scheduler applies milestone m from iteration m + 1; the warm-up sets the rate itself at
+    # iterations 1 .. warmup_iter - 1, so a decay that falls there is overwritten and never happens.
+    lost = [m for m in scheduler.get('milestones') or [] if m + 1 < warmup]
+    if lost:
+        raise InputError(f'train.scheduler.milestones: {lost[0]:g} takes effect at iteration {lost[0] + 1:g}, inside '
+                         f'the warm-up (train.warmup_iter {warmup:g} sets the rate at iterations 1-{warmup - 1:g}), '
+                         f'which overwrites it: the rate would never decay there; expected milestones >= '
+                         f'{warmup - 1:g}')
 
 
 def gpus_used(opt: Dict[str, Any]) -> int:

@@ -51,6 +51,17 @@ def resume_fixed(opt: Dict[str, Any]) -> Dict[str, Any]:
     return values
 
 
+def unsaved_states_warning(opt: Dict[str, Any]) -> Optional[str]:
+    """The log's warning when no training state will ever be written: BasicSR saves states every
+    ``logger.save_checkpoint_freq`` iterations and only the final network at the end, so an
+    interrupted run could not resume and ``--auto_resume`` would start it again from iteration 1."""
+    freq, total = (opt.get('logger') or {}).get('save_checkpoint_freq'), (opt.get('train') or {}).get('total_iter')
+    if isinstance(freq, int) and isinstance(total, int) and freq > total:
+        return (f'logger.save_checkpoint_freq {freq} is above train.total_iter {total}: no training state will be '
+                'saved, so an interrupted run starts again from iteration 1 (only the final network is written)')
+    return None
+
+
 def rng_state() -> Dict[str, Any]:
     """Python, NumPy and torch generator states, in a form ``weights_only`` loading accepts."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()

@@ -40,7 +40,7 @@ from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.l2_sp import START_KEY, START_PARAM_KEY
 from basicsr_ldt.models.network_check import probe_network
 from basicsr_ldt.models.option_values import check_option_values, gpus_used
-from basicsr_ldt.models.resumable import resume_fixed, training_cameras
+from basicsr_ldt.models.resumable import resume_fixed, training_cameras, unsaved_states_warning
 from basicsr_ldt.models.validation import basicsr_device_type, check_validation_crops
 from basicsr_ldt.weights.checkpoint import UnreadableCheckpoint, load_safe
 
@@ -184,6 +184,8 @@ def train_pipeline(root_path: str) -> None:
         if args.option_defaults:
             logger.info(args.option_defaults)
         logger.info(dict2str(opt))
+        if (unsaved := unsaved_states_warning(opt)) is not None:
+            logger.warning(unsaved)
         model = _build_model(opt)
         if (opt.get('val') or {}).get('save_best') and not isinstance(model, BestCheckpointMixin):
             raise InputError(f"val.save_best needs a model type of this project (FTSRModel = BasicSR's SRModel with "

@@ -29,6 +29,11 @@ from basicsr_ldt.weights.releases import fetch_hint, release_file
 #: Option keys the study writes into every run, and why.
 STUDY_SET = {'name': 'each run is <study>/<run>', 'manual_seed': "the study's seeds list",
              'path.resume_state': 'a started run resumes by itself'}
+#: Option keys that fix a random draw for every seed of a study: with one written, the seeds would
+#: repeat one partition or one sequence of crops and the bootstrap intervals would treat them as
+#: independent draws. Absent, each follows ``manual_seed``.
+SEED_PINNING = {'ldt.seed': 'random layer partition and CorGrad camera order',
+                'datasets.train.seed': 'training crops and flips'}
 #: Keys of a study file. ``overrides`` applies to every method (before the method's own).
 STUDY_KEYS = ('name', 'train', 'test', 'seeds', 'methods', 'sweep', 'reference', 'overrides')
 #: A method's key naming another base training file than the study's ``train`` (e.g. per network).
@@ -449,6 +454,12 @@ def load_study(path: str, root: str) -> Study:
             train_opt['name'] = f'{name}/{run}'
             train_opt['manual_seed'] = seed
             train_opt.setdefault('path', {})['resume_state'] = None
+            pinned = [key for key in SEED_PINNING if lookup(train_opt, key) is not MISSING]
+            if pinned and len(raw['seeds']) > 1:
+                raise InputError(f"study file '{path}': method '{label}' runs with {pinned[0]}: "
+                                 f"{lookup(train_opt, pinned[0])!r} (from the study file or its base), so every "
+                                 f"seed would draw the same {SEED_PINNING[pinned[0]]}; remove it (it follows "
+                                 'manual_seed, which the study sets per seed)')
             check_training_options(train_opt, f"run '{run}'")
             if starts and (train_opt.get('path') or {}).get('pretrain_network_g') != merged['path']['pretrain_network_g']:
                 raise InputError(f"study file '{path}': method '{label}' starts from "
