@@ -202,15 +202,16 @@ def test_unknown_prefix_lists_prefixes_with_counts_and_cameras(flat_release, tmp
     assert dataset.cameras == {'Huawei': 1}
 
 
-def test_an_alias_that_names_nothing_found_is_warned_about(flat_release, tmp_path, caplog):
+def test_an_alias_that_names_nothing_found_is_warned_about(flat_release, tmp_path):
     """A misspelt alias in a folder layout: its images would carry the unaliased name unnoticed."""
+    from conftest import basicsr_log
     root = copy_test_split(flat_release, tmp_path)
-    with caplog.at_level('WARNING', logger='basicsr'):
+    with basicsr_log() as lines:
         build(section_for(root, cameras=['Sony'], camera_rule={'aliases': {'sony': 'Sony'}}), 'val')
-        assert not caplog.records
+        assert not lines
         build(section_for(root, cameras=['Sony'], camera_rule={'aliases': {'sonny': 'Sony', 'panasonic': 'Pan'}}),
               'val')
-    assert [r.getMessage() for r in caplog.records] == [
+    assert lines == [
         f"camera_rule.aliases 'sonny' name(s) no camera folder or file prefix in dataset 'targets' "
         f"({root / 'test_HR'} | {root / 'test_LR'}) (found: Canon, DSC, IMG, P, panasonic, sony); check the spelling"]
 
