@@ -89,6 +89,6 @@ def test_the_log_says_alpha_does_nothing_on_two_cameras():
         "CorGrad over source cameras ['Olympus', 'Pan']: 5 slices per layer, alpha 0.6 (decay log); with two source "
         'cameras no gradient is ever dominant, so alpha and its decay change nothing, paper variant, camera-balanced '
         'batches')
-    assert describe_corgrad(config, CAMERAS, ['ratio_u']) == (
+    assert describe_corgrad(config, CAMERAS, ['ratio_u', 'ema_every']) == (
         "CorGrad over source cameras ['Olympus', 'Sony', 'Canon']: 5 slices per layer, alpha 0.6 (decay log), paper "
-        'variant, camera-balanced batches; LDT options ignored by CorGrad: ratio_u')
+        'variant, camera-balanced batches; LDT options ignored by CorGrad: ratio_u, ema_every')

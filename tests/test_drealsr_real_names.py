@@ -209,10 +209,10 @@ def test_an_alias_that_names_nothing_found_is_warned_about(flat_release, tmp_pat
     with basicsr_log() as lines:
         build(section_for(root, cameras=['Sony'], camera_rule={'aliases': {'sony': 'Sony'}}), 'val')
         assert not lines
-        build(section_for(root, cameras=['Sony'], camera_rule={'aliases': {'sonny': 'Sony', 'panasonic': 'Pan'}}),
-              'val')
+        build(section_for(root, cameras=['Sony'], camera_rule={'aliases': {'sonny': 'Sony', 'panasonic': 'Pan',
+                                                                          'nikon1': 'DSC'}}), 'val')
     assert lines == [
-        f"camera_rule.aliases 'sonny' name(s) no camera folder or file prefix in dataset 'targets' "
+        f"camera_rule.aliases 'sonny', 'nikon1' name(s) no camera folder or file prefix in dataset 'targets' "
         f"({root / 'test_HR'} | {root / 'test_LR'}) (found: Canon, DSC, IMG, P, panasonic, sony); check the spelling"]
 
 

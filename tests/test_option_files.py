@@ -584,6 +584,11 @@ def test_a_cosine_schedule_must_cover_the_run_exactly(tmp_path):
      'restarts <= total_iter'),
     ({'scheduler': {'type': 'MultiStepRestartLR', 'milestones': [4], 'restarts': [3, 6]}},
      'train.scheduler.restart_weights: 1 weight(s) for 2 restart(s); expected one per restart'),
+    ({'scheduler': {'type': 'MultiStepLR', 'milestones': [4, 9], 'gamma': 0.5}},
+     'train.scheduler.milestones: 9 lies beyond train.total_iter (8), so the rate never changes there; expected '
+     'milestones <= total_iter (for a constant rate: milestones: [8])'),
+    ({'warmup_iter': 8}, 'train.warmup_iter: 8 is not below train.total_iter (8), so the rate never reaches '
+                         'optim_g.lr; expected fewer warm-up iterations (or -1: none)'),
     ({'scheduler': {'type': 'CosineAnnealingRestartLR', 'periods': [8], 'eta_min': 0.01}},
      'train.scheduler.eta_min: 0.01 is above train.optim_g.lr (0.001), so the cosine would raise the rate; expected '
      'eta_min <= lr (0: decay to 0)'),
