@@ -583,7 +583,9 @@ def test_a_cosine_schedule_must_cover_the_run_exactly(tmp_path):
      'train.scheduler.restarts: 9 lies beyond train.total_iter (8), so the rate never changes there; expected '
      'restarts <= total_iter'),
     ({'scheduler': {'type': 'MultiStepRestartLR', 'milestones': [4], 'restarts': [3, 6]}},
-     'train.scheduler.restart_weights: 1 weight(s) for 2 restart(s); expected one per restart'),
+     'train.scheduler.restart_weights: 1 weights for 2 restarts; expected one per restart'),
+    ({'scheduler': {'type': 'CosineAnnealingRestartLR', 'periods': [4, 4]}},     # BasicSR's assertion, mid-setup
+     'train.scheduler.restart_weights: 1 weights for 2 periods; expected one per period'),
     ({'scheduler': {'type': 'MultiStepLR', 'milestones': [4, 9], 'gamma': 0.5}},
      'train.scheduler.milestones: 9 lies beyond train.total_iter (8), so the rate never changes there; expected '
      'milestones <= total_iter (for a constant rate: milestones: [8])'),

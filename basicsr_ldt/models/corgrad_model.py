@@ -49,7 +49,7 @@ def corgrad_config_from_options(opt: Dict) -> Tuple[CorGradConfig, List[str]]:
         raise InputError(str(err) if str(err).startswith('ldt.') else f'ldt: {err}') from None
 
 
-def describe_corgrad(config, cameras: List[str], ignored: List[str]) -> str:
+def describe_corgrad(config: CorGradConfig, cameras: List[str], ignored: List[str]) -> str:
     """The log's line on the run's CorGrad. On two cameras alpha is logged every iteration and never
     used (no gradient is ever dominant: norm - mean equals the std), so the line says so."""
     unused = ('; with two source cameras no gradient is ever dominant, so alpha and its decay change nothing'

@@ -105,20 +105,17 @@ def check_schedule(train: Dict[str, Any]) -> None:
             raise InputError(f'train.scheduler.{key}: {beyond[0]:g} lies beyond train.total_iter ({total:g}), so the '
                              f'rate never changes there; expected {key} <= total_iter'
                              + (f' (for a constant rate: milestones: [{total:g}])' if key == 'milestones' else ''))
-    restarts = scheduler.get('restarts')
-    if restarts is not None and len(scheduler.get('restart_weights') or [1]) != len(restarts):
-        raise InputError(f"train.scheduler.restart_weights: {len(scheduler.get('restart_weights') or [1])} weight(s) "
-                         f'for {len(restarts)} restart(s); expected one per restart')
     periods = scheduler.get('periods')
-    if periods is not None:
-        if sum(periods) != total:
-            raise InputError(f'train.scheduler.periods: sum to {sum(periods):g}, and train.total_iter is {total:g}; '
-                             'expected the periods to cover the run exactly (shorter: BasicSR fails once they end; '
-                             'longer: the rate never reaches eta_min)')
-        weights = scheduler.get('restart_weights')
-        if weights is not None and len(weights) != len(periods):
-            raise InputError(f'train.scheduler.restart_weights: {len(weights)} weights for {len(periods)} periods; '
-                             'expected one per period')
+    if periods is not None and sum(periods) != total:
+        raise InputError(f'train.scheduler.periods: sum to {sum(periods):g}, and train.total_iter is {total:g}; '
+                         'expected the periods to cover the run exactly (shorter: BasicSR fails once they end; '
+                         'longer: the rate never reaches eta_min)')
+    weights = scheduler.get('restart_weights') or [1]   # BasicSR's default (1,); both schedulers assert one each
+    for key in ('periods', 'restarts'):
+        entries = scheduler.get(key)
+        if entries is not None and len(weights) != len(entries):
+            raise InputError(f'train.scheduler.restart_weights: {len(weights)} weights for {len(entries)} {key}; '
+                             f'expected one per {key[:-1]}')
     lr, eta_min = (train.get('optim_g') or {}).get('lr'), scheduler.get('eta_min')
     if isinstance(lr, (int, float)) and isinstance(eta_min, (int, float)) and eta_min > lr:
         raise InputError(f'train.scheduler.eta_min: {eta_min:g} is above train.optim_g.lr ({lr:g}), so the cosine '
