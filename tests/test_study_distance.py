@@ -17,7 +17,7 @@ import torch
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.study import plan, report, tradeoff
 from basicsr_ldt.study.distance import relative_distance
-from test_retention_controls import FakeStudy, FakeStudyForReport, _checkpoints, _tradeoff_records, _wise_study
+from test_retention_controls import FakeStudy, FakeStudyForReport, _checkpoints, _record, _tradeoff_records, _wise_study
 
 
 def _hand_distance(state, start):
@@ -222,3 +222,71 @@ def test_a_seed_without_a_curve_is_left_out_of_the_height_not_the_rest():
     study.seeds = [7, 0, 1]
     ldt = {r['method']: r for r in tradeoff.tradeoff(study, records, report.bootstrap_ci)['rows']}['LDT']
     assert ldt['at_distance']['seeds'] == [0, 1] and ldt['at_distance']['targets']['mean'] == pytest.approx(0.075)
+
+
+# ---------------------------------------------------------------- the envelope of several retention curves
+
+class TwoCurves(FakeStudyForReport):
+    interpolations = {'WiSE': ('FT', [0.5]), 'WiSE2': ('FT2', [0.5])}
+    methods = {'Start': {}, 'Bicubic': {}, 'FT': {}, 'FT2': {}, 'WiSE': {}, 'WiSE2': {}, 'LDT': {}, 'Far': {}}
+
+
+def _two_curves():
+    """_with_distances plus a second curve, WiSE2 of FT2 (distance, source, targets): seed 0 (0, 0, 0) ->
+    (0.1, 0.3, 0.24) -> FT2 (0.4, 0.8, 0.0); seed 1 (0, 0, 0) -> (0.2, 0.4, 0.08) -> FT2 (0.4, 0.8, -0.2)."""
+    records = _with_distances()
+    for seed, wise, run in ((0, (0.1, 0.3, 0.24), (0.4, 0.8, 0.0)), (1, (0.2, 0.4, 0.08), (0.4, 0.8, -0.2))):
+        records.append({**_record('WiSE2', seed, 30 + wise[1], 30 + wise[2], {plan.ALPHA: 0.5}), 'distance': wise[0]})
+        records.append({**_record('FT2', seed, 30 + run[1], 30 + run[2]), 'distance': run[0]})
+    return records
+
+
+def test_above_the_envelope_is_the_height_over_the_best_of_several_curves_one_network_at_a_time(tmp_path):
+    """A retention curve depends on the run it interpolates: with several, a method is compared with the
+    highest of them where it lies, each seed on its own, and at the same distance with one curve's
+    point for both gains (not the targets of one and the source of another)."""
+    table = tradeoff.tradeoff(TwoCurves(), _two_curves(), report.bootstrap_ci)
+    rows = {r['method']: r for r in table['rows']}
+    assert table['envelope'] == ['WiSE', 'WiSE2']
+    assert {m for m, r in rows.items() if 'above_envelope' in r} == {'LDT', 'Far'}    # not the curves, nor their runs
+    ldt = rows['LDT']
+    assert ldt['above_curve']['mean'] == pytest.approx(0.05)             # FT's curve alone: as before
+    # Source gain 0.3: seed 0 WiSE 0.1, WiSE2 0.24 -> 0.25 - 0.24; seed 1 WiSE 0.1, WiSE2 0.06 -> 0.05 - 0.1.
+    above = ldt['above_envelope']
+    assert (above['mean'], above['ci_low'], above['ci_high']) == pytest.approx((-0.02, -0.05, 0.01))
+    assert above['by'] == ['WiSE2', 'WiSE']
+    # Distance 0.15 on seed 0: WiSE (0.3, 0.1), WiSE2 1/6 of the way to FT2 (0.38333, 0.2): WiSE2's, both gains.
+    # Distance 0.075 on seed 1: WiSE (0.1, 0.05), WiSE2 (0.15, 0.03): WiSE's.
+    at = ldt['at_distance_envelope']
+    assert at['targets']['per_seed'] == pytest.approx([0.05, 0.0])
+    assert at['source']['per_seed'] == pytest.approx([0.3 - (0.3 + 0.5 / 6), 0.3 - 0.1])
+    assert at['by'] == ['WiSE2', 'WiSE']
+    # Far: seed 0 beyond FT's curve (0.25 > 0.2) but within WiSE2's: (0.55, 0.12); seed 1 at 0.2, WiSE's (0.3333, 0.1).
+    far = rows['Far']
+    assert 'targets' not in far['at_distance']
+    assert far['at_distance_envelope']['targets']['per_seed'] == pytest.approx([-0.12, 0.0])
+    assert far['at_distance_envelope']['source']['per_seed'] == pytest.approx([0.15, 0.9 - 0.2 - 0.4 / 3])
+    # Source gain 0.9 on seed 1 is beyond both curves: outside, the nearest point FT's end (0.6, 0.1).
+    assert [o['seed'] for o in far['above_envelope']['outside']] == [1]
+    assert far['above_envelope']['outside'][0]['distance'] == pytest.approx(0.3)
+    assert far['above_envelope']['outside'][0]['curve_range'] == pytest.approx([0.0, 0.8])
+    (pair,) = table['envelope_pairs']
+    assert (pair['method'], pair['minus'], pair['per_seed']) == ('LDT', 'Far', pytest.approx([0.17, 0.0]))
+    assert table['height_pairs'] == []
+    assert [(c['wise_ft'], c['of']) for c in table['curves']] == [('WiSE', 'FT'), ('WiSE2', 'FT2')]
+    text = '\n'.join(tradeoff.markdown_lines(table, report.point_key))
+    assert '### Above the envelope of WiSE, WiSE2' in text
+    assert ('| LDT | **-0.020** [-0.050, +0.010] | WiSE2 x1, WiSE x1 | **+0.025** [+0.000, +0.050] / **+0.058** '
+            '[-0.083, +0.200] | WiSE2 x1, WiSE x1 | 2 |') in text
+    assert '| LDT - Far | **+0.085** [+0.000, +0.170] | +0.170, +0.000 | 2 |' in text
+    paths = report.write_report(str(tmp_path), report.aggregate(TwoCurves(), _two_curves()))
+    assert str(tmp_path / 'tradeoff.png') in paths
+
+
+def test_one_curve_has_no_envelope_and_a_seed_missing_any_curve_gets_no_envelope_height():
+    assert 'envelope' not in tradeoff.tradeoff(FakeStudy(), _with_distances(), report.bootstrap_ci)
+    records = [r for r in _two_curves() if not (r['method'] == 'FT2' and r['seed'] == 1)]
+    ldt = {r['method']: r for r in tradeoff.tradeoff(TwoCurves(), records, report.bootstrap_ci)['rows']}['LDT']
+    assert ldt['above_envelope']['seeds'] == [0] and ldt['above_envelope']['mean'] == pytest.approx(0.01)
+    assert ldt['at_distance_envelope']['seeds'] == [0]
+    assert ldt['above_curve']['seeds'] == [0, 1]                         # FT's curve has both seeds

@@ -20,8 +20,13 @@ WiSE-FT curve the distance grows as alpha times the run's, so per seed the curve
 single-valued; a method's height above it on the targets (and on the source) says whether it keeps
 more of the start than moving as far along FT's direction does. A method farther from the start than
 the run the curve interpolates is outside it.
+
+With several WiSE-FT methods (curves of several fine-tuning runs) the same heights are also taken above
+their upper envelope (``tradeoff``'s docstring): the first method's curve alone is not the best retention
+fine-tuning can give.
 """
 import json
+from collections import Counter
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -30,6 +35,7 @@ from basicsr_ldt.study.plan import ALPHA, Study
 
 Point = Tuple[float, float]
 MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '<', '>', 'h', 'p', '*')
+LINES = ('-', '--', ':', '-.')
 
 
 def run_gains(record: Mapping[str, Any], start: Mapping[str, Any]) -> Optional[Point]:
@@ -68,34 +74,49 @@ def _key(method: str, sweep: Mapping[str, Any], seed: Optional[int]) -> str:
     return json.dumps([method, sweep, seed], sort_keys=True)
 
 
+def _curves_of(study: Study, by_key: Mapping[str, Dict[str, Any]], start: Mapping[str, Any], wise: str
+               ) -> Tuple[Dict[str, List[Point]], Dict[str, List[Tuple[float, float, float]]]]:
+    """One WiSE-FT method's curve per (sweep point, seed): over source gain, and over distance where every
+    point has one; a seed lacking any of its alphas or its run has no curve."""
+    of, alphas = study.interpolations[wise]
+    curves: Dict[str, List[Point]] = {}            # (sweep point, seed) -> the seed's curve
+    by_distance: Dict[str, List[Tuple[float, float, float]]] = {}     # ... -> (distance, source, targets)
+    for point in study.sweep_points():
+        for seed in study.seeds:
+            ends = [(0.0, (0.0, 0.0))]
+            ends += [(a, run_gains(by_key[k], start)) for a in alphas
+                     if (k := _key(wise, {**point, ALPHA: a}, seed)) in by_key]
+            run = by_key.get(_key(of, point, seed))
+            if run is None or len(ends) != len(alphas) + 1 or any(g is None for _, g in ends):
+                continue
+            ends.append((1.0, run_gains(run, start)))
+            curves[_key('', point, seed)] = [g for _, g in sorted(ends, key=lambda e: e[0])]
+            distances = [0.0] + [by_key[_key(wise, {**point, ALPHA: a}, seed)].get('distance') for a in alphas]
+            distances.append(run.get('distance'))
+            if all(d is not None for d in distances):
+                ordered = sorted(zip([0.0] + list(alphas) + [1.0], distances, [g for _, g in ends]))
+                by_distance[_key('', point, seed)] = [(d, g[0], g[1]) for _, d, g in ordered]
+    return curves, by_distance
+
+
 def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional[Dict[str, Any]]:
     """Every method's gains over the start per seed and, with a WiSE-FT method, its height above the
-    curve; None without a start row (``start: true``) with results. ``bootstrap`` is
-    ``report.bootstrap_ci``."""
+    curve (the first WiSE-FT method listed); with several, also above their upper envelope. None without
+    a start row (``start: true``) with results. ``bootstrap`` is ``report.bootstrap_ci``.
+
+    Why an envelope: a retention curve depends on the fine-tuning run it interpolates (another learning
+    rate draws another), so "above FT's curve" does not say that no fine-tuning run keeps more. Per seed,
+    the envelope at a source gain is the highest of the curves there; at a distance, the curve with the
+    highest targets' gain there, its source gain read off the same curve (one network, not a mix)."""
     start = next((r for r in records if r['method'] == study.start), None)
     if start is None:
         return None
-    wise = next(iter(study.interpolations), None)
     by_key = {_key(r['method'], r['sweep'], r['seed']): r for r in records}
-    curves: Dict[str, List[Point]] = {}            # (sweep point, seed) -> the seed's curve
-    by_distance: Dict[str, List[Tuple[float, float, float]]] = {}     # ... -> (distance, source, targets)
-    if wise is not None:
-        of, alphas = study.interpolations[wise]
-        for point in study.sweep_points():
-            for seed in study.seeds:
-                ends = [(0.0, (0.0, 0.0))]
-                ends += [(a, run_gains(by_key[k], start)) for a in alphas
-                         if (k := _key(wise, {**point, ALPHA: a}, seed)) in by_key]
-                run = by_key.get(_key(of, point, seed))
-                if run is None or len(ends) != len(alphas) + 1 or any(g is None for _, g in ends):
-                    continue
-                ends.append((1.0, run_gains(run, start)))
-                curves[_key('', point, seed)] = [g for _, g in sorted(ends, key=lambda e: e[0])]
-                distances = [0.0] + [by_key[_key(wise, {**point, ALPHA: a}, seed)].get('distance') for a in alphas]
-                distances.append(run.get('distance'))
-                if all(d is not None for d in distances):
-                    ordered = sorted(zip([0.0] + list(alphas) + [1.0], distances, [g for _, g in ends]))
-                    by_distance[_key('', point, seed)] = [(d, g[0], g[1]) for _, d, g in ordered]
+    wises = list(study.interpolations)
+    built = {wise: _curves_of(study, by_key, start, wise) for wise in wises}
+    wise = wises[0] if wises else None
+    family = set(wises) | {study.interpolations[w][0] for w in wises}     # the curves and the runs they end at
+    envelope = wises if len(wises) > 1 else []
     rows = []
     for method in study.methods:
         if method in study.untrained:     # the start, and Bicubic: no network fine-tuned from the start
@@ -110,42 +131,55 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
                    'source_gain': _spread([g[0] for _, g in gains]), 'target_gain': _spread([g[1] for _, g in gains])}
             distances = [r.get('distance') for r, _ in tested]
             row['distance'] = _spread(distances) if all(d is not None for d in distances) else None
-            if wise is not None and method not in study.untrained and method != wise:
-                row['above_curve'] = _above(curves, point, gains, bootstrap)
+            if wise is not None and method != wise:
+                row['above_curve'] = _above([built[wise][0]], [wise], point, gains, bootstrap)
                 if row['distance'] is not None:
-                    row['at_distance'] = _at_distance(by_distance, point, tested, bootstrap)
+                    row['at_distance'] = _at_distance([built[wise][1]], [wise], point, tested, bootstrap)
+            if envelope and method not in family:
+                row['above_envelope'] = _above([built[w][0] for w in wises], wises, point, gains, bootstrap)
+                if row['distance'] is not None:
+                    row['at_distance_envelope'] = _at_distance([built[w][1] for w in wises], wises, point, tested,
+                                                               bootstrap)
             rows.append(row)
     curve_rows = []
-    if wise is not None:
+    for name in wises:
+        curves, by_distance = built[name]
+        alphas = study.interpolations[name][1]
         for point in study.sweep_points():
             seeds = [s for s in study.seeds if _key('', point, s) in curves]
             if seeds:
                 stacked = np.array([curves[_key('', point, s)] for s in seeds])       # seeds x points x 2
-                curve_rows.append({'sweep': point, 'seeds': seeds, 'alphas': [0.0] + sorted(alphas) + [1.0],
+                curve_rows.append({'wise_ft': name, 'of': study.interpolations[name][0], 'sweep': point,
+                                   'seeds': seeds, 'alphas': [0.0] + sorted(alphas) + [1.0],
                                    'mean': stacked.mean(axis=0).tolist()})
                 if all(_key('', point, s) in by_distance for s in seeds):    # (distance, source, targets)
                     curve_rows[-1]['by_distance'] = np.array([by_distance[_key('', point, s)] for s in seeds]
                                                              ).mean(axis=0).tolist()
-    return {'start': study.start, 'wise_ft': wise, 'of': study.interpolations[wise][0] if wise else None,
-            'rows': rows, 'curves': curve_rows,
-            'height_pairs': _height_pairs(rows, study.interpolations[wise][0] if wise else None, bootstrap),
-            'distance_missing': [r['run'] for r in records if r.get('distance_missing')]}
+    of = study.interpolations[wise][0] if wise else None
+    table = {'start': study.start, 'wise_ft': wise, 'of': of, 'rows': rows, 'curves': curve_rows,
+             'height_pairs': _height_pairs(rows, 'at_distance', of, bootstrap),
+             'distance_missing': [r['run'] for r in records if r.get('distance_missing')]}
+    if envelope:
+        table['envelope'] = envelope
+        table['envelope_pairs'] = _height_pairs(rows, 'at_distance_envelope', None, bootstrap)   # none of the family
+    return table
 
 
-def _height_pairs(rows: Sequence[Mapping[str, Any]], of: Optional[str], bootstrap) -> List[Dict[str, Any]]:
+def _height_pairs(rows: Sequence[Mapping[str, Any]], heights_key: str, of: Optional[str],
+                  bootstrap) -> List[Dict[str, Any]]:
     """Every two methods with heights at the same distance (same sweep point; not ``of``, the run the
     curve interpolates, whose height is 0 by construction): the first's targets' height minus the
     second's, paired by seed over the seeds both have, with a bootstrap interval.
 
     Why: "does the variance ranking protect beyond the distance" compares two methods' heights seed by
     seed (each seed's curve is its own FT's); their means' difference has no interval of its own."""
-    measured = [r for r in rows if 'targets' in (r.get('at_distance') or {}) and r['method'] != of]
+    measured = [r for r in rows if 'targets' in (r.get(heights_key) or {}) and r['method'] != of]
     pairs = []
     for i, first in enumerate(measured):
         for second in measured[i + 1:]:
             if first['sweep'] != second['sweep']:
                 continue
-            heights = [dict(zip(r['at_distance']['seeds'], r['at_distance']['targets']['per_seed']))
+            heights = [dict(zip(r[heights_key]['seeds'], r[heights_key]['targets']['per_seed']))
                        for r in (first, second)]
             seeds = [s for s in heights[0] if s in heights[1]]
             if not seeds:
@@ -163,53 +197,66 @@ def _spread(values: Sequence[float]) -> Dict[str, Optional[float]]:
     return {'mean': float(arr.mean()), 'std': float(arr.std(ddof=1)) if arr.size > 1 else None}
 
 
-def _above(curves: Mapping[str, List[Point]], point: Mapping[str, Any], gains: Sequence[Tuple[int, Point]],
-           bootstrap) -> Dict[str, Any]:
-    """Per seed: the height above that seed's curve, or the distance to it when outside its range."""
-    heights, outside, seeds = [], [], []
+def _above(curve_sets: Sequence[Mapping[str, List[Point]]], names: Sequence[str], point: Mapping[str, Any],
+           gains: Sequence[Tuple[int, Point]], bootstrap) -> Dict[str, Any]:
+    """Per seed with every curve: the height above the highest of them at the seed's source gain (``by``
+    names it), or the distance to their nearest point when none covers it."""
+    heights, outside, seeds, by = [], [], [], []
     for seed, (x, y) in gains:
-        curve = curves.get(_key('', {k: v for k, v in point.items() if k != ALPHA}, seed))
-        if curve is None:
+        key = _key('', {k: v for k, v in point.items() if k != ALPHA}, seed)
+        if any(key not in curves for curves in curve_sets):
             continue
         seeds.append(seed)
-        value = curve_value(curve, x)
-        if value is None:
-            xs = [c[0] for c in curve]
+        values = [(value, name) for name, curves in zip(names, curve_sets)
+                  if (value := curve_value(curves[key], x)) is not None]
+        if not values:
+            xs = [c[0] for curves in curve_sets for c in curves[key]]
             outside.append({'seed': seed, 'source_gain': x, 'curve_range': [min(xs), max(xs)],
-                            'distance': nearest_distance(curve, (x, y))})
-        else:
-            heights.append(y - value)
+                            'distance': min(nearest_distance(curves[key], (x, y)) for curves in curve_sets)})
+            continue
+        value, name = max(values, key=lambda v: v[0])
+        heights.append(y - value)
+        by.append(name)
     result: Dict[str, Any] = {'seeds': seeds, 'outside': outside}
     if heights and not outside:
         low, high = bootstrap(heights)
-        result.update(mean=float(np.mean(heights)), ci_low=low, ci_high=high)
+        result.update(mean=float(np.mean(heights)), ci_low=low, ci_high=high, by=by)
     return result
 
 
-def _at_distance(curves: Mapping[str, List[Tuple[float, float, float]]], point: Mapping[str, Any],
-                 tested: Sequence[Tuple[Mapping[str, Any], Point]], bootstrap) -> Dict[str, Any]:
-    """Per seed (``tested``: each run with its gains): the targets' and the source's gain minus the
-    curve's at the run's distance from the start, or, beyond the curve's farthest point, the two distances."""
+def _at_distance(curve_sets: Sequence[Mapping[str, List[Tuple[float, float, float]]]], names: Sequence[str],
+                 point: Mapping[str, Any], tested: Sequence[Tuple[Mapping[str, Any], Point]],
+                 bootstrap) -> Dict[str, Any]:
+    """Per seed with every curve (``tested``: each run with its gains): the targets' and the source's gain
+    minus those of the curve with the highest targets' gain at the run's distance from the start (``by`` names
+    it), or, beyond every curve's farthest point, the two distances."""
     heights: Dict[str, List[float]] = {'targets': [], 'source': []}
-    seeds, outside = [], []
+    seeds, outside, by = [], [], []
     for record, gains in tested:
-        curve = curves.get(_key('', point, record['seed']))      # a trained method's point: no alpha in it
-        if curve is None:
+        key = _key('', point, record['seed'])      # a trained method's point: no alpha in it
+        if any(key not in curves for curves in curve_sets):
             continue
         seeds.append(record['seed'])
         distance = record['distance']
-        source = curve_value([(d, s) for d, s, _ in curve], distance)
-        targets = curve_value([(d, t) for d, _, t in curve], distance)
-        if source is None or targets is None:
-            outside.append({'seed': record['seed'], 'distance': distance, 'curve_end': max(d for d, _, _ in curve)})
+        values = []
+        for name, curves in zip(names, curve_sets):
+            targets = curve_value([(d, t) for d, _, t in curves[key]], distance)
+            if targets is not None:      # the source's curve has the same distances: covered too
+                values.append((targets, curve_value([(d, s) for d, s, _ in curves[key]], distance), name))
+        if not values:
+            outside.append({'seed': record['seed'], 'distance': distance,
+                            'curve_end': max(d for curves in curve_sets for d, _, _ in curves[key])})
             continue
+        targets, source, name = max(values, key=lambda v: v[0])
         heights['source'].append(gains[0] - source)
         heights['targets'].append(gains[1] - targets)
+        by.append(name)
     result: Dict[str, Any] = {'seeds': seeds, 'outside': outside}
     if heights['targets'] and not outside:
         for name, values in heights.items():    # per seed too: paired differences between methods (by seed)
             low, high = bootstrap(values)
             result[name] = {'mean': float(np.mean(values)), 'ci_low': low, 'ci_high': high, 'per_seed': values}
+        result['by'] = by
     return result
 
 
@@ -248,14 +295,50 @@ def markdown_lines(table: Mapping[str, Any], point_key) -> List[str]:
         lines += ['', "Targets' heights at the same distance, paired by seed (the first method's minus the second's, "
                       'over the seeds both have; mean [95% bootstrap interval]):', '',
                   '| Methods | difference of the targets\' heights | per seed | n |', '|---|---|---|---|']
-        for pair in table['height_pairs']:
-            names = f"{point_key(pair['method'], pair['sweep'])} - {point_key(pair['minus'], pair['sweep'])}"
-            per_seed = ', '.join(f'{v:+.3f}' for v in pair['per_seed'])
-            lines.append(f"| {names} | {_interval(pair)} | {per_seed} | {len(pair['seeds'])} |")
+        lines += [_pair_line(pair, point_key) for pair in table['height_pairs']]
+    if table.get('envelope'):
+        lines += _envelope_lines(table, point_key, distances)
     if gone:
         lines += ['', f"No distance for {', '.join(gone)}: the weights these runs were tested with, or the "
                           "start's, are gone (study.json's `distance_missing` names the file)."]
     return lines + ['']
+
+
+def _envelope_lines(table: Mapping[str, Any], point_key, distances: bool) -> List[str]:
+    """The heights above the upper envelope of every WiSE-FT curve, for the methods that are none of them."""
+    names = ', '.join(table['envelope'])
+    lines = ['', f'### Above the envelope of {names}', '',
+             'Per seed, the highest of these curves at the method\'s source gain and, at its distance from the start, '
+             'the curve with the highest targets\' gain there (its source gain read off the same curve); "by": which '
+             'curve that is, counted over seeds. Mean over seeds [95% bootstrap interval].', '']
+    header, rule = '| Method | above the envelope at the same source gain | by |', '|---|---|---|'
+    if distances:
+        header, rule = header + ' above it at the same distance: targets / source | by |', rule + '---|---|'
+    lines += [header + ' n |', rule + '---|']
+    for row in table['rows']:
+        if 'above_envelope' not in row:
+            continue
+        above, at = row['above_envelope'], row.get('at_distance_envelope')
+        cells = [_above_cell(above), _by_cell(above)]
+        if distances:
+            cells += [_at_distance_cell(at), _by_cell(at)]
+        lines.append(f"| {point_key(row['method'], row['sweep'])} | " + ' | '.join(cells) + f" | {row['n']} |")
+    if table.get('envelope_pairs'):
+        lines += ['', "Targets' heights above the envelope at the same distance, paired by seed:", '',
+                  '| Methods | difference of the targets\' heights | per seed | n |', '|---|---|---|---|']
+        lines += [_pair_line(pair, point_key) for pair in table['envelope_pairs']]
+    return lines
+
+
+def _by_cell(heights: Optional[Mapping[str, Any]]) -> str:
+    counts = Counter((heights or {}).get('by') or [])
+    return ', '.join(f'{name} x{count}' for name, count in counts.most_common()) or '-'
+
+
+def _pair_line(pair: Mapping[str, Any], point_key) -> str:
+    names = f"{point_key(pair['method'], pair['sweep'])} - {point_key(pair['minus'], pair['sweep'])}"
+    per_seed = ', '.join(f'{v:+.3f}' for v in pair['per_seed'])
+    return f"| {names} | {_interval(pair)} | {per_seed} | {len(pair['seeds'])} |"
 
 
 def _at_distance_cell(at: Optional[Mapping[str, Any]]) -> str:
@@ -302,7 +385,8 @@ def plot(path: str, table: Mapping[str, Any], point_key, title: str) -> None:
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    points = [row for row in table['rows'] if row['method'] != table['wise_ft']]
+    curve_names = [table['wise_ft']] + [c['wise_ft'] for c in table['curves'] if c['wise_ft'] != table['wise_ft']]
+    points = [row for row in table['rows'] if row['method'] not in curve_names]     # the curves are lines
     with_distance = any(row.get('distance') for row in points)
     fig, axes = plt.subplots(1, 2 if with_distance else 1, figsize=(13.0 if with_distance else 7.0, 5.0), squeeze=False)
     panels = [(axes[0][0], 'mean', lambda row: row['source_gain'], 'source gain over the start (dB PSNR)')]
@@ -317,9 +401,10 @@ def plot(path: str, table: Mapping[str, Any], point_key, title: str) -> None:
                 continue
             xs, ys = [p[0] for p in curve[curve_key]], [p[-1] for p in curve[curve_key]]
             suffix = f" ({', '.join(f'{k}={v}' for k, v in curve['sweep'].items())})" if curve['sweep'] else ''
-            ax.plot(xs, ys, '-', color='0.35', lw=1.5, zorder=1,
-                    label=f"{table['wise_ft']} curve{suffix}: start, alpha, {table['of']}")
-            for alpha, x, y in zip(curve['alphas'], xs, ys):
+            number = curve_names.index(curve['wise_ft'])          # the first curve solid, alphas marked
+            ax.plot(xs, ys, LINES[number % len(LINES)], color='0.35', lw=1.5, zorder=1,
+                    label=f"{curve['wise_ft']} curve{suffix}: start, alpha, {curve['of']}")
+            for alpha, x, y in zip(curve['alphas'], xs, ys) if number == 0 else ():
                 ax.annotate(f'{alpha:g}', (x, y), textcoords='offset points', xytext=(4, -10), fontsize=7, color='0.35')
         ax.plot([0.0], [0.0], 'k*', ms=10, label=f"{table['start']} (0, 0)", zorder=3)
         for number, row in enumerate(points):     # colours repeat after ten: the marker tells them apart
