@@ -275,6 +275,51 @@ def test_aggregation_matches_hand_computed_values(tmp_path, demo_data):
     assert '| LDT | +0.50 [+0.50, +0.50] | +0.50 [+0.00, +1.00] | +0.50 [+0.25, +0.75] | 2 |' in text
 
 
+def test_methods_trained_on_other_cameras_compare_their_means_on_the_targets_neither_trained_on(tmp_path, demo_data):
+    """A method trained on Pan against a reference trained on Olympus (paper Table 5): its Mean held
+    Olympus, the reference's Pan, so a method worse on every camera read +0.43 dB better."""
+    study = plan.load_study(tiny_study(tmp_path, demo_data, seeds=[0, 1]), str(tmp_path))
+    cameras = ('Olympus', 'Pan', 'Canon')
+    records = [record('FT', s, dict(zip(cameras, (24.0, 23.0, 22.0)))) for s in (0, 1)]
+    records += [{**record('LDT', s, dict(zip(cameras, (23.9, 22.9, 22.0 - s / 10)))), 'sources': ['Pan']}
+                for s in (0, 1)]
+    result = report.aggregate(study, records)
+    (diff,) = result['differences']
+    assert diff['mean_over'] == ['Canon'] and diff['sources'] == ['Olympus', 'Pan']
+    assert diff['cameras']['Mean']['psnr'] == pytest.approx({'mean': -0.05, 'ci_low': -0.1, 'ci_high': 0.0})
+    assert diff['cameras']['Olympus']['psnr']['mean'] == pytest.approx(-0.1)      # every camera still compared
+    text = report.markdown(result)
+    assert ('| LDT | -0.05 [-0.10, +0.00] | -0.10 [-0.10, -0.10] (source) | -0.10 [-0.10, -0.10] (source) | -0.05 '
+            '[-0.10, +0.00] | 2 |') in text
+    assert ('Sources differ from the reference\'s: "(source)" marks a camera either trained on, and Mean is over the '
+            'cameras neither did (LDT: Canon).') in text
+    only_sources = [{**r, 'cameras': {c: v for c, v in r['cameras'].items() if c != 'Canon'}} for r in records]
+    (diff,) = report.aggregate(study, only_sources)['differences']
+    assert 'Mean' not in diff['cameras'] and diff['mean_over'] == []              # no camera to compare Means on
+    report.write_report(str(tmp_path / 'report'), report.aggregate(study, only_sources))
+    assert 'none, no Mean' in (tmp_path / 'report' / 'study.md').read_text()
+    same = report.aggregate(study, [record('FT', 0, {'Olympus': 24.0}), record('LDT', 0, {'Olympus': 24.5})])
+    assert same['differences'][0]['cameras']['Mean']['psnr']['mean'] == pytest.approx(0.5)   # all cameras sources
+
+
+def test_each_sweep_point_marks_its_own_source_cameras(tmp_path, demo_data):
+    """A sweep over datasets.train.cameras: each row's "(source)" is its own point's camera."""
+    study = plan.load_study(tiny_study(tmp_path, demo_data, seeds=[0]), str(tmp_path))
+    study.sweep = {'datasets.train.cameras': [['Olympus'], ['Pan']]}
+    records = [{**record(m, 0, {'Olympus': 24.0, 'Pan': 23.0}), 'sweep': {'datasets.train.cameras': [cam]},
+                'sources': [cam]} for m in ('FT', 'LDT') for cam in ('Olympus', 'Pan')]
+    summary = report.aggregate(study, records)['summary']
+    assert [(r['sweep']['datasets.train.cameras'], r['sources']) for r in summary] == [
+        (['Olympus'], ['Olympus']), (['Pan'], ['Pan'])] * 2
+    assert summary[1]['cameras']['Mean']['psnr']['mean'] == pytest.approx(24.0)
+
+
+def test_one_camera_named_without_a_list_is_that_camera():
+    """``cameras: Olympus`` (the loader takes it) was read as the letters O, l, y, ..."""
+    assert plan.train_cameras({'datasets': {'train': {'cameras': 'Olympus'}}}) == ['Olympus']
+    assert plan.train_cameras({'datasets': {'train': {}}}) == []
+
+
 def test_bootstrap_interval_is_seeded_and_brackets_the_mean():
     values = [0.3, -0.1, 0.5, 0.2, 0.0]
     low, high = report.bootstrap_ci(values)

@@ -92,8 +92,17 @@ def load_error(path, root) -> str:
      'draw the same training crops and flips; remove it (it follows manual_seed, which the study sets per seed)'),
     ({'overrides': START, 'methods': {'S': {'start': True}, 'FT': {},
                                       'FT-other': {'path': {'pretrain_network_g': 'other.pth'}}}},
-     "{study}: method 'FT-other' starts from 'other.pth', not from the study's start 'S' ('start.pth'): its gains and "
-     'distance would be measured from weights it did not start from'),
+     "{study}: method 'FT-other' starts from 'other.pth' (key 'params'), not from the study's start 'S' ('start.pth' "
+     "(key 'params')): its gains and distance would be measured from weights it did not start from"),
+    ({'overrides': START, 'methods': {'S': {'start': True}, 'FT': {}, 'FT-ema': {'path': {'param_key_g': 'params_ema'}}}},
+     "{study}: method 'FT-ema' starts from 'start.pth' (key 'params_ema'), not from the study's start 'S' ('start.pth' "
+     "(key 'params')): its gains and distance would be measured from weights it did not start from"),  # same file
+    ({'methods': {'FT': {'datasets': {'train': {'cameras': 'all'}}}}},
+     "{study}: method 'FT' trains on every camera of its training folder (datasets.train.cameras absent or 'all'); "
+     'name its source cameras: the report marks them and leaves them out of the Mean'),   # its Mean had its sources
+    ({'methods': {'FT': {'datasets': {'train': {'cameras': None}}}}},
+     "{study}: method 'FT' trains on every camera of its training folder (datasets.train.cameras absent or 'all'); "
+     'name its source cameras: the report marks them and leaves them out of the Mean'),
 ])
 def test_study_file_mistakes_are_one_whole_message_naming_the_file_and_the_key(tmp_path, demo_data, changes, message):
     """Kills mutants that drop or garble the ``where`` of these messages (the study file, the method,
@@ -117,6 +126,7 @@ def test_a_missing_study_file_and_a_test_file_with_an_unknown_key_are_named(tmp_
     ({'FT': {}, 'W_alpha=0.5': {}, 'W': {'wise_ft': {'of': 'FT', 'alphas': [0.5]}}}, 'W_alpha=0.5_seed0'),
     ({'FT': {}, 'W a': {'wise_ft': {'of': 'FT', 'alphas': [0.5]}}, 'Wa': {'wise_ft': {'of': 'FT', 'alphas': [0.5]}}},
      'Wa_alpha=0.5_seed0'),                                               # two WiSE-FT tests
+    ({'FT': {}, 'Bi cubic': {'bicubic': True}, 'Bicubic': {'bicubic': True}}, 'Bicubic'),   # two untrained runs
 ])
 def test_two_runs_never_share_a_folder(tmp_path, demo_data, methods, folder):
     """Two runs in one folder would overwrite each other's checkpoints and tables. Kills mutants that

@@ -12,7 +12,7 @@ import itertools
 import json
 import re
 from os import path as osp
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from basicsr.utils.registry import ARCH_REGISTRY, MODEL_REGISTRY
 
@@ -137,8 +137,9 @@ class Study:
 
 
 def train_cameras(opt: Mapping[str, Any]) -> List[str]:
-    """The source cameras of training options (``datasets.train.cameras``)."""
-    return list(((opt.get('datasets') or {}).get('train') or {}).get('cameras') or [])
+    """The source cameras of training options (``datasets.train.cameras``: a list or one name)."""
+    cameras = ((opt.get('datasets') or {}).get('train') or {}).get('cameras') or []
+    return [cameras] if isinstance(cameras, str) else [str(c) for c in cameras]
 
 
 def read_yaml(path: str, what: str) -> Dict[str, Any]:
@@ -429,12 +430,11 @@ def load_study(path: str, root: str) -> Study:
                 opt = merge_options(opt, nested(key, value), where)
             points.append((label, point, opt))
     runs: List[Run] = []
-    names = set()
+    names: Set[str] = set()
     # Methods without training come first: one test each, seconds long, valid for every seed.
     merged = merge_options(base_train, common, f"study '{name}' overrides") if untrained else {}
     for label in untrained:
-        run = run_name(label, {}, None)
-        names.add(run)
+        run = _claim(names, run_name(label, {}, None), name)
         if label in starts:
             test_opt = start_evaluation_options(base_test, name, run, merged, f"study file '{path}': method '{label}'")
             what = f"no training: the starting weights {merged['path']['pretrain_network_g']}, tested once"
@@ -446,10 +446,7 @@ def load_study(path: str, root: str) -> Study:
     # Seed-major order: a study stopped half-way has every method for its first seeds (paired data).
     for seed in raw['seeds']:
         for label, point, opt in points:
-            run = run_name(label, point, seed)
-            if run in names:
-                raise InputError(f"study '{name}': two runs would share the folder name '{run}'; rename a method")
-            names.add(run)
+            run = _claim(names, run_name(label, point, seed), name)
             train_opt = copy.deepcopy(opt)
             train_opt['name'] = f'{name}/{run}'
             train_opt['manual_seed'] = seed
@@ -461,11 +458,14 @@ def load_study(path: str, root: str) -> Study:
                                  f"seed would draw the same {SEED_PINNING[pinned[0]]}; remove it (it follows "
                                  'manual_seed, which the study sets per seed)')
             check_training_options(train_opt, f"run '{run}'")
-            if starts and (train_opt.get('path') or {}).get('pretrain_network_g') != merged['path']['pretrain_network_g']:
-                raise InputError(f"study file '{path}': method '{label}' starts from "
-                                 f"{train_opt['path'].get('pretrain_network_g')!r}, not from the study's start "
-                                 f"'{starts[0]}' ({merged['path']['pretrain_network_g']!r}): its gains and distance "
-                                 'would be measured from weights it did not start from')
+            if not set(train_cameras(train_opt)) - {'all'}:
+                raise InputError(f"study file '{path}': method '{label}' trains on every camera of its training "
+                                 "folder (datasets.train.cameras absent or 'all'); name its source cameras: the "
+                                 'report marks them and leaves them out of the Mean')
+            if starts and _start_of(train_opt) != _start_of(merged):
+                raise InputError(f"study file '{path}': method '{label}' starts from {_start_of(train_opt)}, not "
+                                 f"from the study's start '{starts[0]}' ({_start_of(merged)}): its gains and "
+                                 'distance would be measured from weights it did not start from')
             ema = bool((train_opt.get('train') or {}).get('ema_decay', 0))
             runs.append(Run(len(runs), run, label, seed, dict(point), train_opt,
                             evaluation_options(base_test, name, run, train_opt, root, ema)))
@@ -477,15 +477,26 @@ def load_study(path: str, root: str) -> Study:
                 for alpha in alphas:
                     run = wise_ft_run(base_test, name, label, by_point[(of, json.dumps(point, sort_keys=True), seed)],
                                       alpha, root)
-                    if run.name in names:
-                        raise InputError(f"study '{name}': two runs would share the folder name '{run.name}'; "
-                                         'rename a method')
-                    names.add(run.name)
+                    _claim(names, run.name, name)
                     run.index = len(runs)
                     runs.append(run)
     reference = raw.get('reference') or next(iter(methods))
     return Study(path, name, raw['train'], raw['test'], list(raw['seeds']), methods, dict(sweep), reference, runs,
                  untrained, starts[0] if starts else None, interpolations)
+
+
+def _claim(names: Set[str], run: str, study: str) -> str:
+    """``run``, added to the folder names taken; two runs in one folder would overwrite each other."""
+    if run in names:
+        raise InputError(f"study '{study}': two runs would share the folder name '{run}'; rename a method")
+    names.add(run)
+    return run
+
+
+def _start_of(train_opt: Mapping[str, Any]) -> str:
+    """The weights a run starts from, as training reads them: the file and its key (BasicSR: 'params')."""
+    path = train_opt.get('path') or {}
+    return f"{path.get('pretrain_network_g')!r} (key {path.get('param_key_g', 'params')!r})"
 
 
 def missing_inputs(study: Study, root: str) -> List[str]:

@@ -79,20 +79,31 @@ def summarise(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, Any
             cameras = list(runs[0])
             rows.append({'method': method, 'sweep': point, 'n': len(runs),
                          'seeds': [r['seed'] for r in records if r['method'] == method and r['sweep'] == point],
-                         'sources': next(r['sources'] for r in records if r['method'] == method),
+                         'sources': next(r['sources'] for r in records if r['method'] == method and r['sweep'] == point),
                          'cameras': {cam: {m: mean_std([run[cam][m] for run in runs]) for m in METRICS}
                                      for cam in cameras}})
     return rows
 
 
+def shared_targets(first: Mapping[str, Any], second: Mapping[str, Any]) -> List[str]:
+    """The cameras two runs' Means are compared on: tested for both and a source of neither (where both
+    trained on the same cameras and every tested camera is one, all of them, as ``with_mean`` does).
+
+    Why: a method trained on Pan against a reference trained on Olympus would otherwise compare a Mean
+    that holds Olympus with one that holds Pan (+0.43 dB from a method worse on every camera)."""
+    tested = [cam for cam in first['cameras'] if cam in second['cameras']]
+    targets = [cam for cam in tested if cam not in first['sources'] and cam not in second['sources']]
+    return targets or (tested if set(first['sources']) == set(second['sources']) else [])
+
+
 def differences(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Per other method and sweep point: the mean of (method - reference) over the seeds both have,
-    per camera and for the mean over cameras, with a bootstrap interval. A method without training
-    has one result, the same for every seed and sweep point: it is paired with each of them."""
-    by_key = {(r['method'], json.dumps(r['sweep'], sort_keys=True), r['seed']): with_mean(r)
-              for r in records}
+    per camera and for the mean over the cameras both leave out of their Means (``shared_targets``),
+    with a bootstrap interval. A method without training has one result, the same for every seed and
+    sweep point: it is paired with each of them."""
+    by_key = {(r['method'], json.dumps(r['sweep'], sort_keys=True), r['seed']): r for r in records}
 
-    def result(method: str, sweep: str, seed: int) -> Optional[Dict[str, Dict[str, float]]]:
+    def result(method: str, sweep: str, seed: int) -> Optional[Dict[str, Any]]:
         if method in study.untrained:
             return by_key.get((method, json.dumps({}), None))
         return by_key.get((method, sweep, seed))
@@ -108,18 +119,28 @@ def differences(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, A
             seeds = [s for s in study.seeds if result(method, sweep, s) and result(study.reference, paired, s)]
             if not seeds:
                 continue
-            cameras = list(result(method, sweep, seeds[0]))
+            pairs = [(result(method, sweep, s), result(study.reference, paired, s)) for s in seeds]
+            shared = shared_targets(*pairs[0])
+            tables = [(_mean_over(first, shared), _mean_over(second, shared)) for first, second in pairs]
             table = {}
-            for cam in cameras:
+            for cam in [c for c in tables[0][0] if c in tables[0][1]]:
                 table[cam] = {}
                 for m in METRICS:
-                    diffs = [result(method, sweep, s)[cam][m] - result(study.reference, paired, s)[cam][m]
-                             for s in seeds]
+                    diffs = [first[cam][m] - second[cam][m] for first, second in tables]
                     low, high = bootstrap_ci(diffs)
                     table[cam][m] = {'mean': float(np.mean(diffs)), 'ci_low': low, 'ci_high': high}
             rows.append({'method': method, 'sweep': point, 'reference': study.reference, 'n': len(seeds),
-                         'seeds': seeds, 'cameras': table})
+                         'seeds': seeds, 'cameras': table, 'mean_over': shared,
+                         'sources': sorted(set(pairs[0][0]['sources']) | set(pairs[0][1]['sources']))})
     return rows
+
+
+def _mean_over(record: Mapping[str, Any], cameras: Sequence[str]) -> Dict[str, Dict[str, float]]:
+    """A run's per-camera values plus, with ``cameras``, their Mean over those cameras."""
+    table = dict(record['cameras'])
+    if cameras:
+        table[MEAN] = {m: float(np.mean([record['cameras'][c][m] for c in cameras])) for m in METRICS}
+    return table
 
 
 def aggregate(study: Study, records: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -193,14 +214,26 @@ def markdown(result: Mapping[str, Any]) -> str:
         lines += [f'### {title}', '', '| Method | ' + ' | '.join(columns) + ' | n |',
                   '|---|' + '---|' * (len(columns) + 1)]
         for row in result['differences']:
-            cells = [_diff_cell(row['cameras'][c][metric], digits) if c in row['cameras'] else '-' for c in columns]
+            cells = [_diff_cell(row['cameras'][c][metric], digits) + (' (source)' if c in row['sources'] else '')
+                     if c in row['cameras'] else '-' for c in columns]
             lines.append(f"| {point_key(row['method'], row['sweep'])} | " + ' | '.join(cells) + f" | {row['n']} |")
         lines.append('')
+    mixed = [row for row in result['differences'] if set(row['sources']) != set(_own_sources(result, row))]
+    if mixed:
+        lines += ['Sources differ from the reference\'s: "(source)" marks a camera either trained on, and Mean is '
+                  'over the cameras neither did (' + '; '.join(
+                      f"{point_key(row['method'], row['sweep'])}: {', '.join(row['mean_over']) or 'none, no Mean'}"
+                      for row in mixed) + ').', '']
     if result.get('tradeoff'):
         lines += tradeoff.markdown_lines(result['tradeoff'], point_key)
     else:
         lines += ['No trade-off picture: it needs the start tested (a method `Start: {start: true}`) with results.', '']
     return '\n'.join(lines)
+
+
+def _own_sources(result: Mapping[str, Any], row: Mapping[str, Any]) -> List[str]:
+    return next((r['sources'] for r in result['summary'] if r['method'] == row['method']
+                 and r['sweep'] == row['sweep']), row['sources'])
 
 
 def write_csv(path: str, result: Mapping[str, Any]) -> None:
@@ -219,7 +252,7 @@ def write_csv(path: str, result: Mapping[str, Any]) -> None:
                 cells += [_num(stats[m][k]) for m in METRICS for k in ('mean', 'std')]
                 cells.append(result['reference'] if diff else '')
                 for m in METRICS:
-                    d = diff['cameras'][cam][m] if diff else {}
+                    d = diff['cameras'].get(cam, {}).get(m, {}) if diff else {}   # no Mean: no shared target
                     cells += [_num(d.get(k)) for k in ('mean', 'ci_low', 'ci_high')]
                 writer.writerow(cells)
 
