@@ -151,6 +151,20 @@ def test_warning_when_every_ema_of_a_group_outlasts_the_run(monkeypatch):
     assert [line.split("'")[0] for line in long_run.horizon_warnings()] == ['the unstable layers']
 
 
+def test_with_a_partition_file_the_warning_points_at_its_coefficients(monkeypatch, tmp_path):
+    """A partition file's coefficients are used as written (ema_reference_iters is refused with one):
+    the warning said to set ema_reference_iters all the same."""
+    paper = run(LDTConfig(profile_iters=50, ema_every=1), 500, monkeypatch)
+    paper.partition.save(str(tmp_path / 'partition.json'))
+    from_file = LDT(network(), LDTConfig(profile_iters=0, ema_every=1, partition_file=str(tmp_path / 'partition.json')),
+                    lambda p, r: torch.optim.SGD(p, lr=0), total_iters=450)
+    from_file.enter(1)
+    (line,) = from_file.horizon_warnings()
+    assert line.startswith("the unstable layers'") and 'ema_reference_iters' not in line
+    assert line.endswith(f"Lower the coefficients in {tmp_path / 'partition.json'} (its 'coefficient' column), or "
+                         'train longer')
+
+
 def ldt_options(total_iter=500, **ldt):
     return {'train': {'total_iter': total_iter}, 'ldt': ldt}
 

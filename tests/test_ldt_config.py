@@ -276,14 +276,17 @@ def test_each_cross_key_rule_is_one_whole_message(options, message, fixed):
     ('ft', {'seed': 3}, "ldt.seed: method 'ft' does not read it (mode 'single'"),
     ('ldt_no_dpu', {'seed': 3}, "ldt.seed: method 'ldt_no_dpu' does not read it (criterion 'var' ranks by gradients"),
     ('ldt', {'partition_file': 'p.json', 'profile_iters': 0, 'ratio_u': 0.3},
-     "ldt.ratio_u: method 'ldt' does not read it (a partition_file gives the groups)"),
+     "ldt.ratio_u: method 'ldt' does not read it (a partition_file gives the groups and their "
+     'coefficients)'),
     # a criterion sweep over DeFT, or beside a partition file, trained one run twice (audit 2026-11-29)
     ('deft', {'criterion': 'fisher'}, "ldt.criterion: method 'deft' does not read it (partition 'name' without dpu "
                                       "ranks nothing), so 'fisher' would change nothing; remove it"),
     ('ldt', {'partition_file': 'p.json', 'profile_iters': 0, 'criterion': 'fisher'},
-     "ldt.criterion: method 'ldt' does not read it (a partition_file gives the groups)"),
+     "ldt.criterion: method 'ldt' does not read it (a partition_file gives the groups and their "
+     'coefficients)'),
     ('ldt', {'partition_file': 'p.json', 'profile_iters': 0, 'force_stable': ['conv_first']},
-     "ldt.force_stable: method 'ldt' does not read it (a partition_file gives the groups)"),
+     "ldt.force_stable: method 'ldt' does not read it (a partition_file gives the groups and their "
+     'coefficients)'),
     ('deft', {'profile_order': 'file_order', 'profile_counts_in_total_iter': False},
      "ldt.profile_order: method 'deft' does not read it (profile_iters 0: nothing is profiled)"),
     ('deft', {'profile_counts_in_total_iter': False},
@@ -291,6 +294,19 @@ def test_each_cross_key_rule_is_one_whole_message(options, message, fixed):
     ('ldt', {'head_patterns': ['nosuch']}, "ldt.head_patterns: method 'ldt' does not read it (head_warmup_iters 0 "
                                            "and no split by the head's name (DeFT): no head is chosen)"),
     ('ft', {'head_patterns': ['conv_last']}, "ldt.head_patterns: method 'ft' does not read it (head_warmup_iters 0"),
+    # a partition file's coefficients replaced these silently; a reference interval without a reference length
+    ('ldt', {'partition_file': 'p.json', 'profile_iters': 0, 'w_base_stable': 0.5},
+     "ldt.w_base_stable: method 'ldt' does not read it (a partition_file gives the groups and their coefficients)"),
+    ('ldt', {'partition_file': 'p.json', 'profile_iters': 0, 'dpu': False},
+     "ldt.dpu: method 'ldt' does not read it (a partition_file gives the groups and their coefficients)"),
+    ('ldt_no_dpu', {'partition_file': 'p.json', 'profile_iters': 0, 'w_fixed': 0.5},
+     "ldt.w_fixed: method 'ldt_no_dpu' does not read it (a partition_file gives the groups and their coefficients)"),
+    ('deft', {'partition_file': 'p.json', 'deft_grouping': 'non_layers'},
+     "ldt.deft_grouping: method 'deft' does not read it (a partition_file gives the groups"),
+    ('deft', {'partition_file': 'p.json', 'ratio_u': 0.3},     # the file's groups, not DeFT's split by name
+     "ldt.ratio_u: method 'deft' does not read it (a partition_file gives the groups and their coefficients)"),
+    ('ldt', {'ema_reference_every': 1}, "ldt.ema_reference_every: method 'ldt' does not read it (no "
+                                        'ema_reference_iters: the coefficients are used as written)'),
 ])
 def test_a_value_the_method_never_reads_is_refused(method, overrides, message):
     """A study sweeping ratio_u over DeFT trained the same run under two labels; a slip set a key its

@@ -159,9 +159,15 @@ class LDT:
         if self.partition is None or self.total_iters is None or self.config.mode == 'single':
             return []
         remaining = self.config.run_exchanges(self.total_iters)
-        hint = ('200000 for the paper\'s coefficients, with ema_reference_every 10' if self.config.partition == 'criterion'
-                else '40000 for DeFT\'s beta, with ema_reference_every 1')
-        return horizon_warnings(self.partition, remaining, 'ldt.ema_reference_iters', hint)
+        if self.config.partition_file is not None:       # its coefficients are used as written
+            remedy = (f"Lower the coefficients in {self.config.partition_file} (its 'coefficient' column), or train "
+                      'longer')
+        else:
+            hint = ('200000 for the paper\'s coefficients, with ema_reference_every 10'
+                    if self.config.partition == 'criterion' else '40000 for DeFT\'s beta, with ema_reference_every 1')
+            remedy = (f'Set ldt.ema_reference_iters to the run length the coefficients were written for ({hint}) to '
+                      'rescale them to this run')
+        return horizon_warnings(self.partition, remaining, remedy)
 
     # -- results -------------------------------------------------------------------------------
     @property

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping
 
 from basicsr_ldt.ldt.equations import STABLE, UNSTABLE
 from basicsr_ldt.ldt.partition import Partition
@@ -112,14 +112,12 @@ def long_horizons(partition: Partition, remaining: Mapping[str, int]) -> Dict[st
     return out
 
 
-def horizon_warnings(partition: Partition, remaining: Mapping[str, int], option: str,
-                     reference_hint: Optional[str] = None) -> List[str]:
-    """One line per group whose every EMA is longer than the exchanges that remain, naming ``option``."""
+def horizon_warnings(partition: Partition, remaining: Mapping[str, int], remedy: str) -> List[str]:
+    """One line per group whose every EMA is longer than the exchanges that remain, ending with ``remedy``."""
     lines = []
     for group, fastest in long_horizons(partition, remaining).items():
         w = partition.coefficients(group)
         lines.append(f"the {group} layers' EMAs (W {min(w):.6g} .. {max(w):.6g}) average over {fastest:.0f} exchanges or "
                      f'more, more than the {remaining[group]} left in this run: the frozen {group} layers, and so the '
-                     f'composite, stay near the start. Set {option} to the run length the coefficients were written '
-                     'for' + (f' ({reference_hint})' if reference_hint else '') + ' to rescale them to this run')
+                     f'composite, stay near the start. {remedy}')
     return lines
