@@ -229,6 +229,7 @@ class FakeStudy:
     start = 'Start'
     untrained = ['Start', 'Bicubic']
     interpolations = {'WiSE': ('FT', [0.5])}
+    envelope = []
     methods = {'Start': {}, 'Bicubic': {}, 'FT': {}, 'WiSE': {}, 'LDT': {}, 'Far': {}}
 
     def sweep_points(self):

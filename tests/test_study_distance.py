@@ -290,3 +290,76 @@ def test_one_curve_has_no_envelope_and_a_seed_missing_any_curve_gets_no_envelope
     assert ldt['above_envelope']['seeds'] == [0] and ldt['above_envelope']['mean'] == pytest.approx(0.01)
     assert ldt['at_distance_envelope']['seeds'] == [0]
     assert ldt['above_curve']['seeds'] == [0, 1]                         # FT's curve has both seeds
+
+
+class ChosenEnvelope(TwoCurves):
+    """The envelope of WiSE and WiSE2 only: WiSE3 (of LDT) and WiSE4 (of Far) are curves measured against it."""
+    envelope = ['WiSE', 'WiSE2']
+    interpolations = {**TwoCurves.interpolations, 'WiSE3': ('LDT', [0.5]), 'WiSE4': ('Far', [0.5])}
+    methods = {**TwoCurves.methods, 'WiSE3': {}, 'WiSE4': {}}
+
+
+def _four_curves():
+    records = _two_curves()
+    for method, points in (('WiSE3', ((0.075, 0.15, 0.2), (0.0375, 0.15, 0.1))),
+                           ('WiSE4', ((0.05, 0.15, 0.1), (0.05, 0.15, 0.0)))):
+        for seed, (d, source, targets) in enumerate(points):
+            records.append({**_record(method, seed, 30 + source, 30 + targets, {plan.ALPHA: 0.5}), 'distance': d})
+    return records
+
+
+def test_a_curve_outside_the_chosen_envelope_is_measured_against_it_along_its_alphas():
+    """Is WiSE-FT of LDT above fine-tuning's retention? Its points' heights above the envelope of the
+    curves the study names, per seed averaged over its alphas, and two such curves compared seed by seed."""
+    table = tradeoff.tradeoff(ChosenEnvelope(), _four_curves(), report.bootstrap_ci)
+    assert table['envelope'] == ['WiSE', 'WiSE2']
+    rows = {(r['method'], r['sweep'].get(plan.ALPHA)): r for r in table['rows']}
+    assert 'above_envelope' not in rows[('FT2', None)] and 'above_envelope' in rows[('LDT', None)]
+    # Source gain 0.15: seed 0 envelope 0.225 (WiSE), seed 1 0.075 (WiSE). Distance 0.075 / 0.0375: WiSE's 0.225, 0.025.
+    three = rows[('WiSE3', 0.5)]
+    assert three['above_envelope']['per_seed'] == pytest.approx([-0.025, 0.025])
+    assert three['at_distance_envelope']['targets']['per_seed'] == pytest.approx([-0.025, 0.075])
+    assert three['at_distance_envelope']['source']['per_seed'] == pytest.approx([0.0, 0.1])
+    curves = {c['method']: c for c in table['envelope_curves']}
+    assert set(curves) == {'WiSE3', 'WiSE4'}
+    assert curves['WiSE3']['source_gain']['alphas'] == [0.5] and curves['WiSE3']['source_gain']['mean'] == pytest.approx(0)
+    assert curves['WiSE3']['distance']['per_seed'] == pytest.approx([-0.025, 0.075])
+    assert curves['WiSE4']['source_gain']['per_seed'] == pytest.approx([-0.125, -0.075])
+    (pair,) = table['envelope_curve_pairs']
+    assert (pair['method'], pair['minus']) == ('WiSE3', 'WiSE4')
+    assert pair['source_gain']['per_seed'] == pytest.approx([0.1, 0.1])
+    assert pair['distance']['per_seed'] == pytest.approx([0.025, 0.075 + 0.1 / 3])
+    text = '\n'.join(tradeoff.markdown_lines(table, report.point_key))
+    assert '| WiSE3 | **+0.000** [-0.025, +0.025] (0.5) | **+0.025** [-0.025, +0.075] (0.5) |' in text
+    assert '| WiSE3 - WiSE4 | **+0.100** [+0.100, +0.100] | **+0.067** [+0.025, +0.108] |' in text
+    # The first curve's pairs leave every curve's points out; the envelope's pair the two curves at alpha 0.5.
+    assert all(plan.ALPHA not in p['sweep'] for p in table['height_pairs'])
+    assert [(p['method'], p['minus']) for p in table['envelope_pairs']] == [('LDT', 'Far'), ('WiSE3', 'WiSE4')]
+
+
+@pytest.mark.parametrize('envelope', [['WiSE'], ['WiSE', 'WiSE'], ['WiSE', 'FT'], 'WiSE'])
+def test_an_envelope_of_fewer_than_two_wise_ft_curves_is_refused(tmp_path, demo_data, envelope):
+    from test_study_plan import load_error, tiny_study
+    methods = {'FT': {}, 'S': {'start': True}, 'WiSE': {'wise_ft': {'of': 'FT', 'alphas': [0.5]}},
+               'WiSE2': {'wise_ft': {'of': 'FT', 'alphas': [0.7]}}}
+    path = tiny_study(tmp_path, demo_data, overrides={'path': {'pretrain_network_g': 'start.pth'}}, methods=methods,
+                      envelope=envelope)
+    assert load_error(path, tmp_path) == (f"study file '{path}': envelope: expected a list of two or more distinct "
+                                          f'WiSE-FT methods (WiSE, WiSE2), got {envelope!r}')
+    path = tiny_study(tmp_path, demo_data, overrides={'path': {'pretrain_network_g': 'start.pth'}}, methods=methods,
+                      envelope=['WiSE2', 'WiSE'])
+    assert plan.load_study(path, str(tmp_path)).envelope == ['WiSE2', 'WiSE']
+
+
+def test_a_curve_is_averaged_over_the_alphas_every_seed_has_and_pairs_need_the_same_seeds():
+    """While a study runs, some alphas or seeds are missing: a mean over alphas measured on other seeds,
+    or a difference zipping unrelated seeds, would be wrong without saying so."""
+    study = ChosenEnvelope()
+    study.interpolations = {**study.interpolations, 'WiSE3': ('LDT', [0.5, 0.7])}
+    records = _four_curves() + [{**_record('WiSE3', 0, 30.2, 30.2, {plan.ALPHA: 0.7}), 'distance': 0.1}]
+    records = [r for r in records if not (r['method'] == 'WiSE4' and r['seed'] == 1)]
+    table = tradeoff.tradeoff(study, records, report.bootstrap_ci)
+    three = {c['method']: c for c in table['envelope_curves']}['WiSE3']
+    assert three['source_gain']['alphas'] == [0.5] and three['source_gain']['seeds'] == [0, 1]
+    (pair,) = table['envelope_curve_pairs']
+    assert 'source_gain' not in pair and 'distance' not in pair       # WiSE4 has seed 0 only

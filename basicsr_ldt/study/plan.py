@@ -35,7 +35,7 @@ STUDY_SET = {'name': 'each run is <study>/<run>', 'manual_seed': "the study's se
 SEED_PINNING = {'ldt.seed': 'random layer partition and CorGrad camera order',
                 'datasets.train.seed': 'training crops and flips'}
 #: Keys of a study file. ``overrides`` applies to every method (before the method's own).
-STUDY_KEYS = ('name', 'train', 'test', 'seeds', 'methods', 'sweep', 'reference', 'overrides')
+STUDY_KEYS = ('name', 'train', 'test', 'seeds', 'methods', 'sweep', 'reference', 'overrides', 'envelope')
 #: A method's key naming another base training file than the study's ``train`` (e.g. per network).
 METHOD_BASE_KEY = 'base'
 #: ``Bicubic: {bicubic: true}``: a method that trains nothing, the LR image upscaled bicubically.
@@ -112,6 +112,8 @@ class Study:
     start: Optional[str] = None
     #: WiSE-FT methods: label -> (the method interpolated, its alphas).
     interpolations: Dict[str, Tuple[str, List[float]]] = dataclasses.field(default_factory=dict)
+    #: The WiSE-FT methods whose upper envelope the report takes (``envelope:``); empty: all, if two or more.
+    envelope: List[str] = dataclasses.field(default_factory=list)
 
     def method_points(self, method: str) -> List[Dict[str, Any]]:
         """The sweep points a method has results at: one for a method without training and seed,
@@ -273,6 +275,12 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
             and WISE_FT_KEY in study['methods'][reference]:
         raise InputError(f"study file '{path}': reference '{reference}' is a WiSE-FT method, one row per alpha, which "
                          'no other method is paired with; expected a method that trains (or the start, or Bicubic)')
+    envelope = study.get('envelope')
+    curves = [str(m) for m, o in study['methods'].items() if isinstance(o, Mapping) and WISE_FT_KEY in o]
+    if envelope is not None and (not isinstance(envelope, list) or len(envelope) < 2 or len(set(map(str, envelope)))
+                                 != len(envelope) or not set(map(str, envelope)) <= set(curves)):
+        raise InputError(f"study file '{path}': envelope: expected a list of two or more distinct WiSE-FT methods "
+                         f"({', '.join(curves) or 'the study has none'}), got {envelope!r}")
 
 
 def _check_wise_ft(study: Mapping[str, Any], path: str, label: str, overrides: Mapping[str, Any]) -> None:
@@ -482,7 +490,7 @@ def load_study(path: str, root: str) -> Study:
                     runs.append(run)
     reference = raw.get('reference') or next(iter(methods))
     return Study(path, name, raw['train'], raw['test'], list(raw['seeds']), methods, dict(sweep), reference, runs,
-                 untrained, starts[0] if starts else None, interpolations)
+                 untrained, starts[0] if starts else None, interpolations, [str(m) for m in raw.get('envelope') or []])
 
 
 def _claim(names: Set[str], run: str, study: str) -> str:

@@ -27,7 +27,7 @@ fine-tuning can give.
 """
 import json
 from collections import Counter
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -115,8 +115,8 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
     wises = list(study.interpolations)
     built = {wise: _curves_of(study, by_key, start, wise) for wise in wises}
     wise = wises[0] if wises else None
-    family = set(wises) | {study.interpolations[w][0] for w in wises}     # the curves and the runs they end at
-    envelope = wises if len(wises) > 1 else []
+    envelope = list(study.envelope) or (wises if len(wises) > 1 else [])
+    family = set(envelope) | {study.interpolations[w][0] for w in envelope}     # the curves and the runs they end at
     rows = []
     for method in study.methods:
         if method in study.untrained:     # the start, and Bicubic: no network fine-tuned from the start
@@ -136,10 +136,10 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
                 if row['distance'] is not None:
                     row['at_distance'] = _at_distance([built[wise][1]], [wise], point, tested, bootstrap)
             if envelope and method not in family:
-                row['above_envelope'] = _above([built[w][0] for w in wises], wises, point, gains, bootstrap)
+                row['above_envelope'] = _above([built[w][0] for w in envelope], envelope, point, gains, bootstrap)
                 if row['distance'] is not None:
-                    row['at_distance_envelope'] = _at_distance([built[w][1] for w in wises], wises, point, tested,
-                                                               bootstrap)
+                    row['at_distance_envelope'] = _at_distance([built[w][1] for w in envelope], envelope, point,
+                                                               tested, bootstrap)
             rows.append(row)
     curve_rows = []
     for name in wises:
@@ -157,23 +157,73 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
                                                              ).mean(axis=0).tolist()
     of = study.interpolations[wise][0] if wise else None
     table = {'start': study.start, 'wise_ft': wise, 'of': of, 'rows': rows, 'curves': curve_rows,
-             'height_pairs': _height_pairs(rows, 'at_distance', of, bootstrap),
+             'height_pairs': _height_pairs(rows, 'at_distance', set(wises) | {of}, bootstrap),
              'distance_missing': [r['run'] for r in records if r.get('distance_missing')]}
     if envelope:
         table['envelope'] = envelope
-        table['envelope_pairs'] = _height_pairs(rows, 'at_distance_envelope', None, bootstrap)   # none of the family
+        table['envelope_pairs'] = _height_pairs(rows, 'at_distance_envelope', set(), bootstrap)   # none of the family
+        table['envelope_curves'] = _curve_heights(rows, [w for w in wises if w not in envelope], bootstrap)
+        table['envelope_curve_pairs'] = _curve_pairs(table['envelope_curves'], bootstrap)
     return table
 
 
-def _height_pairs(rows: Sequence[Mapping[str, Any]], heights_key: str, of: Optional[str],
+def _curve_pairs(summaries: Sequence[Mapping[str, Any]], bootstrap) -> List[Dict[str, Any]]:
+    """Every two curves' mean heights above the envelope (same sweep point), the first's minus the
+    second's per seed over the alphas both have inside it, at the same source gain and at the same distance."""
+    pairs = []
+    for i, first in enumerate(summaries):
+        for second in summaries[i + 1:]:
+            if first['sweep'] != second['sweep']:
+                continue
+            pair: Dict[str, Any] = {'method': first['method'], 'minus': second['method'], 'sweep': first['sweep']}
+            for name in ('source_gain', 'distance'):
+                if name in first and name in second and first[name]['seeds'] == second[name]['seeds']:
+                    differences = [a - b for a, b in zip(first[name]['per_seed'], second[name]['per_seed'])]
+                    low, high = bootstrap(differences)
+                    pair[name] = {'mean': float(np.mean(differences)), 'ci_low': low, 'ci_high': high,
+                                  'per_seed': differences}
+            pairs.append(pair)
+    return pairs
+
+
+def _curve_heights(rows: Sequence[Mapping[str, Any]], curves: Sequence[str], bootstrap) -> List[Dict[str, Any]]:
+    """Per WiSE-FT method outside the envelope (and sweep point): its points' heights above the envelope,
+    per seed the mean over the alphas inside the envelope on every seed, with a bootstrap interval; at
+    the same source gain and, on the targets, at the same distance.
+
+    Why: whether interpolating another run with the start (LDT's, say) keeps more than fine-tuning's
+    retention along the whole curve, not at one alpha picked after the fact."""
+    reads = (('source_gain', 'above_envelope', lambda h: h.get('per_seed')),
+             ('distance', 'at_distance_envelope', lambda h: (h.get('targets') or {}).get('per_seed')))
+    summaries = []
+    for curve in curves:
+        points = [r for r in rows if r['method'] == curve]
+        for sweep in dict.fromkeys(json.dumps({k: v for k, v in r['sweep'].items() if k != ALPHA}, sort_keys=True)
+                                   for r in points):
+            summary: Dict[str, Any] = {'method': curve, 'sweep': json.loads(sweep)}
+            for name, key, read in reads:
+                inside = [(r['sweep'][ALPHA], r[key]['seeds'], read(r[key])) for r in points
+                          if json.dumps({k: v for k, v in r['sweep'].items() if k != ALPHA}, sort_keys=True) == sweep
+                          and r.get(key) and read(r[key]) is not None]
+                inside = [i for i in inside if i[1] == inside[0][1]]          # the same seeds throughout
+                if inside:
+                    per_seed = np.mean([heights for _, _, heights in inside], axis=0).tolist()
+                    low, high = bootstrap(per_seed)
+                    summary[name] = {'alphas': [a for a, _, _ in inside], 'seeds': inside[0][1], 'per_seed': per_seed,
+                                     'mean': float(np.mean(per_seed)), 'ci_low': low, 'ci_high': high}
+            summaries.append(summary)
+    return summaries
+
+
+def _height_pairs(rows: Sequence[Mapping[str, Any]], heights_key: str, left_out: Set[Optional[str]],
                   bootstrap) -> List[Dict[str, Any]]:
-    """Every two methods with heights at the same distance (same sweep point; not ``of``, the run the
-    curve interpolates, whose height is 0 by construction): the first's targets' height minus the
-    second's, paired by seed over the seeds both have, with a bootstrap interval.
+    """Every two methods with heights at the same distance (same sweep point; not those ``left_out``: the
+    run a curve interpolates, whose height is 0 by construction, and curves' points): the first's targets'
+    height minus the second's, paired by seed over the seeds both have, with a bootstrap interval.
 
     Why: "does the variance ranking protect beyond the distance" compares two methods' heights seed by
     seed (each seed's curve is its own FT's); their means' difference has no interval of its own."""
-    measured = [r for r in rows if 'targets' in (r.get(heights_key) or {}) and r['method'] != of]
+    measured = [r for r in rows if 'targets' in (r.get(heights_key) or {}) and r['method'] not in left_out]
     pairs = []
     for i, first in enumerate(measured):
         for second in measured[i + 1:]:
@@ -220,7 +270,7 @@ def _above(curve_sets: Sequence[Mapping[str, List[Point]]], names: Sequence[str]
     result: Dict[str, Any] = {'seeds': seeds, 'outside': outside}
     if heights and not outside:
         low, high = bootstrap(heights)
-        result.update(mean=float(np.mean(heights)), ci_low=low, ci_high=high, by=by)
+        result.update(mean=float(np.mean(heights)), ci_low=low, ci_high=high, by=by, per_seed=heights)
     return result
 
 
@@ -233,7 +283,7 @@ def _at_distance(curve_sets: Sequence[Mapping[str, List[Tuple[float, float, floa
     heights: Dict[str, List[float]] = {'targets': [], 'source': []}
     seeds, outside, by = [], [], []
     for record, gains in tested:
-        key = _key('', point, record['seed'])      # a trained method's point: no alpha in it
+        key = _key('', {k: v for k, v in point.items() if k != ALPHA}, record['seed'])
         if any(key not in curves for curves in curve_sets):
             continue
         seeds.append(record['seed'])
@@ -327,6 +377,18 @@ def _envelope_lines(table: Mapping[str, Any], point_key, distances: bool) -> Lis
         lines += ['', "Targets' heights above the envelope at the same distance, paired by seed:", '',
                   '| Methods | difference of the targets\' heights | per seed | n |', '|---|---|---|---|']
         lines += [_pair_line(pair, point_key) for pair in table['envelope_pairs']]
+    if table.get('envelope_curves'):
+        lines += ['', 'Curves outside the envelope: per seed, the mean of their points\' heights above it over the alphas '
+                      'inside it on every seed (listed), then mean over seeds [95% bootstrap interval]:', '',
+                  '| Curve | at the same source gain (alphas) | at the same distance, targets (alphas) |', '|---|---|---|']
+        for curve in table['envelope_curves']:
+            cells = [f"{_interval(curve[name])} ({', '.join(f'{a:g}' for a in curve[name]['alphas'])})"
+                     if name in curve else '-' for name in ('source_gain', 'distance')]
+            lines.append(f"| {point_key(curve['method'], curve['sweep'])} | " + ' | '.join(cells) + ' |')
+        for pair in table['envelope_curve_pairs']:
+            names = f"{point_key(pair['method'], pair['sweep'])} - {point_key(pair['minus'], pair['sweep'])}"
+            cells = [_interval(pair[name]) if name in pair else '-' for name in ('source_gain', 'distance')]
+            lines.append(f'| {names} | ' + ' | '.join(cells) + ' |')
     return lines
 
 
