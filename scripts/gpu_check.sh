@@ -49,8 +49,9 @@
 #                          side by side in one graph (fails on a FAIL line)
 #   S1. upstream_mambair 120 s  bench_ldt.py --compare-upstream, classic MambaIR x4 bf16 (LR 48, batch 4): the FT
 #                          step as upstream runs it (mamba-ssm's scan on float32 direction copies, foreach Adam,
-#                          eager; waits for the mamba-ssm build) against the Triton kernels on the copies, the
-#                          defaults (the directions inside the kernels, fused Adam) eager and compiled, and both
+#                          eager; waits for the mamba-ssm build) against the Triton kernels on the copies,
+#                          mamba-ssm with fused Adam (what scan_backend auto trains with where mamba-ssm imports),
+#                          the defaults (the directions inside the kernels, fused Adam) eager and compiled, and both
 #                          replayed as a CUDA graph, rotating per batch; peak memory; the SS2D scan forward at a
 #                          250x250 tile
 #   S2. bench_ldt_mambair_compiled 170 s  step 7 with every network's blocks compiled (--compile true: whether
@@ -299,6 +300,11 @@ goals() {
     goal 'MambaIR FT peak memory, compiled + CUDA graph / upstream' "$(upstream_memory "$log" 'ours compiled graphed')" 1.0
     goal 'MambaIR FT step, eager + CUDA graph / upstream' "$(upstream_ratio "$log" 'ours graphed')" 0.75
     goal 'MambaIR FT peak memory, eager + CUDA graph / upstream' "$(upstream_memory "$log" 'ours graphed')" 1.0
+    # scan_backend auto trains with mamba-ssm where it imports: should it prefer the Triton kernels there?
+    local triton mamba
+    triton=$(upstream_ratio "$log" 'ours eager'); mamba=$(upstream_ratio "$log" 'ours mamba-ssm')
+    goal 'MambaIR FT step eager, Triton / mamba-ssm (what auto runs where mamba-ssm imports)' \
+      "$([ -n "$triton" ] && [ -n "$mamba" ] && awk -v a="$triton" -v b="$mamba" 'BEGIN { printf "%.3f", a / b }')" 1.0
     goal 'SS2D scan forward at a 250x250 tile, Triton / mamba-ssm' \
       "$(sed -n 's/^SS2D scan forward.*: triton \/ cuda \([0-9.]*\) .*/\1/p' "$log" 2>/dev/null | head -n 1)" 1.0
     goal 'mambair LDT/FT time with the defaults' "$(summary_ratio "$DIR/bench_ldt_mambair.log" 'LDT\/FT time')" 1.5
