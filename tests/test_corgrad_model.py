@@ -57,19 +57,35 @@ def test_bad_method_options_fail_in_one_line_and_write_nothing(project, demo_dat
     assert last_line(result).startswith(message), last_line(result)
 
 
-@pytest.mark.parametrize('cameras, batch, message', [
-    (['Olympus'], 3, "datasets.train.cameras: CorGrad needs at least two source cameras (one gradient per camera), "
-                     "the training data has ['Olympus']"),
-    (['Olympus', 'Sony', 'Canon'], 2, 'datasets.train.batch_size_per_gpu: 2 is smaller than the 3 source cameras; '
-                                      'CorGrad needs every camera in every batch'),
+TWO_CAMERAS = ['Olympus', 'Sony']
+UNUSED = ('changes nothing on two source cameras {}: no gradient is ever dominant there (norm - mean equals the std), '
+          'so alpha and its decay are never used; remove it, or train on three or more cameras')
+
+
+@pytest.mark.parametrize('cameras, batch, ldt, message', [
+    (['Olympus'], 3, {}, "datasets.train.cameras: CorGrad needs at least two source cameras (one gradient per "
+                         "camera), the training data has ['Olympus']"),
+    (['Olympus', 'Sony', 'Canon'], 2, {}, 'datasets.train.batch_size_per_gpu: 2 is smaller than the 3 source cameras; '
+                                          'CorGrad needs every camera in every batch'),
+    # an alpha sweep over a camera pair trained one run several times (audit 2026-11-29)
+    (TWO_CAMERAS, 2, {'alpha': 0.6}, 'ldt.alpha: 0.6 ' + UNUSED.format(TWO_CAMERAS)),
+    (TWO_CAMERAS, 2, {'alpha_decay': 'linear'}, "ldt.alpha_decay: 'linear' " + UNUSED.format(TWO_CAMERAS)),
+    (TWO_CAMERAS, 2, {'corgrad_variant': 'official', 'alpha_decay': 'log'},
+     "ldt.alpha_decay: 'log' " + UNUSED.format(TWO_CAMERAS)),      # the official variant's own decay is none
 ])
-def test_corgrads_data_is_checked_before_the_run_makes_anything(demo_data, cameras, batch, message):
+def test_corgrads_data_is_checked_before_the_run_makes_anything(demo_data, cameras, batch, ldt, message):
     """With the training set, the early check runs CorGrad's data rule (it came after the banner, some 215
-    lines into the run); without it, it cannot, and the model checks as it is built."""
+    lines into the run); without it, it cannot, and the model checks as it is built. On two cameras a
+    value of alpha other than the default is refused; the defaults as the shipped files write them pass."""
     from basicsr_ldt.common.errors import InputError
     from basicsr_ldt.data.drealsr_dataset import DRealSRCameraDataset
     from basicsr_ldt.models.option_values import check_option_values
-    opt = corgrad_options(demo_data, 'early', cameras=cameras)
+    if cameras == TWO_CAMERAS:
+        shipped = corgrad_options(demo_data, 'early', cameras=cameras, alpha=1.0, alpha_decay='log')
+        shipped['datasets']['train']['batch_size_per_gpu'] = batch
+        check_option_values(shipped, DRealSRCameraDataset({**shipped['datasets']['train'], 'phase': 'train',
+                                                            'scale': 4}))
+    opt = corgrad_options(demo_data, 'early', cameras=cameras, **ldt)
     opt['datasets']['train']['batch_size_per_gpu'] = batch
     train_set = DRealSRCameraDataset({**opt['datasets']['train'], 'phase': 'train', 'scale': 4})
     check_option_values(opt)

@@ -59,6 +59,20 @@ def describe_corgrad(config: CorGradConfig, cameras: List[str], ignored: List[st
             + (f'; LDT options ignored by CorGrad: {", ".join(ignored)}' if ignored else ''))
 
 
+def refuse_unread_alpha(opt: Dict, cameras: List[str]) -> None:
+    """On two source cameras no gradient is ever dominant (norm - mean equals the std), so alpha and its
+    decay are never read: a value other than the default (a sweep over it) would train one run twice."""
+    if len(cameras) != 2:
+        return
+    config, _ = corgrad_config_from_options(opt)
+    default = CorGradConfig(corgrad_variant=config.corgrad_variant)
+    for key, value, expected in (('alpha', config.alpha, default.alpha), ('alpha_decay', config.decay, default.decay)):
+        if value != expected:
+            raise InputError(f'ldt.{key}: {value!r} changes nothing on two source cameras {cameras}: no gradient is '
+                             f'ever dominant there (norm - mean equals the std), so alpha and its decay are never '
+                             'used; remove it, or train on three or more cameras')
+
+
 def source_cameras(opt: Dict, train_set) -> List[str]:
     """The training data's cameras; fewer than two, or a batch too small to hold each, is bad input
     (checked by the model and, before the run makes anything, by ``option_values``)."""

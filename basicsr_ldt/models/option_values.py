@@ -20,7 +20,7 @@ from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.schema import PROJECT_MODELS
 from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, items, number, optional, whole
 from basicsr_ldt.models.compiled_blocks import compile_setting, refuse_uncompilable
-from basicsr_ldt.models.corgrad_model import corgrad_config_from_options, source_cameras
+from basicsr_ldt.models.corgrad_model import corgrad_config_from_options, refuse_unread_alpha, source_cameras
 from basicsr_ldt.models.cuda_graph import graph_mode, refuse_true, unrecordable_run
 from basicsr_ldt.models.ema_decay import scaled_ema_decay
 from basicsr_ldt.models.guarded_step import max_bad_steps_from_options, precision_from_options
@@ -163,7 +163,7 @@ def check_option_values(opt: Dict[str, Any], train_set: Optional[Dataset] = None
         corgrad_config_from_options(opt)
         scaled_ema_decay(train)
         if train_set is not None:
-            source_cameras(opt, train_set)
+            refuse_unread_alpha(opt, source_cameras(opt, train_set))
     elif model_type == 'LDTSRModel':
         refuse_basicsr_ema(train)
         trained_networks = 2 if ldt_config_from_options(opt).mode == 'dual' else 1
