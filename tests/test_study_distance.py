@@ -331,7 +331,7 @@ def test_a_curve_outside_the_chosen_envelope_is_measured_against_it_along_its_al
     assert pair['distance']['per_seed'] == pytest.approx([0.025, 0.075 + 0.1 / 3])
     text = '\n'.join(tradeoff.markdown_lines(table, report.point_key))
     assert '| WiSE3 | **+0.000** [-0.025, +0.025] (0.5) | **+0.025** [-0.025, +0.075] (0.5) |' in text
-    assert '| WiSE3 - WiSE4 | **+0.100** [+0.100, +0.100] | **+0.067** [+0.025, +0.108] |' in text
+    assert '| WiSE3 - WiSE4 | **+0.100** [+0.100, +0.100] (0.5) | **+0.067** [+0.025, +0.108] (0.5) |' in text
     # The first curve's pairs leave every curve's points out; the envelope's pair the two curves at alpha 0.5.
     assert all(plan.ALPHA not in p['sweep'] for p in table['height_pairs'])
     assert [(p['method'], p['minus']) for p in table['envelope_pairs']] == [('LDT', 'Far'), ('WiSE3', 'WiSE4')]
@@ -363,3 +363,16 @@ def test_a_curve_is_averaged_over_the_alphas_every_seed_has_and_pairs_need_the_s
     assert three['source_gain']['alphas'] == [0.5] and three['source_gain']['seeds'] == [0, 1]
     (pair,) = table['envelope_curve_pairs']
     assert 'source_gain' not in pair and 'distance' not in pair       # WiSE4 has seed 0 only
+
+
+def test_two_curves_are_compared_over_the_alphas_both_have():
+    """One curve measured at an alpha the other lacks (or has outside the envelope): their difference is
+    taken over the alphas both have, not between means over different alphas."""
+    study = ChosenEnvelope()
+    study.interpolations = {**study.interpolations, 'WiSE3': ('LDT', [0.5, 0.7])}
+    extra = [{**_record('WiSE3', seed, 30.2, 30.2 + seed / 10, {plan.ALPHA: 0.7}), 'distance': 0.1} for seed in (0, 1)]
+    table = tradeoff.tradeoff(study, _four_curves() + extra, report.bootstrap_ci)
+    three = {c['method']: c for c in table['envelope_curves']}['WiSE3']['source_gain']
+    assert three['alphas'] == [0.5, 0.7] and len(three['per_seed']) == 2
+    (pair,) = table['envelope_curve_pairs']
+    assert pair['source_gain']['alphas'] == [0.5] and pair['source_gain']['per_seed'] == pytest.approx([0.1, 0.1])

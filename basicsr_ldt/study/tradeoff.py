@@ -167,9 +167,17 @@ def tradeoff(study: Study, records: List[Dict[str, Any]], bootstrap) -> Optional
     return table
 
 
+def _over_alphas(per_alpha: Mapping[float, Sequence[float]], bootstrap) -> Dict[str, Any]:
+    """Per seed the mean over the alphas of their heights (``per_alpha``: alpha -> per-seed heights)."""
+    per_seed = np.mean(list(per_alpha.values()), axis=0).tolist()
+    low, high = bootstrap(per_seed)
+    return {'alphas': list(per_alpha), 'per_alpha': {str(a): list(h) for a, h in per_alpha.items()},
+            'per_seed': per_seed, 'mean': float(np.mean(per_seed)), 'ci_low': low, 'ci_high': high}
+
+
 def _curve_pairs(summaries: Sequence[Mapping[str, Any]], bootstrap) -> List[Dict[str, Any]]:
-    """Every two curves' mean heights above the envelope (same sweep point), the first's minus the
-    second's per seed over the alphas both have inside it, at the same source gain and at the same distance."""
+    """Every two curves' heights above the envelope (same sweep point), the first's minus the second's
+    per seed, averaged over the alphas both have inside it, at the same source gain and at the same distance."""
     pairs = []
     for i, first in enumerate(summaries):
         for second in summaries[i + 1:]:
@@ -178,10 +186,11 @@ def _curve_pairs(summaries: Sequence[Mapping[str, Any]], bootstrap) -> List[Dict
             pair: Dict[str, Any] = {'method': first['method'], 'minus': second['method'], 'sweep': first['sweep']}
             for name in ('source_gain', 'distance'):
                 if name in first and name in second and first[name]['seeds'] == second[name]['seeds']:
-                    differences = [a - b for a, b in zip(first[name]['per_seed'], second[name]['per_seed'])]
-                    low, high = bootstrap(differences)
-                    pair[name] = {'mean': float(np.mean(differences)), 'ci_low': low, 'ci_high': high,
-                                  'per_seed': differences}
+                    shared = [a for a in first[name]['per_alpha'] if a in second[name]['per_alpha']]
+                    if shared:
+                        pair[name] = _over_alphas({float(a): np.subtract(first[name]['per_alpha'][a],
+                                                                          second[name]['per_alpha'][a]).tolist()
+                                                   for a in shared}, bootstrap)
             pairs.append(pair)
     return pairs
 
@@ -207,10 +216,7 @@ def _curve_heights(rows: Sequence[Mapping[str, Any]], curves: Sequence[str], boo
                           and r.get(key) and read(r[key]) is not None]
                 inside = [i for i in inside if i[1] == inside[0][1]]          # the same seeds throughout
                 if inside:
-                    per_seed = np.mean([heights for _, _, heights in inside], axis=0).tolist()
-                    low, high = bootstrap(per_seed)
-                    summary[name] = {'alphas': [a for a, _, _ in inside], 'seeds': inside[0][1], 'per_seed': per_seed,
-                                     'mean': float(np.mean(per_seed)), 'ci_low': low, 'ci_high': high}
+                    summary[name] = {'seeds': inside[0][1], **_over_alphas({a: h for a, _, h in inside}, bootstrap)}
             summaries.append(summary)
     return summaries
 
@@ -387,7 +393,8 @@ def _envelope_lines(table: Mapping[str, Any], point_key, distances: bool) -> Lis
             lines.append(f"| {point_key(curve['method'], curve['sweep'])} | " + ' | '.join(cells) + ' |')
         for pair in table['envelope_curve_pairs']:
             names = f"{point_key(pair['method'], pair['sweep'])} - {point_key(pair['minus'], pair['sweep'])}"
-            cells = [_interval(pair[name]) if name in pair else '-' for name in ('source_gain', 'distance')]
+            cells = [f"{_interval(pair[name])} ({', '.join(f'{a:g}' for a in pair[name]['alphas'])})" if name in pair
+                     else '-' for name in ('source_gain', 'distance')]
             lines.append(f'| {names} | ' + ' | '.join(cells) + ' |')
     return lines
 
@@ -449,6 +456,9 @@ def plot(path: str, table: Mapping[str, Any], point_key, title: str) -> None:
 
     curve_names = [table['wise_ft']] + [c['wise_ft'] for c in table['curves'] if c['wise_ft'] != table['wise_ft']]
     points = [row for row in table['rows'] if row['method'] not in curve_names]     # the curves are lines
+    # a curve outside the envelope (of LDT, say) in its run's colour; the first curve and the envelope's grey
+    colours = {row['method']: f'C{number % 10}' for number, row in enumerate(points)}
+    grey = set(table.get('envelope') or curve_names)
     with_distance = any(row.get('distance') for row in points)
     fig, axes = plt.subplots(1, 2 if with_distance else 1, figsize=(13.0 if with_distance else 7.0, 5.0), squeeze=False)
     panels = [(axes[0][0], 'mean', lambda row: row['source_gain'], 'source gain over the start (dB PSNR)')]
@@ -464,7 +474,8 @@ def plot(path: str, table: Mapping[str, Any], point_key, title: str) -> None:
             xs, ys = [p[0] for p in curve[curve_key]], [p[-1] for p in curve[curve_key]]
             suffix = f" ({', '.join(f'{k}={v}' for k, v in curve['sweep'].items())})" if curve['sweep'] else ''
             number = curve_names.index(curve['wise_ft'])          # the first curve solid, alphas marked
-            ax.plot(xs, ys, LINES[number % len(LINES)], color='0.35', lw=1.5, zorder=1,
+            colour = '0.35' if curve['wise_ft'] in grey else colours.get(curve['of'], '0.35')
+            ax.plot(xs, ys, LINES[number % len(LINES)], color=colour, lw=1.5, zorder=1,
                     label=f"{curve['wise_ft']} curve{suffix}: start, alpha, {curve['of']}")
             for alpha, x, y in zip(curve['alphas'], xs, ys) if number == 0 else ():
                 ax.annotate(f'{alpha:g}', (x, y), textcoords='offset points', xytext=(4, -10), fontsize=7, color='0.35')
