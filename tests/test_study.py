@@ -5,6 +5,7 @@ import itertools
 import json
 import os
 import re
+import copy
 import subprocess
 import sys
 import tempfile
@@ -450,6 +451,36 @@ def test_the_far_mambair_study_repeats_the_mambair_runs_and_adds_only_fine_tunin
         assert doubled == first['FT', seed]
     assert load['distortion_mambair_far'].interpolations == {
         'WiSE-FT-2lr': ('FT-2lr', [0.25, 0.4, 0.5, 0.55, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95])}
+
+
+def test_the_envelope_studies_repeat_the_distortion_runs_and_vary_fine_tuning_in_lr_alone():
+    """distortion_envelope*.yml compare LDT-paper with the retention of a family of fine-tuning runs: FT, FT+EMA and
+    the LDT runs are the distortion studies' own, FT-2lr and FT-4lr FT with only the lr scaled, and the second
+    file adds only LDT's curves, measured against the first file's envelope."""
+    load = {name: plan.load_study(str(REPO / 'options' / 'study' / f'{name}.yml'), str(REPO))
+            for name in ('distortion', 'distortion_partition', 'distortion_envelope', 'distortion_envelope_ldt')}
+
+    def trained(study):
+        return {(r.method, r.seed): {k: v for k, v in r.train_opt.items() if k != 'name'} for r in study.runs if r.trained}
+    earlier = {**trained(load['distortion']), **trained(load['distortion_partition'])}
+    envelope, ldt = trained(load['distortion_envelope']), trained(load['distortion_envelope_ldt'])
+    assert envelope == ldt and {m for m, _ in envelope} == {'FT', 'FT-2lr', 'FT-4lr', 'FT+EMA', 'LDT-paper',
+                                                            'LDT-random'}
+    assert {m for m, _ in envelope if (m, 0) in earlier} == {'FT', 'FT+EMA', 'LDT-paper', 'LDT-random'}
+    assert all(envelope[key] == earlier[key] for key in envelope if key in earlier)
+    for (method, seed), factor in ((m, f) for m in envelope for f in [{'FT-2lr': 2, 'FT-4lr': 4}.get(m[0])] if f):
+        scaled = copy.deepcopy(envelope[method, seed])
+        assert scaled['train']['optim_g'].pop('lr') == factor * earlier['FT', seed]['train']['optim_g']['lr']
+        ft = copy.deepcopy(earlier['FT', seed])
+        ft['train']['optim_g'].pop('lr')
+        assert scaled == ft
+    curves = {f'WiSE-FT{suffix}': (of, [0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95])
+              for suffix, of in (('', 'FT'), ('-2lr', 'FT-2lr'), ('-4lr', 'FT-4lr'), ('-EMA', 'FT+EMA'))}
+    assert load['distortion_envelope'].interpolations == curves and load['distortion_envelope'].envelope == []
+    assert load['distortion_envelope_ldt'].envelope == list(curves)
+    assert load['distortion_envelope_ldt'].interpolations == {
+        **curves, 'WiSE-FT-LDT': ('LDT-paper', [0.5, 0.7, 0.8, 0.85, 0.9, 0.95]),
+        'WiSE-FT-LDT-random': ('LDT-random', [0.5, 0.7, 0.8, 0.85, 0.9, 0.95])}
 
 
 def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
