@@ -136,8 +136,18 @@ def test_warning_when_every_ema_of_a_group_outlasts_the_run(monkeypatch):
     paper = run(LDTConfig(profile_iters=50, ema_every=1), 500, monkeypatch)
     lines = paper.horizon_warnings()
     # The stable group's fastest EMA (W 0.99: 100 exchanges) fits in 450; the unstable one's does not.
-    assert len(lines) == 1 and 'ldt.ema_reference_iters' in lines[0]
+    assert len(lines) == 1 and lines[0].endswith(
+        'Set ldt.ema_reference_iters to the run length the coefficients were written for (200000 for the paper\'s '
+        'coefficients, with ema_reference_every 10) to rescale them to this run')
     assert lines[0].startswith("the unstable layers'") and '1000 exchanges' in lines[0] and 'the 450 left' in lines[0]
+    deft = LDT(network(), LDTConfig(partition='name', head_patterns=['6'], dpu=False, w_fixed=0.9999, profile_iters=0,
+                                    ema_every=1), lambda p, r: torch.optim.SGD(p, lr=0), total_iters=100)
+    deft.enter(1)                    # DeFT's split by name: its beta was written for 40,000 exchanges
+    assert deft.horizon_warnings() and all(line.endswith("(40000 for DeFT's beta, with ema_reference_every 1) to "
+                                                         'rescale them to this run') for line in deft.horizon_warnings())
+    unknown_length = LDT(network(), LDTConfig(criterion='random', profile_iters=0), lambda p, r: torch.optim.SGD(p, lr=0))
+    unknown_length.enter(1)
+    assert unknown_length.horizon_warnings() == []          # no total_iters: nothing to compare with
     scaled = run(LDTConfig(profile_iters=50, ema_every=1, ema_reference_iters=200000), 500, monkeypatch)
     assert scaled.horizon_warnings() == []
     # The paper's own length: 20,000 exchanges; its slowest DPU layers outlast it by design, no warning.

@@ -281,7 +281,7 @@ def test_methods_trained_on_other_cameras_compare_their_means_on_the_targets_nei
     Olympus, the reference's Pan, so a method worse on every camera read +0.43 dB better."""
     study = plan.load_study(tiny_study(tmp_path, demo_data, seeds=[0, 1]), str(tmp_path))
     cameras = ('Olympus', 'Pan', 'Canon')
-    records = [record('FT', s, dict(zip(cameras, (24.0, 23.0, 22.0)))) for s in (0, 1)]
+    records = [record('FT', s, dict(zip(cameras + ('DSC',), (24.0, 23.0, 22.0, 25.0)))) for s in (0, 1)]
     records += [{**record('LDT', s, dict(zip(cameras, (23.9, 22.9, 22.0 - s / 10)))), 'sources': ['Pan']}
                 for s in (0, 1)]
     result = report.aggregate(study, records)
@@ -289,8 +289,9 @@ def test_methods_trained_on_other_cameras_compare_their_means_on_the_targets_nei
     assert diff['mean_over'] == ['Canon'] and diff['sources'] == ['Olympus', 'Pan']
     assert diff['cameras']['Mean']['psnr'] == pytest.approx({'mean': -0.05, 'ci_low': -0.1, 'ci_high': 0.0})
     assert diff['cameras']['Olympus']['psnr']['mean'] == pytest.approx(-0.1)      # every camera still compared
+    assert 'DSC' not in diff['cameras'] and diff['sources_differ']                # the reference's extra camera
     text = report.markdown(result)
-    assert ('| LDT | -0.05 [-0.10, +0.00] | -0.10 [-0.10, -0.10] (source) | -0.10 [-0.10, -0.10] (source) | -0.05 '
+    assert ('| LDT | -0.05 [-0.10, +0.00] | - | -0.10 [-0.10, -0.10] (source) | -0.10 [-0.10, -0.10] (source) | -0.05 '
             '[-0.10, +0.00] | 2 |') in text
     assert ('Sources differ from the reference\'s: "(source)" marks a camera either trained on, and Mean is over the '
             'cameras neither did (LDT: Canon).') in text
@@ -301,6 +302,7 @@ def test_methods_trained_on_other_cameras_compare_their_means_on_the_targets_nei
     assert 'none, no Mean' in (tmp_path / 'report' / 'study.md').read_text()
     same = report.aggregate(study, [record('FT', 0, {'Olympus': 24.0}), record('LDT', 0, {'Olympus': 24.5})])
     assert same['differences'][0]['cameras']['Mean']['psnr']['mean'] == pytest.approx(0.5)   # all cameras sources
+    assert 'Sources differ' not in report.markdown(same)
 
 
 def test_each_sweep_point_marks_its_own_source_cameras(tmp_path, demo_data):

@@ -376,3 +376,49 @@ def test_two_curves_are_compared_over_the_alphas_both_have():
     assert three['alphas'] == [0.5, 0.7] and len(three['per_seed']) == 2
     (pair,) = table['envelope_curve_pairs']
     assert pair['source_gain']['alphas'] == [0.5] and pair['source_gain']['per_seed'] == pytest.approx([0.1, 0.1])
+
+
+ENVELOPE_SECTION = '''
+### Above the envelope of WiSE, WiSE2
+
+Per seed, the highest of these curves at the method's source gain and, at its distance from the start, the curve with \
+the highest targets' gain there (its source gain read off the same curve); "by": which curve that is, counted over \
+seeds. Mean over seeds [95% bootstrap interval].
+
+| Method | above the envelope at the same source gain | by | above it at the same distance: targets / source | by | n |
+|---|---|---|---|---|---|
+| LDT | **-0.020** [-0.050, +0.010] | WiSE2 x1, WiSE x1 | **+0.025** [+0.000, +0.050] / **+0.058** [-0.083, +0.200] | \
+WiSE2 x1, WiSE x1 | 2 |
+| Far | outside the curve's range for 1 of 2 seeds (e.g. seed 1: source gain +0.900, curve +0.000 .. +0.800); nearest \
+point 0.300 dB away | - | **-0.060** [-0.120, +0.000] / **+0.358** [+0.150, +0.567] | WiSE2 x1, WiSE x1 | 2 |
+| WiSE3 (wise_ft.alpha=0.5) | **+0.000** [-0.025, +0.025] | WiSE x2 | **+0.025** [-0.025, +0.075] / **+0.050** [-0.000, \
++0.100] | WiSE x2 | 2 |
+| WiSE4 (wise_ft.alpha=0.5) | **-0.100** [-0.125, -0.075] | WiSE x2 | **-0.042** [-0.050, -0.033] / **+0.067** [+0.050, \
++0.083] | WiSE x2 | 2 |
+
+Targets' heights above the envelope at the same distance, paired by seed:
+
+| Methods | difference of the targets' heights | per seed | n |
+|---|---|---|---|
+| LDT - Far | **+0.085** [+0.000, +0.170] | +0.170, +0.000 | 2 |
+| WiSE3 (wise_ft.alpha=0.5) - WiSE4 (wise_ft.alpha=0.5) | **+0.067** [+0.025, +0.108] | +0.025, +0.108 | 2 |
+
+Curves outside the envelope: per seed, the mean of their points' heights above it over the alphas inside it on every \
+seed (listed), then mean over seeds [95% bootstrap interval]:
+
+| Curve | at the same source gain (alphas) | at the same distance, targets (alphas) |
+|---|---|---|
+| WiSE3 | **+0.000** [-0.025, +0.025] (0.5) | **+0.025** [-0.025, +0.075] (0.5) |
+| WiSE4 | **-0.100** [-0.125, -0.075] (0.5) | **-0.042** [-0.050, -0.033] (0.5) |
+| WiSE3 - WiSE4 | **+0.100** [+0.100, +0.100] (0.5) | **+0.067** [+0.025, +0.108] (0.5) |
+'''
+
+
+def test_the_envelope_section_reads_as_written():
+    """The whole section of study.md for the four-curve records above (values worked out in the tests
+    above: WiSE3 0 and +0.025, WiSE4 -0.100 and -0.042, Far beyond both curves on seed 1). Mutation
+    testing: 52 survivors rewrote its wording, table rules and blank lines."""
+    table = tradeoff.tradeoff(ChosenEnvelope(), _four_curves(), report.bootstrap_ci)
+    lines = tradeoff.markdown_lines(table, report.point_key)
+    start = lines.index('### Above the envelope of WiSE, WiSE2') - 1
+    assert '\n'.join(lines[start:]) == ENVELOPE_SECTION

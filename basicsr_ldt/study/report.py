@@ -131,7 +131,8 @@ def differences(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, A
                     table[cam][m] = {'mean': float(np.mean(diffs)), 'ci_low': low, 'ci_high': high}
             rows.append({'method': method, 'sweep': point, 'reference': study.reference, 'n': len(seeds),
                          'seeds': seeds, 'cameras': table, 'mean_over': shared,
-                         'sources': sorted(set(pairs[0][0]['sources']) | set(pairs[0][1]['sources']))})
+                         'sources': sorted(set(pairs[0][0]['sources']) | set(pairs[0][1]['sources'])),
+                         'sources_differ': set(pairs[0][0]['sources']) != set(pairs[0][1]['sources'])})
     return rows
 
 
@@ -218,7 +219,7 @@ def markdown(result: Mapping[str, Any]) -> str:
                      if c in row['cameras'] else '-' for c in columns]
             lines.append(f"| {point_key(row['method'], row['sweep'])} | " + ' | '.join(cells) + f" | {row['n']} |")
         lines.append('')
-    mixed = [row for row in result['differences'] if set(row['sources']) != set(_own_sources(result, row))]
+    mixed = [row for row in result['differences'] if row['sources_differ']]
     if mixed:
         lines += ['Sources differ from the reference\'s: "(source)" marks a camera either trained on, and Mean is '
                   'over the cameras neither did (' + '; '.join(
@@ -229,11 +230,6 @@ def markdown(result: Mapping[str, Any]) -> str:
     else:
         lines += ['No trade-off picture: it needs the start tested (a method `Start: {start: true}`) with results.', '']
     return '\n'.join(lines)
-
-
-def _own_sources(result: Mapping[str, Any], row: Mapping[str, Any]) -> List[str]:
-    return next((r['sources'] for r in result['summary'] if r['method'] == row['method']
-                 and r['sweep'] == row['sweep']), row['sources'])
 
 
 def write_csv(path: str, result: Mapping[str, Any]) -> None:
