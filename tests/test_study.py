@@ -416,16 +416,22 @@ def test_partition_control_differs_from_ldt_paper_only_in_the_ranking():
             k: v for k, v in first.items() if k not in ('name', 'manual_seed')}
 
 
+def shipped_studies(*names):
+    """The shipped study files, loaded as scripts/study.py loads them."""
+    return {name: plan.load_study(str(REPO / 'options' / 'study' / f'{name}.yml'), str(REPO)) for name in names}
+
+
+def trained_options(study):
+    """(method, seed) -> each trained run's options, less its folder name: what two studies must share."""
+    return {(r.method, r.seed): {k: v for k, v in r.train_opt.items() if k != 'name'} for r in study.runs if r.trained}
+
+
 def test_movement_studies_repeat_the_distortion_runs_and_differ_only_in_the_curve():
     """options/study/distortion_movement*.yml measure distances of the networks the distortion and partition
     studies trained: the same training options per method and seed; the fine file samples WiSE-FT closer to FT."""
-    load = {name: plan.load_study(str(REPO / 'options' / 'study' / f'{name}.yml'), str(REPO))
-            for name in ('distortion', 'distortion_partition', 'distortion_movement', 'distortion_movement_fine')}
-
-    def trained(study):
-        return {(r.method, r.seed): {k: v for k, v in r.train_opt.items() if k != 'name'} for r in study.runs if r.trained}
-    earlier = {**trained(load['distortion']), **trained(load['distortion_partition'])}
-    movement, fine = trained(load['distortion_movement']), trained(load['distortion_movement_fine'])
+    load = shipped_studies('distortion', 'distortion_partition', 'distortion_movement', 'distortion_movement_fine')
+    earlier = {**trained_options(load['distortion']), **trained_options(load['distortion_partition'])}
+    movement, fine = trained_options(load['distortion_movement']), trained_options(load['distortion_movement_fine'])
     assert {m for m, _ in movement} == {'FT', 'FT+EMA', 'LDT-paper', 'LDT-random', 'L2-SP-0.001', 'L2-SP-0.01',
                                         'L2-SP-0.1'}
     assert all(movement[key] == earlier[key] for key in movement) and all(fine[key] == movement[key] for key in fine)
@@ -439,12 +445,8 @@ def test_movement_studies_repeat_the_distortion_runs_and_differ_only_in_the_curv
 def test_the_far_mambair_study_repeats_the_mambair_runs_and_adds_only_fine_tuning_at_twice_the_lr():
     """distortion_mambair_far.yml answers distortion_mambair.yml's undecided rule on a curve that reaches
     LDT-paper's distance: its FT and LDT runs must be that study's, and FT-2lr FT with only the lr doubled."""
-    load = {name: plan.load_study(str(REPO / 'options' / 'study' / f'{name}.yml'), str(REPO))
-            for name in ('distortion_mambair', 'distortion_mambair_far')}
-
-    def trained(study):
-        return {(r.method, r.seed): {k: v for k, v in r.train_opt.items() if k != 'name'} for r in study.runs if r.trained}
-    first, far = trained(load['distortion_mambair']), trained(load['distortion_mambair_far'])
+    load = shipped_studies('distortion_mambair', 'distortion_mambair_far')
+    first, far = trained_options(load['distortion_mambair']), trained_options(load['distortion_mambair_far'])
     assert {m for m, _ in far} == {'FT', 'FT-2lr', 'LDT-paper', 'LDT-random'}
     assert all(far[key] == first[key] for key in far if key[0] != 'FT-2lr')
     for seed in range(5):
@@ -459,13 +461,9 @@ def test_the_envelope_studies_repeat_the_distortion_runs_and_vary_fine_tuning_in
     """distortion_envelope*.yml compare LDT-paper with the retention of a family of fine-tuning runs: FT, FT+EMA and
     the LDT runs are the distortion studies' own, FT-2lr and FT-4lr FT with only the lr scaled, and the second
     file adds only LDT's curves, measured against the first file's envelope."""
-    load = {name: plan.load_study(str(REPO / 'options' / 'study' / f'{name}.yml'), str(REPO))
-            for name in ('distortion', 'distortion_partition', 'distortion_envelope', 'distortion_envelope_ldt')}
-
-    def trained(study):
-        return {(r.method, r.seed): {k: v for k, v in r.train_opt.items() if k != 'name'} for r in study.runs if r.trained}
-    earlier = {**trained(load['distortion']), **trained(load['distortion_partition'])}
-    envelope, ldt = trained(load['distortion_envelope']), trained(load['distortion_envelope_ldt'])
+    load = shipped_studies('distortion', 'distortion_partition', 'distortion_envelope', 'distortion_envelope_ldt')
+    earlier = {**trained_options(load['distortion']), **trained_options(load['distortion_partition'])}
+    envelope, ldt = trained_options(load['distortion_envelope']), trained_options(load['distortion_envelope_ldt'])
     assert envelope == ldt and {m for m, _ in envelope} == {'FT', 'FT-2lr', 'FT-4lr', 'FT+EMA', 'LDT-paper',
                                                             'LDT-random'}
     assert {m for m, _ in envelope if (m, 0) in earlier} == {'FT', 'FT+EMA', 'LDT-paper', 'LDT-random'}

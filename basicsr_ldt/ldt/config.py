@@ -285,14 +285,16 @@ def unread_options(cfg: LDTConfig) -> Dict[str, str]:
         unread.update({key: 'a partition_file gives the groups and their coefficients' for key in (
             'criterion', 'force_stable', 'force_unstable', 'partition', 'deft_grouping', 'ratio_u', 'ratio_s', 'dpu',
             'w_fixed', *(f'{k}_{g}' for k in ('w_base', 'r_base') for g in GROUPS))})
-    elif cfg.partition == 'name' and not cfg.dpu:
-        unread['criterion'] = "partition 'name' without dpu ranks nothing"
-    if cfg.partition == 'name' and cfg.partition_file is None:
-        unread.update({key: "partition 'name' splits by name (DeFT)" for key in ('ratio_u', 'ratio_s')})
-    if cfg.partition_file is None and cfg.dpu:
-        unread['w_fixed'] = 'dpu: true ranks W per layer (eq. 10)'
-    elif cfg.partition_file is None:
-        unread.update({f'{k}_{g}': 'dpu: false gives every layer w_fixed' for k in ('w_base', 'r_base') for g in GROUPS})
+    else:
+        if cfg.partition == 'name' and not cfg.dpu:
+            unread['criterion'] = "partition 'name' without dpu ranks nothing"
+        if cfg.partition == 'name':
+            unread.update({key: "partition 'name' splits by name (DeFT)" for key in ('ratio_u', 'ratio_s')})
+        if cfg.dpu:
+            unread['w_fixed'] = 'dpu: true ranks W per layer (eq. 10)'
+        else:
+            unread.update({f'{k}_{g}': 'dpu: false gives every layer w_fixed' for k in ('w_base', 'r_base')
+                           for g in GROUPS})
     if cfg.ema_reference_iters is None:
         unread['ema_reference_every'] = 'no ema_reference_iters: the coefficients are used as written'
     if not cfg.reads_seed():

@@ -59,12 +59,11 @@ def describe_corgrad(config: CorGradConfig, cameras: List[str], ignored: List[st
             + (f'; LDT options ignored by CorGrad: {", ".join(ignored)}' if ignored else ''))
 
 
-def refuse_unread_alpha(opt: Dict, cameras: List[str]) -> None:
+def refuse_unread_alpha(config: CorGradConfig, cameras: List[str]) -> None:
     """On two source cameras no gradient is ever dominant (norm - mean equals the std), so alpha and its
     decay are never read: a value other than the default (a sweep over it) would train one run twice."""
     if len(cameras) != 2:
         return
-    config, _ = corgrad_config_from_options(opt)
     default = CorGradConfig(corgrad_variant=config.corgrad_variant)
     for key, value, expected in (('alpha', config.alpha, default.alpha), ('alpha_decay', config.decay, default.decay)):
         if value != expected:

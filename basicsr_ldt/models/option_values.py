@@ -160,10 +160,10 @@ def check_option_values(opt: Dict[str, Any], train_set: Optional[Dataset] = None
     max_bad_steps_from_options(train)
     trained_networks = 1
     if model_type == 'CorGradSRModel' or (opt.get('ldt') or {}).get('method') == 'corgrad':
-        corgrad_config_from_options(opt)
+        config, _ = corgrad_config_from_options(opt)
         scaled_ema_decay(train)
         if train_set is not None:
-            refuse_unread_alpha(opt, source_cameras(opt, train_set))
+            refuse_unread_alpha(config, source_cameras(opt, train_set))
     elif model_type == 'LDTSRModel':
         refuse_basicsr_ema(train)
         trained_networks = 2 if ldt_config_from_options(opt).mode == 'dual' else 1

@@ -24,6 +24,7 @@ from basicsr_ldt.corgrad import CorGradConfig
 from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.ldt.typed import MISSING, lookup
 from basicsr_ldt.models.option_values import check_option_values
+from basicsr_ldt.models.resumable import training_cameras
 from basicsr_ldt.weights.releases import fetch_hint, release_file
 
 #: Option keys the study writes into every run, and why.
@@ -139,9 +140,14 @@ class Study:
 
 
 def train_cameras(opt: Mapping[str, Any]) -> List[str]:
-    """The source cameras of training options (``datasets.train.cameras``: a list or one name)."""
-    cameras = ((opt.get('datasets') or {}).get('train') or {}).get('cameras') or []
-    return [cameras] if isinstance(cameras, str) else [str(c) for c in cameras]
+    """The source cameras of training options (``datasets.train.cameras``: a list or one name), as a
+    training state records them; none named (or no training set): []."""
+    return (training_cameras(opt) or []) if (opt.get('datasets') or {}).get('train') else []
+
+
+def without_alpha(point: Mapping[str, Any]) -> Dict[str, Any]:
+    """A WiSE-FT run's sweep point less its alpha: the point of the run it interpolates."""
+    return {k: v for k, v in point.items() if k != ALPHA}
 
 
 def read_yaml(path: str, what: str) -> Dict[str, Any]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from basicsr_ldt.study import tradeoff
 from basicsr_ldt.study.distance import add_distances
-from basicsr_ldt.study.plan import ALPHA, Run, Study, results_file
+from basicsr_ldt.study.plan import Run, Study, results_file, without_alpha
 
 METRICS = ('psnr', 'ssim')
 MEAN = 'Mean'
@@ -115,7 +115,7 @@ def differences(study: Study, records: List[Dict[str, Any]]) -> List[Dict[str, A
         # WiSE-FT's points are (sweep point, alpha), each paired with the reference at its sweep point.
         for point in study.method_points(method) if method in study.interpolations else study.sweep_points():
             sweep = json.dumps(point, sort_keys=True)
-            paired = json.dumps({k: v for k, v in point.items() if k != ALPHA}, sort_keys=True)
+            paired = json.dumps(without_alpha(point), sort_keys=True)
             seeds = [s for s in study.seeds if result(method, sweep, s) and result(study.reference, paired, s)]
             if not seeds:
                 continue

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from basicsr_ldt.study.plan import ALPHA, Study
+from basicsr_ldt.study.plan import ALPHA, Study, without_alpha
 
 Point = Tuple[float, float]
 MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '<', '>', 'h', 'p', '*')
@@ -207,13 +207,15 @@ def _curve_heights(rows: Sequence[Mapping[str, Any]], curves: Sequence[str], boo
     summaries = []
     for curve in curves:
         points = [r for r in rows if r['method'] == curve]
-        for sweep in dict.fromkeys(json.dumps({k: v for k, v in r['sweep'].items() if k != ALPHA}, sort_keys=True)
-                                   for r in points):
-            summary: Dict[str, Any] = {'method': curve, 'sweep': json.loads(sweep)}
+        sweeps: List[Dict[str, Any]] = []
+        for r in points:
+            if without_alpha(r['sweep']) not in sweeps:
+                sweeps.append(without_alpha(r['sweep']))
+        for sweep in sweeps:
+            summary: Dict[str, Any] = {'method': curve, 'sweep': sweep}
             for name, key, read in reads:
                 inside = [(r['sweep'][ALPHA], r[key]['seeds'], read(r[key])) for r in points
-                          if json.dumps({k: v for k, v in r['sweep'].items() if k != ALPHA}, sort_keys=True) == sweep
-                          and r.get(key) and read(r[key]) is not None]
+                          if without_alpha(r['sweep']) == sweep and r.get(key) and read(r[key]) is not None]
                 inside = [i for i in inside if i[1] == inside[0][1]]          # the same seeds throughout
                 if inside:
                     summary[name] = {'seeds': inside[0][1], **_over_alphas({a: h for a, _, h in inside}, bootstrap)}
@@ -259,7 +261,7 @@ def _above(curve_sets: Sequence[Mapping[str, List[Point]]], names: Sequence[str]
     names it), or the distance to their nearest point when none covers it."""
     heights, outside, seeds, by = [], [], [], []
     for seed, (x, y) in gains:
-        key = _key('', {k: v for k, v in point.items() if k != ALPHA}, seed)
+        key = _key('', without_alpha(point), seed)
         if any(key not in curves for curves in curve_sets):
             continue
         seeds.append(seed)
@@ -289,7 +291,7 @@ def _at_distance(curve_sets: Sequence[Mapping[str, List[Tuple[float, float, floa
     heights: Dict[str, List[float]] = {'targets': [], 'source': []}
     seeds, outside, by = [], [], []
     for record, gains in tested:
-        key = _key('', {k: v for k, v in point.items() if k != ALPHA}, record['seed'])
+        key = _key('', without_alpha(point), record['seed'])
         if any(key not in curves for curves in curve_sets):
             continue
         seeds.append(record['seed'])
