@@ -483,6 +483,33 @@ def test_the_envelope_studies_repeat_the_distortion_runs_and_vary_fine_tuning_in
         'WiSE-FT-LDT-random': ('LDT-random', [0.5, 0.7, 0.8, 0.85, 0.9, 0.95])}
 
 
+def test_the_mambair_envelope_study_repeats_the_far_runs_and_adds_the_safmn_family():
+    """distortion_mambair_envelope.yml asks the SAFMN envelope questions on MambaIR: FT, FT-2lr and the LDT runs
+    are distortion_mambair_far.yml's own (the study reuses them), FT-4lr is FT with only the lr scaled, FT+EMA FT
+    with only SAFMN's EMA added, and the envelope is the four fine-tuning curves at the far study's alphas."""
+    load = shipped_studies('distortion_mambair_far', 'distortion_mambair_envelope', 'distortion_envelope')
+    far = trained_options(load['distortion_mambair_far'])
+    envelope = trained_options(load['distortion_mambair_envelope'])
+    assert {m for m, _ in envelope} == {'FT', 'FT-2lr', 'FT-4lr', 'FT+EMA', 'LDT-paper', 'LDT-random'}
+    assert all(envelope[key] == far[key] for key in far)
+    safmn = trained_options(load['distortion_envelope'])
+    for seed in range(5):
+        scaled, ema = copy.deepcopy(envelope['FT-4lr', seed]), copy.deepcopy(envelope['FT+EMA', seed])
+        assert scaled['train']['optim_g'].pop('lr') == 4 * far['FT', seed]['train']['optim_g']['lr']
+        ft = copy.deepcopy(far['FT', seed])
+        ft['train']['optim_g'].pop('lr')
+        assert scaled == ft
+        added = {k: ema['train'].pop(k) for k in ('ema_decay', 'ema_reference_iters')}
+        assert added == {k: safmn['FT+EMA', seed]['train'][k] for k in added} and ema == far['FT', seed]
+    alphas = [0.25, 0.4, 0.5, 0.55, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95]
+    curves = {f'WiSE-FT{suffix}': (of, alphas)
+              for suffix, of in (('', 'FT'), ('-2lr', 'FT-2lr'), ('-4lr', 'FT-4lr'), ('-EMA', 'FT+EMA'))}
+    study = load['distortion_mambair_envelope']
+    assert study.envelope == list(curves) and study.interpolations == {
+        **curves, 'WiSE-FT-LDT': ('LDT-paper', [0.5, 0.7, 0.8, 0.85, 0.9, 0.95]),
+        'WiSE-FT-LDT-random': ('LDT-random', [0.5, 0.7, 0.8, 0.85, 0.9, 0.95])}
+
+
 def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
     """Four runs (FT and LDT, two seeds) through the real entry points, in subprocesses."""
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
