@@ -180,6 +180,36 @@ def test_run_state_skips_finished_runs_and_resumes_started_ones(tmp_path, demo_d
     assert capsys.readouterr().out.strip() == f'[1/1] {first.name}: finished earlier, skipped'
 
 
+def test_collect_leaves_out_results_older_than_the_weights_they_test(tmp_path, demo_data, capsys):
+    """A run trained again, or a --commands job whose test failed after its training: --collect reported
+    the old metrics.json as the new weights' figures. They are left out and named; results whose weights
+    were deleted since (to save disk) still count."""
+    root = str(tmp_path)
+    path = tiny_study(tmp_path, demo_data, seeds=[0])
+    study = plan.load_study(path, root)
+    for run in study.runs:
+        checkpoint = Path(plan.final_checkpoint(root, 'tiny', run.name))
+        results = Path(plan.results_file(root, 'tiny', run.name))
+        for file in (checkpoint, results):
+            file.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.write_bytes(b'')
+        results.write_text(json.dumps({'summary': {run.name: {'Sony': {'psnr': 24.0, 'ssim': 0.7}}}}))
+        os.utime(checkpoint, (1, 1))
+    ft, ldt = study.runs
+    assert [r['run'] for r in report.collect(root, study)['runs']] == ['FT_seed0', 'LDT_seed0']
+    os.utime(plan.final_checkpoint(root, 'tiny', ldt.name), None)    # trained again after its test
+    assert runner.stale_results(root, study, ldt) and not runner.stale_results(root, study, ft)
+    assert cli.main(root, ['-opt', path, '--collect']) == 0
+    out = capsys.readouterr().out
+    assert '1 of 2 runs aggregated' in out and out.rstrip().endswith('; 1 left out, tested before their weights changed')
+    assert ('Left out: 1 run(s) whose test results are older than the weights they test (trained again, or the test '
+            'failed after training; run the study to test them): LDT_seed0.') in out
+    result = json.loads((tmp_path / 'results' / 'tiny' / 'study.json').read_text())
+    assert [r['run'] for r in result['runs']] == ['FT_seed0'] and result['stale'] == ['LDT_seed0']
+    os.remove(plan.final_checkpoint(root, 'tiny', ldt.name))          # weights deleted: the results stand
+    assert [r['run'] for r in report.collect(root, study)['runs']] == ['FT_seed0', 'LDT_seed0']
+
+
 def test_changed_options_of_a_started_run_are_refused(tmp_path, demo_data):
     root = str(tmp_path)
     study = plan.load_study(tiny_study(tmp_path, demo_data), root)

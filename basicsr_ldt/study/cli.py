@@ -109,5 +109,6 @@ def _report(root: str, study: Study) -> int:
     folder = osp.join(root, 'results', study.name)
     paths = report.write_report(folder, result)
     print(report.markdown(result))
-    print(f"{len(result['runs'])} of {len(study.runs)} runs aggregated into {', '.join(paths)}")
+    stale = f"; {len(result['stale'])} left out, tested before their weights changed" if result['stale'] else ''
+    print(f"{len(result['runs'])} of {len(study.runs)} runs aggregated into {', '.join(paths)}{stale}")
     return 0

@@ -16,6 +16,7 @@ import numpy as np
 from basicsr_ldt.study import tradeoff
 from basicsr_ldt.study.distance import add_distances
 from basicsr_ldt.study.plan import Run, Study, results_file, without_alpha
+from basicsr_ldt.study.run import stale_results
 
 METRICS = ('psnr', 'ssim')
 MEAN = 'Mean'
@@ -183,6 +184,10 @@ def markdown(result: Mapping[str, Any]) -> str:
              'runs finished. Cells: mean ± sample standard deviation over seeds; Mean = mean over the target '
              'cameras (each weighs the same; cameras the method trained on, marked "(source)", are left out) '
              'per seed, then over seeds.', '']
+    if result.get('stale'):
+        lines += [f"Left out: {len(result['stale'])} run(s) whose test results are older than the weights they test "
+                  f"(trained again, or the test failed after training; run the study to test them): "
+                  f"{', '.join(result['stale'])}.", '']
     untrained, start = result.get('untrained') or [], result.get('start')
     described = [f"{', '.join(m for m in untrained if m != start)}: the LR image upscaled bicubically (`cv2.resize` "
                  'INTER_CUBIC), measured by the same code'] if set(untrained) - {start} else []
@@ -311,14 +316,18 @@ def _write_text(path: str, text: str) -> None:
 
 
 def collect(root: str, study: Study) -> Dict[str, Any]:
-    """Aggregate the test results of the study's runs that have them."""
-    records = []
+    """Aggregate the test results of the study's runs that have them, leaving out results older than the
+    weights they test (``stale``: they describe weights that no longer exist)."""
+    records, stale = [], []
     for run in study.runs:
         path = results_file(root, study.name, run.name)
         if osp.isfile(path):
-            records.append(read_run(path, run))
+            if stale_results(root, study, run):
+                stale.append(run.name)
+            else:
+                records.append(read_run(path, run))
     add_distances(records, {run.name: run for run in study.runs}, study.start, root)
-    return aggregate(study, records)
+    return {**aggregate(study, records), 'stale': stale}
 
 
 __all__ = ['aggregate', 'bootstrap_ci', 'collect', 'differences', 'markdown', 'mean_std', 'summarise',

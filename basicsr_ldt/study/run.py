@@ -56,17 +56,22 @@ def run_state(root: str, study: Study, run: Run) -> str:
     checkpoint = final_checkpoint(root, study.name, run.name)
     results = results_file(root, study.name, run.name)
     if not run.trained:   # WiSE-FT's results are stale once the run it interpolates changed
-        fresh = osp.isfile(results) and all(osp.getmtime(results) >= osp.getmtime(f) for f in run.inputs
-                                            if osp.isfile(f))
-        return DONE if fresh else TEST
+        return DONE if osp.isfile(results) and not stale_results(root, study, run) else TEST
     if osp.isfile(checkpoint):
-        if osp.isfile(results) and osp.getmtime(results) >= osp.getmtime(checkpoint):
-            return DONE
-        return TEST
+        return DONE if osp.isfile(results) and not stale_results(root, study, run) else TEST
     states = osp.join(root, 'experiments', study.name, run.name, 'training_states')
     if osp.isdir(states) and any(f.endswith('.state') for f in os.listdir(states)):
         return RESUME
     return NEW
+
+
+def stale_results(root: str, study: Study, run: Run) -> bool:
+    """Whether the run's test results are older than weights they were tested from (a run trained again,
+    or a test that failed after its training finished): they describe other weights. Weights deleted
+    since (to save disk) leave the results standing."""
+    results = results_file(root, study.name, run.name)
+    tested = run.inputs if not run.trained else [final_checkpoint(root, study.name, run.name)]
+    return osp.isfile(results) and any(osp.getmtime(f) > osp.getmtime(results) for f in tested if osp.isfile(f))
 
 
 def check_unchanged(root: str, study: Study) -> None:
