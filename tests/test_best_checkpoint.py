@@ -142,6 +142,25 @@ def _in_process(monkeypatch, project, script, options):
     return lines
 
 
+@pytest.mark.parametrize('method', ['ft', 'ldt_s'])
+def test_a_branch_named_for_a_one_network_method_is_refused_before_the_run(tmp_path, demo_data, method):
+    """``val.best_network: auxiliary`` with LDT-S (or FT through LDTSRModel): validation measured the one
+    network while the log said '(auxiliary network validated)'. Refused in the early check; the dual mode
+    and the composite pass."""
+    from basicsr_ldt.models.option_values import check_option_values
+    from test_ldt_model import ldt_options
+    opt = ldt_options(demo_data, 'branch')
+    ldt = {'ft': {'method': 'ft', 'head_warmup_iters': 0}, 'ldt_s': {'method': 'ldt_s', 'interval_iters': 2,
+                                                                     'profile_iters': 2, 'ema_every': 1}}[method]
+    mode = {'ft': 'single', 'ldt_s': 'alternating'}[method]
+    check_option_values({**opt, 'ldt': ldt, 'val': {**opt['val'], 'best_network': 'composite'}})
+    with pytest.raises(InputError) as err:
+        check_option_values({**opt, 'ldt': ldt, 'val': {**opt['val'], 'best_network': 'auxiliary'}})
+    assert str(err.value) == ("val.best_network: 'auxiliary' is a branch of LDT's two networks (ldt mode 'dual'), and "
+                              f"ldt mode '{mode}' trains one network; expected composite (or leave best_network out)")
+    check_option_values({**opt, 'val': {**opt['val'], 'best_network': 'primary'}})   # the dual mode has it
+
+
 @pytest.mark.parametrize('best_network', [None, 'primary'], ids=['default', 'primary'])
 def test_validation_measures_the_network_that_is_saved(tmp_path, monkeypatch, demo_data, best_network):
     """A tiny LDT run (dual training from iteration 5) validated every iteration, with images and

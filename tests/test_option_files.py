@@ -432,6 +432,9 @@ BASICSR_VALUE_SLIPS = [
      "got 'false' (text: write true or false without quotes)"),   # was read as true
     (('val', 'metrics', 'psnr', 'crop_border'), -4, 'val.metrics.psnr.crop_border: expected an integer >= 0, got -4'),
     (('path', 'strict_load_g'), 'false', "path.strict_load_g: expected true or false, got 'false'"),   # read as true
+    (('val', 'metrics', 'psnr', 'better'), 'lower', 'val.metrics.psnr.better: calculate_psnr is better higher, and '
+     'the file says lower: the best value logged and net_g_best.pth would be the worst; expected higher (or leave '
+     'better out)'),                                            # copied from an LPIPS block: kept the worst weights
     (('datasets', 'val_more', 'name'), 'Test_Sony_Canon', "datasets.val_more.name 'Test_Sony_Canon' is also the name "
      'of datasets.val_targets; each validation set needs its own name (its results are kept under it)'),
 ]
@@ -614,6 +617,20 @@ def test_schedules_at_the_edges_of_those_checks_are_accepted(tmp_path):
                                  'restart_weights': [0.5]}},
                   {'scheduler': {'type': 'CosineAnnealingRestartLR', 'periods': [8], 'eta_min': 0.001}}):
         check_option_values({**opt, 'train': {**opt['train'], **train}})
+
+
+def test_a_metric_is_better_only_the_way_it_improves(tmp_path):
+    """NIQE improves downwards: ``better: lower`` passes and ``higher`` is refused; SSIM as PSNR."""
+    from basicsr_ldt.models.option_values import check_option_values
+    opt = train_options(tmp_path, 'better')
+    opt['val']['metrics'] = {'niqe': {'type': 'calculate_niqe', 'crop_border': 4, 'better': 'lower'},
+                             'ssim': {'type': 'calculate_ssim', 'crop_border': 4, 'better': 'higher'}}
+    check_option_values(opt)
+    for name, wrong in (('niqe', 'higher'), ('ssim', 'lower')):
+        changed = copy.deepcopy(opt)
+        changed['val']['metrics'][name]['better'] = wrong
+        with pytest.raises(InputError, match=rf'^val\.metrics\.{name}\.better: calculate_{name} is better '):
+            check_option_values(changed)
 
 
 def test_validation_without_a_validation_set_is_refused(tmp_path):

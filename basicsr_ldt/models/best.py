@@ -24,6 +24,15 @@ def validated_network(opt: Dict, networks: Tuple[str, ...]) -> Optional[str]:
     return (opt.get('val') or {}).get('best_network', networks[0] if networks else None)
 
 
+def refuse_missing_branch(opt: Dict, mode: str) -> None:
+    """``val.best_network`` names a branch that only LDT's dual mode has: with one network (FT, LP-FT,
+    LDT-S) validation measures that network while the log said the branch was validated."""
+    which = (opt.get('val') or {}).get('best_network')
+    if mode != 'dual' and which in ('primary', 'auxiliary'):
+        raise InputError(f"val.best_network: {which!r} is a branch of LDT's two networks (ldt mode 'dual'), and ldt "
+                         f"mode '{mode}' trains one network; expected composite (or leave best_network out)")
+
+
 def best_selection(opt: Dict, networks: Tuple[str, ...] = ()) -> Optional[Dict[str, Any]]:
     """The validated ``val`` selection options, or ``None`` when ``save_best`` is off.
 

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.schema import PROJECT_MODELS
 from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, items, number, optional, whole
+from basicsr_ldt.models.best import refuse_missing_branch
 from basicsr_ldt.models.compiled_blocks import compile_setting, refuse_uncompilable
 from basicsr_ldt.models.corgrad_model import corgrad_config_from_options, refuse_unread_alpha, source_cameras
 from basicsr_ldt.models.cuda_graph import graph_mode, refuse_true, unrecordable_run
@@ -56,6 +57,10 @@ BASICSR_LOADER_VALUES = {
 BASICSR_METRIC_VALUES = {'crop_border': integer(0), 'test_y_channel': boolean(), 'input_order': choice('HWC', 'CHW'),
                          'better': choice('higher', 'lower')}
 
+#: Which way BasicSR's metrics improve; ``better`` the other way would select the worst checkpoint.
+METRIC_DIRECTION = {'calculate_psnr': 'higher', 'calculate_ssim': 'higher', 'calculate_psnr_pt': 'higher',
+                    'calculate_ssim_pt': 'higher', 'calculate_niqe': 'lower'}
+
 
 def check_basicsr_values(opt: Dict[str, Any], device_type: str) -> None:
     """The values of the training keys BasicSR reads, for every model type: one line naming the key
@@ -77,6 +82,11 @@ def check_basicsr_values(opt: Dict[str, Any], device_type: str) -> None:
                          'val.metrics measure nothing; add a validation dataset, or remove val (val: ~)')
     for name, metric in ((val or {}).get('metrics') or {}).items():
         check_options(f'val.metrics.{name}', metric or {}, BASICSR_METRIC_VALUES, InputError)
+        direction = METRIC_DIRECTION.get((metric or {}).get('type'))
+        if direction is not None and (metric or {}).get('better', direction) != direction:
+            raise InputError(f"val.metrics.{name}.better: {metric['type']} is better {direction}, and the file says "
+                             f"{metric['better']}: the best value logged and net_g_best.pth would be the worst; "
+                             f'expected {direction} (or leave better out)')
     names: Dict[str, str] = {}
     for section, dataset in datasets.items():   # validation results, best checkpoints and logs go by name
         name = (dataset or {}).get('name', section)
@@ -166,7 +176,9 @@ def check_option_values(opt: Dict[str, Any], train_set: Optional[Dataset] = None
             refuse_unread_alpha(config, source_cameras(opt, train_set))
     elif model_type == 'LDTSRModel':
         refuse_basicsr_ema(train)
-        trained_networks = 2 if ldt_config_from_options(opt).mode == 'dual' else 1
+        mode = ldt_config_from_options(opt).mode
+        refuse_missing_branch(opt, mode)
+        trained_networks = 2 if mode == 'dual' else 1
     else:
         scaled_ema_decay(train)
     l2_sp_setting(opt, trained_networks)
