@@ -128,16 +128,22 @@ def test_bad_study_is_one_error_before_anything_is_written(tmp_path, demo_data, 
     (['--colect'], 'unrecognized arguments: --colect (python scripts/study.py -h lists the flags)'),
     (['--commands', '{tmp}'], "--commands '{tmp}' is a folder; expected a file to write the commands to"),
     (['--commands', '{tmp}/no/such/x.sh'], "--commands '{tmp}/no/such/x.sh': its folder '{tmp}/no/such' does not exist"),
+    (['--commands', '{tmp}/study.yml'], "--commands '{tmp}/study.yml' names an option file; expected a shell file to "
+     'write the commands to (e.g. jobs.sh)'),                    # the study file itself was emptied
+    (['--commands', '{tmp}/notes.txt'], "--commands '{tmp}/notes.txt' exists and was not written by --commands; "
+     'expected a new file (or one an earlier --commands wrote), so that nothing else is overwritten'),
 ])
 def test_bad_flags_are_one_line_before_anything_is_written(tmp_path, demo_data, capsys, flags, message):
     """A slip on the command line reads like a slip in the study file: one ``error:`` line, exit code
     2, no option file of any run written (``--commands`` used to write them, then fail on the file)."""
     path = tiny_study(tmp_path, demo_data)
+    (tmp_path / 'notes.txt').write_text('my notes\n')
     with pytest.raises(SystemExit) as exit_info:
         cli.main(str(tmp_path), ['-opt', path] + [f.format(tmp=tmp_path) for f in flags])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == f'error: {message.format(tmp=tmp_path)}\n'
     assert not (tmp_path / 'experiments').exists()
+    assert (tmp_path / 'notes.txt').read_text() == 'my notes\n' and os.path.getsize(path) > 0
 
 
 def test_missing_data_stops_a_real_run_but_not_a_dry_run(tmp_path, demo_data, capsys):
@@ -576,7 +582,9 @@ def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsy
     os.remove(folder / 'FT_seed1' / 'metrics.json')
     commands_file = project / 'pending.sh'
     assert cli.main(str(project), ['-opt', path, '--commands', str(commands_file)]) == 0
-    (line,) = commands_file.read_text().splitlines()
+    assert cli.main(str(project), ['-opt', path, '--commands', str(commands_file)]) == 0   # its own file: rewritten
+    mark, line = commands_file.read_text().splitlines()
+    assert mark == f"# written by scripts/study.py --commands: pending runs of study 'tiny' ({path})"
     assert 'test.py' in line and 'FT_seed1.test.yml' in line and 'Train_pip.py' not in line
     assert cli.main(str(project), ['-opt', path, '--collect']) == 0
     collected = json.loads((folder / 'study.json').read_text())

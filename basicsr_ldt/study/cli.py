@@ -14,6 +14,10 @@ from basicsr_ldt.study.run import DONE, RunFailed, check_unchanged, commands, ex
 from basicsr_ldt.study.run import write_option_files
 
 
+#: The first line of a ``--commands`` file: only such a file is overwritten by the next ``--commands``.
+COMMANDS_MARK = '# written by scripts/study.py --commands:'
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = FlagParser('python scripts/study.py',
                         description='Train and test every (method, sweep point, seed) run of a study, skip finished '
@@ -83,6 +87,15 @@ def check_commands_file(path: str) -> None:
     folder = osp.dirname(osp.abspath(path))
     if not osp.isdir(folder):
         raise InputError(f"--commands '{path}': its folder '{folder}' does not exist")
+    if path.lower().endswith(('.yml', '.yaml')):
+        raise InputError(f"--commands '{path}' names an option file; expected a shell file to write the commands to "
+                         '(e.g. jobs.sh)')
+    if osp.isfile(path) and osp.getsize(path):
+        with open(path, encoding='utf-8', errors='replace') as handle:
+            first = handle.readline()
+        if not first.startswith(COMMANDS_MARK):
+            raise InputError(f"--commands '{path}' exists and was not written by --commands; expected a new file (or "
+                             'one an earlier --commands wrote), so that nothing else is overwritten')
 
 
 def _write_commands(root: str, study: Study, path: str) -> int:
@@ -94,6 +107,7 @@ def _write_commands(root: str, study: Study, path: str) -> int:
             lines.append(shell_line(root, commands(root, study, run, state)))
     tmp = f'{path}.tmp'
     with open(tmp, 'w', encoding='utf-8') as handle:
+        handle.write(f"{COMMANDS_MARK} pending runs of study '{study.name}' ({study.path})\n")
         handle.write(''.join(line + '\n' for line in lines))
     os.replace(tmp, path)
     print(f'{len(lines)} pending run(s) of {len(study.runs)} written to {path}; when they are done: '
