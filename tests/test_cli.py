@@ -120,8 +120,9 @@ def test_auto_resume_refuses_options_the_state_would_silently_override(project, 
 
 
 def test_a_refused_resume_leaves_the_experiment_folder_as_it_was(project, demo_data):
-    """Refused after the log was opened (an FT state resumed as LDT): no new log, the copied option
-    file as the run that wrote the state left it."""
+    """An FT state resumed as LDT (the reverse, an LDT-S state resumed as FT, went on as plain FT in the
+    LDT-S run's folder; an LDT state as FT was an AssertionError): refused by model_type, with no new log
+    and the copied option file as the run that wrote the state left it."""
     opt = train_options(demo_data, 'cut', total_iter=2, network_g={'type': 'SAFMN', 'dim': 8, 'n_blocks': 1,
                                                                   'ffn_scale': 2.0, 'upscaling_factor': 4})
     opt['train']['scheduler']['milestones'] = [2]
@@ -132,7 +133,9 @@ def test_a_refused_resume_leaves_the_experiment_folder_as_it_was(project, demo_d
     opt['train']['total_iter'] = 8
     result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'cut.yml', opt), '--auto_resume', check=False)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
-        'error: the training state holds no LDT state: it was not written by LDTSRModel')
+        f"error: model_type is 'LDTSRModel' in the option file but 'FTSRModel' in training state "
+        f"'{exp / 'training_states' / '2.state'}': the state holds that model's optimizers and method state; restore "
+        'it, or give the run a new name')
     assert {path.name: path.read_bytes() for path in exp.iterdir() if path.is_file()} == before
 
 

@@ -32,8 +32,9 @@ def training_cameras(opt: Dict[str, Any]) -> Optional[List[str]]:
 #: the data draws continue where they were (other crops or batches would mix two data streams under one name):
 #: a value changed there would be logged as used and ignored. Values read afresh at each build (the loss, EMA,
 #: L2-SP, ``max_bad_steps``) and execution choices (``optim_g.fused``/``foreach``, workers, compile, precision)
-#: may change; ``total_iter`` may grow (a run extended).
-RESUME_FIXED = ('scale', 'manual_seed', 'train.optim_g', 'train.scheduler', 'datasets.train.gt_size',
+#: may change; ``total_iter`` may grow (a run extended). ``model_type``: the state holds that model's optimizers and
+#: method state (an LDT-S state resumed as FT went on as plain FT in the LDT-S run's folder).
+RESUME_FIXED = ('model_type', 'scale', 'manual_seed', 'train.optim_g', 'train.scheduler', 'datasets.train.gt_size',
                 'datasets.train.batch_size_per_gpu', 'datasets.train.use_hflip', 'datasets.train.use_rot',
                 'datasets.train.dataset_enlarge_ratio', 'datasets.train.subset', 'datasets.train.cameras')
 EXECUTION_ONLY = ('fused', 'foreach')

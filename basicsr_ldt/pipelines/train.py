@@ -110,10 +110,11 @@ def load_resume_state(opt: Dict) -> Optional[Dict]:
     changed = [key for key in saved if saved[key] != now.get(key)]
     if changed:
         more = f' ({len(changed) - 1} more option(s) differ too)' if len(changed) > 1 else ''
+        why = ("the state holds that model's optimizers and method state" if changed[0] == 'model_type' else
+               "a resumed run keeps the state's optimizer, schedule and data draws, so the new value would be logged "
+               'and not used')
         raise InputError(f"{changed[0]} is {now.get(changed[0])!r} in the option file but {saved[changed[0]]!r} in "
-                         f"training state '{path}'{more}: a resumed run keeps the state's optimizer, schedule and "
-                         'data draws, so the new value would be logged and not used; restore it, or give the run a '
-                         'new name')
+                         f"training state '{path}'{more}: {why}; restore it, or give the run a new name")
     paths = opt['path']   # BasicSR points pretrain_network_g at the state's weights; L2-SP still anchors to the start
     paths[START_KEY], paths[START_PARAM_KEY] = paths.get('pretrain_network_g'), paths.get('param_key_g', 'params')
     check_resume(opt, state['iter'])
