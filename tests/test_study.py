@@ -110,6 +110,9 @@ def test_a_method_sets_how_validation_cuts_images(tmp_path, demo_data):
     ({'test': 'options/nope_test.yml'}, "test file 'options/nope_test.yml' does not exist"),
     ({'reference': 'Baseline'}, "reference 'Baseline' is not one of the methods"),
     ({'seed': [1]}, "unknown option 'seed' in study file.*did you mean 'seeds'"),
+    ({'methods': {'FT': {}, 'FT best': {'val': {'save_best': True, 'val_freq': 3, 'metrics': PSNR}}}},
+     r"run 'FTbest_seed0': val\.save_best keeps the best validated weights in net_g_best\.pth, and a study tests each "
+     r"run's final weights \(net_g_latest\.pth\)"),          # the row was labelled by a selection never tested
 ])
 def test_bad_study_is_one_error_before_anything_is_written(tmp_path, demo_data, capsys, changes, message):
     path = tiny_study(tmp_path, demo_data, **changes)

@@ -325,6 +325,10 @@ def check_training_options(opt: Mapping[str, Any], where: str) -> None:
         raise InputError(f'{where}: train.total_iter must be a positive number, got {total!r}')
     if 'train' not in (opt.get('datasets') or {}):
         raise InputError(f"{where}: the training options have no 'datasets: train' section")
+    if (opt.get('val') or {}).get('save_best'):
+        raise InputError(f'{where}: val.save_best keeps the best validated weights in net_g_best.pth, and a study tests '
+                         "each run's final weights (net_g_latest.pth), so the selection would not be what is reported; "
+                         'remove save_best (or test the best weights with test.py)')
     try:   # for this machine, where study.py runs them (amp fp16 or cuda_graph: true need its GPU)
         check_option_values(opt)
     except InputError as err:
