@@ -6,6 +6,7 @@ import copy
 import re
 
 import pytest
+import torch
 import yaml
 
 from basicsr_ldt.common.errors import InputError
@@ -517,6 +518,47 @@ def test_a_name_that_would_leave_the_project_folders_is_one_line(project, demo_d
         f"error: option file '{project / 'named.yml'}': name: expected a folder name under experiments/ and results/ "
         f"('group/run' allowed), not absolute and without '..' or empty parts, got {name!r}")
     assert sorted(p.name for p in project.iterdir()) == ['Train_pip.py', 'named.yml', 'test.py']
+
+
+def test_debug_mode_is_said_and_only_for_a_name_starting_with_debug(project, demo_data):
+    """BasicSR turns on its debug mode for any name containing 'debug' (``ldt_debugged_lr``): validation and
+    checkpoints every 8 iterations, no tensorboard, without a word. Such a name is refused; a name starting
+    with it (what ``--debug`` makes) keeps the mode, and the log says what it changed."""
+    opt = train_options(demo_data, 'ldt_debugged', total_iter=2)
+    opt['train']['scheduler']['milestones'] = [2]
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'debugged.yml', opt), check=False)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+        "error: name 'ldt_debugged' contains 'debug', which turns on BasicSR's debug mode (validation and checkpoints "
+        "every 8 iterations, printing every one, no tensorboard); expected a name starting with 'debug' for that mode "
+        '(or --debug), else one without the word')
+    assert not (project / 'experiments').exists()
+    run_entry(project, 'Train_pip.py', '-opt', write(project / 'debugged.yml', opt), '--debug')
+    log = next((project / 'experiments' / 'debug_ldt_debugged').glob('train_*.log')).read_text()
+    assert ("WARNING: BasicSR's debug mode (the name starts with 'debug'): validation and checkpoints every 8 "
+            'iterations, printing every one, no tensorboard, whatever the option file says') in log
+
+
+def test_launcher_slurm_outside_slurm_is_one_line(project, demo_data):
+    """BasicSR read SLURM_PROCID unguarded (a KeyError traceback), and on a CPU divided by the GPU count."""
+    opt = train_options(demo_data, 'slurm', total_iter=2)
+    result = run_entry(project, 'Train_pip.py', '-opt', write(project / 'slurm.yml', opt), '--launcher', 'slurm',
+                       check=False)
+    assert result.returncode == 2 and 'Traceback' not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == ('error: --launcher slurm: SLURM_PROCID, SLURM_NTASKS, '
+                                                      'SLURM_NODELIST not set, as srun sets them; start the run with '
+                                                      'srun, or drop --launcher')
+
+
+def test_launcher_slurm_on_a_machine_without_gpus_is_one_line(monkeypatch):
+    """Inside a SLURM job on CPU nodes BasicSR divided by the GPU count (a ZeroDivisionError traceback)."""
+    from basicsr_ldt.common.option_file import _start_launcher
+    for name, value in (('SLURM_PROCID', '0'), ('SLURM_NTASKS', '1'), ('SLURM_NODELIST', 'node1')):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    with pytest.raises(InputError) as err:
+        _start_launcher('slurm', {})
+    assert str(err.value) == ('--launcher slurm: BasicSR starts one process per GPU, and torch sees no CUDA device; '
+                              'use --launcher pytorch with torchrun on a CPU')
 
 
 def test_a_group_slash_run_name_is_kept(project, demo_data):

@@ -180,6 +180,12 @@ def _start_launcher(launcher: str, opt: Dict[str, Any]) -> None:
             start_process_group()
     elif launcher == 'slurm':
         from basicsr.utils.dist_util import init_dist
+        missing = [name for name in ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_NODELIST') if name not in os.environ]
+        if missing or not torch.cuda.is_available():
+            raise InputError('--launcher slurm: ' + (f"{', '.join(missing)} not set, as srun sets them; start the run "
+                                                     'with srun, or drop --launcher' if missing else
+                                                     'BasicSR starts one process per GPU, and torch sees no CUDA '
+                                                     'device; use --launcher pytorch with torchrun on a CPU'))
         init_dist('slurm', **(opt.get('dist_params') or {}))
 
 
@@ -223,7 +229,12 @@ def parse_options(root_path: str, is_train: bool = True) -> Tuple[Dict[str, Any]
         paths.update(experiments_root=root, models=os.path.join(root, 'models'), log=root,
                      training_states=os.path.join(root, 'training_states'),
                      visualization=os.path.join(root, 'visualization'))
-        if 'debug' in opt['name']:     # BasicSR's debug mode: validate, print and save often
+        if 'debug' in opt['name']:     # BasicSR's debug mode: validate, print and save often, no tensorboard
+            if not opt['name'].startswith('debug'):
+                raise InputError(f"name '{opt['name']}' contains 'debug', which turns on BasicSR's debug mode "
+                                 '(validation and checkpoints every 8 iterations, printing every one, no tensorboard); '
+                                 "expected a name starting with 'debug' for that mode (or --debug), else one without "
+                                 'the word')
             if opt.get('val') is not None:
                 opt['val']['val_freq'] = 8
             opt['logger'].update(print_freq=1, save_checkpoint_freq=8)

@@ -187,6 +187,9 @@ def train_pipeline(root_path: str) -> None:
         logger.info(dict2str(opt))
         if (unsaved := unsaved_states_warning(opt)) is not None:
             logger.warning(unsaved)
+        if opt['name'].startswith('debug'):
+            logger.warning("BasicSR's debug mode (the name starts with 'debug'): validation and checkpoints every 8 "
+                           'iterations, printing every one, no tensorboard, whatever the option file says')
         model = _build_model(opt)
         if (opt.get('val') or {}).get('save_best') and not isinstance(model, BestCheckpointMixin):
             raise InputError(f"val.save_best needs a model type of this project (FTSRModel = BasicSR's SRModel with "
