@@ -66,6 +66,13 @@ def test_expansion_crosses_methods_sweep_and_seeds(tmp_path, demo_data):
     assert study.cameras() == ['Sony', 'Canon']
 
 
+def test_a_corgrad_method_sweeps_the_keys_corgrad_reads(tmp_path, demo_data):
+    path = tiny_study(tmp_path, demo_data, methods={'CG': {'model_type': 'LDTSRModel', 'ldt': {'method': 'corgrad'}}},
+                      sweep={'ldt.slices': [5, 10]})
+    runs = plan.load_study(path, str(tmp_path)).runs
+    assert [r.train_opt['ldt']['slices'] for r in runs] == [5, 10, 5, 10]
+
+
 def test_method_with_its_own_base_file(tmp_path, demo_data):
     other = train_options(demo_data, network_g={'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0,
                                                 'upscaling_factor': 4})
@@ -113,6 +120,10 @@ def test_a_method_sets_how_validation_cuts_images(tmp_path, demo_data):
     ({'methods': {'FT': {}, 'FT best': {'val': {'save_best': True, 'val_freq': 3, 'metrics': PSNR}}}},
      r"run 'FTbest_seed0': val\.save_best keeps the best validated weights in net_g_best\.pth, and a study tests each "
      r"run's final weights \(net_g_latest\.pth\)"),          # the row was labelled by a selection never tested
+    ({'methods': {'CG': {'model_type': 'LDTSRModel', 'ldt': {'method': 'corgrad'}}},
+      'sweep': {'ldt.ratio_u': [0.3, 0.5]}},
+     r"sweep 'ldt\.ratio_u' \(method 'CG'\): CorGrad does not read ldt\.ratio_u \(an LDT option it ignores\), so "
+     'every point of the sweep would train the same run'),       # two identical runs under two sweep points
 ])
 def test_bad_study_is_one_error_before_anything_is_written(tmp_path, demo_data, capsys, changes, message):
     path = tiny_study(tmp_path, demo_data, **changes)

@@ -30,6 +30,11 @@ from basicsr_ldt.models.resumable import ResumableMixin
 from basicsr_ldt.models.validation import ValidationMixin
 
 
+def trains_corgrad(opt: Dict) -> bool:
+    """Whether the options train CorGrad: its model type, or ``LDTSRModel`` with ``ldt.method: corgrad``."""
+    return opt.get('model_type') == 'CorGradSRModel' or (opt.get('ldt') or {}).get('method') == 'corgrad'
+
+
 def corgrad_config_from_options(opt: Dict) -> Tuple[CorGradConfig, List[str]]:
     """``CorGradConfig`` from the ``ldt:`` block (``method: corgrad`` plus CorGrad's keys), and the
     LDT keys of the block that CorGrad does not use.

@@ -21,7 +21,8 @@ from basicsr_ldt.common.schema import PROJECT_MODELS
 from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, items, number, optional, whole
 from basicsr_ldt.models.best import refuse_missing_branch
 from basicsr_ldt.models.compiled_blocks import compile_setting, refuse_uncompilable
-from basicsr_ldt.models.corgrad_model import corgrad_config_from_options, refuse_unread_alpha, source_cameras
+from basicsr_ldt.models.corgrad_model import (corgrad_config_from_options, refuse_unread_alpha, source_cameras,
+                                              trains_corgrad)
 from basicsr_ldt.models.cuda_graph import graph_mode, refuse_true, unrecordable_run
 from basicsr_ldt.models.ema_decay import scaled_ema_decay
 from basicsr_ldt.models.guarded_step import max_bad_steps_from_options, precision_from_options
@@ -169,7 +170,7 @@ def check_option_values(opt: Dict[str, Any], train_set: Optional[Dataset] = None
     refuse_true(graph_mode(train), unrecordable_run(device_type, precision.dtype, single_process))
     max_bad_steps_from_options(train)
     trained_networks = 1
-    if model_type == 'CorGradSRModel' or (opt.get('ldt') or {}).get('method') == 'corgrad':
+    if trains_corgrad(opt):
         config, _ = corgrad_config_from_options(opt)
         scaled_ema_decay(train)
         if train_set is not None:

@@ -23,6 +23,7 @@ from basicsr_ldt.common.schema import MAX_SEED, TEST, TRAIN, check_options, is_s
 from basicsr_ldt.corgrad import CorGradConfig
 from basicsr_ldt.ldt import LDTConfig
 from basicsr_ldt.ldt.typed import MISSING, lookup
+from basicsr_ldt.models.corgrad_model import corgrad_config_from_options, trains_corgrad
 from basicsr_ldt.models.option_values import check_option_values
 from basicsr_ldt.models.resumable import training_cameras
 from basicsr_ldt.weights.releases import fetch_hint, release_file
@@ -446,6 +447,10 @@ def load_study(path: str, root: str) -> Study:
                 where = f"sweep '{key}' (method '{label}')"
                 _check_sweep_section(merged, key, where)
                 opt = merge_options(opt, nested(key, value), where)
+                if trains_corgrad(opt) and key.startswith('ldt.') and key[4:] in corgrad_config_from_options(opt)[1]:
+                    raise InputError(f"study file '{path}': {where}: CorGrad does not read {key} (an LDT option it "
+                                     'ignores), so every point of the sweep would train the same run; sweep a key '
+                                     'CorGrad reads, or leave this method out of the sweep')
             points.append((label, point, opt))
     runs: List[Run] = []
     names: Set[str] = set()
