@@ -41,8 +41,12 @@ def assert_one_line_failure(project, result, name, code=2):
     (lambda o: o['train'].update(max_bad_steps=0), 'error: train.max_bad_steps: expected an integer >= 1, got 0'),
     (lambda o: o['datasets']['train'].update(gt_size='big'),
      "error: datasets.train.gt_size: expected an integer >= 1, got 'big'"),
+    (lambda o: o['ldt'].update(partition_file='nope.json', profile_iters=0),   # a traceback after the warm-up
+     "error: cannot read partition file nope.json: [Errno 2] No such file or directory: 'nope.json'"),
+    (lambda o: o['ldt'].update(method='deft', deft_grouping='non_layers', profile_iters=0),
+     "error: ldt.deft_grouping 'non_layers' needs 'layers.*' parameters, and the network has none (first names: "),
 ], ids=['ldt_key', 'ratio_u', 'head_patterns', 'force_pattern', 'phase_lengths', 'dataroot', 'camera', 'amp_fp16_cpu', 'amp_value',
-        'max_bad_steps', 'typed'])
+        'max_bad_steps', 'typed', 'partition_file', 'deft_non_layers'])
 def test_bad_options_fail_in_one_line_and_write_nothing(project, demo_data, change, message):
     opt = ldt_options(demo_data, 'bad')
     change(opt)

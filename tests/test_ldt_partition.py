@@ -90,8 +90,9 @@ def test_a_name_pattern_error_names_the_network_and_the_parameters_to_look_at():
                                  "'body.2.weight', 'body.3.weight', 'body.4.weight']")
     with pytest.raises(ValueError) as caught:
         build_partition(names, None, partition='name', deft_grouping='non_layers', dpu=False)
-    assert str(caught.value) == ("deft_grouping 'non_layers' needs 'layers.*' parameters (first names: "
-                                 "['body.0.weight', 'body.1.weight', 'body.2.weight', 'body.3.weight'])")
+    assert str(caught.value) == ("ldt.deft_grouping 'non_layers' needs 'layers.*' parameters, and the network has none "
+                                 '(first names: body.0.weight, body.1.weight, body.2.weight, body.3.weight); use '
+                                 'deft_grouping: head')
 
 
 def test_invalid_ratio_and_statistics():

@@ -44,6 +44,16 @@ def head_layers(names: Sequence[str], head_patterns: Sequence[str], network: str
     return head
 
 
+def deft_blocks(names: Sequence[str]) -> List[str]:
+    """The deep feature blocks (``layers.*``) that DeFT's official ``non_layers`` split puts in one group,
+    or the one-line error that stops the run (SAFMN, for one, has no ``layers``)."""
+    blocks = select(names, ['layers.*'])
+    if not blocks:
+        raise ValueError(f"ldt.deft_grouping 'non_layers' needs 'layers.*' parameters, and the network has none "
+                         f"(first names: {', '.join(list(names)[:4])}); use deft_grouping: head")
+    return blocks
+
+
 #: The options whose patterns force layers into a group, in the order they are checked.
 FORCE_OPTIONS = ('force_stable', 'force_unstable')
 
@@ -225,9 +235,7 @@ def build_partition(names: Sequence[str], statistics: Optional[Sequence[float]],
         # everything else (shallow conv, patch-embed norm, final norm, conv_after_body, upsampler)
         # the other. We label the blocks stable and the rest unstable; with DeFT's one fixed EMA
         # coefficient the labels only decide which branch trains which group.
-        blocks = set(select(names, ['layers.*']))
-        if not blocks:
-            raise ValueError(f"deft_grouping 'non_layers' needs 'layers.*' parameters (first names: {names[:4]})")
+        blocks = set(deft_blocks(names))
         unstable = [n not in blocks for n in names]
     elif partition == 'name':
         head = set(head_layers(names, head_patterns, network))

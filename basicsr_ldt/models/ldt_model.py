@@ -25,6 +25,7 @@ from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import closest_key_hint, registered
 from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, forced_layers, head_layers, preset
+from basicsr_ldt.ldt.partition import deft_blocks
 from basicsr_ldt.ldt.step_graph import BatchTerms, graphs_in_one_pool
 from basicsr_ldt.models.best import BestCheckpointMixin, validated_network
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
@@ -221,8 +222,14 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
             except ValueError as err:
                 raise InputError(str(err)) from None
             logger.info(f'ldt.head_patterns {list(self.config.head_patterns)} select {_listing(head)}')
-        if self.config.partition_file is not None:   # the file decides the groups; force patterns are unused
-            return
+        try:
+            if self.config.partition_file is not None:   # the file decides the groups; force patterns are unused
+                Partition.load(self.config.partition_file, names)   # read now, not after warm-up
+                return
+            if (self.config.partition, self.config.deft_grouping) == ('name', 'non_layers'):
+                deft_blocks(names)
+        except ValueError as err:
+            raise InputError(str(err)) from None
         try:
             forced = forced_layers(names, self.config.force_stable, self.config.force_unstable, network)
         except ValueError as err:
