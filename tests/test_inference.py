@@ -86,6 +86,26 @@ def test_folder_with_a_corrupt_file(tmp_path, tiny, photos):
     assert forced.returncode == 1 and (out / 'rgb.png').is_file()
 
 
+def test_a_photo_is_read_turned_as_its_exif_orientation_says(tmp_path):
+    """A phone JPEG stores its pixels sideways with an orientation tag; IMREAD_UNCHANGED ignored the tag and the
+    output came out on its side. Read as viewers show it (tag 6: turned clockwise); 16-bit and alpha kept."""
+    from PIL import Image
+    from basicsr_ldt.pipelines.upscale import read_image
+    stored = np.zeros((20, 30, 3), np.uint8)
+    stored[:4] = 255                                           # a white band along the stored top edge
+    tag = Image.Exif()
+    tag[0x0112] = 6
+    Image.fromarray(stored).save(tmp_path / 'phone.jpg', exif=tag, quality=100)
+    shown = read_image(str(tmp_path / 'phone.jpg'))
+    assert shown.shape == (30, 20, 3) and shown[:, -4:].mean() > 240 and shown[:, :4].mean() < 15   # band on the right
+    gray16 = (np.arange(600).reshape(20, 30) * 100).astype(np.uint16)
+    cv2.imwrite(str(tmp_path / 'gray16.png'), gray16)
+    assert np.array_equal(read_image(str(tmp_path / 'gray16.png')), gray16)
+    rgba = np.random.default_rng(0).integers(0, 256, (6, 5, 4), dtype=np.uint8)
+    cv2.imwrite(str(tmp_path / 'rgba.png'), rgba)
+    assert np.array_equal(read_image(str(tmp_path / 'rgba.png')), cv2.cvtColor(rgba, cv2.COLOR_BGRA2RGBA))
+
+
 def test_wrong_checkpoint_fails_before_any_output(tmp_path, tiny, photos):
     out = tmp_path / 'out'
     result = run_inference(tmp_path, '--input', str(photos), '--output', str(out),

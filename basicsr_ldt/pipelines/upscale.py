@@ -103,10 +103,16 @@ def output_paths(files: Sequence[str], folder: str, suffix: str, ext: str, force
 
 
 def read_image(path: str) -> np.ndarray:
-    """An 8- or 16-bit image in RGB(A) or grayscale order, as :func:`upscale` expects."""
+    """An 8- or 16-bit image in RGB(A) or grayscale order, as :func:`upscale` expects, turned as viewers
+    show it: ``IMREAD_UNCHANGED`` (which keeps alpha) skips a JPEG's EXIF orientation, so a phone photo
+    came out on its side; without alpha the image is read again the way that applies it."""
     image = cv2.imread(path, cv2.IMREAD_UNCHANGED)
     if image is None:
         raise InputError('cannot read it: not an image, or the file is corrupt')
+    if image.ndim == 2 or image.shape[2] == 3:
+        oriented = cv2.imread(path, cv2.IMREAD_ANYCOLOR | cv2.IMREAD_ANYDEPTH)
+        if oriented is not None and oriented.dtype == image.dtype and oriented.ndim == image.ndim:
+            image = oriented
     if image.dtype not in (np.uint8, np.uint16):
         raise InputError(f'{image.dtype} pixels are not supported (8- or 16-bit integers)')
     if image.ndim == 3 and image.shape[2] == 3:
