@@ -284,8 +284,10 @@ def test_force_yml_sets_plain_values_without_running_code():
     same values are set as data (and then checked with the rest of the file)."""
     opt = {'train': {'scheduler': {'milestones': [1]}, 'total_iter': 5}, 'val': {'save_img': True}}
     force_options(opt, ['train:total_iter=10', 'train:scheduler:milestones=[2, 4]', 'val:save_img=false',
-                        'train:ema_decay=!!float 0.9', 'name=run'])
-    assert opt == {'train': {'scheduler': {'milestones': [2, 4]}, 'total_iter': 10, 'ema_decay': 0.9},
+                        'train:ema_decay=!!float 0.9', 'name=run', 'train:warmup_iter=-1', 'train:x=-0.5',
+                        'train:y=1.2.3', 'train:z=-'])
+    assert opt == {'train': {'scheduler': {'milestones': [2, 4]}, 'total_iter': 10, 'ema_decay': 0.9,
+                             'warmup_iter': -1, 'x': -0.5, 'y': '1.2.3', 'z': '-'},   # -1 was the text '-1'
                    'val': {'save_img': False}, 'name': 'run'}
     with pytest.raises(InputError, match=r"^--force_yml: '\[__import__\(\"os\"\)\]' is not a list of plain values$"):
         force_options(opt, ['train:x=[__import__("os")]'])
@@ -433,6 +435,8 @@ BASICSR_VALUE_SLIPS = [
      "got 'false' (text: write true or false without quotes)"),   # was read as true
     (('val', 'metrics', 'psnr', 'crop_border'), -4, 'val.metrics.psnr.crop_border: expected an integer >= 0, got -4'),
     (('path', 'strict_load_g'), 'false', "path.strict_load_g: expected true or false, got 'false'"),   # read as true
+    (('datasets', 'train', 'num_prefetch_queue'), 3, 'datasets.train.num_prefetch_queue: read only with '
+     'prefetch_mode: cpu, and prefetch_mode is None, so it changes nothing; remove it, or set prefetch_mode: cpu'),
     (('val', 'metrics', 'psnr', 'better'), 'lower', 'val.metrics.psnr.better: calculate_psnr is better higher, and '
      'the file says lower: the best value logged and net_g_best.pth would be the worst; expected higher (or leave '
      'better out)'),                                            # copied from an LPIPS block: kept the worst weights
@@ -661,6 +665,13 @@ def test_schedules_at_the_edges_of_those_checks_are_accepted(tmp_path):
         check_option_values({**opt, 'train': {**opt['train'], **train}})
 
 
+def test_a_prefetch_queue_is_accepted_with_cpu_prefetching(tmp_path):
+    from basicsr_ldt.models.option_values import check_option_values
+    opt = train_options(tmp_path, 'prefetch')
+    opt['datasets']['train'].update(prefetch_mode='cpu', num_prefetch_queue=3)
+    check_option_values(opt)
+
+
 def test_a_metric_is_better_only_the_way_it_improves(tmp_path):
     """NIQE improves downwards: ``better: lower`` passes and ``higher`` is refused; SSIM as PSNR."""
     from basicsr_ldt.models.option_values import check_option_values
@@ -704,12 +715,17 @@ def test_validation_that_measures_and_keeps_nothing_is_refused(tmp_path):
 
 
 def test_validating_on_a_camera_the_run_trains_on_is_said_in_the_log(project, demo_data):
+    """Also said: a PSNR without test_y_channel measures RGB (BasicSR's default) while test.py measures Y."""
     opt = train_options(demo_data, 'seen', total_iter=2)
     opt['datasets']['val_targets']['cameras'] = ['Olympus', 'Sony']        # Olympus is the source
+    del opt['val']['metrics']['psnr']['test_y_channel']
     run_entry(project, 'Train_pip.py', '-opt', write(project / 'seen.yml', opt))
     log = next((project / 'experiments' / 'seen').glob('train_seen_*.log')).read_text()
     assert ('WARNING: Validation data Test_Sony_Canon includes Olympus, which the run trains on: its figures, and '
             'the checkpoint val.save_best picks, mix source and target cameras') in log
+    assert ("WARNING: val.metrics.psnr measures RGB (test_y_channel absent: BasicSR's default), and test.py measures "
+            "the Y channel unless told otherwise (the paper's way; RGB reads about 1.7 dB lower): set test_y_channel "
+            'to say which') in log
 
 
 def test_the_schedule_rules_allow_what_reaches_the_run_end():

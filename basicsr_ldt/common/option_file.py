@@ -100,7 +100,8 @@ def load_option_file(path: str, what: str = 'option file') -> Dict[str, Any]:
 
 def _forced_value(text: str) -> Any:
     """A ``--force_yml`` value as BasicSR reads it (``~``/none, true/false, ``!!float``, numbers,
-    ``[...]`` lists, else a string), lists parsed as literals instead of by ``eval``."""
+    ``[...]`` lists, else a string), lists parsed as literals instead of by ``eval``, and negative
+    numbers as numbers."""
     lowered = text.lower()
     if text == '~' or lowered == 'none':
         return None
@@ -108,9 +109,10 @@ def _forced_value(text: str) -> Any:
         return lowered == 'true'
     if text.startswith('!!float'):
         return float(text.replace('!!float', ''))
-    if text.isdigit():
+    digits = text[1:] if text.startswith('-') else text   # BasicSR left -1 (warmup_iter: none) as text
+    if digits.isdigit():
         return int(text)
-    if text.replace('.', '', 1).isdigit() and text.count('.') < 2:
+    if digits.replace('.', '', 1).isdigit():
         return float(text)
     if text.startswith('['):
         try:

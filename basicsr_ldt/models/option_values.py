@@ -70,7 +70,12 @@ def check_basicsr_values(opt: Dict[str, Any], device_type: str) -> None:
     check_schedule(opt.get('train') or {})
     datasets = opt.get('datasets') or {}
     check_options('datasets.train', datasets.get('train') or {}, BASICSR_LOADER_VALUES, InputError)
-    if (datasets.get('train') or {}).get('prefetch_mode') == 'cuda' and device_type != 'cuda':
+    train_data = datasets.get('train') or {}
+    if 'num_prefetch_queue' in train_data and train_data.get('prefetch_mode') != 'cpu':
+        raise InputError(f"datasets.train.num_prefetch_queue: read only with prefetch_mode: cpu, and prefetch_mode "
+                         f"is {train_data.get('prefetch_mode')!r}, so it changes nothing; remove it, or set "
+                         'prefetch_mode: cpu')
+    if train_data.get('prefetch_mode') == 'cuda' and device_type != 'cuda':
         raise InputError(f"datasets.train.prefetch_mode: cuda copies batches to a GPU, and this run is on "
                          f"{device_type}; use cpu (or leave it out)")
     val = opt.get('val')

@@ -240,6 +240,11 @@ def _train(opt: Dict, model, train_set: Dataset, val_sets, loaders: Tuple, resum
         if shared:   # legitimate (watching the source), but a mean over it is not a target figure
             logger.warning(f'Validation data {dopt["name"]} includes {", ".join(shared)}, which the run trains on: '
                            'its figures, and the checkpoint val.save_best picks, mix source and target cameras')
+    for name, metric in (((opt.get('val') or {}).get('metrics') or {}) if val_sets else {}).items():
+        if metric.get('type') in ('calculate_psnr', 'calculate_ssim') and 'test_y_channel' not in metric:
+            logger.warning(f'val.metrics.{name} measures RGB (test_y_channel absent: BasicSR\'s default), and '
+                           "test.py measures the Y channel unless told otherwise (the paper's way; RGB reads about "
+                           '1.7 dB lower): set test_y_channel to say which')
 
     start_epoch, current_iter = 0, 0
     if resume_state is not None:
