@@ -63,6 +63,8 @@ SUBPROCESS_TESTS=(
   tests/test_ldt_model.py::test_resume_in_each_phase_reproduces_the_uninterrupted_run
   tests/test_ldt_model.py::test_baselines_run_as_configurations
   tests/test_ldt_model.py::test_run_prints_no_warning_and_branches_join_the_global_schedule
+  tests/test_ldt_model.py::test_a_run_extended_on_resume_says_its_coefficients_keep_their_first_rescaling
+  tests/test_corgrad_model.py::test_corgrad_trains_on_camera_balanced_batches_and_resumes_exactly
   tests/test_study.py::test_run_state_skips_finished_runs_and_resumes_started_ones
   tests/test_study.py::test_tiny_study_end_to_end_then_skips_and_collects
   tests/test_study.py::test_live_line_follows_a_training_process
