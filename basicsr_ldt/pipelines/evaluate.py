@@ -267,10 +267,10 @@ def test_pipeline(root_path: str) -> 'OrderedDict[str, OrderedDict]':
         fail(str(err))
 
 
-def _to_log_file(logger: logging.Logger, message: str) -> None:
-    """A warning the console showed as it happened, before the log file began: written to the file
-    only, so the console does not show it twice."""
-    record = logger.makeRecord(logger.name, logging.WARNING, __file__, 0, message, None, None)
+def _to_log_file(logger: logging.Logger, message: str, level: int = logging.WARNING) -> None:
+    """What the console shows another way (a warning as it happened, before the log file began; the
+    table, printed): written to the file only, so the console does not show it twice."""
+    record = logger.makeRecord(logger.name, level, __file__, 0, message, None, None)
     for handler in logger.handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
@@ -315,7 +315,7 @@ def _test_every_image(opt: Dict, args, test_opt: Dict, datasets: List, checkpoin
     tables = OrderedDict((label, summarise(rows)) for label, rows in per_image.items())
     measured = measured_as(test_opt)
     text = format_table(tables, markdown=False) + '\n' + measurement_line(measured)
-    logger.info('\n' + text)
+    _to_log_file(logger, '\n' + text, logging.INFO)
     print(text, flush=True)
     write_results(opt['path']['results_root'], tables, per_image, measured)
     logger.info(f"Results written to {opt['path']['results_root']}")
