@@ -158,6 +158,8 @@ def test_a_branch_named_for_a_one_network_method_is_refused_before_the_run(tmp_p
         check_option_values({**opt, 'ldt': ldt, 'val': {**opt['val'], 'best_network': 'auxiliary'}})
     assert str(err.value) == ("val.best_network: 'auxiliary' is a branch of LDT's two networks (ldt mode 'dual'), and "
                               f"ldt mode '{mode}' trains one network; expected composite (or leave best_network out)")
+    with pytest.raises(InputError, match=r"^val\.best_network: 'primary' is a branch"):
+        check_option_values({**opt, 'ldt': ldt, 'val': {**opt['val'], 'best_network': 'primary'}})
     check_option_values({**opt, 'val': {**opt['val'], 'best_network': 'primary'}})   # the dual mode has it
 
 

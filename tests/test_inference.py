@@ -104,6 +104,10 @@ def test_a_photo_is_read_turned_as_its_exif_orientation_says(tmp_path):
     rgba = np.random.default_rng(0).integers(0, 256, (6, 5, 4), dtype=np.uint8)
     cv2.imwrite(str(tmp_path / 'rgba.png'), rgba)
     assert np.array_equal(read_image(str(tmp_path / 'rgba.png')), cv2.cvtColor(rgba, cv2.COLOR_BGRA2RGBA))
+    cv2.imwrite(str(tmp_path / 'float.tif'), np.zeros((4, 4, 3), np.float32))
+    with pytest.raises(InputError) as err:
+        read_image(str(tmp_path / 'float.tif'))
+    assert str(err.value) == 'float32 pixels are not supported (8- or 16-bit integers)'
 
 
 def test_wrong_checkpoint_fails_before_any_output(tmp_path, tiny, photos):

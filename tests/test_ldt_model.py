@@ -174,6 +174,30 @@ def test_head_patterns_are_checked_before_training_exactly_when_something_uses_t
     assert not [line for line in lines if line.startswith('ldt.head_patterns')]
 
 
+def test_a_partition_file_and_deft_non_layers_are_checked_when_the_model_is_built(tmp_path, demo_data):
+    """Before training, not after the warm-up (mutation testing: the file read without the network's names,
+    the deft split's check dropped): a missing file, a file of another network, and DeFT's ``non_layers``
+    split on SAFMN, which has no ``layers.*``, each stop in one line; a file of this network passes."""
+    from basicsr_ldt.ldt.partition import build_partition
+    missing = str(tmp_path / 'nope.json')
+    with pytest.raises(InputError, match=rf"^cannot read partition file {re.escape(missing)}: "):
+        _built(tmp_path, demo_data, partition_file=missing, profile_iters=0)
+    other = tmp_path / 'other.json'
+    build_partition(['a.weight', 'b.weight'], [1.0, 2.0], partition='criterion', ratio_u=0.5).save(str(other))
+    with pytest.raises(InputError, match=rf'^partition file {re.escape(str(other))} does not match the model: '):
+        _built(tmp_path, demo_data, partition_file=str(other), profile_iters=0)
+    from basicsr.utils.registry import ARCH_REGISTRY
+    arguments = dict(NETWORK, n_blocks=11)
+    names = [n for n, _ in ARCH_REGISTRY.get(arguments.pop('type'))(**arguments).named_parameters()]
+    own = tmp_path / 'own.json'
+    build_partition(names, [float(i) for i in range(len(names))], partition='criterion', ratio_u=0.4).save(str(own))
+    assert any('ldt.head_patterns' in line for line in _built(tmp_path, demo_data, partition_file=str(own),
+                                                                profile_iters=0))
+    with pytest.raises(InputError, match=r"^ldt\.deft_grouping 'non_layers' needs 'layers\.\*' parameters, and the "
+                                         r'network has none \(first names: to_feat\.weight, '):
+        _built(tmp_path, demo_data, method='deft', deft_grouping='non_layers', profile_iters=0)
+
+
 def _selected(names, pattern):
     """The documented pattern rule, written out: an exact name, an fnmatch glob, or a module prefix."""
     return [n for n in names if n == pattern or n.startswith(pattern + '.') or fnmatchcase(n, pattern)]

@@ -88,6 +88,9 @@ def test_a_name_pattern_error_names_the_network_and_the_parameters_to_look_at():
     assert str(caught.value) == ("layers forced both stable and unstable: ldt.force_stable 'body.*' and "
                                  "ldt.force_unstable 'body.*.weight' both select ['body.0.weight', 'body.1.weight', "
                                  "'body.2.weight', 'body.3.weight', 'body.4.weight']")
+    from basicsr_ldt.ldt.partition import deft_blocks
+    assert deft_blocks(['conv_first.weight', 'layers.0.norm.weight', 'layers.1.x', 'norm.weight']) == [
+        'layers.0.norm.weight', 'layers.1.x']
     with pytest.raises(ValueError) as caught:
         build_partition(names, None, partition='name', deft_grouping='non_layers', dpu=False)
     assert str(caught.value) == ("ldt.deft_grouping 'non_layers' needs 'layers.*' parameters, and the network has none "

@@ -285,9 +285,10 @@ def test_force_yml_sets_plain_values_without_running_code():
     opt = {'train': {'scheduler': {'milestones': [1]}, 'total_iter': 5}, 'val': {'save_img': True}}
     force_options(opt, ['train:total_iter=10', 'train:scheduler:milestones=[2, 4]', 'val:save_img=false',
                         'train:ema_decay=!!float 0.9', 'name=run', 'train:warmup_iter=-1', 'train:x=-0.5',
-                        'train:y=1.2.3', 'train:z=-'])
+                        'train:y=1.2.3', 'train:z=-', 'train:v=v5', 'train:a=~', 'train:b=None', 'train:c=TRUE'])
     assert opt == {'train': {'scheduler': {'milestones': [2, 4]}, 'total_iter': 10, 'ema_decay': 0.9,
-                             'warmup_iter': -1, 'x': -0.5, 'y': '1.2.3', 'z': '-'},   # -1 was the text '-1'
+                             'warmup_iter': -1, 'x': -0.5, 'y': '1.2.3', 'z': '-', 'v': 'v5', 'a': None,
+                             'b': None, 'c': True},   # -1 was the text '-1'
                    'val': {'save_img': False}, 'name': 'run'}
     with pytest.raises(InputError, match=r"^--force_yml: '\[__import__\(\"os\"\)\]' is not a list of plain values$"):
         force_options(opt, ['train:x=[__import__("os")]'])
@@ -553,6 +554,17 @@ def test_launcher_slurm_outside_slurm_is_one_line(project, demo_data):
                                                       'srun, or drop --launcher')
 
 
+def test_launcher_slurm_names_the_variables_srun_sets(monkeypatch):
+    from basicsr_ldt.common.option_file import _start_launcher
+    monkeypatch.setenv('SLURM_NTASKS', '1')
+    for name in ('SLURM_PROCID', 'SLURM_NODELIST'):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(InputError) as err:
+        _start_launcher('slurm', {})
+    assert str(err.value) == ('--launcher slurm: SLURM_PROCID, SLURM_NODELIST not set, as srun sets them; start the '
+                              'run with srun, or drop --launcher')
+
+
 def test_launcher_slurm_on_a_machine_without_gpus_is_one_line(monkeypatch):
     """Inside a SLURM job on CPU nodes BasicSR divided by the GPU count (a ZeroDivisionError traceback)."""
     from basicsr_ldt.common.option_file import _start_launcher
@@ -670,6 +682,10 @@ def test_a_prefetch_queue_is_accepted_with_cpu_prefetching(tmp_path):
     opt = train_options(tmp_path, 'prefetch')
     opt['datasets']['train'].update(prefetch_mode='cpu', num_prefetch_queue=3)
     check_option_values(opt)
+    opt['datasets']['train']['prefetch_mode'] = 'cuda'
+    with pytest.raises(InputError, match=r"^datasets\.train\.num_prefetch_queue: read only with prefetch_mode: cpu, "
+                                         r"and prefetch_mode is 'cuda', so"):
+        check_option_values(opt)
 
 
 def test_a_metric_is_better_only_the_way_it_improves(tmp_path):

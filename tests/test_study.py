@@ -119,7 +119,8 @@ def test_a_method_sets_how_validation_cuts_images(tmp_path, demo_data):
     ({'seed': [1]}, "unknown option 'seed' in study file.*did you mean 'seeds'"),
     ({'methods': {'FT': {}, 'FT best': {'val': {'save_best': True, 'val_freq': 3, 'metrics': PSNR}}}},
      r"run 'FTbest_seed0': val\.save_best keeps the best validated weights in net_g_best\.pth, and a study tests each "
-     r"run's final weights \(net_g_latest\.pth\)"),          # the row was labelled by a selection never tested
+     r"run's final weights \(net_g_latest\.pth\), so the selection would not be what is reported; remove save_best "
+     r'\(or test the best weights with test\.py\)$'),          # the row was labelled by a selection never tested
     ({'methods': {'CG': {'model_type': 'LDTSRModel', 'ldt': {'method': 'corgrad'}}},
       'sweep': {'ldt.ratio_u': [0.3, 0.5]}},
      r"sweep 'ldt\.ratio_u' \(method 'CG'\): CorGrad does not read ldt\.ratio_u \(an LDT option it ignores\), so "
@@ -228,6 +229,56 @@ def test_collect_leaves_out_results_older_than_the_weights_they_test(tmp_path, d
     assert [r['run'] for r in result['runs']] == ['FT_seed0'] and result['stale'] == ['LDT_seed0']
     os.remove(plan.final_checkpoint(root, 'tiny', ldt.name))          # weights deleted: the results stand
     assert [r['run'] for r in report.collect(root, study)['runs']] == ['FT_seed0', 'LDT_seed0']
+
+
+def test_a_commands_file_is_written_only_where_nothing_else_is_lost(tmp_path):
+    """A new file, an empty one, or one an earlier --commands wrote; not a file in another encoding
+    (a binary file: one line, not a UnicodeDecodeError), nor .yaml (mutation testing)."""
+    cli.check_commands_file(str(tmp_path / 'jobs.sh'))
+    (tmp_path / 'empty.sh').write_text('')
+    cli.check_commands_file(str(tmp_path / 'empty.sh'))
+    (tmp_path / 'ours.sh').write_text(cli.COMMANDS_MARK + " pending runs of study 'x' (x.yml)\n")
+    cli.check_commands_file(str(tmp_path / 'ours.sh'))
+    (tmp_path / 'photo.bin').write_bytes(b'\xff\xd8\xff\xe0 not text')
+    for name in ('photo.bin', 'study.YAML'):
+        with pytest.raises(InputError, match=rf"^--commands '.*{re.escape(name)}' "):
+            cli.check_commands_file(str(tmp_path / name))
+
+
+def test_stale_results_of_an_interpolation_follow_the_run_it_reads(tmp_path, demo_data):
+    """A WiSE-FT test reads another run's weights: its results are stale once that run's weights are newer,
+    fresh when as new (same mtime)."""
+    root = str(tmp_path)
+    path = tiny_study(tmp_path, demo_data, seeds=[0], overrides={'path': {'pretrain_network_g': str(tmp_path / 's.pth')}},
+                      methods={'FT': {}, 'W': {'wise_ft': {'of': 'FT', 'alphas': [0.5]}}})
+    study = plan.load_study(path, root)
+    ft, wise = study.runs
+    checkpoint = Path(plan.final_checkpoint(root, 'tiny', ft.name))
+    results = Path(plan.results_file(root, 'tiny', wise.name))
+    for file in (checkpoint, results):
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text('{}')
+        os.utime(file, (5, 5))
+    assert not runner.stale_results(root, study, wise)
+    os.utime(checkpoint, (6, 6))
+    assert runner.stale_results(root, study, wise) and runner.run_state(root, study, wise) == runner.TEST
+
+
+def test_collect_says_when_nothing_has_results_and_names_only_the_files_it_wrote(tmp_path, demo_data, capsys):
+    root = str(tmp_path)
+    path = tiny_study(tmp_path, demo_data, seeds=[0])
+    assert cli.main(root, ['-opt', path, '--collect']) == 0
+    assert capsys.readouterr().out == "study 'tiny': no run has test results yet; nothing to aggregate\n"
+    study = plan.load_study(path, root)
+    for run in study.runs:
+        results = Path(plan.results_file(root, 'tiny', run.name))
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text(json.dumps({'summary': {run.name: {'Sony': {'psnr': 24.0, 'ssim': 0.7}}}}))
+    assert cli.main(root, ['-opt', path, '--collect']) == 0
+    folder = tmp_path / 'results' / 'tiny'
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == (
+        f"2 of 2 runs aggregated into {folder / 'study.json'}, {folder / 'study.md'}, {folder / 'study.csv'}, "
+        f"{folder / 'study.png'}")
 
 
 def test_changed_options_of_a_started_run_are_refused(tmp_path, demo_data):
