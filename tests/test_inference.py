@@ -98,6 +98,8 @@ def test_a_photo_is_read_turned_as_its_exif_orientation_says(tmp_path):
     Image.fromarray(stored).save(tmp_path / 'phone.jpg', exif=tag, quality=100)
     shown = read_image(str(tmp_path / 'phone.jpg'))
     assert shown.shape == (30, 20, 3) and shown[:, -4:].mean() > 240 and shown[:, :4].mean() < 15   # band on the right
+    Image.fromarray(stored[..., 0]).save(tmp_path / 'gray.jpg', exif=tag, quality=100)   # grayscale stays one channel
+    assert read_image(str(tmp_path / 'gray.jpg')).shape == (30, 20)
     gray16 = (np.arange(600).reshape(20, 30) * 100).astype(np.uint16)
     cv2.imwrite(str(tmp_path / 'gray16.png'), gray16)
     assert np.array_equal(read_image(str(tmp_path / 'gray16.png')), gray16)
