@@ -611,6 +611,21 @@ def test_the_mambair_envelope_study_repeats_the_far_runs_and_adds_the_safmn_fami
         'WiSE-FT-LDT-random': ('LDT-random', [0.5, 0.7, 0.8, 0.85, 0.9, 0.95])}
 
 
+def test_the_8lr_envelope_study_repeats_the_mambair_envelope_runs_and_adds_fine_tuning_at_8x_the_lr():
+    load = shipped_studies('distortion_mambair_envelope', 'distortion_mambair_envelope_8lr')
+    four, five = (trained_options(load[n]) for n in ('distortion_mambair_envelope', 'distortion_mambair_envelope_8lr'))
+    assert set(five) - set(four) == {('FT-8lr', s) for s in range(5)} and all(five[k] == four[k] for k in four)
+    for seed in range(5):
+        scaled, ft = copy.deepcopy(five['FT-8lr', seed]), copy.deepcopy(four['FT', seed])
+        assert scaled['train']['optim_g'].pop('lr') == 8 * ft['train']['optim_g'].pop('lr')
+        assert scaled == ft
+    study = load['distortion_mambair_envelope_8lr']
+    curves = load['distortion_mambair_envelope'].interpolations
+    assert study.envelope == ['WiSE-FT', 'WiSE-FT-2lr', 'WiSE-FT-4lr', 'WiSE-FT-8lr', 'WiSE-FT-EMA']
+    assert study.interpolations == {**{k: v for k, v in curves.items() if 'LDT' not in k},
+                                    'WiSE-FT-8lr': ('FT-8lr', curves['WiSE-FT-4lr'][1])}
+
+
 def test_tiny_study_end_to_end_then_skips_and_collects(project, demo_data, capsys, monkeypatch):
     """Four runs (FT and LDT, two seeds) through the real entry points, in subprocesses."""
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
