@@ -55,9 +55,7 @@ def run_state(root: str, study: Study, run: Run) -> str:
     without training is ``finished`` once it has test results, else ``test only``."""
     checkpoint = final_checkpoint(root, study.name, run.name)
     results = results_file(root, study.name, run.name)
-    if not run.trained:   # WiSE-FT's results are stale once the run it interpolates changed
-        return DONE if osp.isfile(results) and not stale_results(root, study, run) else TEST
-    if osp.isfile(checkpoint):
+    if not run.trained or osp.isfile(checkpoint):   # tested weights: WiSE-FT's inputs, or the run's final ones
         return DONE if osp.isfile(results) and not stale_results(root, study, run) else TEST
     states = osp.join(root, 'experiments', study.name, run.name, 'training_states')
     if osp.isdir(states) and any(f.endswith('.state') for f in os.listdir(states)):
