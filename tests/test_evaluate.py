@@ -93,10 +93,9 @@ def test_bicubic_is_keys_cubic_convolution_of_the_lr_and_is_not_clipped():
 
 
 def test_bicubic_checkpoint_entry():
-    entries = checkpoints_of({'checkpoints': [{'label': 'Bicubic', 'bicubic': True}, {'bicubic': True, 'label': 'B2'},
-                                              {'label': 'FT', 'path': 'ft.pth'}]})
-    assert entries[0] == {'label': 'Bicubic', 'bicubic': True}
-    assert entries[2] == {'label': 'FT', 'path': 'ft.pth', 'bicubic': False, 'param_key': 'params', 'exact_key': False}
+    entries = checkpoints_of({'checkpoints': [{'label': 'Bicubic', 'bicubic': True}, {'label': 'FT', 'path': 'ft.pth'}]})
+    assert entries[0] == {'label': 'Bicubic', 'bicubic': True}   # a second Bicubic entry: refused, the same column
+    assert entries[1] == {'label': 'FT', 'path': 'ft.pth', 'bicubic': False, 'param_key': 'params', 'exact_key': False}
     assert checkpoints_of({'checkpoints': [{'bicubic': True}]})[0]['label'] == 'Bicubic'
     with pytest.raises(InputError, match=r"checkpoints\[0\]: an entry with 'bicubic: true' .* takes no path"):
         checkpoints_of({'checkpoints': [{'bicubic': True, 'path': 'x.pth'}]})
@@ -407,6 +406,12 @@ def test_the_printed_table_and_the_markdown_copy_are_exactly_laid_out():
     ({'checkpoints': [{'path': 'a.pth', 'lable': 'x'}]},
      "unknown option 'lable' in checkpoints[0] (did you mean 'label'?); valid keys: bicubic, label, param_key, path"),
     ({'checkpoints': [{'path': 'a/x.pth'}, {'path': 'b/x.pth'}]}, "checkpoint labels must be unique, got ['x', 'x']"),
+    ({'checkpoints': [{'path': 'ft.pth', 'label': 'FT'}, {'path': 'ft.pth', 'label': 'LDT'}]},   # LDT's column was FT's
+     "checkpoints[1] ('LDT') tests the same weights as checkpoints[0] ('FT'): its column would repeat that one; remove "
+     'one, or correct its path, param_key or wise_ft'),
+    ({'checkpoints': [{'bicubic': True}, {'bicubic': True, 'label': 'Bicubic 2'}]},
+     "checkpoints[1] ('Bicubic 2') tests the same weights as checkpoints[0] ('Bicubic'): its column would repeat that "
+     'one; remove one, or correct its path, param_key or wise_ft'),
     ({'checkpoints': [{'path': 'a.pth', 'label': '../../escape'}]},   # save_img wrote outside results/
      "checkpoints[0].label: '../../escape' also names the folder of its images; expected no '/' and not only dots"),
     ({'checkpoints': [{'path': 'a.pth'}, {'bicubic': True, 'label': '..'}]},
@@ -416,6 +421,15 @@ def test_bad_checkpoint_lists_are_one_whole_line(opt, message):
     with pytest.raises(InputError) as err:
         checkpoints_of(opt)
     assert str(err.value) == message
+
+
+def test_one_file_under_two_labels_passes_when_they_test_different_weights():
+    """Another param_key or WiSE-FT alpha of one file are other weights: two columns, as meant."""
+    entries = checkpoints_of({'checkpoints': [
+        {'path': 'ft.pth', 'label': 'A'}, {'path': 'ft.pth', 'label': 'B', 'param_key': 'params_ema'},
+        {'path': 'ft.pth', 'label': 'C', 'wise_ft': {'start': 's.pth', 'alpha': 0.5}},
+        {'path': 'ft.pth', 'label': 'D', 'wise_ft': {'start': 's.pth', 'alpha': 0.7}}]})
+    assert [e['label'] for e in entries] == ['A', 'B', 'C', 'D']
 
 
 def test_test_section_keys_datasets_and_crop_border_default_are_checked_before_anything_runs(demo_data):

@@ -96,6 +96,15 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
                              "'/' and not only dots")
     if len(set(labels)) != len(labels):
         raise InputError(f'checkpoint labels must be unique, got {labels}')
+    tested: Dict[str, int] = {}
+    for i, entry in enumerate(result):   # a path pasted under a second label: its column repeats the first's
+        weights = json.dumps({k: v for k, v in entry.items() if k not in ('label', 'exact_key')}, sort_keys=True)
+        if weights in tested:
+            j = tested[weights]
+            raise InputError(f"checkpoints[{i}] ('{entry['label']}') tests the same weights as checkpoints[{j}] "
+                             f"('{result[j]['label']}'): its column would repeat that one; remove one, or correct "
+                             'its path, param_key or wise_ft')
+        tested[weights] = i
     return result
 
 
