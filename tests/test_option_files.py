@@ -689,7 +689,8 @@ def test_a_prefetch_queue_is_accepted_with_cpu_prefetching(tmp_path):
 
 
 def test_a_metric_is_better_only_the_way_it_improves(tmp_path):
-    """NIQE improves downwards: ``better: lower`` passes and ``higher`` is refused; SSIM as PSNR."""
+    """NIQE improves downwards: ``better: lower`` passes; ``higher``, or no ``better`` (BasicSR then reads
+    higher), is refused; SSIM as PSNR."""
     from basicsr_ldt.models.option_values import check_option_values
     opt = train_options(tmp_path, 'better')
     opt['val']['metrics'] = {'niqe': {'type': 'calculate_niqe', 'crop_border': 4, 'better': 'lower'},
@@ -700,6 +701,12 @@ def test_a_metric_is_better_only_the_way_it_improves(tmp_path):
         changed['val']['metrics'][name]['better'] = wrong
         with pytest.raises(InputError, match=rf'^val\.metrics\.{name}\.better: calculate_{name} is better '):
             check_option_values(changed)
+    del opt['val']['metrics']['niqe']['better']
+    with pytest.raises(InputError) as err:
+        check_option_values(opt)
+    assert str(err.value) == ("val.metrics.niqe.better: calculate_niqe is better lower, and better is absent (BasicSR's "
+                              'default: higher): the best value logged and net_g_best.pth would be the worst; expected '
+                              'lower')
 
 
 def test_validation_without_a_validation_set_is_refused(tmp_path):

@@ -69,8 +69,8 @@ def check_basicsr_values(opt: Dict[str, Any], device_type: str) -> None:
     check_options('', opt, BASICSR_TRAINING_VALUES, InputError)
     check_schedule(opt.get('train') or {})
     datasets = opt.get('datasets') or {}
-    check_options('datasets.train', datasets.get('train') or {}, BASICSR_LOADER_VALUES, InputError)
     train_data = datasets.get('train') or {}
+    check_options('datasets.train', train_data, BASICSR_LOADER_VALUES, InputError)
     if 'num_prefetch_queue' in train_data and train_data.get('prefetch_mode') != 'cpu':
         raise InputError(f"datasets.train.num_prefetch_queue: read only with prefetch_mode: cpu, and prefetch_mode "
                          f"is {train_data.get('prefetch_mode')!r}, so it changes nothing; remove it, or set "
@@ -89,10 +89,12 @@ def check_basicsr_values(opt: Dict[str, Any], device_type: str) -> None:
     for name, metric in ((val or {}).get('metrics') or {}).items():
         check_options(f'val.metrics.{name}', metric or {}, BASICSR_METRIC_VALUES, InputError)
         direction = METRIC_DIRECTION.get((metric or {}).get('type'))
-        if direction is not None and (metric or {}).get('better', direction) != direction:
-            raise InputError(f"val.metrics.{name}.better: {metric['type']} is better {direction}, and the file says "
-                             f"{metric['better']}: the best value logged and net_g_best.pth would be the worst; "
-                             f'expected {direction} (or leave better out)')
+        said = (metric or {}).get('better', 'higher')    # BasicSR's default when absent, as best.py reads it
+        if direction is not None and said != direction:
+            given = f'the file says {said}' if 'better' in metric else f"better is absent (BasicSR's default: {said})"
+            raise InputError(f"val.metrics.{name}.better: {metric['type']} is better {direction}, and {given}: the "
+                             f'best value logged and net_g_best.pth would be the worst; expected {direction}'
+                             + (' (or leave better out)' if direction == 'higher' else ''))
     names: Dict[str, str] = {}
     for section, dataset in datasets.items():   # validation results, best checkpoints and logs go by name
         name = (dataset or {}).get('name', section)
