@@ -278,3 +278,39 @@ def test_each_branch_is_a_standalone_copy_of_its_own_weights():
     assert not any(torch.equal(p, q) for p, q in zip(branches['composite'].parameters(), algo.primary.parameters()))
     with pytest.raises(ValueError, match=r"^LDT\.network: expected 'composite', 'primary' or 'auxiliary', got 'ema'$"):
         algo.network('ema')
+
+
+@pytest.mark.parametrize('name, trained', [('ft_stable', 'stable'), ('ft_unstable', 'unstable')])
+def test_partial_control_trains_one_group_and_keeps_the_other_at_the_start(name, trained):
+    """ft_stable / ft_unstable: the partition LDT would use, then one network of which only the named
+    group moves; the composite is that network (no second branch, no exchange)."""
+    cfg = preset(name, profile_iters=3, ratio_u=0.5)
+    net = _net()
+    before = {n: p.clone() for n, p in net.named_parameters()}
+    algo = LDT(net, cfg, _factory)
+    logs = _run(algo, 1, 6)
+    assert set(logs[-1]) == {'l_finetune'} and algo.pair is None and set(algo.optimizers) == {'finetune'}
+    moved = {n for n, p in net.named_parameters() if not torch.equal(p, before[n])}
+    assert moved == set(getattr(algo.partition, trained)) and len(moved) == 4
+    comp = algo.composite_state_dict()
+    assert all(torch.equal(comp[n], p) for n, p in net.state_dict().items())
+    reference = LDT(_net(), LDTConfig(profile_iters=3, ratio_u=0.5), _factory)  # LDT's own split of the same data
+    _run(reference, 1, 4)
+    assert reference.partition.groups == algo.partition.groups
+
+
+def test_partial_control_resumes_bitwise():
+    cfg = preset('ft_stable', profile_iters=3, ratio_u=0.5)
+    full = LDT(_net(), cfg, _factory)
+    _run(full, 1, TOTAL)
+    first = LDT(_net(), cfg, _factory)
+    _run(first, 1, 5)
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = LDT(_net(seed=123), cfg, _factory)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    _run(resumed, 6, TOTAL)
+    want, got = full.composite_state_dict(), resumed.composite_state_dict()
+    assert all(torch.equal(want[n], got[n]) for n in want)
+    assert set(resumed.optimizers) == {'finetune'}

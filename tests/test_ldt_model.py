@@ -12,12 +12,13 @@ from basicsr_ldt.common.errors import InputError
 from conftest import run_entry
 from test_cli import dataset, train_options, write
 
+ONE_NETWORK = ('ft', 'lp_ft', 'ft_stable', 'ft_unstable')
 NETWORK = {'type': 'SAFMN', 'dim': 8, 'n_blocks': 1, 'ffn_scale': 2.0, 'upscaling_factor': 4}
 
 
 def ldt_options(data, name, total_iter=8, **ldt):
     opt = train_options(data, name, total_iter=total_iter, model_type='LDTSRModel', network_g=NETWORK)
-    exchanges = {} if ldt.get('method') in ('ft', 'lp_ft') else {'ema_every': 2}   # one network: refused there
+    exchanges = {} if ldt.get('method') in ONE_NETWORK else {'ema_every': 2}   # no exchange: refused there
     if ldt.get('method') == 'ldt_s':          # each group trains within the run (else refused: see test_ldt_config)
         exchanges['interval_iters'] = 2
     opt['ldt'] = {'head_warmup_iters': 2, 'profile_iters': 2, **exchanges, **ldt}
@@ -115,6 +116,23 @@ def test_baselines_run_as_configurations(project, demo_data, method):
             assert all((layer['group'] == 'unstable') == layer['name'].startswith('to_img')
                        for layer in partition['layers'])
             assert {layer['coefficient'] for layer in partition['layers']} == {0.9999}
+
+
+@pytest.mark.parametrize('method, trained', [('ft_stable', 'stable'), ('ft_unstable', 'unstable')])
+def test_freezing_controls_train_one_group_and_save_it(project, demo_data, method, trained):
+    """The controls through Train_pip.py: profiling, the partition report, then only the named group's
+    tensors move; the other group is saved with the start's weights (net_g_1: after a profiling step)."""
+    opt = ldt_options(demo_data, method, total_iter=6, method=method, head_warmup_iters=0)
+    run_entry(project, 'Train_pip.py', '-opt', write(project / f'{method}.yml', opt))
+    exp = project / 'experiments' / method
+    log = next(exp.glob(f'train_{method}_*.log')).read_text()
+    kept = 'unstable' if trained == 'stable' else 'stable'
+    assert f"fine-tuning the {trained} layers alone (the {kept} keep the start's weights) from iteration 3" in log
+    assert 'l_finetune' in log and 'l_auxiliary' not in log
+    groups = {layer['name']: layer['group'] for layer in json.loads((exp / 'ldt_partition.json').read_text())['layers']}
+    start, end = weights(exp / 'models' / 'net_g_1.pth'), weights(exp / 'models' / 'net_g_latest.pth')
+    moved = {name for name, group in groups.items() if not torch.equal(start[name], end[name])}
+    assert moved == {name for name, group in groups.items() if group == trained}
 
 
 def test_run_prints_no_warning_and_branches_join_the_global_schedule(uninterrupted):

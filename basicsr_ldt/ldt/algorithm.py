@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional
 import torch
 from torch import nn
 
-from basicsr_ldt.ldt.config import EXECUTION_OPTIONS, LDTConfig
+from basicsr_ldt.ldt.config import EXECUTION_OPTIONS, ONE_GROUP_OR_NONE, LDTConfig
 from basicsr_ldt.ldt.ema_horizon import horizon_warnings, scale_partition
 from basicsr_ldt.ldt.freezing import clear_routing, set_trainable
 from basicsr_ldt.ldt.ldt_s import AlternatingFreezing
@@ -109,7 +109,7 @@ class LDT:
             if not math.isfinite(loss):
                 self.last_skipped = 'ldt_s'
             return {f'l_{group}': loss}
-        if self.pair is None:                                   # FT / LP-FT
+        if self.pair is None:                                   # FT / LP-FT / one group
             return self._single_step('finetune', batch_loss)
         losses, self.last_skipped = self.pair.step_both(batch_loss, self.precision)  # eq. 4-7: P's stable, A's unstable
         if self.last_skipped is not None:                       # a bad batch: no exchange either
@@ -156,7 +156,7 @@ class LDT:
     def horizon_warnings(self) -> List[str]:
         """Groups whose slowest EMA averages over more exchanges than the run has left (call on entering
         'train'; empty without a partition or ``total_iters``): the trap ``ema_reference_iters`` removes."""
-        if self.partition is None or self.total_iters is None or self.config.mode == 'single':
+        if self.partition is None or self.total_iters is None or self.config.mode in ONE_GROUP_OR_NONE:
             return []
         remaining = self.config.run_exchanges(self.total_iters)
         if self.config.partition_file is not None:       # its coefficients are used as written
@@ -231,6 +231,13 @@ class LDT:
         elif self.config.mode == 'single':
             set_trainable(self.primary, set(self.names))
             self.optimizers['finetune'] = self.optimizer_factory(list(self.primary.parameters()), 'finetune')
+        elif self.config.mode == 'partial':                  # a control: the other group keeps the start
+            self.partition = saved_partition or self._make_partition()
+            self.statistics = None
+            trained = set(getattr(self.partition, self.config.trained_group))
+            set_trainable(self.primary, trained)
+            self.optimizers['finetune'] = self.optimizer_factory(
+                [p for n, p in self.primary.named_parameters() if n in trained], 'finetune')
         elif self.config.mode == 'alternating':
             self.partition = saved_partition or self._make_partition()
             self.statistics = None
@@ -269,7 +276,7 @@ class LDT:
         partition = build_partition(
             self.names, values, partition=cfg.partition, ratio_u=cfg.ratio_u, ratio_s=cfg.ratio_s,
             head_patterns=cfg.head_patterns, deft_grouping=cfg.deft_grouping, force_stable=cfg.force_stable,
-            force_unstable=cfg.force_unstable, dpu=cfg.dpu, w_base_stable=cfg.w_base_stable,
+            force_unstable=cfg.force_unstable, dpu=cfg.dpu and cfg.mode != 'partial', w_base_stable=cfg.w_base_stable,
             r_base_stable=cfg.r_base_stable, w_base_unstable=cfg.w_base_unstable,
             r_base_unstable=cfg.r_base_unstable, w_fixed=cfg.w_fixed, criterion=cfg.criterion,
             network=type(self.primary).__name__)

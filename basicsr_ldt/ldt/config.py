@@ -17,8 +17,14 @@ from basicsr_ldt.ldt.typed import (auto_or_boolean, boolean, check_options, choi
                                    strings)
 
 CRITERIA = ('var', 'mean', 'var_over_mean', 'random', 'sample_var', 'fisher')
-MODES = ('dual', 'single', 'alternating')
+MODES = ('dual', 'single', 'alternating', 'partial')
 GROUPS = ('stable', 'unstable')
+#: Modes without an EMA exchange: FT / LP-FT (no groups) and the partial control (one group trains).
+ONE_GROUP_OR_NONE = ('single', 'partial')
+_MODE_METHODS = {'single': 'FT / LP-FT', 'partial': 'ft_stable / ft_unstable'}
+#: What mode 'partial' does not read: it has groups but no EMA, so no coefficient and no exchange.
+_EMA_KEYS = ('dpu', 'w_fixed', 'ema_every', 'ema_reference_every', 'buffers_from',
+             *(f'{k}_{g}' for k in ('w_base', 'r_base') for g in GROUPS))
 PARTITIONS = ('criterion', 'name')
 BUFFER_SOURCES = ('primary', 'auxiliary')
 PROFILE_ORDERS = ('shuffled', 'file_order')   # file_order: the official script's unshuffled loader
@@ -49,7 +55,9 @@ class LDTConfig:
     Iterations are counted from 1 (BasicSR's ``current_iter``): iterations
     ``1..head_warmup_iters`` warm the head up, the next ``profile_iters`` profile gradients, the rest
     train (``dual`` = cross-frozen primary/auxiliary pair, ``single`` = plain fine-tuning,
-    ``alternating`` = LDT-S: one network, the groups train in turn for ``interval_iters`` each).
+    ``alternating`` = LDT-S: one network, the groups train in turn for ``interval_iters`` each;
+    ``partial`` = one network of which only ``trained_group`` trains, the other group frozen at the
+    start: a control, not in the paper, for what freezing alone gives).
     """
 
     mode: str = 'dual'
@@ -81,6 +89,7 @@ class LDTConfig:
     deft_grouping: str = 'head'
     interval_iters: int = 100          # LDT-S: iterations per group before the frozen group swaps
     first_group: str = 'stable'        # LDT-S: group trained in the first interval (LDT's primary)
+    trained_group: str = 'stable'      # mode 'partial': the one group that trains (the other keeps the start)
     # Dual mode: the auxiliary's forward runs during the primary's backward (same results; on a GPU
     # faster). 'auto': where the branches are on a CUDA device. An execution choice: a resumed run may
     # change it, as it may overlap_memory.
@@ -138,7 +147,7 @@ class LDTConfig:
     def check_run_length(self, total_iters: int) -> None:
         """Refuse a run in which a group's EMA never moves: with no exchange that group of the composite
         (eq. 12) stays at the start, so the saved network would be partly or wholly untrained."""
-        if self.mode == 'single':
+        if self.mode in ONE_GROUP_OR_NONE:
             return
         exchanges = self.run_exchanges(total_iters)
         empty = [g for g, n in exchanges.items() if n < 1]
@@ -162,13 +171,13 @@ class LDTConfig:
         # DPU ranks by the partition criterion's statistic; 'random' draws it from the seed.
         if self.criterion == 'random':
             return False
-        return self.partition == 'criterion' or self.dpu
+        return self.partition == 'criterion' or (self.dpu and self.mode != 'partial')
 
     def reads_seed(self) -> bool:
         """Whether ``seed`` decides anything: only the 'random' criterion draws from it, and only where
         the criterion ranks (no partition file; the partition by criterion, or DPU's coefficients)."""
         return (self.mode != 'single' and self.criterion == 'random' and self.partition_file is None
-                and (self.partition == 'criterion' or self.dpu))
+                and (self.partition == 'criterion' or (self.dpu and self.mode != 'partial')))
 
 
 #: Type and range of every key, one line each; cross-key rules are in :func:`_validate`.
@@ -200,6 +209,7 @@ SPECS = {
     'deft_grouping': choice(*DEFT_GROUPINGS),
     'interval_iters': integer(1),
     'first_group': choice(*GROUPS),
+    'trained_group': choice(*GROUPS),
     'overlap_branches': auto_or_boolean(),
     'overlap_memory': optional(number(1, math.inf, '[)')),
 }
@@ -234,7 +244,7 @@ def _validate(cfg: LDTConfig) -> None:
         if base + spread > 1.0:
             raise ValueError(f'ldt.r_base_{group}: expected w_base_{group} + r_base_{group} <= 1 (eq. 10 keeps '
                              f'W <= 1), got {base} + {spread}')
-    if cfg.mode in ('dual', 'alternating') and cfg.partition_file is None:
+    if cfg.mode != 'single' and cfg.partition_file is None:
         if cfg.needs_profiling() and cfg.profile_iters < 2:
             raise ValueError(f"ldt.profile_iters: criterion '{cfg.criterion}' (or dpu) needs gradient statistics: "
                              f"expected >= 2 (got {cfg.profile_iters}), or dpu: false with "
@@ -246,9 +256,9 @@ def _validate(cfg: LDTConfig) -> None:
         raise ValueError("ldt.profile_iters: expected 0 with mode 'single' (FT / LP-FT do not profile), "
                          f'got {cfg.profile_iters}')
     if cfg.ema_reference_iters is not None:
-        if cfg.mode == 'single':
+        if cfg.mode in ONE_GROUP_OR_NONE:
             raise ValueError("ldt.ema_reference_iters: rescales the EMA coefficients of the cross-frozen pair or "
-                             f"LDT-S; mode 'single' (FT / LP-FT) has no EMA (got {cfg.ema_reference_iters}); for "
+                             f"LDT-S; mode '{cfg.mode}' ({_MODE_METHODS[cfg.mode]}) has no EMA (got {cfg.ema_reference_iters}); for "
                              "BasicSR's weight EMA use train.ema_reference_iters")
         if cfg.partition_file is not None:
             raise ValueError('ldt.ema_reference_iters: a partition_file carries its own coefficients, used as '
@@ -267,7 +277,7 @@ def _validate(cfg: LDTConfig) -> None:
 _GROUP_KEYS = ('criterion', 'partition', 'partition_file', 'ratio_u', 'ratio_s', 'force_stable', 'force_unstable',
                'dpu', 'w_base_stable', 'r_base_stable', 'w_base_unstable', 'r_base_unstable', 'w_fixed', 'ema_every',
                'ema_reference_every', 'buffers_from', 'profile_order', 'deft_grouping', 'interval_iters', 'first_group',
-               'seed')
+               'seed', 'trained_group')
 
 
 def unread_options(cfg: LDTConfig) -> Dict[str, str]:
@@ -281,12 +291,14 @@ def unread_options(cfg: LDTConfig) -> Dict[str, str]:
                                                                                 'profile_counts_in_total_iter')})
     if cfg.mode == 'single':
         return {**unread, **{key: "mode 'single' (FT, LP-FT) trains one network without groups" for key in _GROUP_KEYS}}
+    # DeFT's split by name needs a ranking only for DPU's coefficients, which mode 'partial' has not
+    ranks_nothing = cfg.partition == 'name' and (not cfg.dpu or cfg.mode == 'partial')
     if cfg.partition_file is not None:     # the file holds each layer's group and coefficient
         unread.update({key: 'a partition_file gives the groups and their coefficients' for key in (
             'criterion', 'force_stable', 'force_unstable', 'partition', 'deft_grouping', 'ratio_u', 'ratio_s', 'dpu',
             'w_fixed', *(f'{k}_{g}' for k in ('w_base', 'r_base') for g in GROUPS))})
     else:
-        if cfg.partition == 'name' and not cfg.dpu:
+        if ranks_nothing:
             unread['criterion'] = "partition 'name' without dpu ranks nothing"
         if cfg.partition == 'name':
             unread.update({key: "partition 'name' splits by name (DeFT)" for key in ('ratio_u', 'ratio_s')})
@@ -300,10 +312,15 @@ def unread_options(cfg: LDTConfig) -> Dict[str, str]:
     if not cfg.reads_seed():
         if cfg.partition_file is not None:
             unread['seed'] = 'a partition_file gives the groups'
-        elif cfg.partition == 'name' and not cfg.dpu:
+        elif ranks_nothing:
             unread['seed'] = "partition 'name' without dpu ranks nothing"
         else:
             unread['seed'] = f"criterion '{cfg.criterion}' ranks by gradients; only 'random' draws from the seed"
+    if cfg.mode == 'partial':
+        unread.update({key: "mode 'partial' trains one group and freezes the other at the start: no EMA exchange"
+                       for key in (*_EMA_KEYS, 'interval_iters', 'first_group')})
+        return unread
+    unread['trained_group'] = f"mode '{cfg.mode}' trains both groups (only mode 'partial' trains one)"
     if cfg.mode == 'dual':
         unread.update({key: "mode 'dual' (LDT-S's alternation only)" for key in ('interval_iters', 'first_group')})
     else:
@@ -329,6 +346,11 @@ _PRESETS = {
     'ldt_s': dict(mode='alternating'),
     'ldt_sample_var': dict(criterion='sample_var'),
     'ldt_fisher': dict(criterion='fisher'),
+    # Controls, not in the paper: LDT's warm-up, profiling and partition, then ONE network of which one
+    # group trains while the other keeps the start's weights (no second network, no EMA): what freezing
+    # the (un)stable layers gives by itself.
+    'ft_stable': dict(mode='partial', trained_group='stable'),
+    'ft_unstable': dict(mode='partial', trained_group='unstable'),
 }
 PRESETS = tuple(_PRESETS)
 

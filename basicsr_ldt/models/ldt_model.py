@@ -320,13 +320,16 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
     def _log_phase(self, phase: str, when: str) -> None:
         """The log's account of a phase (and of how the dual step runs), on entering it or resuming in it:
         the dual step's schedule depends on execution options a resumed run may change."""
+        kept = 'unstable' if self.config.trained_group == 'stable' else 'stable'
         descriptions = {'warmup': f'head warm-up on D_S1 ({self.config.head_warmup_iters} iterations)',
                         'profile': f'gradient profiling on D_S2 ({self.config.profile_iters} batches, '
                                    f"criterion '{self.config.criterion}')",
                         'train': {'dual': 'dual training (cross-frozen primary/auxiliary)',
                                   'alternating': f'LDT-S (one network, groups frozen alternately every '
                                                  f'{self.config.interval_iters} iterations, CPU weight buffer)',
-                                  'single': 'fine-tuning'}[self.config.mode]}
+                                  'single': 'fine-tuning',
+                                  'partial': f'fine-tuning the {self.config.trained_group} layers alone (the '
+                                             f"{kept} keep the start's weights)"}[self.config.mode]}
         logger = get_root_logger()
         logger.info(f'LDT phase: {descriptions[phase]} {when}')
         if phase == 'train' and self.ldt.pair is not None:
@@ -360,7 +363,8 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
                         f'(ldt.ema_reference_iters {self.config.ema_reference_iters} / ema_reference_every '
                         f'{self.config.ema_reference_every}) to this run: {ranges}')
         if self.opt['rank'] == 0 and self.is_train and 'experiments_root' in self.opt['path']:
-            write_partition_report(partition, self.opt['path']['experiments_root'])
+            write_partition_report(partition, self.opt['path']['experiments_root'],
+                                   exchanged=self.config.mode != 'partial')
 
     def optimize_parameters(self, current_iter: int) -> None:
         self._enter_phase(current_iter)

@@ -18,10 +18,11 @@ GROUP_COLOURS = {STABLE: 'tab:blue', UNSTABLE: 'tab:red'}
 FORCED_HATCH = '////'
 
 
-def write_partition_report(partition: Partition, folder: str) -> None:
-    """Write ``ldt_partition.json`` and ``ldt_partition.png`` into ``folder``."""
+def write_partition_report(partition: Partition, folder: str, exchanged: bool = True) -> None:
+    """Write ``ldt_partition.json`` and ``ldt_partition.png`` into ``folder`` (``exchanged`` False: a
+    run without EMA exchange, whose picture says its coefficients are unused)."""
     partition.save(os.path.join(folder, 'ldt_partition.json'))
-    figure = partition_figure(partition)
+    figure = partition_figure(partition, exchanged)
     if figure is None:
         return  # name-based partitions (DeFT) have no statistic to plot
     from matplotlib import pyplot as plt
@@ -32,7 +33,7 @@ def write_partition_report(partition: Partition, folder: str) -> None:
     os.replace(target + '.tmp.png', target)
 
 
-def partition_figure(partition: Partition) -> Optional[Any]:
+def partition_figure(partition: Partition, exchanged: bool = True) -> Optional[Any]:
     """The figure of ``ldt_partition.png`` (a matplotlib Figure, two axes), or None without statistics.
 
     Top: the statistic per layer (log scale); bottom: the partition's coefficient per layer, which
@@ -70,7 +71,8 @@ def partition_figure(partition: Partition) -> Optional[Any]:
     low = min(coefficients)
     coefficient_axis.set_ylim(max(0.0, low - 0.15 * max(1.0 - low, 1e-3)), 1.0)
     coefficient_axis.set_ylabel('EMA coefficient W')
-    coefficient_axis.set_title('W the run uses: ' + '; '.join(
+    coefficient_axis.set_title(('W the run uses: ' if exchanged else "W (unused: ldt mode 'partial' exchanges "
+                                                                     'nothing): ') + '; '.join(
         f'{group} {_span(partition.coefficients(group))}' for group in GROUP_COLOURS), fontsize='medium')
     coefficient_axis.set_xlabel('layer (parameter tensor, network order)')
     handles = _legend(partition, Patch)
