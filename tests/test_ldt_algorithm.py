@@ -314,3 +314,13 @@ def test_partial_control_resumes_bitwise():
     want, got = full.composite_state_dict(), resumed.composite_state_dict()
     assert all(torch.equal(want[n], got[n]) for n in want)
     assert set(resumed.optimizers) == {'finetune'}
+
+
+def test_the_freezing_control_split_by_name_trains_the_backbone_alone():
+    """ft_stable with DeFT's split by name: no profiling, no statistic, and only the non-head layers move."""
+    net = _net()
+    before = {n: p.clone() for n, p in net.named_parameters()}
+    algo = LDT(net, preset('ft_stable', partition='name', profile_iters=0, head_patterns=('5',)), _factory)
+    _run(algo, 1, 2)
+    moved = {n for n, p in net.named_parameters() if not torch.equal(p, before[n])}
+    assert moved == {'0.weight', '0.bias', '1.weight', '1.bias', '3.weight', '3.bias'}

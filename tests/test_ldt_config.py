@@ -374,3 +374,35 @@ def test_one_exchange_is_enough_and_the_key_named_is_the_longer_spacing():
     with pytest.raises(ValueError, match=r'^ldt\.ema_every: .*\(ema_every 50, interval_iters 50\)'):
         preset('ldt_s', profile_iters=2, ema_every=50, interval_iters=50).check_run_length(6)
     preset('deft', head_warmup_iters=0, head_patterns=['conv_last'])        # a split by the head's name reads them
+
+
+def test_the_freezing_controls_read_the_partition_keys_and_refuse_the_exchange_keys():
+    """ft_stable / ft_unstable (mode 'partial') split the layers as LDT does and then train one group of one
+    network: the EMA keys would change nothing and are refused; trained_group is read there only; DeFT's split
+    by name needs no statistic there (nothing ranks the layers for a coefficient), so neither criterion nor seed
+    is read; profiling, a ratio and a random draw are what they are for LDT."""
+    for key, value in (('dpu', False), ('w_base_stable', 0.5), ('ema_every', 2), ('w_fixed', 0.5),
+                       ('interval_iters', 5), ('buffers_from', 'auxiliary')):
+        with pytest.raises(ValueError, match=rf"^ldt\.{key}: method 'ft_stable' does not read it \(mode 'partial' "
+                                             r'trains one group and freezes the other at the start: no EMA exchange\)'):
+            preset('ft_stable', **{key: value})
+    with pytest.raises(ValueError, match=r"^ldt\.trained_group: method 'ldt' does not read it \(mode 'dual' trains "
+                                         r"both groups"):
+        preset('ldt', trained_group='unstable')
+    with pytest.raises(ValueError, match=r"^ldt\.ema_reference_iters: .*mode 'partial' \(ft_stable / ft_unstable\) "
+                                         r'has no EMA'):
+        preset('ft_stable', ema_reference_iters=1000)
+    with pytest.raises(ValueError, match=r"^ldt\.profile_iters: criterion 'var' \(or dpu\) needs gradient statistics: "
+                                         r'expected >= 2 \(got 1\)'):
+        preset('ft_unstable', profile_iters=1)
+    by_name = preset('ft_stable', partition='name', profile_iters=0)
+    assert not by_name.needs_profiling() and not LDTConfig(mode='partial', partition='name', criterion='random',
+                                                           profile_iters=0).reads_seed()
+    for key, value in (('criterion', 'random'), ('seed', 3)):
+        with pytest.raises(ValueError, match=rf"^ldt\.{key}: method 'ft_stable' does not read it \(partition 'name' "
+                                             r'without dpu ranks nothing\)'):
+            preset('ft_stable', partition='name', profile_iters=0, **{key: value})
+    drawn = preset('ft_unstable', criterion='random', seed=3, profile_iters=0)
+    assert drawn.reads_seed() and not drawn.needs_profiling() and drawn.trained_group == 'unstable'
+    assert preset('ft_stable', ratio_u=0.3).needs_profiling()
+    preset('ft_stable').check_run_length(1)                               # no exchange to miss

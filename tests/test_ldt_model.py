@@ -305,6 +305,12 @@ def test_the_partition_picture_shows_each_layers_statistic_and_the_w_the_run_use
         assert labels == ['stable', 'unstable', 'forced (ldt.force_stable / force_unstable)']
     finally:
         plt.close(figure)
+    unused = partition_figure(partition, exchanged=False)      # ft_stable / ft_unstable: no exchange
+    try:
+        assert unused.axes[1].get_title().startswith("W (unused: ldt mode 'partial' exchanges nothing): stable ")
+        assert figure.axes[1].get_title().startswith('W the run uses: stable ')
+    finally:
+        plt.close(unused)
     write_partition_report(partition, str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ['ldt_partition.json', 'ldt_partition.png']
     assert json.loads((tmp_path / 'ldt_partition.json').read_text())['layers'][4]['forced'] is True
