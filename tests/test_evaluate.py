@@ -409,6 +409,9 @@ def test_the_printed_table_and_the_markdown_copy_are_exactly_laid_out():
     ({'checkpoints': [{'path': 'ft.pth', 'label': 'FT'}, {'path': 'ft.pth', 'label': 'LDT'}]},   # LDT's column was FT's
      "checkpoints[1] ('LDT') tests the same weights as checkpoints[0] ('FT'): its column would repeat that one; remove "
      'one, or correct its path, param_key or wise_ft'),
+    ({'checkpoints': [{'path': 'ft.pth', 'label': 'FT'}, {'path': './ft.pth', 'label': 'LDT'}]},   # audit 6: one file
+     "checkpoints[1] ('LDT') tests the same weights as checkpoints[0] ('FT'): its column would repeat that one; remove "
+     'one, or correct its path, param_key or wise_ft'),
     ({'checkpoints': [{'bicubic': True}, {'bicubic': True, 'label': 'Bicubic 2'}]},
      "checkpoints[1] ('Bicubic 2') tests the same weights as checkpoints[0] ('Bicubic'): its column would repeat that "
      'one; remove one, or correct its path, param_key or wise_ft'),

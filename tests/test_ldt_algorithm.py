@@ -324,3 +324,13 @@ def test_the_freezing_control_split_by_name_trains_the_backbone_alone():
     _run(algo, 1, 2)
     moved = {n for n, p in net.named_parameters() if not torch.equal(p, before[n])}
     assert moved == {'0.weight', '0.bias', '1.weight', '1.bias', '3.weight', '3.bias'}
+
+
+def test_a_freezing_controls_partition_file_gives_ldt_its_own_coefficients(tmp_path):
+    """Audit 6: the control's ldt_partition.json carried w_fixed for every layer, so an LDT run reusing it as its
+    partition_file ran without DPU; it carries the DPU coefficients LDT computes from the same statistics."""
+    control, ldt = (LDT(_net(), cfg, _factory) for cfg in (preset('ft_stable', profile_iters=3, ratio_u=0.5),
+                                                           LDTConfig(profile_iters=3, ratio_u=0.5)))
+    for algo in (control, ldt):
+        _run(algo, 1, 4)
+    assert control.partition == ldt.partition and len(set(ldt.partition.dpu_coefficients.values())) == 8

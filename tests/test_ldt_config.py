@@ -160,7 +160,7 @@ def test_a_single_pattern_string_is_one_pattern_and_to_dict_is_plain_yaml():
 
 @pytest.mark.parametrize('options, profiles', [
     ({'partition': 'criterion', 'dpu': False, 'profile_iters': 5}, True),   # the split alone needs them
-    ({'partition': 'name', 'dpu': False, 'deft_grouping': 'non_layers', 'head_patterns': []}, False),
+    ({'partition': 'name', 'dpu': False, 'deft_grouping': 'non_layers', 'head_patterns': [], 'profile_iters': 0}, False),
 ])
 def test_profiling_without_dpu_follows_the_partition(options, profiles):
     """Mutation testing (issue #58): kills ``needs_profiling``'s misspelt ``'criterion'`` (every other case
@@ -332,7 +332,7 @@ def test_a_value_the_method_never_reads_is_refused(method, overrides, message):
 @pytest.mark.parametrize('options, reads', [
     ({'criterion': 'random'}, True),
     ({'criterion': 'random', 'partition': 'name'}, True),                 # DPU ranks within the named groups
-    ({'criterion': 'random', 'partition': 'name', 'dpu': False}, False),  # nothing ranked
+    ({'criterion': 'random', 'partition': 'name', 'dpu': False, 'profile_iters': 0}, False),  # nothing ranked
     ({'criterion': 'random', 'dpu': False}, True),                        # the partition itself is drawn
     ({'criterion': 'random', 'partition_file': 'p.json', 'profile_iters': 0}, False),
     ({'criterion': 'random', 'mode': 'single', 'profile_iters': 0}, False),
@@ -406,3 +406,27 @@ def test_the_freezing_controls_read_the_partition_keys_and_refuse_the_exchange_k
     assert drawn.reads_seed() and not drawn.needs_profiling() and drawn.trained_group == 'unstable'
     assert preset('ft_stable', ratio_u=0.3).needs_profiling()
     preset('ft_stable').check_run_length(1)                               # no exchange to miss
+
+
+def test_the_method_decides_the_mode_and_the_trained_group():
+    """Audit 6: ``method: ft_stable, trained_group: unstable`` trained FT-unstable under FT-stable's label, and
+    ``method: ldt, mode: partial`` a freezing control under LDT's; the method's own values stay accepted."""
+    for method, key, value in (('ft_stable', 'trained_group', 'unstable'), ('ft_unstable', 'trained_group', 'stable'),
+                               ('ldt', 'mode', 'partial'), ('ft_stable', 'mode', 'dual'), ('ft', 'mode', 'alternating')):
+        with pytest.raises(ValueError, match=rf"^ldt\.{key}: method '{method}' is {key} '.*'; '{value}' would train "
+                                             r'another method under its name; choose the method instead'):
+            preset(method, **{key: value})
+    assert preset('ft_unstable', trained_group='unstable', mode='partial').trained_group == 'unstable'
+    assert preset('ldt_s', mode='alternating').mode == 'alternating'
+
+
+def test_profiling_iterations_nothing_reads_are_refused():
+    """Audit 6: ``ft_stable`` (or ``ldt_no_dpu``) with ``partition: name`` spent the default 300 iterations
+    profiling statistics that nothing ranks, leaving 10 of 310 iterations to train."""
+    for method in ('ft_stable', 'ldt_no_dpu'):
+        with pytest.raises(ValueError, match=r"^ldt\.profile_iters: partition 'name' without dpu ranks nothing, so 300 "
+                                             r'profiling iterations would train nothing; expected 0$'):
+            preset(method, partition='name')
+        assert preset(method, partition='name', profile_iters=0).profile_iters == 0
+    assert preset('ldt', partition='name').needs_profiling()             # DPU ranks within the named groups
+    assert preset('ft_stable', criterion='random').profile_iters == 300  # a length-matched random control

@@ -127,7 +127,7 @@ def test_freezing_controls_train_one_group_and_save_it(project, demo_data, metho
     exp = project / 'experiments' / method
     log = next(exp.glob(f'train_{method}_*.log')).read_text()
     kept = 'unstable' if trained == 'stable' else 'stable'
-    assert f"fine-tuning the {trained} layers alone (the {kept} keep the start's weights) from iteration 3" in log
+    assert f'fine-tuning the {trained} layers alone (the {kept} stay frozen) from iteration 3' in log
     assert 'l_finetune' in log and 'l_auxiliary' not in log
     groups = {layer['name']: layer['group'] for layer in json.loads((exp / 'ldt_partition.json').read_text())['layers']}
     start, end = weights(exp / 'models' / 'net_g_1.pth'), weights(exp / 'models' / 'net_g_latest.pth')
@@ -214,6 +214,21 @@ def test_a_partition_file_and_deft_non_layers_are_checked_when_the_model_is_buil
     with pytest.raises(InputError, match=r"^ldt\.deft_grouping 'non_layers' needs 'layers\.\*' parameters, and the "
                                          r'network has none \(first names: to_feat\.weight, '):
         _built(tmp_path, demo_data, method='deft', deft_grouping='non_layers', profile_iters=0)
+
+
+
+def test_a_split_that_leaves_a_group_empty_stops_when_the_model_is_built(tmp_path, demo_data):
+    """Audit 6: force patterns taking every layer stopped the run with a traceback after profiling (after 1,000
+    warm-up iterations for DeFT), leaving its folder; what no statistic can change is refused before training."""
+    with pytest.raises(InputError, match=r"^ldt\.force_unstable: its patterns select every parameter of SAFMN, so the "
+                                         r'stable group would be empty; expected some parameters left to the split$'):
+        _built(tmp_path, demo_data, force_unstable=['*'])
+    with pytest.raises(InputError, match=r"^ldt\.force_stable: .* so the unstable group would be empty"):
+        _built(tmp_path, demo_data, force_stable=['to_feat', 'feats', 'to_img'])
+    with pytest.raises(InputError, match=r"^ldt\.partition 'name': partition: both groups need at least one layer "
+                                         r'\(\d+ stable, 0 unstable\)'):
+        _built(tmp_path, demo_data, method='deft', profile_iters=0, force_stable=['to_img'])
+    assert _built(tmp_path, demo_data, force_stable=['to_feat', 'feats'])      # the head is left to the split
 
 
 def _selected(names, pattern):
@@ -307,7 +322,7 @@ def test_the_partition_picture_shows_each_layers_statistic_and_the_w_the_run_use
         plt.close(figure)
     unused = partition_figure(partition, exchanged=False)      # ft_stable / ft_unstable: no exchange
     try:
-        assert unused.axes[1].get_title().startswith("W (unused: ldt mode 'partial' exchanges nothing): stable ")
+        assert unused.axes[1].get_title().startswith("W, unused (mode 'partial'): stable ")
         assert figure.axes[1].get_title().startswith('W the run uses: stable ')
     finally:
         plt.close(unused)

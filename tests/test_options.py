@@ -44,6 +44,22 @@ def test_ldt_section_errors_are_one_line():
         ldt_config_from_options({**base, 'ldt': {'method': 'dft'}})
 
 
+def test_a_learning_rate_warm_up_reaching_into_profiling_is_refused():
+    """Audit 6: BasicSR ramps the rate at iterations 1 .. warmup_iter - 1 on the optimizers that exist, and LDT's
+    profiling iterations have none: warmup_iter 3 over 2 profiling iterations trained exactly as without it."""
+    def config(warmup, **ldt):
+        return ldt_config_from_options({'train': {'total_iter': 100, 'warmup_iter': warmup},
+                                        'ldt': {'profile_iters': 2, 'ema_every': 1, **ldt}})
+    with pytest.raises(InputError, match=r'^train\.warmup_iter: 3 ramps the rate up to iteration 2, and iterations 1-2 '
+                                         r'profile gradients without an optimizer step, .*; expected -1 \(no warm-up\)$'):
+        config(3)
+    with pytest.raises(InputError, match=r'iterations 6-7 profile .*expected -1 \(no warm-up\) or at most 6 \(the head '
+                                         r'warm-up alone\)$'):
+        config(8, head_warmup_iters=5)
+    assert config(6, head_warmup_iters=5) and config(-1) and config(0) and config(1)   # the head warm-up's ramp
+    assert ldt_config_from_options({'train': {'total_iter': 100, 'warmup_iter': 50}, 'ldt': {'method': 'ft'}})
+
+
 def test_random_draws_follow_manual_seed_unless_given():
     """A study's seeds are replicates: each must draw its own random partition (criterion 'random') and
     CorGrad camera orders, as each draws its own crops; with one fixed ldt.seed every seed of a random

@@ -757,7 +757,10 @@ def test_bicubic_method_is_one_untrained_run_paired_with_every_seed(project, dem
 
 @pytest.mark.parametrize('method, message', [
     ({'bicubic': True, 'train': {'total_iter': 3}}, "method 'B' has 'bicubic: true'.*takes no other key, got train"),
-    ({'bicubic': 'yes'}, "method 'B': bicubic: expected true or false, got 'yes'"),
+    ({'bicubic': 'yes'}, r"method 'B': bicubic: expected true \(it upscales the LR image; to leave the method out, "
+                         r"remove it\), got 'yes'"),
+    ({'bicubic': False}, "method 'B': bicubic: expected true .*got False"),    # audit 6: it trained FT as 'B'
+    ({'start': False}, r"method 'B': start: expected true \(it tests the starting weights; .*got False"),
 ])
 def test_bad_bicubic_method(tmp_path, demo_data, method, message):
     with pytest.raises(InputError, match=message):

@@ -276,7 +276,7 @@ class LDT:
         partition = build_partition(
             self.names, values, partition=cfg.partition, ratio_u=cfg.ratio_u, ratio_s=cfg.ratio_s,
             head_patterns=cfg.head_patterns, deft_grouping=cfg.deft_grouping, force_stable=cfg.force_stable,
-            force_unstable=cfg.force_unstable, dpu=cfg.dpu and cfg.mode != 'partial', w_base_stable=cfg.w_base_stable,
+            force_unstable=cfg.force_unstable, dpu=cfg.dpu and values is not None, w_base_stable=cfg.w_base_stable,
             r_base_stable=cfg.r_base_stable, w_base_unstable=cfg.w_base_unstable,
             r_base_unstable=cfg.r_base_unstable, w_fixed=cfg.w_fixed, criterion=cfg.criterion,
             network=type(self.primary).__name__)

@@ -249,6 +249,10 @@ def _validate(cfg: LDTConfig) -> None:
             raise ValueError(f"ldt.profile_iters: criterion '{cfg.criterion}' (or dpu) needs gradient statistics: "
                              f"expected >= 2 (got {cfg.profile_iters}), or dpu: false with "
                              "criterion 'random' / partition 'name', or a 'partition_file'")
+    if cfg.partition == 'name' and cfg.partition_file is None and (not cfg.dpu or cfg.mode == 'partial') \
+            and cfg.profile_iters:
+        raise ValueError(f"ldt.profile_iters: partition 'name' without dpu ranks nothing, so {cfg.profile_iters} "
+                         'profiling iterations would train nothing; expected 0')
     if cfg.partition_file is not None and cfg.profile_iters:
         raise ValueError("ldt.profile_iters: expected 0 with a partition_file (it replaces profiling), "
                          f'got {cfg.profile_iters}')
@@ -353,6 +357,9 @@ _PRESETS = {
     'ft_unstable': dict(mode='partial', trained_group='unstable'),
 }
 PRESETS = tuple(_PRESETS)
+_METHOD_HINTS = {'mode': "'dual': ldt and its ablations, deft; 'single': ft, lp_ft; 'alternating': ldt_s; 'partial': "
+                         'ft_stable, ft_unstable',
+                 'trained_group': 'ft_stable trains the stable group, ft_unstable the unstable one'}
 
 
 def preset(name: str, **overrides: Any) -> LDTConfig:
@@ -361,6 +368,11 @@ def preset(name: str, **overrides: Any) -> LDTConfig:
         close = difflib.get_close_matches(name, PRESETS, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ''
         raise ValueError(f"unknown LDT preset '{name}' (known: {', '.join(PRESETS)}){hint}")
+    for key in ('mode', 'trained_group'):    # what the method is: another value would train another method
+        given, own = overrides.get(key), getattr(LDTConfig.from_dict(_PRESETS[name]), key)
+        if given is not None and given != own and (key == 'mode' or _PRESETS[name].get('mode') == 'partial'):
+            raise ValueError(f"ldt.{key}: method '{name}' is {key} {own!r}; {given!r} would train another method under "
+                             f"its name; choose the method instead ({_METHOD_HINTS[key]})")
     config = LDTConfig.from_dict({**_PRESETS[name], **overrides})
     if name == 'lp_ft' and config.head_warmup_iters == 0:   # its log says fine-tuning from iteration 1, nothing else
         raise ValueError("ldt.head_warmup_iters: 0 leaves method 'lp_ft' without its linear-probing phase, so it "

@@ -25,7 +25,7 @@ from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import closest_key_hint, registered
 from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, forced_layers, head_layers, preset
-from basicsr_ldt.ldt.partition import deft_blocks
+from basicsr_ldt.ldt.partition import FORCE_OPTIONS, build_partition, deft_blocks
 from basicsr_ldt.ldt.step_graph import BatchTerms, graphs_in_one_pool
 from basicsr_ldt.models.best import BestCheckpointMixin, validated_network
 from basicsr_ldt.models.guarded_step import GuardedStepMixin
@@ -68,6 +68,12 @@ def ldt_config_from_options(opt: Dict) -> LDTConfig:
     if config.head_warmup_iters + config.counted_profile_iters >= total:
         raise InputError(f'ldt: head_warmup_iters ({config.head_warmup_iters}) + profile_iters ({config.profile_iters}) '
                          f'must be smaller than train.total_iter ({total}), or no training would remain')
+    warmup, head = opt['train'].get('warmup_iter', -1), config.head_warmup_iters
+    if config.counted_profile_iters and warmup - 1 > head:   # BasicSR ramps iterations 1 .. warmup_iter - 1
+        raise InputError(f'train.warmup_iter: {warmup} ramps the rate up to iteration {warmup - 1}, and iterations '
+                         f'{head + 1}-{head + config.counted_profile_iters} profile gradients without an optimizer step, '
+                         f'so that part of the ramp does nothing and training starts at a rate the file does not say; '
+                         f'expected -1 (no warm-up){f" or at most {head + 1} (the head warm-up alone)" if head else ""}')
     try:
         config.check_run_length(total)
     except ValueError as err:
@@ -237,6 +243,24 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         for option, selections in forced.items():
             for pattern, chosen in selections:
                 logger.info(f"ldt.{option} '{pattern}' selects {_listing(chosen)}")
+        self._check_groups_left(names, network, forced)
+
+    def _check_groups_left(self, names: List[str], network: str, forced: Dict) -> None:
+        """A split that leaves a group empty whatever profiling finds stops now, not after warm-up and profiling:
+        a split by name is known whole before training, a split by statistic when force patterns take every layer."""
+        cfg = self.config
+        if cfg.partition == 'name':
+            try:
+                build_partition(names, None, partition='name', head_patterns=cfg.head_patterns,
+                                deft_grouping=cfg.deft_grouping, force_stable=cfg.force_stable,
+                                force_unstable=cfg.force_unstable, dpu=False, network=network)
+            except ValueError as err:
+                raise InputError(f"ldt.partition 'name': {err}") from None
+            return
+        for option, emptied in zip(FORCE_OPTIONS, ('unstable', 'stable')):
+            if len({name for _, chosen in forced[option] for name in chosen}) == len(names):
+                raise InputError(f'ldt.{option}: its patterns select every parameter of {network}, so the {emptied} '
+                                 'group would be empty; expected some parameters left to the split')
 
     # ------------------------------------------------------------------ optimizers/schedulers
     def _make_optimizer(self, params: List[torch.nn.Parameter], role: str) -> torch.optim.Optimizer:
@@ -329,7 +353,7 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
                                                  f'{self.config.interval_iters} iterations, CPU weight buffer)',
                                   'single': 'fine-tuning',
                                   'partial': f'fine-tuning the {self.config.trained_group} layers alone (the '
-                                             f"{kept} keep the start's weights)"}[self.config.mode]}
+                                             f'{kept} stay frozen)'}[self.config.mode]}
         logger = get_root_logger()
         logger.info(f'LDT phase: {descriptions[phase]} {when}')
         if phase == 'train' and self.ldt.pair is not None:
@@ -386,7 +410,7 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
         batch = BatchTerms(terms_of, lq, gt)   # a form the dual step's graphs can replay
         losses = self.ldt.update(batch, current_iter)
         if 'l_l2sp' in batch.terms:   # the last branch's
-            losses['l_l2sp'] = float(batch.terms['l_l2sp'])
+            losses['l_l2sp'] = float(batch.terms['l_l2sp'].detach())
         losses = OrderedDict((k, torch.tensor(v)) for k, v in losses.items())
         self.log_dict = self.reduce_loss_dict(losses) if losses else losses  # profiling has no loss to log
         skipped = self.ldt.last_skipped

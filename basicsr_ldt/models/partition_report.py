@@ -71,8 +71,7 @@ def partition_figure(partition: Partition, exchanged: bool = True) -> Optional[A
     low = min(coefficients)
     coefficient_axis.set_ylim(max(0.0, low - 0.15 * max(1.0 - low, 1e-3)), 1.0)
     coefficient_axis.set_ylabel('EMA coefficient W')
-    coefficient_axis.set_title(('W the run uses: ' if exchanged else "W (unused: ldt mode 'partial' exchanges "
-                                                                     'nothing): ') + '; '.join(
+    coefficient_axis.set_title(('W the run uses: ' if exchanged else "W, unused (mode 'partial'): ") + '; '.join(
         f'{group} {_span(partition.coefficients(group))}' for group in GROUP_COLOURS), fontsize='medium')
     coefficient_axis.set_xlabel('layer (parameter tensor, network order)')
     handles = _legend(partition, Patch)

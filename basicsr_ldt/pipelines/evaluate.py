@@ -98,7 +98,8 @@ def checkpoints_of(opt: Mapping) -> List[Dict]:
         raise InputError(f'checkpoint labels must be unique, got {labels}')
     tested: Dict[str, int] = {}
     for i, entry in enumerate(result):   # a path pasted under a second label: its column repeats the first's
-        weights = json.dumps({k: v for k, v in entry.items() if k not in ('label', 'exact_key')}, sort_keys=True)
+        weights = json.dumps({k: osp.realpath(v) if k == 'path' else v for k, v in entry.items()
+                              if k not in ('label', 'exact_key')}, sort_keys=True)   # ./a.pth is a.pth
         if weights in tested:
             j = tested[weights]
             raise InputError(f"checkpoints[{i}] ('{entry['label']}') tests the same weights as checkpoints[{j}] "

@@ -241,11 +241,11 @@ def _check_study_keys(study: Mapping[str, Any], path: str) -> None:
             raise InputError(f"study file '{path}': method '{label}' must map to option overrides (a mapping)")
         for key, what in ((BICUBIC_KEY, 'it upscales the LR image'), (START_KEY, 'it tests the starting weights')):
             if overrides and key in overrides:
-                if not isinstance(overrides[key], bool):
-                    raise InputError(f"study file '{path}': method '{label}': {key}: expected true or false, "
-                                     f'got {overrides[key]!r}')
+                if overrides[key] is not True:   # false left the method as FT under this label
+                    raise InputError(f"study file '{path}': method '{label}': {key}: expected true ({what}; to leave "
+                                     f'the method out, remove it), got {overrides[key]!r}')
                 extra = [str(k) for k in overrides if k != key]
-                if overrides[key] and extra:
+                if extra:
                     raise InputError(f"study file '{path}': method '{label}' has '{key}: true' ({what}, nothing "
                                      f"is trained), so it takes no other key, got {', '.join(extra)}")
         if overrides and WISE_FT_KEY in overrides:
