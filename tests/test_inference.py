@@ -378,6 +378,33 @@ def test_cli_in_process_writes_each_image_as_its_flags_say(tmp_path, tiny, tiny_
     assert re.search(r'^4 written, 0 failed', capsys.readouterr().out, re.M)
 
 
+
+def test_cli_an_option_files_test_section_runs_the_images_as_test_py_does(tmp_path, tiny, tiny_network, capsys):
+    """Audit 6: ``--opt`` took network_g alone, so a test file's ``tile_mode``/``tile_size`` were dropped and the
+    pixels differed from what test.py measured. Its ``test:`` keys apply, a flag wins over them, the run says which
+    it took, and a bad value is named as the file's key before anything is written."""
+    photo = tmp_path / 'in'
+    photo.mkdir()
+    rgb = (np.random.default_rng(1).random((20, 24, 3)) * 255).astype(np.uint8)
+    cv2.imwrite(str(photo / 'rgb.png'), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    opt = tmp_path / 'test.yml'
+    opt.write_text(yaml.safe_dump({'network_g': TINY, 'test': {'tile_mode': 'fixed', 'tile_size': 8, 'tile_overlap': 2}}))
+    base = ['--input', str(photo), '--checkpoint', str(tiny / 'net_g_latest.pth'), '--opt', str(opt), '--device', 'cpu']
+
+    def written(out, *flags):
+        assert inference_main(base + ['--output', str(tmp_path / out), *flags]) == 0
+        return cv2.cvtColor(cv2.imread(str(tmp_path / out / 'rgb_x4.png')), cv2.COLOR_BGR2RGB)
+    assert np.array_equal(written('a'), upscale(tiny_network, rgb, tile_mode='fixed', tile_size=8, tile_overlap=2))
+    assert f'from {opt} test: tile_mode fixed, tile_size 8, tile_overlap 2\n' in capsys.readouterr().out
+    assert np.array_equal(written('b', '--tile-overlap', '4'),
+                          upscale(tiny_network, rgb, tile_mode='fixed', tile_size=8, tile_overlap=4))
+    assert np.array_equal(written('c', '--tile-mode', 'whole'), upscale(tiny_network, rgb))
+    opt.write_text(yaml.safe_dump({'network_g': TINY, 'test': {'tile_size': -3}}))
+    with pytest.raises(InputError, match=r'^test\.tile_size: '):
+        inference_main(base + ['--output', str(tmp_path / 'd')])
+    assert not (tmp_path / 'd').exists()
+
+
 def test_cli_network_flags_in_process(tmp_path, tiny, photos, monkeypatch):
     """Which network ``inference.py`` builds: ``--opt`` or ``--arch`` (one of them; ``--scale``
     overrides), or a release name alone, which implies its network; on the ``--device`` asked for."""

@@ -10,7 +10,7 @@ and the run goes on.
 import argparse
 import os
 import time
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import cv2
 import numpy as np
@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.flags import FlagParser
+from basicsr_ldt.common.option_file import load_option_file
 from basicsr_ldt.common.options import closest_key_hint
 from basicsr_ldt.inference.api import loaded_network, network_scale, resolve_device, upscale
 from basicsr_ldt.inference.settings import INFERENCE_DEFAULTS, TILE_MODES, inference_settings
@@ -39,17 +40,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--arch', help='MambaIR, HAT or SAFMN with its classic x4 defaults (or use --opt; '
                                        'a release name as --checkpoint implies its network)')
     parser.add_argument('--scale', type=int, help='upscaling factor for --arch (default: 4) or to override --opt')
-    parser.add_argument('--opt', help='a train/test option file whose network_g describes the network')
+    parser.add_argument('--opt', help='a train/test option file whose network_g describes the network; its test: '
+                                      'tile_mode, tile_size, tile_overlap and precision apply unless a flag gives them')
     parser.add_argument('--param-key', help="which weights of the checkpoint: params or params_ema (default: params_ema "
                                             'when the file has it, else params; the run says which it read)')
-    parser.add_argument('--tile-mode', default=INFERENCE_DEFAULTS['tile_mode'],
+    parser.add_argument('--tile-mode',
                         help=f"how images are cut, as test:/val: tile_mode: {', '.join(TILE_MODES)} (official = the "
                              'official LDT evaluation; default: fixed with --tile-size, else whole)')
-    parser.add_argument('--tile-size', '--tile', type=int, default=INFERENCE_DEFAULTS['tile_size'],
+    parser.add_argument('--tile-size', '--tile', type=int,
                         help='fixed mode: LR tile size in pixels (default: 0 = not tiled)')
     parser.add_argument('--tile-overlap', type=int,
                         help=f"fixed mode: overlap between tiles (default: {INFERENCE_DEFAULTS['tile_overlap']})")
-    parser.add_argument('--precision', default=INFERENCE_DEFAULTS['precision'],
+    parser.add_argument('--precision',
                         help=f"{', '.join(INFERENCE_DTYPES)} (default: {INFERENCE_DEFAULTS['precision']}; fp16 on "
                              'CUDA only)')
     parser.add_argument('--device', choices=['cpu', 'cuda'], help='default: cuda when available, else cpu')
@@ -137,6 +139,20 @@ def write_image(image: np.ndarray, path: str) -> None:
     os.replace(tmp, path)
 
 
+def settings_of_file(opt: str, flags: Dict[str, Any], device_type: str) -> Dict[str, Any]:
+    """The option file's ``test:`` inference keys that no flag gives: test.py runs its images that way, so the
+    same file given here gives the same pixels (a file without them, or a train file, gives none). ``--tile-mode``
+    replaces the file's way of cutting whole: its tile size and overlap belong to its mode."""
+    loaded = load_option_file(opt) if os.path.isfile(opt) else None   # a missing file: loaded_network says so
+    section = loaded.get('test') if isinstance(loaded, dict) else None
+    if not isinstance(section, dict):
+        return {}
+    inference_settings('test', section, device_type)   # a bad value, named as the file's key
+    cutting = ('tile_mode', 'tile_size', 'tile_overlap') if flags['tile_mode'] is not None else ()
+    return {key: section[key] for key in INFERENCE_DEFAULTS
+            if key in section and flags[key] is None and key not in cutting}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit code (1 if any image failed)."""
     args = parse_args(argv)
@@ -150,12 +166,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.opt is not None and args.arch is not None:
         raise InputError('give either --opt or --arch, not both')
     device = resolve_device(args.device)
-    inference = {key: getattr(args, key) for key in INFERENCE_DEFAULTS}
+    inference = {key: getattr(args, key) for key in INFERENCE_DEFAULTS}   # None: not given
+    taken = settings_of_file(args.opt, inference, device.type) if args.opt is not None else {}
+    inference.update(taken)
     inference_settings(None, inference, device.type, flags=True)   # test's and val's checks, named as flags
     files = list_images(args.input)
     network, key = loaded_network(args.checkpoint, arch=args.arch, opt=args.opt, device=device, scale=args.scale,
                                   param_key=args.param_key)
     print(f"weights: {args.checkpoint} [{key or 'a bare state dict'}]", flush=True)
+    if taken:
+        print(f"from {args.opt} test: {', '.join(f'{k} {v}' for k, v in taken.items())}", flush=True)
     scale = network_scale(network)
     suffix = f'_x{scale}' if args.suffix is None else args.suffix
     outputs = output_paths(files, args.output, suffix, args.ext, args.force)
