@@ -104,3 +104,18 @@ def test_docs_explain_every_key_of_the_schema():
     missing += sorted(k for k in loader | set(schema.DATASET_COMMON) if k not in named)
     assert not missing, f'docs/options.md does not explain: {", ".join(missing)}'
     assert len(text.splitlines()) < 300
+
+
+def test_a_warm_up_before_a_multi_step_schedule_says_the_rate_it_leaves():
+    """Audit 6: BasicSR's MultiStepRestartLR keeps the last warm-up rate, so warmup_iter 3 trained at 2/3 of lr for
+    the whole run while the file said lr; the log says so (upstream's behaviour is kept: runs compare with its)."""
+    from basicsr_ldt.models.option_values import warm_up_rate_warning
+
+    def warning(warmup, kind='MultiStepLR'):
+        return warm_up_rate_warning({'train': {'warmup_iter': warmup, 'optim_g': {'lr': 3e-4},
+                                               'scheduler': {'type': kind}}})
+    assert warning(3) == ('train.warmup_iter 3 with MultiStepLR: after the warm-up the rate stays at 2/3 of '
+                          'train.optim_g.lr (0.0002 instead of 0.0003; milestones scale that), as in BasicSR; '
+                          'CosineAnnealingRestartLR reaches lr')
+    assert warning(1000, 'MultiStepRestartLR').startswith('train.warmup_iter 1000 with MultiStepRestartLR: ')
+    assert warning(1) is warning(-1) is warning(3, 'CosineAnnealingRestartLR') is None

@@ -30,6 +30,8 @@ SCALE_KEYS = ('upscale', 'upscaling_factor', 'scale')
 #: What each role is, in messages.
 ROLE_NAMES = {TRAIN: 'training (Train_pip.py)', TEST: 'test.py'}
 
+#: BasicSR's two names of its multi-step schedule (both build ``MultiStepRestartLR``).
+MULTI_STEP = ('MultiStepLR', 'MultiStepRestartLR')
 #: Model types of this project, then BasicSR's image SR models that the training pipeline runs.
 PROJECT_MODELS = ('FTSRModel', 'LDTSRModel', 'CorGradSRModel')
 BASICSR_SR_MODELS = ('SRModel', 'SwinIRModel')
@@ -367,7 +369,7 @@ def _check_train_calls(checker: _Checker, train: Mapping) -> None:
             checker.fail(f'train.{name}.lr: required, missing (BasicSR passes it to Adam by position)')
     if 'scheduler' in train:
         sched = checker.mapping(train['scheduler'], 'train.scheduler')
-        classes = {'MultiStepLR': lr_scheduler.MultiStepRestartLR, 'MultiStepRestartLR': lr_scheduler.MultiStepRestartLR,
+        classes = {**{name: lr_scheduler.MultiStepRestartLR for name in MULTI_STEP},
                    'CosineAnnealingRestartLR': lr_scheduler.CosineAnnealingRestartLR}
         kind = sched.get('type')
         if kind not in classes:

@@ -23,6 +23,7 @@ from basicsr.utils.registry import DATASET_REGISTRY, MODEL_REGISTRY
 
 from basicsr_ldt.common.errors import InputError
 from basicsr_ldt.common.options import closest_key_hint, registered
+from basicsr_ldt.common.schema import MULTI_STEP
 from basicsr_ldt.data.sampler import ResumableSampler
 from basicsr_ldt.ldt import LDT, PRESETS, LDTConfig, Partition, forced_layers, head_layers, preset
 from basicsr_ldt.ldt.partition import FORCE_OPTIONS, build_partition, deft_blocks
@@ -273,7 +274,7 @@ class LDTSRModel(ValidationMixin, BestCheckpointMixin, GuardedStepMixin, Resumab
     def _build_scheduler(self, optimizer: torch.optim.Optimizer):
         sched_opt = dict(self.opt['train']['scheduler'])
         kind = sched_opt.pop('type')
-        if kind in ('MultiStepLR', 'MultiStepRestartLR'):
+        if kind in MULTI_STEP:
             return lr_scheduler.MultiStepRestartLR(optimizer, **sched_opt)
         if kind == 'CosineAnnealingRestartLR':
             return lr_scheduler.CosineAnnealingRestartLR(optimizer, **sched_opt)

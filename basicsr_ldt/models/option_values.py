@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from basicsr_ldt.common.errors import InputError
-from basicsr_ldt.common.schema import PROJECT_MODELS
+from basicsr_ldt.common.schema import MULTI_STEP, PROJECT_MODELS
 from basicsr_ldt.ldt.typed import boolean, check_options, choice, integer, items, number, optional, whole
 from basicsr_ldt.models.best import refuse_missing_branch
 from basicsr_ldt.models.compiled_blocks import compile_setting, refuse_uncompilable
@@ -150,6 +150,20 @@ def check_schedule(train: Dict[str, Any]) -> None:
                          f'the warm-up (train.warmup_iter {warmup:g} sets the rate at iterations 1-{warmup - 1:g}), '
                          f'which overwrites it: the rate would never decay there; expected milestones >= '
                          f'{warmup - 1:g}')
+
+
+def warm_up_rate_warning(opt: Dict[str, Any]) -> Optional[str]:
+    """The log's warning for a warm-up before a multi-step schedule: BasicSR ramps the rate at iterations 1 ..
+    W - 1 and ``MultiStepRestartLR`` keeps the rate it finds, so it stays at (W - 1) / W of ``optim_g.lr`` (upstream's
+    behaviour, kept so runs compare with upstream's; the cosine schedule recomputes its rate from ``lr``)."""
+    train = opt.get('train') or {}
+    warmup, lr = train.get('warmup_iter', -1), (train.get('optim_g') or {}).get('lr')
+    kind = (train.get('scheduler') or {}).get('type')
+    if not (isinstance(warmup, int) and warmup >= 2 and isinstance(lr, (int, float)) and kind in MULTI_STEP):
+        return None
+    return (f'train.warmup_iter {warmup} with {kind}: after the warm-up the rate stays at {warmup - 1}/{warmup} of '
+            f'train.optim_g.lr ({lr * (warmup - 1) / warmup:g} instead of {lr:g}; milestones scale that), as in '
+            'BasicSR; CosineAnnealingRestartLR reaches lr')
 
 
 def gpus_used(opt: Dict[str, Any]) -> int:

@@ -39,7 +39,7 @@ from basicsr_ldt.data.sampler import training_sampler
 from basicsr_ldt.models.best import BestCheckpointMixin
 from basicsr_ldt.models.l2_sp import START_KEY, START_PARAM_KEY
 from basicsr_ldt.models.network_check import probe_network
-from basicsr_ldt.models.option_values import check_option_values, gpus_used
+from basicsr_ldt.models.option_values import check_option_values, gpus_used, warm_up_rate_warning
 from basicsr_ldt.models.resumable import resume_fixed, training_cameras, unsaved_states_warning
 from basicsr_ldt.models.validation import basicsr_device_type, check_validation_crops
 from basicsr_ldt.weights.checkpoint import UnreadableCheckpoint, load_safe
@@ -185,8 +185,9 @@ def train_pipeline(root_path: str) -> None:
         if args.option_defaults:
             logger.info(args.option_defaults)
         logger.info(dict2str(opt))
-        if (unsaved := unsaved_states_warning(opt)) is not None:
-            logger.warning(unsaved)
+        for warning in (unsaved_states_warning(opt), warm_up_rate_warning(opt)):
+            if warning is not None:
+                logger.warning(warning)
         if opt['name'].startswith('debug'):
             logger.warning("BasicSR's debug mode (the name starts with 'debug'): validation and checkpoints every 8 "
                            'iterations, printing every one, no tensorboard, whatever the option file says')
