@@ -402,6 +402,9 @@ def test_cli_an_option_files_test_section_runs_the_images_as_test_py_does(tmp_pa
     opt.write_text(yaml.safe_dump({'network_g': TINY, 'test': {'tile_size': -3}}))
     with pytest.raises(InputError, match=r'^test\.tile_size: '):
         inference_main(base + ['--output', str(tmp_path / 'd')])
+    opt.write_text(yaml.safe_dump({'network_g': TINY, 'test': {'precision': 'fp16'}}))   # checked for this device
+    with pytest.raises(InputError, match=r'^test\.precision: .*fp16'):
+        inference_main(base + ['--output', str(tmp_path / 'd')])
     assert not (tmp_path / 'd').exists()
 
 

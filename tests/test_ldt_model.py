@@ -228,6 +228,9 @@ def test_a_split_that_leaves_a_group_empty_stops_when_the_model_is_built(tmp_pat
     with pytest.raises(InputError, match=r"^ldt\.partition 'name': partition: both groups need at least one layer "
                                          r'\(\d+ stable, 0 unstable\)'):
         _built(tmp_path, demo_data, method='deft', profile_iters=0, force_stable=['to_img'])
+    with pytest.raises(InputError, match=r"^ldt\.partition 'name': partition: both groups need at least one layer "
+                                         r'\(0 stable, \d+ unstable\)'):
+        _built(tmp_path, demo_data, method='deft', profile_iters=0, force_unstable=['to_feat', 'feats'])
     assert _built(tmp_path, demo_data, force_stable=['to_feat', 'feats'])      # the head is left to the split
 
 

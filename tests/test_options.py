@@ -34,12 +34,16 @@ def test_option_file_is_valid(path):
 
 def test_ldt_section_errors_are_one_line():
     base = {'train': {'total_iter': 100}}
-    with pytest.raises(InputError, match="unknown LDT option 'ratio'; did you mean 'ratio_u'"):
+    with pytest.raises(InputError, match="^ldt: unknown LDT option 'ratio'; did you mean 'ratio_u'"):
         ldt_config_from_options({**base, 'ldt': {'ratio': 0.5}})
     with pytest.raises(InputError, match=r"^ldt\.ratio_u: expected a number in \(0, 1\), got 1\.0$"):
         ldt_config_from_options({**base, 'ldt': {'ratio_u': 1.0}})
     with pytest.raises(InputError, match=r'head_warmup_iters \(50\) \+ profile_iters \(60\) must be smaller'):
         ldt_config_from_options({**base, 'ldt': {'head_warmup_iters': 50, 'profile_iters': 60}})
+    with pytest.raises(InputError, match=r'head_warmup_iters \(0\) \+ profile_iters \(100\) must be smaller'):
+        ldt_config_from_options({**base, 'ldt': {'profile_iters': 100}})     # nothing left to train
+    with pytest.raises(InputError, match=r'^ldt\.ema_every: a run of 100 iterations leaves 99 training iterations'):
+        ldt_config_from_options({**base, 'ldt': {'profile_iters': 1, 'criterion': 'random', 'ema_every': 200}})
     with pytest.raises(InputError, match="ldt.method: expected one of 'ft', .*'corgrad', got 'dft'.*did you mean 'deft'"):
         ldt_config_from_options({**base, 'ldt': {'method': 'dft'}})
 
@@ -53,6 +57,8 @@ def test_a_learning_rate_warm_up_reaching_into_profiling_is_refused():
     with pytest.raises(InputError, match=r'^train\.warmup_iter: 3 ramps the rate up to iteration 2, and iterations 1-2 '
                                          r'profile gradients without an optimizer step, .*; expected -1 \(no warm-up\)$'):
         config(3)
+    with pytest.raises(InputError, match=r'^train\.warmup_iter: 2 ramps the rate up to iteration 1, '):
+        config(2)
     with pytest.raises(InputError, match=r'iterations 6-7 profile .*expected -1 \(no warm-up\) or at most 6 \(the head '
                                          r'warm-up alone\)$'):
         config(8, head_warmup_iters=5)
@@ -118,4 +124,5 @@ def test_a_warm_up_before_a_multi_step_schedule_says_the_rate_it_leaves():
                           'train.optim_g.lr (0.0002 instead of 0.0003; milestones scale that), as in BasicSR; '
                           'CosineAnnealingRestartLR reaches lr')
     assert warning(1000, 'MultiStepRestartLR').startswith('train.warmup_iter 1000 with MultiStepRestartLR: ')
+    assert warning(2).startswith('train.warmup_iter 2 with MultiStepLR: after the warm-up the rate stays at 1/2 of ')
     assert warning(1) is warning(-1) is warning(3, 'CosineAnnealingRestartLR') is None
