@@ -21,7 +21,8 @@ def ldt_options(data, name, total_iter=8, **ldt):
     exchanges = {} if ldt.get('method') in ONE_NETWORK else {'ema_every': 2}   # no exchange: refused there
     if ldt.get('method') == 'ldt_s':          # each group trains within the run (else refused: see test_ldt_config)
         exchanges['interval_iters'] = 2
-    opt['ldt'] = {'head_warmup_iters': 2, 'profile_iters': 2, **exchanges, **ldt}
+    profiling = 0 if ldt.get('method') == 'deft' else 2      # a split by name without DPU profiles nothing
+    opt['ldt'] = {'head_warmup_iters': 2, 'profile_iters': profiling, **exchanges, **ldt}
     opt['logger']['save_checkpoint_freq'] = 1
     return opt
 

@@ -151,7 +151,8 @@ def test_start_and_wise_ft_expand_into_test_only_runs_after_the_runs_they_read(t
     ({'FT': {}, 'W': {'wise_ft': {'of': 'FT', 'alphas': [0.5]}, 'train': {}}}, r'so it takes no other key, got train'),
     ({'FT': {}, 'W': {'wise_ft': {'of': 'FT'}}}, r'wise_ft: expected \{of: <method>, alphas'),
     ({'FT': {}, 'S': {'start': True}, 'T': {'start': True}}, r"methods S, T all have 'start: true'"),
-    ({'FT': {}, 'S': {'start': 'yes'}}, r"method 'S': start: expected true or false"),
+    ({'FT': {}, 'S': {'start': 'yes'}},
+     r"method 'S': start: expected true \(it tests the starting weights; to leave the method out, remove it\), got 'yes'"),
 ])
 def test_bad_retention_methods_are_one_error_before_anything_is_written(tmp_path, demo_data, capsys, methods, message):
     path = _wise_study(tmp_path, demo_data, methods=methods)

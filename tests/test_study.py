@@ -812,7 +812,7 @@ def test_jobs_run_several_runs_at_a_time_each_with_its_share_of_the_cores(tmp_pa
 #: differ from the base file's (lr 1e-3, 6 iterations, gamma 0.5, warmup -1, patch 32, batch 2), so a
 #: key that is not applied shows.
 SWEEPABLE = {'train.optim_g.lr': [5e-4, 2e-4], 'train.total_iter': [8, 10], 'train.scheduler.gamma': [0.1, 0.2],
-             'train.warmup_iter': [1, 2], 'datasets.train.gt_size': [48, 64],
+             'train.warmup_iter': [0, 1], 'datasets.train.gt_size': [48, 64],
              'datasets.train.batch_size_per_gpu': [3, 4]}
 
 
