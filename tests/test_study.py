@@ -928,22 +928,27 @@ def test_a_start_named_like_a_release_is_looked_up_where_fetch_weights_puts_it(t
         "path.pretrain_network_g 'Release_x4'"]
 
 
-def test_the_freezing_study_repeats_the_mambair_runs_and_differs_from_ldt_only_in_what_trains():
-    """distortion_mambair_freeze.yml compares LDT-paper with freezing its unstable layers: FT and LDT-paper are
-    distortion_mambair.yml's own runs, and each control is LDT-paper's (or LDT-random's) options with the method
-    switched and the exchange keys, which a control does not read, left out; the study is read against FT-stable."""
-    load = shipped_studies('distortion_mambair', 'distortion_mambair_freeze')
-    first, freeze = trained_options(load['distortion_mambair']), trained_options(load['distortion_mambair_freeze'])
-    assert {m for m, _ in freeze} == {'FT', 'LDT-paper', 'FT-stable', 'FT-stable-random', 'FT-unstable'}
-    assert all(freeze[key] == first[key] for key in freeze if key[0] in ('FT', 'LDT-paper'))
+@pytest.mark.parametrize('freeze, earlier, alphas', [
+    ('distortion_mambair_freeze', ('distortion_mambair',), [0.25, 0.4, 0.5, 0.55, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95]),
+    ('distortion_freeze', ('distortion', 'distortion_partition'), [0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95]),
+])
+def test_the_freezing_studies_repeat_the_distortion_runs_and_differ_from_ldt_only_in_what_trains(freeze, earlier,
+                                                                                                alphas):
+    """distortion_(mambair_)freeze.yml compare LDT-paper with freezing its unstable layers: FT and LDT-paper are the
+    distortion studies' own runs, and each control is LDT-paper's (or LDT-random's) options with the method switched
+    and the exchange keys, which a control does not read, left out; the study is read against FT-stable."""
+    load = shipped_studies(freeze, *earlier)
+    first = {key: options for name in earlier for key, options in trained_options(load[name]).items()}
+    runs = trained_options(load[freeze])
+    assert {m for m, _ in runs} == {'FT', 'LDT-paper', 'FT-stable', 'FT-stable-random', 'FT-unstable'}
+    assert all(runs[key] == first[key] for key in runs if key[0] in ('FT', 'LDT-paper'))
     controls = {'FT-stable': ('LDT-paper', 'ft_stable'), 'FT-stable-random': ('LDT-random', 'ft_stable'),
                 'FT-unstable': ('LDT-paper', 'ft_unstable')}
     for seed in range(5):
         for control, (ldt_run, method) in controls.items():
-            ldt, options = copy.deepcopy(first[ldt_run, seed]), copy.deepcopy(freeze[control, seed])
+            ldt, options = copy.deepcopy(first[ldt_run, seed]), copy.deepcopy(runs[control, seed])
             assert options['ldt'].pop('method') == method and ldt['ldt'].pop('method') == 'ldt'
             assert {k: ldt['ldt'].pop(k) for k in ('dpu', 'ema_every')} == {'dpu': True, 'ema_every': 1}
             assert options == ldt
-    study = load['distortion_mambair_freeze']
-    assert study.reference == 'FT-stable' and study.interpolations == {
-        'WiSE-FT': ('FT', [0.25, 0.4, 0.5, 0.55, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95])}
+    study = load[freeze]
+    assert study.reference == 'FT-stable' and study.interpolations == {'WiSE-FT': ('FT', alphas)}
