@@ -169,15 +169,19 @@ class LDTConfig:
         if self.mode == 'single' or self.partition_file is not None:
             return False
         # DPU ranks by the partition criterion's statistic; 'random' draws it from the seed.
-        if self.criterion == 'random':
-            return False
-        return self.partition == 'criterion' or (self.dpu and self.mode != 'partial')
+        return self.criterion != 'random' and not self.ranks_nothing()
 
     def reads_seed(self) -> bool:
         """Whether ``seed`` decides anything: only the 'random' criterion draws from it, and only where
         the criterion ranks (no partition file; the partition by criterion, or DPU's coefficients)."""
         return (self.mode != 'single' and self.criterion == 'random' and self.partition_file is None
-                and (self.partition == 'criterion' or (self.dpu and self.mode != 'partial')))
+                and not self.ranks_nothing())
+
+    def ranks_nothing(self) -> bool:
+        """A split by name whose layers no criterion ranks: without DPU, or in mode 'partial', which exchanges
+        nothing and so has no coefficients to rank for (a partition file ranks nothing either, said apart)."""
+        return (self.partition == 'name' and self.partition_file is None
+                and not (self.dpu and self.mode != 'partial'))
 
 
 #: Type and range of every key, one line each; cross-key rules are in :func:`_validate`.
@@ -249,8 +253,7 @@ def _validate(cfg: LDTConfig) -> None:
             raise ValueError(f"ldt.profile_iters: criterion '{cfg.criterion}' (or dpu) needs gradient statistics: "
                              f"expected >= 2 (got {cfg.profile_iters}), or dpu: false with "
                              "criterion 'random' / partition 'name', or a 'partition_file'")
-    if cfg.partition == 'name' and cfg.partition_file is None and (not cfg.dpu or cfg.mode == 'partial') \
-            and cfg.profile_iters:
+    if cfg.ranks_nothing() and cfg.profile_iters:
         raise ValueError(f"ldt.profile_iters: partition 'name' without dpu ranks nothing, so {cfg.profile_iters} "
                          'profiling iterations would train nothing; expected 0')
     if cfg.partition_file is not None and cfg.profile_iters:
@@ -295,14 +298,12 @@ def unread_options(cfg: LDTConfig) -> Dict[str, str]:
                                                                                 'profile_counts_in_total_iter')})
     if cfg.mode == 'single':
         return {**unread, **{key: "mode 'single' (FT, LP-FT) trains one network without groups" for key in _GROUP_KEYS}}
-    # DeFT's split by name needs a ranking only for DPU's coefficients, which mode 'partial' has not
-    ranks_nothing = cfg.partition == 'name' and (not cfg.dpu or cfg.mode == 'partial')
     if cfg.partition_file is not None:     # the file holds each layer's group and coefficient
         unread.update({key: 'a partition_file gives the groups and their coefficients' for key in (
             'criterion', 'force_stable', 'force_unstable', 'partition', 'deft_grouping', 'ratio_u', 'ratio_s', 'dpu',
             'w_fixed', *(f'{k}_{g}' for k in ('w_base', 'r_base') for g in GROUPS))})
     else:
-        if ranks_nothing:
+        if cfg.ranks_nothing():
             unread['criterion'] = "partition 'name' without dpu ranks nothing"
         if cfg.partition == 'name':
             unread.update({key: "partition 'name' splits by name (DeFT)" for key in ('ratio_u', 'ratio_s')})
@@ -316,7 +317,7 @@ def unread_options(cfg: LDTConfig) -> Dict[str, str]:
     if not cfg.reads_seed():
         if cfg.partition_file is not None:
             unread['seed'] = 'a partition_file gives the groups'
-        elif ranks_nothing:
+        elif cfg.ranks_nothing():
             unread['seed'] = "partition 'name' without dpu ranks nothing"
         else:
             unread['seed'] = f"criterion '{cfg.criterion}' ranks by gradients; only 'random' draws from the seed"
